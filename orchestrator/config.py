@@ -1,0 +1,199 @@
+"""The root config: the trainers' sections plus the driver's own, YAML loading,
+``--set`` overrides and validation errors that name the field.
+
+Everything is validated here, before Ray starts or an MLflow run is created.
+``ConfigError`` carries one line (``section.key: what is wrong; what to do``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainers.loop import LoopConfig
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message is one line naming the field and the fix."""
+
+
+class ScalingConfig(BaseModel):
+    """The ``scaling`` section: resources only, never the training math."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_workers: int = Field(default=1, gt=0)
+    max_workers: int = Field(default=1, gt=0)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=1.0, gt=0, description="used when use_gpu")
+    max_failures: int = Field(default=3, ge=0, description="worker-group restarts Ray Train may do")
+
+    @model_validator(mode="after")
+    def _order(self) -> "ScalingConfig":
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"scaling.min_workers: {self.min_workers} is above scaling.max_workers "
+                             f"{self.max_workers}; lower min_workers or raise max_workers")
+        return self
+
+
+class TrackingConfig(BaseModel):
+    """The ``tracking`` section (MLflow)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str | None = Field(default=None, description=f"MLflow tracking URI; default $MLFLOW_TRACKING_URI "
+                                                      f"or {DEFAULT_TRACKING_URI}")
+    experiment: str = "elastic-large-batch"
+    run_name: str | None = None
+
+    def resolved_uri(self) -> str:
+        return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+class RootConfig(LoopConfig):
+    """The whole resolved config of one training run."""
+
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    def loop_dict(self) -> dict[str, Any]:
+        """The sections the workers need (the trainers' own config)."""
+        return self.model_dump(mode="json", include=set(LoopConfig.model_fields))
+
+    def check_resources(self) -> None:
+        """Checks that need the filesystem (data present), still before Ray starts."""
+        try:
+            self.data.check_available()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-after")))
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    cur: Any = model
+    for part in loc[:-1]:
+        field = cur.model_fields.get(str(part)) if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+        if field is None:
+            return []
+        cur = field.annotation
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return []
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel] = RootConfig) -> str:
+    """One line for the first error: ``field: problem (got X); fix``."""
+    e = err.errors(include_url=False)[0]
+    loc, kind, got = e["loc"], e["type"], e.get("input")
+    field = _loc(loc) or "config"
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(model, loc)
+        return f"{field}: unknown key; allowed keys here: {', '.join(allowed)}"
+    if kind == "literal_error":
+        expected = e.get("ctx", {}).get("expected", "")
+        expected = expected.replace("'", "").replace(" or ", ", ")
+        return f"{field}: unknown {got!r}; expected one of {expected}"
+    if kind == "value_error":
+        msg = str(e.get("ctx", {}).get("error", e["msg"]))
+        # our own validators already name their field
+        return msg if ":" in msg.split(" ")[0] else f"{field}: {msg}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        ops = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+        bound = list(e.get("ctx", {}).values())[0]
+        return f"{field}: must be {ops[kind]} {bound} (got {got!r})"
+    if kind == "missing":
+        return f"{field}: required but missing"
+    return f"{field}: {e['msg'].lower()} (got {got!r})"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected section.key=value, e.g. --set batch.size=128")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ConfigError(f"--set {item}: empty key; expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config: file {path!r} not found; pass a YAML file such as configs/quickstart.yaml") from None
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {path!r} ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"config: {path!r} is not valid YAML{where}; fix the syntax there") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: {path!r} must be a mapping of sections (data, model, ...), "
+                          f"got {type(raw).__name__}")
+    return raw
+
+
+def validate(raw: dict[str, Any]) -> RootConfig:
+    try:
+        return RootConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def load_config(path: str | None, overrides: list[str] | None = None) -> RootConfig:
+    raw = read_yaml(path) if path else {}
+    cfg = validate(apply_overrides(raw, overrides or []))
+    cfg.check_resources()
+    return cfg
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def to_yaml(cfg: RootConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

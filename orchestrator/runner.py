@@ -1,0 +1,277 @@
+"""The driver: start (or join) Ray, run training as phases of ``TorchTrainer.fit()``,
+stream metrics from the monitor actor to MLflow and a progress bar, and close the run.
+
+All phases of one training run share one Ray Train run name and storage path, so
+each ``fit()`` auto-restores the latest checkpoint of the previous one (Ray Train
+V2's documented restore; ``resume_from_checkpoint`` is deprecated there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from orchestrator.config import RootConfig
+from orchestrator.tracking import RunTracker
+
+POLL_S = 0.5
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    tracking_uri: str
+    experiment_id: str
+    status: str
+    steps: int
+    wall_s: float
+    final: dict[str, float] = field(default_factory=dict)
+    storage_path: str = ""
+    train_run_name: str = ""
+    first_step_s: float | None = None
+
+
+def quiet_ray_env(verbose: bool) -> None:
+    """Set before Ray is imported/started: keep Ray's own log noise off the terminal."""
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    if not verbose:
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
+
+
+def ensure_ray(verbose: bool = False, num_cpus: int | None = None) -> bool:
+    """Join the cluster in ``RAY_ADDRESS`` (e.g. under ``ray job submit``) or start a local one.
+
+    Returns True when this call started Ray (so the caller should shut it down)."""
+    quiet_ray_env(verbose)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    level = logging.INFO if verbose else logging.ERROR
+    kwargs: dict[str, Any] = dict(logging_level=level, log_to_driver=verbose, configure_logging=True)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(**kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    if not verbose:
+        for name in ("ray", "ray.train", "ray.tune", "ray.data"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    return True
+
+
+def estimate_total_steps(cfg: RootConfig) -> int:
+    from trainers.data import load_data
+
+    n = load_data(cfg.data, cfg.train.seed).num_train
+    per_epoch = math.ceil(n / cfg.batch.size)
+    whole = int(cfg.train.epochs)
+    frac = cfg.train.epochs - whole
+    return whole * per_epoch + math.ceil(frac * n / cfg.batch.size)
+
+
+class Progress:
+    """A tqdm bar on the driver: step, epoch, loss, batch, workers."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr,
+                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+            self.bar.set_description("starting workers")
+        self.last: dict[str, float] = {}
+
+    def update(self, records: list[tuple[int, dict[str, float]]]) -> None:
+        if not records:
+            return
+        for _, m in records:
+            self.last.update(m)
+        step = records[-1][0]
+        if self.bar is None:
+            return
+        if step > self.bar.total:
+            self.bar.total = step
+        self.bar.n = step
+        self.bar.set_description("training")
+        post = {"epoch": f"{self.last.get('epoch', 0):.2f}", "loss": f"{self.last.get('train/loss', float('nan')):.4f}",
+                "B": int(self.last.get("batch/global", 0)), "W": int(self.last.get("workers", 0))}
+        if "val/accuracy" in self.last:
+            post["val_acc"] = f"{self.last['val/accuracy']:.3f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class PhaseRunner:
+    """Runs one training run as a sequence of ``fit()`` phases."""
+
+    def __init__(self, cfg: RootConfig, tracker: RunTracker, verbose: bool = False, progress: bool = True,
+                 on_records: Callable[[list], None] | None = None):
+        self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
+        self.progress = Progress(estimate_total_steps(cfg), enabled=progress)
+        self.on_records = on_records
+        self.train_run_name = f"elastic-{tracker.run_id}"
+        self.storage_path = os.path.abspath(os.path.expanduser(cfg.checkpoint.storage_path))
+        self.events: list[dict[str, Any]] = []
+        self.monitor = None
+        self.t_start = time.time()
+
+    # -- one phase ----------------------------------------------------------------------
+
+    def _trainer(self, workers: int, phase: int, monitor_name: str, namespace: str | None):
+        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        from trainers.loop import train_loop_per_worker
+
+        s = self.cfg.scaling
+        resources = {"CPU": s.cpus_per_worker}
+        if s.use_gpu:
+            resources["GPU"] = s.gpus_per_worker
+        num_workers: int | tuple[int, int] = workers
+        if s.min_workers < workers:
+            num_workers = (s.min_workers, workers)
+        return TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={
+                "config": self.cfg.loop_dict(),
+                "runtime": {"monitor_name": monitor_name, "namespace": namespace, "phase": phase},
+            },
+            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
+                                         resources_per_worker=resources),
+            run_config=RunConfig(
+                name=self.train_run_name,
+                storage_path=self.storage_path,
+                checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.checkpoint.keep),
+                failure_config=FailureConfig(max_failures=s.max_failures),
+            ),
+        )
+
+    def _pump(self) -> None:
+        import ray
+
+        records, events = ray.get(self.monitor.drain.remote())
+        if records:
+            self.tracker.log_metrics(records)
+            self.progress.update(records)
+            if self.on_records is not None:
+                self.on_records(records)
+        for ev in events:
+            self.events.append(ev)
+
+    def run_phase(self, workers: int, phase: int) -> Any:
+        import ray
+
+        from orchestrator.monitor import Monitor
+
+        namespace = ray.get_runtime_context().namespace
+        monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
+        self.monitor = Monitor.options(name=monitor_name, namespace=namespace).remote()
+        trainer = self._trainer(workers, phase, monitor_name, namespace)
+        box: dict[str, Any] = {}
+
+        def fit() -> None:
+            try:
+                box["result"] = trainer.fit()
+            except BaseException as e:  # surfaced on the driver thread below
+                box["error"] = e
+
+        th = threading.Thread(target=fit, name=f"fit-phase{phase}", daemon=True)
+        th.start()
+        try:
+            while th.is_alive():
+                th.join(POLL_S)
+                self._pump()
+            self._pump()
+        finally:
+            ray.kill(self.monitor)
+            self.monitor = None
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def request_stop(self) -> None:
+        if self.monitor is not None:
+            self.monitor.request_stop.remote()
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> Any:
+        workers = self.cfg.scaling.max_workers
+        try:
+            result = self.run_phase(workers, phase=0)
+        finally:
+            self.progress.close()
+        return result
+
+    def first_step_s(self) -> float | None:
+        for ev in self.events:
+            if ev["kind"] == "first_step":
+                return ev["time"] - self.t_start
+        return None
+
+
+def final_metrics(tracker: RunTracker) -> dict[str, float]:
+    out = {}
+    for key in ("train/loss", "val/loss", "val/accuracy", "samples_seen", "epoch"):
+        pts = tracker.history.get(key)
+        if pts:
+            out[key] = max(pts)[1]
+    return out
+
+
+def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
+                 parent_run_id: str | None = None, tags: dict[str, str] | None = None,
+                 on_start: Callable[[PhaseRunner], None] | None = None,
+                 on_records: Callable[[list], None] | None = None,
+                 t_invoked: float | None = None) -> RunSummary:
+    """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated."""
+    t0 = t_invoked or time.time()
+    started_ray = ensure_ray(verbose)
+    tracker = RunTracker(cfg, parent_run_id=parent_run_id, tags=tags)
+    runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
+    runner.t_start = t0
+    if on_start:
+        on_start(runner)
+    status = "FAILED"
+    try:
+        result = runner.run()
+        status = "FINISHED"
+        tracker.log_plots()
+        if result is not None and result.checkpoint is not None:
+            from trainers.state import read_checkpoint
+
+            with result.checkpoint.as_directory() as d:
+                payload = read_checkpoint(d)
+            tracker.log_model(payload["model"], cfg)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
+                          "elastic.storage_path": runner.storage_path})
+        tracker.end(status)
+        if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
+            import ray
+
+            ray.shutdown()
+    steps = max((s for s, _ in tracker.history.get("train/loss", [])), default=0)
+    return RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
+                      status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
+                      storage_path=runner.storage_path, train_run_name=runner.train_run_name,
+                      first_step_s=runner.first_step_s())

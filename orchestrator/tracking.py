@@ -1,0 +1,130 @@
+"""MLflow run life: create the run, log the resolved config, metrics (each
+(metric, step) once), plots and the final model, and close it with a status."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+from orchestrator.config import RootConfig, flatten, to_yaml
+
+MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
+
+
+class RunTracker:
+    def __init__(self, cfg: RootConfig, run_id: str | None = None, parent_run_id: str | None = None,
+                 tags: dict[str, str] | None = None):
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.uri = cfg.tracking.resolved_uri()
+        mlflow.set_tracking_uri(self.uri)
+        self.client = MlflowClient(self.uri)
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self._logged: set[tuple[str, int]] = set()
+        if run_id is None:
+            exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
+            all_tags = dict(tags or {})
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            run = self.client.create_run(exp_id, run_name=cfg.tracking.run_name, tags=all_tags)
+            self.run_id = run.info.run_id
+            self.experiment_id = exp_id
+            self.log_config(cfg)
+        else:
+            run = self.client.get_run(run_id)
+            self.run_id, self.experiment_id = run_id, run.info.experiment_id
+            self._load_history()
+
+    # -- config ------------------------------------------------------------------------
+
+    def log_config(self, cfg: RootConfig) -> None:
+        from mlflow.entities import Param
+
+        flat = flatten(cfg.model_dump(mode="json"))
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
+        for i in range(0, len(params), 90):
+            self.client.log_batch(self.run_id, params=params[i:i + 90])
+        self.log_text(to_yaml(cfg), "config.yaml")
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def _load_history(self) -> None:
+        """For a resumed run: what is already logged, so nothing is logged twice."""
+        run = self.client.get_run(self.run_id)
+        for key in run.data.metrics:
+            for m in self.client.get_metric_history(self.run_id, key):
+                self._logged.add((key, m.step))
+                self.history[key].append((m.step, m.value))
+
+    def last_step(self) -> int:
+        return max((s for _, s in self._logged), default=0)
+
+    def log_metrics(self, records: list[tuple[int, dict[str, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch: list[Metric] = []
+        for step, metrics in records:
+            for key, value in metrics.items():
+                if (key, step) in self._logged:
+                    continue
+                self._logged.add((key, step))
+                self.history[key].append((step, float(value)))
+                batch.append(Metric(key, float(value), now, step))
+        for i in range(0, len(batch), MAX_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_BATCH])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    # -- artifacts -----------------------------------------------------------------------
+
+    def log_plots(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = [("train/loss", "val/loss"), ("val/accuracy",), ("lr",), ("mf",), ("batch/global",), ("workers",)]
+        panels = [p for p in panels if any(self.history.get(k) for k in p)]
+        if not panels:
+            return
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.2 * len(panels)), sharex=True, squeeze=False)
+        for ax, keys in zip(axes[:, 0], panels):
+            for k in keys:
+                pts = sorted(self.history.get(k, []))
+                if pts:
+                    ax.plot([s for s, _ in pts], [v for _, v in pts], label=k,
+                            drawstyle="steps-post" if k in ("workers", "batch/global") else "default")
+            ax.set_ylabel(keys[0])
+            ax.grid(alpha=0.3)
+            if len(keys) > 1:
+                ax.legend(loc="upper right")
+        axes[-1, 0].set_xlabel("optimizer step")
+        fig.tight_layout()
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "training_curves.png")
+            fig.savefig(path, dpi=100)
+            self.client.log_artifact(self.run_id, path, "plots")
+        plt.close(fig)
+
+    def log_model(self, model_state: dict[str, Any], cfg: RootConfig) -> None:
+        import torch
+
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model_state, os.path.join(d, "model.pt"))
+            with open(os.path.join(d, "config.yaml"), "w") as f:
+                f.write(to_yaml(cfg))
+            self.client.log_artifacts(self.run_id, d, "model")
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)

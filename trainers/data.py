@@ -1,0 +1,193 @@
+"""Datasets held in memory, and the data order every worker agrees on.
+
+The data order is the heart of the "B is the math, W is a resource" invariant
+(DESIGN.md section 3): one permutation of the training set per (seed, epoch),
+consumed in global batches; worker ``rank`` of ``world`` takes a contiguous
+slice of each global batch (uneven slices allowed); the slice is split into
+micro-batches of at most ``max_local_batch``.  Nothing here depends on W except
+the slicing, so the sequence of global batches is the same for any W and any
+restart: the checkpoint only needs the cursor (samples consumed in the epoch).
+
+Small datasets are indexed as tensors with the permutation slice instead of a
+DataLoader: per-sample collation dominates small models (DESIGN.md section 7).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DATASETS = ("digits", "synthetic", "cifar10")
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+class DataConfig(BaseModel):
+    """The ``data`` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["digits", "synthetic", "cifar10"] = "digits"
+    root: str | None = Field(default=None, description="dataset directory (cifar10)")
+    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    # synthetic only: a classification set labelled by a fixed random teacher network
+    size: int = Field(default=4096, gt=1)
+    shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
+    num_classes: int = Field(default=10, ge=2)
+    seed: int = 0
+
+    @field_validator("shape")
+    @classmethod
+    def _shape_positive(cls, v: list[int]) -> list[int]:
+        if not v or any(d <= 0 for d in v):
+            raise ValueError(f"must be a non-empty list of positive ints like [1, 8, 8], got {v}")
+        return v
+
+    def check_available(self) -> None:
+        """Raise ``ValueError`` if the data cannot be loaded (called before Ray starts)."""
+        if self.name == "cifar10":
+            if not self.root:
+                raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")
+            folder = os.path.join(os.path.expanduser(self.root), "cifar-10-batches-py")
+            missing = [f for f in CIFAR_FILES if not os.path.isfile(os.path.join(folder, f))]
+            if missing:
+                raise ValueError(
+                    f"data.root: no CIFAR-10 at {folder!r} (missing {', '.join(missing)}); "
+                    "download cifar-10-python.tar.gz and extract it there"
+                )
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    shape: tuple[int, ...]
+    num_classes: int
+
+
+def dataset_info(cfg: DataConfig) -> DatasetInfo:
+    if cfg.name == "digits":
+        return DatasetInfo((1, 8, 8), 10)
+    if cfg.name == "cifar10":
+        return DatasetInfo((3, 32, 32), 10)
+    return DatasetInfo(tuple(cfg.shape), cfg.num_classes)
+
+
+@dataclass
+class InMemoryData:
+    """Train and validation tensors with their sample ids (row numbers in the full set)."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    info: DatasetInfo
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def _load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    x = (x - 0.3) / 0.4  # roughly zero mean, unit variance
+    return x, torch.tensor(d.target, dtype=torch.long)
+
+
+def _load_synthetic(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ~ N(0, 1); labels = argmax of a fixed random two-layer teacher."""
+    g = torch.Generator().manual_seed(cfg.seed + 12345)
+    shape = tuple(cfg.shape)
+    x = torch.randn((cfg.size, *shape), generator=g)
+    d_in = math.prod(shape)
+    hidden = 64
+    w1 = torch.randn(d_in, hidden, generator=g) / math.sqrt(d_in)
+    w2 = torch.randn(hidden, cfg.num_classes, generator=g) / math.sqrt(hidden)
+    logits = torch.tanh(x.reshape(cfg.size, -1) @ w1) @ w2
+    return x, logits.argmax(dim=1)
+
+
+CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+
+
+def _load_cifar10(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-10's training batches through torchvision's own loader, from a local root.
+
+    torchvision checks the md5 of each file against the official release; we check
+    only that the files are there, so a small set in the same on-disk format (what
+    the tests write) loads through the same code.  Nothing is downloaded.
+    """
+    from torchvision.datasets import CIFAR10
+
+    class _LocalCIFAR10(CIFAR10):
+        def _check_integrity(self) -> bool:  # files present is enough: no download here
+            folder = os.path.join(self.root, self.base_folder)
+            return all(os.path.isfile(os.path.join(folder, f)) for f in CIFAR_FILES)
+
+    ds = _LocalCIFAR10(root=os.path.expanduser(cfg.root or ""), train=True, download=False)
+    x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).float() / 255.0
+    mean = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+    return (x - mean) / std, torch.tensor(ds.targets, dtype=torch.long)
+
+
+def load_data(cfg: DataConfig, split_seed: int) -> InMemoryData:
+    """Load the whole dataset and split it into train/validation by ``split_seed``."""
+    if cfg.name == "digits":
+        x, y = _load_digits()
+    elif cfg.name == "synthetic":
+        x, y = _load_synthetic(cfg)
+    else:
+        x, y = _load_cifar10(cfg)
+    n = int(y.shape[0])
+    g = torch.Generator().manual_seed(split_seed)
+    order = torch.randperm(n, generator=g)
+    n_val = max(1, int(round(n * cfg.val_fraction)))
+    val, train = order[:n_val], order[n_val:]
+    return InMemoryData(x[train].contiguous(), y[train].contiguous(), x[val].contiguous(), y[val].contiguous(),
+                        dataset_info(cfg))
+
+
+# --------------------------------------------------------------------------- data order
+
+
+def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order of the ``n`` training samples in ``epoch``: a function of (seed, epoch) only."""
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x5EED]))
+    return rng.permutation(n)
+
+
+def global_batch(perm: np.ndarray, cursor: int, batch_size: int) -> np.ndarray:
+    """The next global batch: up to ``batch_size`` ids from ``cursor`` (the last one may be short)."""
+    return perm[cursor : cursor + batch_size]
+
+
+def slice_bounds(batch_len: int, rank: int, world: int) -> tuple[int, int]:
+    """Worker ``rank``'s contiguous share of a global batch; the first ``batch_len % world`` get one more."""
+    base, extra = divmod(batch_len, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def micro_batches(ids: np.ndarray, max_local_batch: int) -> list[np.ndarray]:
+    """Split a worker's slice into ``ceil(len/max_local_batch)`` near-equal micro-batches."""
+    if len(ids) == 0:
+        return []
+    n_micro = math.ceil(len(ids) / max_local_batch)
+    return [a for a in np.array_split(ids, n_micro)]
+
+
+def accum_steps(batch_size: int, world: int, max_local_batch: int) -> int:
+    """Micro-batches on the rank with the largest slice (rank 0)."""
+    return max(1, math.ceil(math.ceil(batch_size / world) / max_local_batch))

@@ -1,0 +1,378 @@
+"""What every worker runs: ``train_loop_per_worker`` for Ray Train's ``TorchTrainer``.
+
+Read top to bottom: build the data, model and optimizer; restore the latest
+checkpoint if there is one; then for each global batch, each worker runs its slice
+in micro-batches (gradient accumulation) with the loss normalized by the global
+batch, DDP sums the gradients, and the optimizer steps.  Rank 0 streams metrics to
+the driver's monitor and writes checkpoints.
+
+Why the loss is scaled by ``world / B``: DDP *averages* gradients over the W
+workers.  Summing per-sample losses and dividing by the global B (Goyal et al.:
+normalize by kn, not n), then multiplying by W to undo DDP's average, makes the
+combined gradient exactly the mean gradient of the global batch, whatever W is
+and however unevenly the batch is cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainers.batching import BatchConfig
+from trainers.data import (DataConfig, InMemoryData, epoch_permutation, global_batch, load_data, micro_batches,
+                           slice_bounds)
+from trainers.models import ModelConfig, build_model
+from trainers.optim import OptimizerConfig, build_optimizer, set_lr, set_mf
+from trainers.report import Reporter
+from trainers.state import CorruptCheckpoint, TrainState, read_checkpoint, write_checkpoint
+
+
+class TrainConfig(BaseModel):
+    """The ``train`` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: float = Field(default=5, gt=0, description="may be fractional")
+    eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
+    seed: int = 0
+    log_every: int = Field(default=10, gt=0, description="steps between pushes of metrics to the driver")
+    sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
+
+
+class CheckpointConfig(BaseModel):
+    """The ``checkpoint`` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
+    keep: int = Field(default=2, gt=0)
+    storage_path: str = Field(default="ray_runs", description="where Ray Train keeps checkpoints (shared storage on a cluster)")
+
+
+class LoopConfig(BaseModel):
+    """The sections a worker needs; the orchestrator's root config extends this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "LoopConfig":
+        if self.batch.max_local_batch > self.batch.size:
+            raise ValueError(f"batch.max_local_batch: {self.batch.max_local_batch} is above batch.size "
+                             f"{self.batch.size}; set it to at most {self.batch.size}")
+        return self
+
+
+class Runtime(BaseModel):
+    """What the driver tells the workers besides the config."""
+
+    monitor_name: str | None = None
+    namespace: str | None = None
+    phase: int = 0
+
+
+# --------------------------------------------------------------------------- small steps
+
+
+def _device() -> torch.device:
+    import ray.train.torch
+
+    return ray.train.torch.get_device()
+
+
+def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if device.type == "cuda":
+        return DDP(model, device_ids=[device.index])
+    return DDP(model)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    out = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def _restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_latest_checkpoint(device: torch.device) -> dict[str, Any] | None:
+    """The newest intact checkpoint Ray Train knows for this run, falling back to older ones."""
+    import ray.train
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return None
+    candidates = [ckpt]
+    try:
+        reported = ray.train.get_all_reported_checkpoints()
+        older = [r.checkpoint for r in reported if r.checkpoint.path != ckpt.path]
+        candidates += list(reversed(older))
+    except Exception:  # older Ray without the API: only the newest is known
+        pass
+    for c in candidates:
+        try:
+            with c.as_directory() as d:
+                return read_checkpoint(d, map_location=device)
+        except CorruptCheckpoint as e:
+            print(f"[elastic] warning: skipping corrupt checkpoint: {e}", flush=True)
+    raise CorruptCheckpoint("no intact checkpoint to resume from")
+
+
+class Trainer:
+    """One worker's training state and the named steps of the loop."""
+
+    def __init__(self, cfg: LoopConfig, runtime: Runtime):
+        import ray.train
+
+        ctx = ray.train.get_context()
+        self.cfg, self.runtime = cfg, runtime
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = _device()
+        torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+        self.data: InMemoryData = load_data(cfg.data, cfg.train.seed)
+        base = build_model(self.data.info, cfg.model).to(self.device)
+        self.model = _wrap_ddp(base, self.device, self.world)
+        self.opt = build_optimizer(base, cfg.optimizer)
+        self.state = TrainState()
+        self.reporter = Reporter(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
+        self.n = self.data.num_train
+        self.total_steps_hint = 0
+        self._sample_log = None
+        if cfg.train.sample_log_dir:
+            os.makedirs(cfg.train.sample_log_dir, exist_ok=True)
+            self._sample_log = open(os.path.join(cfg.train.sample_log_dir,
+                                                 f"phase{runtime.phase}-rank{self.rank}-{os.getpid()}.jsonl"), "a")
+
+    # -- policies (pure functions of the step; the policies issue fills these in) --------
+
+    @property
+    def batch_size(self) -> int:
+        return self.cfg.batch.size
+
+    def lr_at(self) -> float:
+        return self.cfg.optimizer.lr
+
+    def mf_at(self) -> float:
+        return self.cfg.optimizer.mf
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def restore(self) -> bool:
+        payload = load_latest_checkpoint(self.device)
+        if payload is None:
+            return False
+        _unwrap(self.model).load_state_dict(payload["model"])
+        self.opt.load_state_dict(payload["optimizer"])
+        self.state = TrainState.from_dict(payload["train"])
+        _restore_rng(payload["rng"], self.device)
+        return True
+
+    def save_checkpoint(self, finished: bool = False) -> None:
+        """All ranks call this together (``ray.train.report`` is a barrier); rank 0 writes."""
+        import ray.train
+        from ray.train import Checkpoint
+
+        self.state.finished = finished
+        metrics = {"step": self.state.step, "epoch": self.state.epoch, "finished": finished}
+        if self.rank != 0:
+            ray.train.report(metrics, checkpoint=None)
+            return
+        tmp_root = tempfile.mkdtemp(prefix="elastic-ckpt-")
+        path = write_checkpoint(os.path.join(tmp_root, "ckpt"), {
+            "model": _unwrap(self.model).state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "train": self.state.to_dict(),
+            "rng": _rng_state(self.device),
+        })
+        try:
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(path),
+                             checkpoint_dir_name=f"checkpoint_step{self.state.step:08d}")
+        finally:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+        self.reporter.event("checkpoint", step=self.state.step)
+
+    # -- one optimizer step ---------------------------------------------------------------
+
+    def train_step(self, ids: np.ndarray) -> float:
+        """Forward/backward this rank's slice of global batch ``ids`` in micro-batches, then step."""
+        bsz = len(ids)
+        lo, hi = slice_bounds(bsz, self.rank, self.world)
+        mine = ids[lo:hi]
+        micros = micro_batches(mine, self.cfg.batch.max_local_batch)
+        self.model.train()
+        scale = self.world / bsz
+        loss_sum = torch.zeros((), device=self.device)
+        if not micros:
+            # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
+            x = self.data.train_x[ids[:1]].to(self.device)
+            (self.model(x).sum() * 0.0).backward()
+        for i, mb in enumerate(micros):
+            sync = i == len(micros) - 1
+            ctx = self.model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
+            with ctx:
+                x = self.data.train_x[mb].to(self.device, non_blocking=True)
+                y = self.data.train_y[mb].to(self.device, non_blocking=True)
+                loss = F.cross_entropy(self.model(x), y, reduction="sum")
+                (loss * scale).backward()
+            loss_sum += loss.detach()
+        set_lr(self.opt, self.lr_at())
+        set_mf(self.opt, self.mf_at())
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.world > 1:
+            dist.all_reduce(loss_sum)
+        if self._sample_log is not None:
+            self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1,
+                                               "rank": self.rank, "ids": mine.tolist()}) + "\n")
+        return float(loss_sum) / bsz
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Each rank scores a strided share of the validation set; sums are all-reduced."""
+        self.model.eval()
+        x_all, y_all = self.data.val_x[self.rank::self.world], self.data.val_y[self.rank::self.world]
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        chunk = max(256, self.cfg.batch.max_local_batch)
+        for s in range(0, len(y_all), chunk):
+            x = x_all[s:s + chunk].to(self.device)
+            y = y_all[s:s + chunk].to(self.device)
+            out = _unwrap(self.model)(x)
+            totals[0] += F.cross_entropy(out, y, reduction="sum").double()
+            totals[1] += (out.argmax(1) == y).sum().double()
+            totals[2] += len(y)
+        if self.world > 1:
+            dist.all_reduce(totals)
+        return {"val/loss": float(totals[0] / totals[2]), "val/accuracy": float(totals[1] / totals[2])}
+
+    # -- predicates ---------------------------------------------------------------------------
+
+    def finished(self) -> bool:
+        done = self.state.epoch + self.state.cursor / self.n
+        return done >= self.cfg.train.epochs - 1e-12
+
+    def should_eval(self, epoch_ended: bool) -> bool:
+        every = self.cfg.train.eval_every
+        return (every > 0 and self.state.step % every == 0) or (every == 0 and epoch_ended)
+
+    def should_checkpoint(self, epoch_ended: bool) -> bool:
+        every = self.cfg.checkpoint.every_steps
+        return epoch_ended or (every > 0 and self.state.step % every == 0)
+
+    def should_flush(self) -> bool:
+        return self.state.step % self.cfg.train.log_every == 0
+
+    def agree_stop(self, local_stop: bool) -> bool:
+        """Rank 0's stop decision, broadcast so that every rank stops at the same step."""
+        if self.world == 1:
+            return local_stop
+        flag = torch.tensor([1 if local_stop else 0], device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def metrics_for_step(self, loss: float, bsz: int) -> dict[str, float]:
+        lo, hi = slice_bounds(bsz, 0, self.world)
+        return {
+            "train/loss": loss,
+            "lr": self.lr_at(),
+            "mf": self.mf_at(),
+            "batch/global": float(bsz),
+            "batch/local": float(hi - lo),
+            "batch/accum_steps": float(len(micro_batches(np.arange(hi - lo), self.cfg.batch.max_local_batch)) or 1),
+            "workers": float(self.world),
+            "samples_seen": float(self.state.samples_seen),
+            "epoch": self.state.epoch + self.state.cursor / self.n,
+        }
+
+    def run(self) -> None:
+        resumed = self.restore()
+        if self.state.finished:
+            return
+        self.reporter.event("phase_start", phase=self.runtime.phase, workers=self.world, step=self.state.step,
+                            resumed=resumed)
+        window_samples, window_time = 0, 0.0
+        first_step_done = False
+        while not self.finished():
+            perm = epoch_permutation(self.cfg.train.seed, self.state.epoch, self.n)
+            while self.state.cursor < self.n and not self.finished():
+                t0 = time.perf_counter()
+                ids = global_batch(perm, self.state.cursor, self.batch_size)
+                loss = self.train_step(ids)
+                self.state.step += 1
+                self.state.cursor += len(ids)
+                self.state.samples_seen += len(ids)
+                window_time += time.perf_counter() - t0
+                window_samples += len(ids)
+                epoch_ended = self.state.cursor >= self.n
+                metrics = self.metrics_for_step(loss, len(ids))
+                if not first_step_done:
+                    self.reporter.event("first_step", step=self.state.step)
+                    first_step_done = True
+                if epoch_ended:
+                    self.state.epoch += 1
+                    self.state.cursor = 0
+                if self.should_eval(epoch_ended) or self.finished():
+                    metrics.update(self.evaluate())
+                flush = self.should_flush() or epoch_ended or self.finished()
+                if flush and window_time > 0:
+                    metrics["throughput/samples_per_s"] = window_samples / window_time
+                    window_samples, window_time = 0, 0.0
+                self.reporter.log(self.state.step, metrics)
+                stop = False
+                if flush:
+                    stop = self.agree_stop(self.reporter.flush())
+                if self.finished() or stop:
+                    self.save_checkpoint(finished=True)
+                    self.reporter.event("stopped" if stop and not self.finished() else "finished",
+                                        step=self.state.step)
+                    self.reporter.flush(wait=True)
+                    return
+                if self.should_checkpoint(epoch_ended):
+                    self.save_checkpoint()
+                if epoch_ended:
+                    break
+        self.reporter.flush(wait=True)
+
+    def close(self) -> None:
+        if self._sample_log is not None:
+            self._sample_log.close()
+
+
+def train_loop_per_worker(payload: dict[str, Any]) -> None:
+    cfg = LoopConfig.model_validate(payload["config"])
+    runtime = Runtime.model_validate(payload.get("runtime", {}))
+    trainer = Trainer(cfg, runtime)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()

@@ -1,0 +1,53 @@
+"""Rank 0's live channel to the driver.
+
+The driver creates one small named Ray actor per run (the monitor).  Rank 0
+buffers (step, metrics) records and pushes them every few steps; the push answers
+with the driver's decision (``{"stop": bool}``) which rank 0 reads at the next
+flush, so the training loop never waits on the driver.  Other ranks do not talk
+to the monitor; the loop broadcasts rank 0's decision to them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+Record = tuple[int, dict[str, float]]
+
+
+class Reporter:
+    def __init__(self, monitor_name: str | None, namespace: str | None, enabled: bool):
+        self._handle = None
+        if enabled and monitor_name:
+            import ray
+
+            self._handle = ray.get_actor(monitor_name, namespace=namespace)
+        self._records: list[Record] = []
+        self._events: list[dict[str, Any]] = []
+        self._pending = None
+        self._stop = False
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._handle is not None:
+            self._records.append((step, metrics))
+
+    def event(self, kind: str, **data: Any) -> None:
+        if self._handle is not None:
+            self._events.append({"kind": kind, "time": time.time(), **data})
+
+    def flush(self, wait: bool = False) -> bool:
+        """Send what is buffered; return the latest stop decision known to rank 0."""
+        if self._handle is None:
+            return False
+        import ray
+
+        if self._pending is not None:
+            self._stop = bool(ray.get(self._pending).get("stop", False)) or self._stop
+            self._pending = None
+        if self._records or self._events or wait:
+            self._pending = self._handle.push.remote(self._records, self._events)
+            self._records, self._events = [], []
+            if wait:
+                self._stop = bool(ray.get(self._pending).get("stop", False)) or self._stop
+                self._pending = None
+        return self._stop
