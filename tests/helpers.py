@@ -1,0 +1,50 @@
+"""Helpers shared by the integration tests: build a config, read a run back from MLflow."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+import torch
+
+from orchestrator.config import RootConfig, apply_overrides, validate
+
+
+def make_config(tmp_path, tracking_uri: str, **sections: dict[str, Any]) -> RootConfig:
+    raw: dict[str, Any] = {
+        "data": {"name": "digits"},
+        "model": {"name": "mlp", "norm": "none", "hidden": 32},
+        "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 50},
+        "batch": {"size": 50, "max_local_batch": 16},
+        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+        "train": {"epochs": 1, "seed": 0},
+        "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
+        "tracking": {"uri": tracking_uri, "experiment": "tests"},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return validate(raw)
+
+
+def metric_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    hist = MlflowClient(uri).get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in hist)
+
+
+def final_model(uri: str, run_id: str, dst) -> dict[str, torch.Tensor]:
+    from mlflow.tracking import MlflowClient
+
+    path = MlflowClient(uri).download_artifacts(run_id, "model/model.pt", str(dst))
+    return torch.load(path, weights_only=True)
+
+
+def read_sample_log(folder: str) -> list[dict]:
+    rows = []
+    for path in glob.glob(os.path.join(folder, "*.jsonl")):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
