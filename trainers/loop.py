@@ -320,19 +320,18 @@ class Trainer:
             return
         self.reporter.event("phase_start", phase=self.runtime.phase, workers=self.world, step=self.state.step,
                             resumed=resumed)
-        window_samples, window_time = 0, 0.0
+        # Throughput windows run flush to flush on the wall clock (so the cost of pushing
+        # metrics counts), minus validation and checkpoint time.
+        window_samples, window_start, window_side = 0, time.perf_counter(), 0.0
         first_step_done = False
         while not self.finished():
             perm = epoch_permutation(self.cfg.train.seed, self.state.epoch, self.n)
             while self.state.cursor < self.n and not self.finished():
-                t0 = time.perf_counter()
                 ids = global_batch(perm, self.state.cursor, self.batch_size)
                 loss = self.train_step(ids)
                 self.state.step += 1
                 self.state.cursor += len(ids)
                 self.state.samples_seen += len(ids)
-                window_time += time.perf_counter() - t0
-                window_samples += len(ids)
                 epoch_ended = self.state.cursor >= self.n
                 metrics = self.metrics_for_step(loss, len(ids))
                 if not first_step_done:
@@ -342,11 +341,15 @@ class Trainer:
                     self.state.epoch += 1
                     self.state.cursor = 0
                 if self.should_eval(epoch_ended) or self.finished():
+                    t_eval = time.perf_counter()
                     metrics.update(self.evaluate())
+                    window_side += time.perf_counter() - t_eval
                 flush = self.should_flush() or epoch_ended or self.finished()
-                if flush and window_time > 0:
-                    metrics["throughput/samples_per_s"] = window_samples / window_time
-                    window_samples, window_time = 0, 0.0
+                window_samples += len(ids)
+                if flush:
+                    now = time.perf_counter()
+                    metrics["throughput/samples_per_s"] = window_samples / max(now - window_start - window_side, 1e-9)
+                    window_samples, window_start, window_side = 0, now, 0.0
                 self.reporter.log(self.state.step, metrics)
                 stop = False
                 if flush:
@@ -358,7 +361,9 @@ class Trainer:
                     self.reporter.flush(wait=True)
                     return
                 if self.should_checkpoint(epoch_ended):
+                    t_ckpt = time.perf_counter()
                     self.save_checkpoint()
+                    window_side += time.perf_counter() - t_ckpt
                 if epoch_ended:
                     break
         self.reporter.flush(wait=True)

@@ -375,6 +375,7 @@ def _smooth(losses: list[float], log_lrs: list[float], max_points: int, seed: in
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+    from threadpoolctl import threadpool_limits
 
     n = len(losses)
     x = _bins(np.arange(n, dtype=np.float64), max_points) / max(n - 1, 1)
@@ -385,7 +386,8 @@ def _smooth(losses: list[float], log_lrs: list[float], max_points: int, seed: in
     kernel = (ConstantKernel(1.0, (1e-3, 1e3)) * RBF(length_scale=0.2, length_scale_bounds=(0.03, 10.0))
               + WhiteKernel(noise_level=0.1, noise_level_bounds=(1e-6, 10.0)))
     gp = GaussianProcessRegressor(kernel=kernel, normalize_y=False, random_state=seed, n_restarts_optimizer=0)
-    with warnings.catch_warnings():
+    # One BLAS thread: fast for a few hundred points, and the same float reductions on every rank.
+    with warnings.catch_warnings(), threadpool_limits(limits=1):
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(x[:, None], z)
     signal = gp.kernel_.k1  # the latent f's kernel, without the white noise

@@ -1,0 +1,32 @@
+"""Shared bits of the benchmarks: a throw-away MLflow store and config, figures as a table."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+
+from orchestrator.config import RootConfig, validate
+
+
+def temp_config(**sections) -> tuple[RootConfig, str]:
+    tmp = tempfile.mkdtemp(prefix="elastic-bench-")
+    raw = {
+        "checkpoint": {"storage_path": os.path.join(tmp, "ray_runs")},
+        "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "bench"},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return validate(raw), tmp
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")

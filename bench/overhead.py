@@ -1,0 +1,104 @@
+"""Per-step throughput of the orchestrator's loop at W=1 against a plain PyTorch loop.
+
+Both train the same model on the same data with the same global batch, optimizer and
+thread count, in the same run of this script (absolute figures mean little on a shared
+machine; the ratio is the result).  The orchestrator's figure is its own
+``throughput/samples_per_s`` metric (flush-to-flush wall time of the loop, including
+metric pushes, excluding validation and checkpoints).  Also printed: the time from the
+``train`` invocation to the first completed optimizer step.
+
+    .venv/bin/python bench/overhead.py [--epochs 10] [--model cnn] [--batch 64] [--threads 2]
+
+Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bench.common import median, table, temp_config  # noqa: E402
+from trainers.data import epoch_permutation, load_data  # noqa: E402
+from trainers.models import build_model  # noqa: E402
+from trainers.optim import build_optimizer  # noqa: E402
+
+
+def plain_loop(cfg, epochs: int, threads: int, window: int = 10) -> list[float]:
+    """The ceiling: one process, tensors indexed by the permutation slice, nothing else."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(cfg.train.seed)
+    data = load_data(cfg.data, cfg.train.seed)
+    model = build_model(data.info, cfg.model)
+    opt = build_optimizer(model, cfg.optimizer)
+    model.train()
+    rates, n, B = [], data.num_train, cfg.batch.size
+    for epoch in range(epochs):
+        perm = epoch_permutation(cfg.train.seed, epoch, n)
+        t0, samples = time.perf_counter(), 0
+        for i, s in enumerate(range(0, n, B)):
+            ids = perm[s:s + B]
+            loss = F.cross_entropy(model(data.train_x[ids]), data.train_y[ids])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            float(loss.detach())  # the orchestrator reads its loss every step too
+            samples += len(ids)
+            if (i + 1) % window == 0:
+                now = time.perf_counter()
+                rates.append(samples / (now - t0))
+                t0, samples = now, 0
+    return rates
+
+
+def orchestrator_run(cfg):
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.runner import run_training
+
+    summary = run_training(cfg, progress=False, t_invoked=time.time())
+    hist = MlflowClient(cfg.tracking.uri).get_metric_history(summary.run_id, "throughput/samples_per_s")
+    rates = [m.value for m in sorted(hist, key=lambda m: m.step)][1:]  # the first window holds warm-up
+    return summary, rates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    cfg, _ = temp_config(
+        data={"name": "digits"}, model={"name": a.model, "norm": "batch", "hidden": 64},
+        optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
+        batch={"size": a.batch, "max_local_batch": a.batch},
+        scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
+        train={"epochs": a.epochs, "eval_every": 0},
+    )
+    plain_a = plain_loop(cfg, a.epochs, a.threads)
+    summary, orch = orchestrator_run(cfg)
+    plain_b = plain_loop(cfg, a.epochs, a.threads)
+    plain = median(plain_a + plain_b)
+    o = median(orch)
+    print(f"digits, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs; median samples/s over "
+          f"10-step windows")
+    print(table([
+        ("plain PyTorch loop (before)", f"{median(plain_a):,.0f}", ""),
+        ("orchestrator loop, W=1", f"{o:,.0f}", f"{summary.steps} steps"),
+        ("plain PyTorch loop (after)", f"{median(plain_b):,.0f}", ""),
+    ], ("loop", "samples/s", "")))
+    print(f"time from train invocation to first step: {summary.first_step_s:.1f} s "
+          f"(whole run {summary.wall_s:.1f} s)")
+    print(f"ratio={o / plain:.3f}")
+
+
+if __name__ == "__main__":
+    main()
