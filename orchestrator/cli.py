@@ -29,6 +29,13 @@ def _parser() -> argparse.ArgumentParser:
                                           f"{DEFAULT_TRACKING_URI})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+
+    r = sub.add_parser("resume", help="continue a run whose driver was stopped or killed",
+                       description="Continue a run from its latest checkpoint, in the same MLflow run.")
+    r.add_argument("run", help="the MLflow run id, or the run's checkpoint storage directory")
+    r.add_argument("--tracking-uri", help="MLflow tracking URI holding the run (default: the one it was started with)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--verbose", action="store_true", help="show Ray's own logs")
     return p
 
 
@@ -66,11 +73,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary.status == "FINISHED" else 1
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    t_invoked = time.time()
+    from orchestrator.config import validate
+    from orchestrator.runner import find_run, run_training
+
+    run_id, uri, raw = find_run(args.run, args.tracking_uri)
+    raw.setdefault("tracking", {})["uri"] = uri
+    cfg = validate(raw)
+    summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
+                           resume_run_id=run_id)
+    print(_summary(summary, cfg))
+    return 0 if summary.status == "FINISHED" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "resume":
+            return cmd_resume(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -112,6 +112,12 @@ class Progress:
         self.bar.set_postfix(post, refresh=False)
         self.bar.refresh()
 
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -125,11 +131,14 @@ class PhaseRunner:
         self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
         self.progress = Progress(estimate_total_steps(cfg), enabled=progress)
         self.on_records = on_records
-        self.train_run_name = f"elastic-{tracker.run_id}"
+        self.train_run_name = f"elastic-{tracker.run_id}"  # all phases and resumes share it
         self.storage_path = os.path.abspath(os.path.expanduser(cfg.checkpoint.storage_path))
         self.events: list[dict[str, Any]] = []
         self.monitor = None
         self.t_start = time.time()
+        self.restarts = int(tracker.last_value("restarts", 0))
+        self._phase = 0
+        self._phase_started = False
 
     # -- one phase ----------------------------------------------------------------------
 
@@ -173,9 +182,26 @@ class PhaseRunner:
                 self.on_records(records)
         for ev in events:
             self.events.append(ev)
+            self._on_event(ev)
+
+    def _on_event(self, ev: dict[str, Any]) -> None:
+        if ev["kind"] == "phase_start":
+            if ev.get("phase") == self._phase and self._phase_started:
+                # The same phase started again: Ray Train restarted the group after a failure.
+                self.restarts += 1
+                self.tracker.log_metrics([(int(ev["step"]), {"restarts": float(self.restarts)})])
+                self.tracker.set_tags({"elastic.restarts": self.restarts})
+                self.progress.write(f"worker group restarted from step {ev['step']} with {ev['workers']} "
+                                    f"workers (restart {self.restarts})")
+            self._phase_started = True
+        elif ev["kind"] == "warning":
+            self.tracker.set_tags({"elastic.warning": ev["message"][:5000]})
+            self.progress.write(f"warning: {ev['message']}")
 
     def run_phase(self, workers: int, phase: int) -> Any:
         import ray
+
+        self._phase, self._phase_started = phase, False
 
         from orchestrator.monitor import Monitor
 
@@ -235,17 +261,40 @@ def final_metrics(tracker: RunTracker) -> dict[str, float]:
     return out
 
 
+RUN_INFO = "elastic_run.json"
+
+
+def write_run_info(runner: PhaseRunner, cfg: RootConfig) -> None:
+    """Beside the checkpoints: what ``resume`` needs to find the MLflow run again."""
+    import json
+
+    folder = os.path.join(runner.storage_path, runner.train_run_name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, RUN_INFO), "w") as f:
+        json.dump({"run_id": runner.tracker.run_id, "tracking_uri": runner.tracker.uri,
+                   "config": cfg.model_dump(mode="json")}, f, indent=1)
+
+
 def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                  on_start: Callable[[PhaseRunner], None] | None = None,
                  on_records: Callable[[list], None] | None = None,
-                 t_invoked: float | None = None) -> RunSummary:
-    """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated."""
+                 t_invoked: float | None = None, resume_run_id: str | None = None) -> RunSummary:
+    """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated.
+
+    With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
+    steps continue, nothing already logged is logged again."""
     t0 = t_invoked or time.time()
     started_ray = ensure_ray(verbose)
-    tracker = RunTracker(cfg, parent_run_id=parent_run_id, tags=tags)
+    tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
     runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
     runner.t_start = t0
+    tracker.set_tags({"elastic.train_run_name": runner.train_run_name, "elastic.storage_path": runner.storage_path})
+    if resume_run_id:
+        tracker.set_running()
+        before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
+        tracker.set_tags({"elastic.resumes": int(before) + 1})
+    write_run_info(runner, cfg)
     if on_start:
         on_start(runner)
     status = "FAILED"
@@ -263,8 +312,6 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         status = "KILLED"
         raise
     finally:
-        tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
-                          "elastic.storage_path": runner.storage_path})
         tracker.end(status)
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
             import ray
@@ -275,3 +322,33 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                       status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
                       storage_path=runner.storage_path, train_run_name=runner.train_run_name,
                       first_step_s=runner.first_step_s())
+
+
+def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[str, Any]]:
+    """(run_id, tracking_uri, config dict) of a run, from its MLflow run id or its storage directory."""
+    import json
+
+    info_path = os.path.join(os.path.expanduser(ref), RUN_INFO)
+    if os.path.isfile(info_path):
+        with open(info_path) as f:
+            info = json.load(f)
+        return info["run_id"], tracking_uri or info["tracking_uri"], info["config"]
+    from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        run = MlflowClient(uri).get_run(ref)
+    except MlflowException:
+        raise ConfigError(f"run: {ref!r} is neither an MLflow run id in {uri} nor a run storage directory "
+                          f"holding {RUN_INFO}; pass one of those (or --tracking-uri)") from None
+    storage, name = run.data.tags.get("elastic.storage_path"), run.data.tags.get("elastic.train_run_name")
+    if not storage or not name or not os.path.isfile(os.path.join(storage, name, RUN_INFO)):
+        raise ConfigError(f"run: {ref!r} has no checkpoint storage recorded (tags elastic.storage_path); "
+                          "it was not started by this orchestrator or its storage is gone")
+    with open(os.path.join(storage, name, RUN_INFO)) as f:
+        return ref, uri, json.load(f)["config"]

@@ -126,5 +126,12 @@ class RunTracker:
                 f.write(to_yaml(cfg))
             self.client.log_artifacts(self.run_id, d, "model")
 
+    def last_value(self, key: str, default: float = 0.0) -> float:
+        pts = self.history.get(key)
+        return max(pts)[1] if pts else default
+
+    def set_running(self) -> None:
+        self.client.update_run(self.run_id, status="RUNNING")
+
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)

@@ -85,7 +85,7 @@ def _policy_inputs(name: str) -> tuple[BatchConfig, list[tuple[int, float, Batch
     cfg = BatchConfig(size=64, max_local_batch=32, policy=name, max_size=1000, check_every=5, **extra)
     stream = []
     for step in range(0, 200):
-        wanted = 40.0 * (1.0 + step / 10.0)  # rises from below B to far above max_size
+        wanted = 40.0 * (1.0 + step / 4.0)  # rises from below B to far above max_size
         stats = BatchStats(b_simple=wanted if step % 7 else None, norm_test=int(wanted) if step % 3 else None)
         stream.append((step, step / 60.0, stats))
     return cfg, stream

@@ -242,3 +242,14 @@ def test_adascale_gain() -> None:
     assert gns.gain(4.0, b0) is None
     gns.update(g_sq + trace / 8, 8, g_sq + trace / 64, 64)
     assert gns.gain(4.0, b0) == pytest.approx(r4)
+
+
+def test_adascale_signal_is_normalized_at_the_base_batch() -> None:
+    trace, g_sq, b0 = 640.0, 1.0, 64
+    gns = GradientNoiseScale(ema=0.0)
+    assert gns.adascale_signal(b0) is None
+    gns.update(g_sq + trace / 8, 8, g_sq + trace / 64, 64)
+    sig = gns.adascale_signal(b0)
+    assert sig is not None
+    assert sig.var == pytest.approx(trace / b0) and sig.sqr == pytest.approx(g_sq)
+    assert sig.gain(4.0) == pytest.approx(adascale_gain(trace, g_sq, 4.0, b0))

@@ -124,27 +124,42 @@ def _restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def load_latest_checkpoint(device: torch.device) -> dict[str, Any] | None:
-    """The newest intact checkpoint Ray Train knows for this run, falling back to older ones."""
+def _older_checkpoints(newest) -> list:
+    """Checkpoints beside ``newest`` in the run's storage, newest first (Ray names them by step)."""
+    import posixpath
+
+    from pyarrow.fs import FileSelector, FileType
+    from ray.train import Checkpoint
+
+    parent = posixpath.dirname(newest.path.rstrip("/"))
+    infos = newest.filesystem.get_file_info(FileSelector(parent))
+    dirs = sorted((i.path for i in infos if i.type == FileType.Directory
+                   and posixpath.basename(i.path).startswith("checkpoint_")), reverse=True)
+    return [Checkpoint(path=d, filesystem=newest.filesystem) for d in dirs if d != newest.path.rstrip("/")]
+
+
+def load_latest_checkpoint(device: torch.device, warn=print) -> dict[str, Any] | None:
+    """The newest intact checkpoint of this run; a corrupt one is skipped with a warning."""
     import ray.train
 
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is None:
+    newest = ray.train.get_checkpoint()
+    if newest is None:
         return None
-    candidates = [ckpt]
+    candidates = [newest]
     try:
-        reported = ray.train.get_all_reported_checkpoints()
-        older = [r.checkpoint for r in reported if r.checkpoint.path != ckpt.path]
-        candidates += list(reversed(older))
-    except Exception:  # older Ray without the API: only the newest is known
-        pass
+        candidates += _older_checkpoints(newest)
+    except Exception as e:  # storage that cannot be listed: only the newest is known
+        warn(f"cannot list older checkpoints ({e})")
     for c in candidates:
         try:
             with c.as_directory() as d:
-                return read_checkpoint(d, map_location=device)
+                payload = read_checkpoint(d, map_location=device)
+            if c is not newest:
+                warn(f"resumed from older checkpoint {c.path}")
+            return payload
         except CorruptCheckpoint as e:
-            print(f"[elastic] warning: skipping corrupt checkpoint: {e}", flush=True)
-    raise CorruptCheckpoint("no intact checkpoint to resume from")
+            warn(f"skipping corrupt checkpoint: {e}")
+    raise CorruptCheckpoint(f"no intact checkpoint to resume from among {[c.path for c in candidates]}")
 
 
 class Trainer:
@@ -167,10 +182,18 @@ class Trainer:
         self.n = self.data.num_train
         self.total_steps_hint = 0
         self._sample_log = None
+        self._attempt = self._group_attempt_id() if self._sample_log else 0.0
         if cfg.train.sample_log_dir:
             os.makedirs(cfg.train.sample_log_dir, exist_ok=True)
             self._sample_log = open(os.path.join(cfg.train.sample_log_dir,
                                                  f"phase{runtime.phase}-rank{self.rank}-{os.getpid()}.jsonl"), "a")
+
+    def _group_attempt_id(self) -> float:
+        """Rank 0's start time, shared: tells a restarted group's records from an earlier attempt's."""
+        t = torch.tensor([time.time()], dtype=torch.float64)
+        if self.world > 1:
+            dist.broadcast(t, src=0)
+        return float(t.item())
 
     # -- policies (pure functions of the step; the policies issue fills these in) --------
 
@@ -186,8 +209,12 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------
 
+    def _warn(self, message: str) -> None:
+        print(f"[elastic] warning: {message}", flush=True)
+        self.reporter.event("warning", message=message)
+
     def restore(self) -> bool:
-        payload = load_latest_checkpoint(self.device)
+        payload = load_latest_checkpoint(self.device, warn=self._warn)
         if payload is None:
             return False
         _unwrap(self.model).load_state_dict(payload["model"])
@@ -252,7 +279,9 @@ class Trainer:
             dist.all_reduce(loss_sum)
         if self._sample_log is not None:
             self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1,
-                                               "rank": self.rank, "ids": mine.tolist()}) + "\n")
+                                               "rank": self.rank, "attempt": self._attempt,
+                                               "ids": mine.tolist()}) + "\n")
+            self._sample_log.flush()
         return float(loss_sum) / bsz
 
     @torch.no_grad()

@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "AdaScaleSignal",
     "GradientNoiseScale",
     "MicroBatchGradNorms",
     "NormTestResult",
@@ -252,6 +253,15 @@ class GradientNoiseScale:
             return None
         return adascale_gain(self.trace_sigma or 0.0, self.g_sq or 0.0, k, base_batch)
 
+    def adascale_signal(self, base_batch: float) -> AdaScaleSignal | None:
+        """``(var, sqr) = (tr(Sigma)/B0, |G|^2)`` for an AdaScale rule ``r = (var+sqr)/(var/k+sqr)``.
+
+        ``None`` until ``B_simple`` is estimable.  Fits ``trainers.schedules.NoiseSignal``.
+        """
+        if self.b_simple is None or base_batch <= 0:
+            return None
+        return AdaScaleSignal(var=(self.trace_sigma or 0.0) / float(base_batch), sqr=self.g_sq or 0.0)
+
     def norm_test(self, batch: int, eta: float) -> NormTestResult | None:
         """The norm test (2) on the smoothed ``tr(Sigma)`` and ``|g_big|^2`` (``None`` before any update)."""
         if self.count == 0:
@@ -277,6 +287,18 @@ class GradientNoiseScale:
         self._trace = float(state["trace"])
         self._big_sq = float(state["big_sq"])
         self.last_b_big = float(state["last_b_big"])
+
+
+@dataclass(frozen=True)
+class AdaScaleSignal:
+    """AdaScale's inputs: ``var`` = gradient variance at the base batch B0 (``tr(Sigma)/B0``), ``sqr`` = ``|G|^2``."""
+
+    var: float
+    sqr: float
+
+    def gain(self, k: float) -> float:
+        """``r = (var + sqr)/(var/k + sqr)``, see :func:`adascale_gain`."""
+        return adascale_gain(self.var, self.sqr, k, 1.0)
 
 
 def adascale_gain(trace_sigma: float, g_sq: float, k: float, base_batch: float) -> float:
