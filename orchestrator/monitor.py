@@ -18,11 +18,16 @@ class Monitor:
         self._records: list[tuple[int, dict[str, float]]] = []
         self._events: list[dict[str, Any]] = []
         self._stop = False
+        self._acked = -1
 
     def push(self, records: list, events: list) -> dict[str, bool]:
         self._records.extend(records)
         self._events.extend(events)
-        return {"stop": self._stop}
+        return {"stop": self._stop, "acked": self._acked}
+
+    def ack(self, step: int) -> None:
+        """The driver has logged every record up to ``step``."""
+        self._acked = max(self._acked, step)
 
     def drain(self) -> tuple[list, list]:
         records, events = self._records, self._events

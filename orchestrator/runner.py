@@ -177,6 +177,7 @@ class PhaseRunner:
         records, events = ray.get(self.monitor.drain.remote())
         if records:
             self.tracker.log_metrics(records)
+            self.monitor.ack.remote(max(s for s, _ in records))
             self.progress.update(records)
             if self.on_records is not None:
                 self.on_records(records)

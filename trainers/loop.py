@@ -182,11 +182,11 @@ class Trainer:
         self.n = self.data.num_train
         self.total_steps_hint = 0
         self._sample_log = None
-        self._attempt = self._group_attempt_id() if self._sample_log else 0.0
         if cfg.train.sample_log_dir:
             os.makedirs(cfg.train.sample_log_dir, exist_ok=True)
             self._sample_log = open(os.path.join(cfg.train.sample_log_dir,
                                                  f"phase{runtime.phase}-rank{self.rank}-{os.getpid()}.jsonl"), "a")
+        self._attempt = self._group_attempt_id() if self._sample_log else 0.0
 
     def _group_attempt_id(self) -> float:
         """Rank 0's start time, shared: tells a restarted group's records from an earlier attempt's."""
@@ -221,6 +221,7 @@ class Trainer:
         self.opt.load_state_dict(payload["optimizer"])
         self.state = TrainState.from_dict(payload["train"])
         _restore_rng(payload["rng"], self.device)
+        self.reporter.replay(payload.get("pending_metrics", []))
         return True
 
     def save_checkpoint(self, finished: bool = False) -> None:
@@ -239,6 +240,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(),
             "train": self.state.to_dict(),
             "rng": _rng_state(self.device),
+            "pending_metrics": self.reporter.pending(),
         })
         try:
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(path),

@@ -23,6 +23,9 @@ class Reporter:
 
             self._handle = ray.get_actor(monitor_name, namespace=namespace)
         self._records: list[Record] = []
+        # Records the driver has not yet confirmed it logged: they ride in each checkpoint,
+        # so a driver killed before logging them gets them again on resume.
+        self._unacked: list[Record] = []
         self._events: list[dict[str, Any]] = []
         self._pending = None
         self._stop = False
@@ -30,6 +33,22 @@ class Reporter:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self._handle is not None:
             self._records.append((step, metrics))
+            self._unacked.append((step, metrics))
+
+    def pending(self) -> list[list]:
+        """Unconfirmed records as plain lists (checkpoint-safe)."""
+        return [[s, dict(m)] for s, m in self._unacked]
+
+    def replay(self, records: list[list]) -> None:
+        """Send records restored from a checkpoint again; the driver drops what it already has."""
+        for s, m in records:
+            self.log(int(s), {k: float(v) for k, v in m.items()})
+
+    def _answer(self, decision: dict) -> None:
+        self._stop = bool(decision.get("stop", False)) or self._stop
+        acked = decision.get("acked", -1)
+        if self._unacked and acked >= 0:
+            self._unacked = [r for r in self._unacked if r[0] > acked]
 
     def event(self, kind: str, **data: Any) -> None:
         if self._handle is not None:
@@ -42,12 +61,12 @@ class Reporter:
         import ray
 
         if self._pending is not None:
-            self._stop = bool(ray.get(self._pending).get("stop", False)) or self._stop
+            self._answer(ray.get(self._pending))
             self._pending = None
         if self._records or self._events or wait:
             self._pending = self._handle.push.remote(self._records, self._events)
             self._records, self._events = [], []
             if wait:
-                self._stop = bool(ray.get(self._pending).get("stop", False)) or self._stop
+                self._answer(ray.get(self._pending))
                 self._pending = None
         return self._stop
