@@ -139,6 +139,7 @@ class PhaseRunner:
         self.restarts = int(tracker.last_value("restarts", 0))
         self._phase = 0
         self._phase_started = False
+        self.warnings: list[str] = []
 
     # -- one phase ----------------------------------------------------------------------
 
@@ -196,7 +197,8 @@ class PhaseRunner:
                                     f"workers (restart {self.restarts})")
             self._phase_started = True
         elif ev["kind"] == "warning":
-            self.tracker.set_tags({"elastic.warning": ev["message"][:5000]})
+            self.warnings.append(ev["message"])
+            self.tracker.set_tags({"elastic.warnings": "\n".join(self.warnings)[-5000:]})
             self.progress.write(f"warning: {ev['message']}")
 
     def run_phase(self, workers: int, phase: int) -> Any:

@@ -153,7 +153,9 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(reference):
     from mlflow.tracking import MlflowClient
 
     tags = MlflowClient(uri).get_run(ref.run_id).data.tags
-    assert "corrupt checkpoint" in tags["elastic.warning"] and f"checkpoint_step{steps[-1]:08d}" in tags["elastic.warning"]
+    warnings = tags["elastic.warnings"].splitlines()
+    assert "skipping corrupt checkpoint" in warnings[0] and f"checkpoint_step{steps[-1]:08d}" in warnings[0]
+    assert f"resumed from older checkpoint" in warnings[1] and f"checkpoint_step{steps[-2]:08d}" in warnings[1]
     # It trained again from the previous checkpoint to the end: a new, intact newest checkpoint.
     assert _ckpt_steps(folder)[-1] == STEPS
     from trainers.state import verify_checkpoint
