@@ -36,6 +36,7 @@ class RunSummary:
     storage_path: str = ""
     train_run_name: str = ""
     first_step_s: float | None = None
+    resizes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def quiet_ray_env(verbose: bool) -> None:
@@ -140,6 +141,11 @@ class PhaseRunner:
         self._phase = 0
         self._phase_started = False
         self.warnings: list[str] = []
+        self._pending_resize: dict[str, Any] | None = None
+        self.resizes: list[dict[str, Any]] = []
+        from orchestrator.resize import build_resize_policy
+
+        self.resize_policy = build_resize_policy()
 
     # -- one phase ----------------------------------------------------------------------
 
@@ -160,7 +166,8 @@ class PhaseRunner:
             train_loop_per_worker,
             train_loop_config={
                 "config": self.cfg.loop_dict(),
-                "runtime": {"monitor_name": monitor_name, "namespace": namespace, "phase": phase},
+                "runtime": {"monitor_name": monitor_name, "namespace": namespace, "phase": phase,
+                            "workers": workers},
             },
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=resources),
@@ -187,7 +194,17 @@ class PhaseRunner:
             self._on_event(ev)
 
     def _on_event(self, ev: dict[str, Any]) -> None:
-        if ev["kind"] == "phase_start":
+        if ev["kind"] == "first_step" and self._pending_resize is not None:
+            r, self._pending_resize = self._pending_resize, None
+            latency = ev["time"] - r["time"]
+            self.tracker.log_metrics([(r["step"], {"resize/from": float(r["from"]), "resize/to": float(r["to"]),
+                                                   "resize/latency_s": latency})])
+            self.resizes.append({**r, "latency_s": latency})
+        elif ev["kind"] == "batch_change":
+            self.progress.write(f"batch: {ev['old']} -> {ev['new']} at step {ev['step']}")
+        elif ev["kind"] == "auto_warmup_end":
+            self.progress.write(f"auto warmup ended at step {ev['step']}: peak lr {ev['peak_lr']:.4g} ({ev['reason']})")
+        elif ev["kind"] == "phase_start":
             if ev.get("phase") == self._phase and self._phase_started:
                 # The same phase started again: Ray Train restarted the group after a failure.
                 self.restarts += 1
@@ -210,7 +227,9 @@ class PhaseRunner:
 
         namespace = ray.get_runtime_context().namespace
         monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
-        self.monitor = Monitor.options(name=monitor_name, namespace=namespace).remote()
+        self.monitor = Monitor.options(name=monitor_name, namespace=namespace).remote(
+            self.resize_policy, self.cfg.batch.max_local_batch, self.cfg.scaling.min_workers,
+            self.cfg.scaling.max_workers)
         trainer = self._trainer(workers, phase, monitor_name, namespace)
         box: dict[str, Any] = {}
 
@@ -227,12 +246,13 @@ class PhaseRunner:
                 th.join(POLL_S)
                 self._pump()
             self._pump()
+            resize_to = ray.get(self.monitor.get_resize_to.remote()) if "error" not in box else 0
         finally:
             ray.kill(self.monitor)
             self.monitor = None
         if "error" in box:
             raise box["error"]
-        return box["result"]
+        return box["result"], resize_to
 
     def request_stop(self) -> None:
         if self.monitor is not None:
@@ -240,13 +260,30 @@ class PhaseRunner:
 
     # -- the run ----------------------------------------------------------------------------
 
+    def initial_workers(self) -> int:
+        """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
+        s = self.cfg.scaling
+        need = math.ceil(self.cfg.batch.size / self.cfg.batch.max_local_batch)
+        workers = min(max(need, s.min_workers), s.max_workers, self.cfg.batch.size)
+        return max(workers, min(int(self.tracker.last_value("workers", 0)), s.max_workers))
+
     def run(self) -> Any:
-        workers = self.cfg.scaling.max_workers
+        """Phases: fit with W workers; if the batch outgrew the group, fit again with W'."""
+        workers, phase = self.initial_workers(), 0
         try:
-            result = self.run_phase(workers, phase=0)
+            while True:
+                result, resize_to = self.run_phase(workers, phase)
+                if not resize_to:
+                    return result
+                self._record_resize(workers, resize_to)
+                workers, phase = resize_to, phase + 1
         finally:
             self.progress.close()
-        return result
+
+    def _record_resize(self, old: int, new: int) -> None:
+        ckpt = [e for e in self.events if e["kind"] == "resize_checkpoint"][-1]
+        self._pending_resize = {"from": old, "to": new, "step": int(ckpt["step"]), "time": ckpt["time"]}
+        self.progress.write(f"resize: batch needs more workers, {old} -> {new} at step {ckpt['step']}")
 
     def first_step_s(self) -> float | None:
         for ev in self.events:
@@ -304,6 +341,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     try:
         result = runner.run()
         status = "FINISHED"
+        tracker.set_tags({"elastic.final_workers": int(tracker.last_value("workers", 0)),
+                          "elastic.resizes": len(runner.resizes)})
         tracker.log_plots()
         if result is not None and result.checkpoint is not None:
             from trainers.state import read_checkpoint
@@ -324,7 +363,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     return RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
                       status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
                       storage_path=runner.storage_path, train_run_name=runner.train_run_name,
-                      first_step_s=runner.first_step_s())
+                      first_step_s=runner.first_step_s(), resizes=runner.resizes)
 
 
 def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[str, Any]]:

@@ -29,11 +29,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainers.batching import BatchConfig
+from trainers.batching import BatchConfig, BatchStats, build_batch_policy
 from trainers.data import (DataConfig, InMemoryData, epoch_permutation, global_batch, load_data, micro_batches,
                            slice_bounds)
 from trainers.models import ModelConfig, build_model
-from trainers.optim import OptimizerConfig, build_optimizer, set_lr, set_mf
+from trainers.noise import GradientNoiseScale, MicroBatchGradNorms, sq_norm_tensor
+from trainers.optim import (OptimizerConfig, apply_momentum_correction, build_optimizer, mf_for, set_lr,
+                            set_mf)
+from trainers.schedules import Schedule, ScheduleConfig
 from trainers.report import Reporter
 from trainers.state import CorruptCheckpoint, TrainState, read_checkpoint, write_checkpoint
 
@@ -69,6 +72,7 @@ class LoopConfig(BaseModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
@@ -77,6 +81,7 @@ class LoopConfig(BaseModel):
         if self.batch.max_local_batch > self.batch.size:
             raise ValueError(f"batch.max_local_batch: {self.batch.max_local_batch} is above batch.size "
                              f"{self.batch.size}; set it to at most {self.batch.size}")
+        self.schedule.check_total_epochs(self.train.epochs)
         return self
 
 
@@ -86,6 +91,7 @@ class Runtime(BaseModel):
     monitor_name: str | None = None
     namespace: str | None = None
     phase: int = 0
+    workers: int = 1  # what the phase asked for (Ray may run fewer after a failure)
 
 
 # --------------------------------------------------------------------------- small steps
@@ -97,14 +103,25 @@ def _device() -> torch.device:
     return ray.train.torch.get_device()
 
 
-def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int,
+              local_sq: torch.Tensor | None = None) -> torch.nn.Module:
+    """DDP on gloo/NCCL.  With ``local_sq``, a communication hook adds each bucket's squared
+    norm *before* the all-reduce to it: this worker's own gradient, for the noise scale."""
     if world == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if device.type == "cuda":
-        return DDP(model, device_ids=[device.index])
-    return DDP(model)
+    ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
+    if local_sq is not None:
+        def hook(state: torch.Tensor, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            buf = bucket.buffer()
+            state += buf.double().pow(2).sum()
+            buf.div_(dist.get_world_size())
+            fut = dist.all_reduce(buf, async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+
+        ddp.register_comm_hook(local_sq, hook)
+    return ddp
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -174,13 +191,22 @@ class Trainer:
         self.device = _device()
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.data: InMemoryData = load_data(cfg.data, cfg.train.seed)
+        self.n = self.data.num_train
+        # Policies: pure functions of (epoch, batch, world) plus small explicit state.
+        self.schedule = Schedule(cfg.schedule, cfg.optimizer.lr, cfg.optimizer.base_batch_size, cfg.train.epochs)
+        self.auto = self.schedule.new_auto()
+        self.batch_policy = build_batch_policy(cfg.batch, dataset_size=self.n)
+        self.B = cfg.batch.size
+        needs_gns = bool(self.batch_policy.needs) or cfg.schedule.scaling_rule == "adascale"
+        self.gns = GradientNoiseScale(cfg.batch.ema) if needs_gns else None
+        self._local_sq = torch.zeros((), dtype=torch.float64, device=self.device) if needs_gns else None
         base = build_model(self.data.info, cfg.model).to(self.device)
-        self.model = _wrap_ddp(base, self.device, self.world)
+        self.model = _wrap_ddp(base, self.device, self.world, self._local_sq)
+        self.params = [p for p in base.parameters() if p.requires_grad]
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
         self.reporter = Reporter(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
-        self.n = self.data.num_train
-        self.total_steps_hint = 0
+        self.lr, self.mf = 0.0, 0.0  # what the last step used
         self._sample_log = None
         if cfg.train.sample_log_dir:
             os.makedirs(cfg.train.sample_log_dir, exist_ok=True)
@@ -195,17 +221,40 @@ class Trainer:
             dist.broadcast(t, src=0)
         return float(t.item())
 
-    # -- policies (pure functions of the step; the policies issue fills these in) --------
+    # -- policies -------------------------------------------------------------------------------
 
     @property
-    def batch_size(self) -> int:
-        return self.cfg.batch.size
+    def epoch_float(self) -> float:
+        """Fractional epochs completed before the next step."""
+        return self.state.epoch + self.state.cursor / self.n
 
-    def lr_at(self) -> float:
-        return self.cfg.optimizer.lr
+    def noise_signal(self):
+        return self.gns.adascale_signal(self.cfg.optimizer.base_batch_size) if self.gns else None
 
-    def mf_at(self) -> float:
-        return self.cfg.optimizer.mf
+    def lr_for_step(self) -> float:
+        return self.schedule.lr(self.epoch_float, self.B, self.auto, self.noise_signal())
+
+    def mf_for_step(self) -> float:
+        return mf_for(self.cfg.optimizer, self.B / self.world)
+
+    def maybe_change_batch(self) -> tuple[int, str] | None:
+        """Ask the batch policy for this step's B; every rank follows rank 0's answer."""
+        if self.batch_policy.name == "fixed":
+            return None
+        stats = BatchStats(b_simple=self.gns.b_simple if self.gns else None, norm_test=None)
+        if self.gns is not None and "norm_test" in self.batch_policy.needs:
+            r = self.gns.norm_test(self.B, self.cfg.batch.norm_test_eta)
+            stats = BatchStats(b_simple=stats.b_simple, norm_test=r.suggested if r else None)
+        d = self.batch_policy.decide(self.state.step, self.epoch_float, self.B, stats)
+        new = d.size if d else self.B
+        if self.world > 1:
+            t = torch.tensor([new], dtype=torch.int64, device=self.device)
+            dist.broadcast(t, src=0)
+            new = int(t.item())
+        if new == self.B:
+            return None
+        old, self.B = self.B, new
+        return old, getattr(d, "reason", "rank 0's decision")
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -221,16 +270,29 @@ class Trainer:
         self.opt.load_state_dict(payload["optimizer"])
         self.state = TrainState.from_dict(payload["train"])
         _restore_rng(payload["rng"], self.device)
+        extra = self.state.extra
+        if "batch" in extra:
+            self.B = int(extra["batch"]["size"])
+            self.batch_policy.load_state_dict(extra["batch"]["policy"])
+        if self.gns is not None and "gns" in extra:
+            self.gns.load_state_dict(extra["gns"])
+        if self.auto is not None and "auto_warmup" in extra:
+            self.auto.load_state_dict(extra["auto_warmup"])
         self.reporter.replay(payload.get("pending_metrics", []))
         return True
 
-    def save_checkpoint(self, finished: bool = False) -> None:
+    def save_checkpoint(self, finished: bool = False, resize_to: int = 0) -> None:
         """All ranks call this together (``ray.train.report`` is a barrier); rank 0 writes."""
         import ray.train
         from ray.train import Checkpoint
 
         self.state.finished = finished
-        metrics = {"step": self.state.step, "epoch": self.state.epoch, "finished": finished}
+        self.state.extra = {"batch": {"size": self.B, "policy": self.batch_policy.state_dict()}}
+        if self.gns is not None:
+            self.state.extra["gns"] = self.gns.state_dict()
+        if self.auto is not None:
+            self.state.extra["auto_warmup"] = self.auto.state_dict()
+        metrics = {"step": self.state.step, "epoch": self.state.epoch, "finished": finished, "resize_to": resize_to}
         if self.rank != 0:
             ray.train.report(metrics, checkpoint=None)
             return
@@ -244,22 +306,33 @@ class Trainer:
         })
         try:
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(path),
-                             checkpoint_dir_name=f"checkpoint_step{self.state.step:08d}")
+                             checkpoint_dir_name=f"checkpoint_step{self.state.step:08d}" + ("_resize" if resize_to else ""))
         finally:
             shutil.rmtree(tmp_root, ignore_errors=True)
-        self.reporter.event("checkpoint", step=self.state.step)
+        self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
 
     # -- one optimizer step ---------------------------------------------------------------
+
+    def _my_micro_batches(self, mine: np.ndarray) -> list[np.ndarray]:
+        micros = micro_batches(mine, self.cfg.batch.max_local_batch)
+        if self.gns is not None and self.world == 1 and len(micros) == 1 and len(mine) >= 2:
+            micros = micro_batches(mine, (len(mine) + 1) // 2)  # one worker: split in two to estimate
+        return micros
 
     def train_step(self, ids: np.ndarray) -> float:
         """Forward/backward this rank's slice of global batch ``ids`` in micro-batches, then step."""
         bsz = len(ids)
         lo, hi = slice_bounds(bsz, self.rank, self.world)
         mine = ids[lo:hi]
-        micros = micro_batches(mine, self.cfg.batch.max_local_batch)
+        micros = self._my_micro_batches(mine)
         self.model.train()
         scale = self.world / bsz
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        # small-batch statistics for the noise scale: sum |g_s|^2, sum 1/b_s, sum b_s |g_s|^2, count
+        small = torch.zeros(4, dtype=torch.float64, device=self.device)
+        tracker = MicroBatchGradNorms(self.params) if (self.gns is not None and self.world == 1) else None
+        if self._local_sq is not None:
+            self._local_sq.zero_()
         if not micros:
             # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
             x = self.data.train_x[ids[:1]].to(self.device)
@@ -272,19 +345,37 @@ class Trainer:
                 y = self.data.train_y[mb].to(self.device, non_blocking=True)
                 loss = F.cross_entropy(self.model(x), y, reduction="sum")
                 (loss * scale).backward()
-            loss_sum += loss.detach()
-        set_lr(self.opt, self.lr_at())
-        set_mf(self.opt, self.mf_at())
+            loss_sum += loss.detach().double()
+            if tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
+                sq = tracker.after_backward(scale=bsz / (self.world * len(mb)))
+                small += torch.stack([sq, sq.new_tensor(1.0 / len(mb)), sq * len(mb), sq.new_tensor(1.0)])
+        if self._local_sq is not None and len(mine) > 0:  # this worker's mean gradient (DDP hook)
+            sq = self._local_sq * (bsz / (self.world * len(mine))) ** 2
+            small += torch.stack([sq, sq.new_tensor(1.0 / len(mine)), sq * len(mine), sq.new_tensor(1.0)])
+        big_sq = sq_norm_tensor(p.grad for p in self.params) if self.gns is not None else None
+        new_lr = self.lr_for_step()
+        if self.state.step > 0:
+            apply_momentum_correction(self.opt, self.opt.param_groups[0]["lr"], new_lr)
+        self.lr, self.mf = new_lr, self.mf_for_step()
+        set_lr(self.opt, self.lr)
+        set_mf(self.opt, self.mf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        reduced = torch.cat([loss_sum.reshape(1), small])
         if self.world > 1:
-            dist.all_reduce(loss_sum)
+            dist.all_reduce(reduced)
+        if self.gns is not None and reduced[4] >= 1 and big_sq is not None:
+            v = reduced.tolist()
+            self.gns.update(small_sq=v[1] / v[4], b_small=v[4] / v[2], big_sq=float(big_sq), b_big=bsz)
+        loss_mean = float(reduced[0]) / bsz
+        if self.auto is not None:
+            self.auto.record(self.lr, loss_mean)
         if self._sample_log is not None:
             self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1,
                                                "rank": self.rank, "attempt": self._attempt,
                                                "ids": mine.tolist()}) + "\n")
             self._sample_log.flush()
-        return float(loss_sum) / bsz
+        return loss_mean
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -307,8 +398,7 @@ class Trainer:
     # -- predicates ---------------------------------------------------------------------------
 
     def finished(self) -> bool:
-        done = self.state.epoch + self.state.cursor / self.n
-        return done >= self.cfg.train.epochs - 1e-12
+        return self.epoch_float >= self.cfg.train.epochs - 1e-12
 
     def should_eval(self, epoch_ended: bool) -> bool:
         every = self.cfg.train.eval_every
@@ -321,29 +411,46 @@ class Trainer:
     def should_flush(self) -> bool:
         return self.state.step % self.cfg.train.log_every == 0
 
-    def agree_stop(self, local_stop: bool) -> bool:
-        """Rank 0's stop decision, broadcast so that every rank stops at the same step."""
+    def agree(self, value: int) -> int:
+        """Rank 0's value, broadcast so that every rank acts on the same one at the same step."""
         if self.world == 1:
-            return local_stop
-        flag = torch.tensor([1 if local_stop else 0], device=self.device)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.broadcast(t, src=0)
+        return int(t.item())
 
     # -- the loop -------------------------------------------------------------------------------
 
     def metrics_for_step(self, loss: float, bsz: int) -> dict[str, float]:
         lo, hi = slice_bounds(bsz, 0, self.world)
-        return {
+        m = {
             "train/loss": loss,
-            "lr": self.lr_at(),
-            "mf": self.mf_at(),
+            "lr": self.lr,
+            "mf": self.mf,
             "batch/global": float(bsz),
             "batch/local": float(hi - lo),
             "batch/accum_steps": float(len(micro_batches(np.arange(hi - lo), self.cfg.batch.max_local_batch)) or 1),
             "workers": float(self.world),
             "samples_seen": float(self.state.samples_seen),
-            "epoch": self.state.epoch + self.state.cursor / self.n,
+            "epoch": self.epoch_float,
         }
+        if self.gns is not None and self.gns.b_simple is not None:
+            m["gns/b_simple"] = self.gns.b_simple
+            m["gns/g_sq"] = self.gns.g_sq
+            m["gns/trace_sigma"] = self.gns.trace_sigma
+        return m
+
+    def on_batch_change(self, old: int) -> int:
+        """Log the change; ask the driver whether the group must grow (rank 0 asks, all agree)."""
+        self.reporter.event("batch_change", step=self.state.step, old=old, new=self.B)
+        resize_to = self.reporter.ask_resize(self.state.step, self.B, self.runtime.workers) if self.rank == 0 else 0
+        return self.agree(resize_to)
+
+    def epoch_end_checks(self) -> None:
+        if self.auto is not None and not self.auto.done:
+            d = self.auto.check(self.epoch_float, self.B)
+            if d.stopped_now:
+                self.reporter.event("auto_warmup_end", step=self.state.step, peak_lr=d.peak_lr, reason=d.reason)
 
     def run(self) -> None:
         resumed = self.restore()
@@ -358,7 +465,15 @@ class Trainer:
         while not self.finished():
             perm = epoch_permutation(self.cfg.train.seed, self.state.epoch, self.n)
             while self.state.cursor < self.n and not self.finished():
-                ids = global_batch(perm, self.state.cursor, self.batch_size)
+                change = self.maybe_change_batch()
+                if change is not None:
+                    resize_to = self.on_batch_change(change[0])
+                    if resize_to > 0:  # the batch outgrew the group: end the phase at a checkpoint
+                        self.save_checkpoint(resize_to=resize_to)
+                        self.reporter.event("resize_checkpoint", step=self.state.step, resize_to=resize_to)
+                        self.reporter.flush(wait=True)
+                        return
+                ids = global_batch(perm, self.state.cursor, self.B)
                 loss = self.train_step(ids)
                 self.state.step += 1
                 self.state.cursor += len(ids)
@@ -371,6 +486,7 @@ class Trainer:
                 if epoch_ended:
                     self.state.epoch += 1
                     self.state.cursor = 0
+                    self.epoch_end_checks()
                 if self.should_eval(epoch_ended) or self.finished():
                     t_eval = time.perf_counter()
                     metrics.update(self.evaluate())
@@ -384,7 +500,7 @@ class Trainer:
                 self.reporter.log(self.state.step, metrics)
                 stop = False
                 if flush:
-                    stop = self.agree_stop(self.reporter.flush())
+                    stop = bool(self.agree(int(self.reporter.flush())))
                 if self.finished() or stop:
                     self.save_checkpoint(finished=True)
                     self.reporter.event("stopped" if stop and not self.finished() else "finished",

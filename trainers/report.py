@@ -54,6 +54,15 @@ class Reporter:
         if self._handle is not None:
             self._events.append({"kind": kind, "time": time.time(), **data})
 
+    def ask_resize(self, step: int, batch_size: int, workers: int) -> int:
+        """The batch changed: how many workers the driver wants now (0 = keep the group)."""
+        if self._handle is None:
+            return 0
+        import ray
+
+        self.flush()
+        return int(ray.get(self._handle.on_batch_change.remote(step, batch_size, workers)))
+
     def flush(self, wait: bool = False) -> bool:
         """Send what is buffered; return the latest stop decision known to rank 0."""
         if self._handle is None:

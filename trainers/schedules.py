@@ -54,7 +54,7 @@ from typing import Any, Callable, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ScalingRuleName = Literal["linear", "sqrt", "none"]
+ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]
 WarmupName = Literal["none", "constant", "gradual", "legw", "auto"]
 DecayName = Literal["cosine", "step", "poly", "linear", "none"]
 
@@ -120,7 +120,8 @@ class ScheduleConfig(BaseModel):
 
 
 class NoiseSignal(Protocol):
-    """What a noise-aware rule (AdaScale) reads: EMAs of tr(Sigma) and |G|^2 per sample."""
+    """What a noise-aware rule (AdaScale) reads: ``var`` = EMA(tr(Sigma)) / B0 (the gradient
+    variance at the base batch) and ``sqr`` = EMA(|G|^2)."""
 
     @property
     def var(self) -> float: ...
@@ -145,7 +146,20 @@ def _no_scaling(k: float, noise: NoiseSignal | None = None) -> float:
     return 1.0
 
 
-SCALING_RULES: dict[str, ScalingRule] = {"linear": _linear, "sqrt": _sqrt, "none": _no_scaling}
+def _adascale(k: float, noise: NoiseSignal | None = None) -> float:
+    """AdaScale gain r = (var + sqr) / (var / k + sqr) (Johnson et al. 2020), with ``var`` the
+    gradient variance at the base batch (tr(Sigma) / B0) and ``sqr`` = |G|^2.  Until the
+    noise-scale estimator has an estimate, r = 1 (no scaling: the safe side)."""
+    if noise is None:
+        return 1.0
+    var, sqr = max(noise.var, 0.0), max(noise.sqr, 0.0)
+    if var + sqr <= 0:
+        return 1.0
+    return (var + sqr) / (var / k + sqr)
+
+
+SCALING_RULES: dict[str, ScalingRule] = {"linear": _linear, "sqrt": _sqrt, "none": _no_scaling,
+                                         "adascale": _adascale}
 
 
 # --------------------------------------------------------------------------- warmups
