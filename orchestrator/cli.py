@@ -36,6 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--tracking-uri", help="MLflow tracking URI holding the run (default: the one it was started with)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+
+    pl = sub.add_parser("plan", help="preview lr, mf, batch and workers step by step without training",
+                        description="Preview the schedule a config implies, without starting anything.")
+    pl.add_argument("config", help="YAML config file")
+    pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    pl.add_argument("--format", choices=["table", "csv"], default="table")
+    pl.add_argument("--every", type=int, default=0, metavar="N",
+                    help="also a row every N steps (default: step 1, epoch ends, batch changes, last step)")
+    pl.add_argument("--plot", metavar="FILE.png", help="write a plot of lr and mf (and B, W) against steps")
     return p
 
 
@@ -73,6 +82,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary.status == "FINISHED" else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.every < 0:
+        raise ConfigError(f"--every: must be >= 0 (got {args.every})")
+    cfg = load_config(args.config, args.overrides)
+    from orchestrator.plan import make_plan, plot, to_csv, to_table
+
+    plan = make_plan(cfg, every=args.every)
+    if args.format == "csv":
+        sys.stdout.write(to_csv(plan))
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+    else:
+        print(to_table(plan))
+    if args.plot:
+        plot(plan, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     t_invoked = time.time()
     from orchestrator.config import validate
@@ -92,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "plan":
+            return cmd_plan(args)
         if args.command == "resume":
             return cmd_resume(args)
     except ConfigError as e:

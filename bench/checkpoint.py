@@ -1,0 +1,72 @@
+"""Time to save and to restore a full training checkpoint (model + optimizer state + counters),
+through the same atomic write / checksum / weights-only load the workers use.
+
+    .venv/bin/python bench/checkpoint.py [--repeats 3]
+
+Reference in the same run: a bare ``torch.save``/``torch.load`` of the same payload (the cost
+of the format itself), so the overhead of atomicity and verification shows as a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from bench.common import median, table  # noqa: E402
+from trainers.data import DatasetInfo  # noqa: E402
+from trainers.models import ModelConfig, build_model  # noqa: E402
+from trainers.state import TrainState, read_checkpoint, write_checkpoint  # noqa: E402
+
+
+def payload(name: str) -> dict:
+    info = DatasetInfo((1, 8, 8), 10) if name == "cnn" else DatasetInfo((3, 32, 32), 10)
+    model = build_model(info, ModelConfig(name=name, hidden=64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, *info.shape)).sum().backward()
+    opt.step()  # creates the momentum buffers: a checkpoint carries them too
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "train": TrainState(step=1).to_dict(),
+            "rng": {"torch": torch.get_rng_state()}}
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    rows = []
+    for name in ("cnn", "resnet50"):
+        p = payload(name)
+        root = tempfile.mkdtemp(prefix="elastic-ckpt-bench-")
+        saves, loads, raw_saves, raw_loads = [], [], [], []
+        for i in range(a.repeats):
+            d = os.path.join(root, f"ckpt{i}")
+            saves.append(timed(lambda: write_checkpoint(d, p)))
+            loads.append(timed(lambda: read_checkpoint(d)))
+            f = os.path.join(root, f"raw{i}.pt")
+            raw_saves.append(timed(lambda: torch.save(p, f)))
+            raw_loads.append(timed(lambda: torch.load(f, weights_only=True)))
+        size = os.path.getsize(os.path.join(root, "ckpt0", "state.pt")) / 2**20
+        shutil.rmtree(root)
+        rows.append((name, f"{size:.1f}", f"{median(saves) * 1000:.1f}", f"{median(raw_saves) * 1000:.1f}",
+                     f"{median(loads) * 1000:.1f}", f"{median(raw_loads) * 1000:.1f}",
+                     f"{median(saves) / median(raw_saves):.2f}", f"{median(loads) / median(raw_loads):.2f}"))
+    print(f"CPU, median of {a.repeats}; checkpoint = atomic write + sha256 manifest / verified weights-only load")
+    print(table(rows, ("model", "MiB", "save ms", "torch.save ms", "restore ms", "torch.load ms",
+                       "save ratio", "restore ratio")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Resize latency against the cold start of a bare Ray Train worker group, in the same run.
+
+* cold start: ``TorchTrainer(empty loop).fit()`` from the call to the loop's first line,
+  with the same worker count and resources as the grown group (the floor for any new group);
+* resize: an orchestrator run whose batch schedule doubles B after one epoch, so the group
+  grows 1 -> 2 workers; ``resize/latency_s`` runs from the resize checkpoint to the first
+  optimizer step of the new group (old group's teardown + new group's start + restore).
+
+    .venv/bin/python bench/resize.py [--repeats 2]
+
+Last line: ``ratio=<resize/cold_start>`` (aim: <= 1.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import median, table, temp_config  # noqa: E402
+
+
+def cold_start(workers: int, cpus: float, storage: str) -> float:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    marker = tempfile.mktemp(prefix="elastic-cold-")
+
+    def loop(config):
+        with open(config["marker"], "a") as f:
+            f.write(f"{time.time()}\n")
+
+    t0 = time.time()
+    TorchTrainer(loop, train_loop_config={"marker": marker},
+                 scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus}),
+                 run_config=RunConfig(name=f"cold-{time.time_ns()}", storage_path=storage)).fit()
+    with open(marker) as f:
+        first = min(float(x) for x in f.read().split())
+    os.remove(marker)
+    return first - t0
+
+
+def resize_once() -> float:
+    from orchestrator.runner import run_training
+
+    cfg, _ = temp_config(
+        data={"name": "digits"}, model={"name": "mlp", "norm": "none", "hidden": 32},
+        optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": 32},
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
+        train={"epochs": 1.2},
+    )
+    s = run_training(cfg, progress=False)
+    assert len(s.resizes) == 1, s.resizes
+    return s.resizes[0]["latency_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    os.environ["ELASTIC_KEEP_RAY"] = "1"
+    from orchestrator.runner import ensure_ray
+
+    ensure_ray(verbose=False)
+    storage = tempfile.mkdtemp(prefix="elastic-bench-")
+    cold, resize = [], []
+    for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits both
+        cold.append(cold_start(2, 0.5, storage))
+        resize.append(resize_once())
+    print(f"Ray Train V2, local, 2 workers x 0.5 CPU; {a.repeats} repeats, interleaved")
+    print(table([("cold start of a bare TorchTrainer (call -> loop)", *[f"{x:.1f}" for x in cold],
+                  f"{median(cold):.1f}"),
+                 ("resize 1 -> 2 (checkpoint -> first step)", *[f"{x:.1f}" for x in resize],
+                  f"{median(resize):.1f}")],
+                ("", *[f"run {i + 1} s" for i in range(a.repeats)], "median s")))
+    print(f"ratio={median(resize) / median(cold):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""``plan``: preview a config's schedule without training.
+
+It walks the same data order the workers walk (global batches over ``num_train``
+samples per epoch, the short last batch included) and asks the same policies the
+loop asks — ``Schedule.lr``, ``mf_for``, the batch policy and the resize policy —
+so for everything decided ahead of time the preview *is* the run.  What only the
+run can decide (an ``auto`` warmup's end, a noise-scale or norm-test batch, AdaScale's
+gain) is named in ``notes`` and shown at its planned/initial value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orchestrator.config import RootConfig
+from orchestrator.resize import build_resize_policy
+from trainers.batching import BatchStats, build_batch_policy
+from trainers.data import load_data, micro_batches, slice_bounds
+from trainers.optim import mf_for
+from trainers.schedules import Schedule
+
+COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps"]
+
+
+@dataclass
+class Plan:
+    rows: list[dict[str, float]]
+    notes: list[str] = field(default_factory=list)
+    total_steps: int = 0
+
+
+def initial_workers(cfg: RootConfig) -> int:
+    s = cfg.scaling
+    need = math.ceil(cfg.batch.size / cfg.batch.max_local_batch)
+    return min(max(need, s.min_workers), s.max_workers, cfg.batch.size)
+
+
+def adaptive_notes(cfg: RootConfig) -> list[str]:
+    notes = []
+    if cfg.schedule.warmup == "auto":
+        notes.append("lr: 'auto' warmup is decided at run time (Kim et al.): shown is its geometric growth "
+                     f"from {cfg.schedule.auto_init_lr:g} x {cfg.schedule.auto_growth:g}/step, capped at "
+                     f"{cfg.schedule.auto_max_lr:g}; the run stops it where the smoothed loss stops falling, "
+                     f"then decays ({cfg.schedule.decay})")
+    if cfg.schedule.scaling_rule == "adascale":
+        notes.append("lr: AdaScale's gain comes from the measured gradient noise scale at run time; "
+                     "shown without it (gain 1)")
+    if cfg.batch.policy in ("noise_scale", "norm_test"):
+        notes.append(f"batch: policy '{cfg.batch.policy}' grows B at run time from measured gradients "
+                     f"(checked every {cfg.batch.check_every} steps, growth >= x{cfg.batch.min_growth:g}, "
+                     f"cap {cfg.batch.max_size}); shown at its initial size, and workers with it")
+    if cfg.optimizer.mf_rule == "per_worker_batch":
+        notes.append("mf: per_worker_batch rule, recomputed when B or the worker count changes "
+                     "(a worker loss would change it too)")
+    return notes
+
+
+def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
+    """Rows at step 1, every ``every`` steps (0 = none), each epoch end, each batch change and the last step."""
+    n = load_data(cfg.data, cfg.train.seed).num_train
+    schedule = Schedule(cfg.schedule, cfg.optimizer.lr, cfg.optimizer.base_batch_size, cfg.train.epochs)
+    policy = build_batch_policy(cfg.batch, dataset_size=n)
+    resize = build_resize_policy()
+    s = cfg.scaling
+    W, B = initial_workers(cfg), cfg.batch.size
+    step, epoch, cursor = 0, 0, 0
+    rows: list[dict[str, float]] = []
+    sc = cfg.schedule
+
+    def lr_at(e: float) -> float:
+        if sc.warmup == "auto":
+            return min(sc.auto_max_lr, sc.auto_init_lr * sc.auto_growth ** step)
+        return schedule.lr(e, B)
+
+    while epoch + cursor / n < cfg.train.epochs - 1e-12:
+        e = epoch + cursor / n
+        changed = False
+        d = policy.decide(step, e, B, BatchStats(b_simple=None, norm_test=None))
+        if d:
+            B, changed = d.size, True
+            r = resize.decide(B, cfg.batch.max_local_batch, W, s.min_workers, s.max_workers)
+            if r:
+                W = r.workers
+        bsz = min(B, n - cursor)
+        lr, mf = lr_at(e), mf_for(cfg.optimizer, B / W)
+        lo, hi = slice_bounds(bsz, 0, W)
+        accum = len(micro_batches(np.arange(hi - lo), cfg.batch.max_local_batch)) or 1
+        step += 1
+        cursor += bsz
+        epoch_end = cursor >= n
+        if epoch_end:
+            epoch, cursor = epoch + 1, 0
+        last = epoch + cursor / n >= cfg.train.epochs - 1e-12
+        if step == 1 or epoch_end or changed or last or (every and step % every == 0):
+            rows.append({"step": step, "epoch": epoch + cursor / n, "lr": lr, "mf": mf, "batch_global": bsz,
+                         "workers": W, "batch_local": hi - lo, "accum_steps": accum})
+    return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=step)
+
+
+def to_csv(plan: Plan) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in plan.rows:
+        w.writerow({k: (repr(float(v)) if k in ("epoch", "lr", "mf") else int(v)) for k, v in r.items()})
+    return out.getvalue()
+
+
+def to_table(plan: Plan) -> str:
+    header = ["step", "epoch", "lr", "mf", "B", "W", "b/worker", "accum"]
+    cells = [header] + [[f"{int(r['step'])}", f"{r['epoch']:.3f}", f"{r['lr']:.5g}", f"{r['mf']:.4f}",
+                         f"{int(r['batch_global'])}", f"{int(r['workers'])}", f"{int(r['batch_local'])}",
+                         f"{int(r['accum_steps'])}"] for r in plan.rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"{plan.total_steps} optimizer steps in all")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def plot(plan: Plan, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in plan.rows]
+    fig, (ax1, ax3) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    ax1.plot(steps, [r["lr"] for r in plan.rows], color="tab:blue")
+    ax1.set_ylabel("lr", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(steps, [r["mf"] for r in plan.rows], color="tab:orange")
+    ax2.set_ylabel("mf", color="tab:orange")
+    ax3.step(steps, [r["batch_global"] for r in plan.rows], where="post", label="global batch B")
+    ax3.set_ylabel("B")
+    ax4 = ax3.twinx()
+    ax4.step(steps, [r["workers"] for r in plan.rows], where="post", color="tab:green")
+    ax4.set_ylabel("workers", color="tab:green")
+    ax3.set_xlabel("optimizer step")
+    ax1.set_title("schedule preview" + (" (parts decided at run time: see notes)" if plan.notes else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

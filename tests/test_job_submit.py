@@ -1,0 +1,54 @@
+"""`ray job submit` against a local head started with `ray start --head` on 127.0.0.1:
+the quickstart runs as a job, SUCCEEDED, and lands in the MLflow store the command names."""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_quickstart_via_ray_job_submit(tmp_path):
+    bindir = os.path.dirname(sys.executable)
+    ray_bin = os.path.join(bindir, "ray")
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", RAY_AUTH_MODE="token")
+    env.pop("RAY_ADDRESS", None)
+    gcs, dash = _free_port(), _free_port()
+    start = subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+                            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
+                            "--disable-usage-stats", f"--temp-dir={tmp_path}/ray"],
+                           env=env, capture_output=True, text=True, timeout=180)
+    assert start.returncode == 0, start.stdout + start.stderr
+    try:
+        uri = f"sqlite:///{tmp_path}/mlflow.db"
+        out = subprocess.run(
+            [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ROOT, "--",
+             "python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
+             "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
+             "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
+            env=env, capture_output=True, text=True, timeout=600)
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log
+        assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log
+        run_id = re.search(r"MLflow run id\s+(\w+)", log).group(1)
+        from mlflow.tracking import MlflowClient
+
+        run = MlflowClient(uri).get_run(run_id)
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics["val/accuracy"] > 0.8 and run.data.metrics["workers"] == 2
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(tmp_path / "ray", ignore_errors=True)
