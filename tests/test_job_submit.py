@@ -22,6 +22,9 @@ def _free_port() -> int:
 
 
 def test_quickstart_via_ray_job_submit(tmp_path):
+    import tempfile
+
+    temp_dir = tempfile.mkdtemp(prefix="rayjob-", dir="/tmp")  # unix socket paths must stay short
     bindir = os.path.dirname(sys.executable)
     ray_bin = os.path.join(bindir, "ray")
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", RAY_AUTH_MODE="token")
@@ -29,7 +32,7 @@ def test_quickstart_via_ray_job_submit(tmp_path):
     gcs, dash = _free_port(), _free_port()
     start = subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
-                            "--disable-usage-stats", f"--temp-dir={tmp_path}/ray"],
+                            "--disable-usage-stats", f"--temp-dir={temp_dir}"],
                            env=env, capture_output=True, text=True, timeout=180)
     assert start.returncode == 0, start.stdout + start.stderr
     try:
@@ -50,5 +53,44 @@ def test_quickstart_via_ray_job_submit(tmp_path):
         assert run.info.status == "FINISHED"
         assert run.data.metrics["val/accuracy"] > 0.8 and run.data.metrics["workers"] == 2
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(tmp_path / "ray", ignore_errors=True)
+        _stop_head(temp_dir, gcs)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop_head(temp_dir: str, gcs_port: int) -> None:
+    """Stop only this head's processes (`ray stop` would stop every Ray on the machine,
+    including the test session's own)."""
+    import signal
+    import time
+
+    def ours() -> list[int]:
+        pids, parent = [], {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().decode(errors="replace")
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    envb = f.read().decode(errors="replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if temp_dir in cmd or temp_dir in envb or f":{gcs_port}" in cmd:
+                pids.append(int(pid))
+        found = set(pids)
+        grew = True
+        while grew:  # and everything those started
+            new = {p for p, pp in parent.items() if pp in found} - found
+            grew = bool(new)
+            found |= new
+        return sorted(found)
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in ours():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        time.sleep(3)
