@@ -113,7 +113,7 @@ def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int,
 
     ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
     if local_sq is not None:
-        def hook(state: torch.Tensor, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        def hook(state, bucket):  # no annotations: DDP checks them against the real GradBucket type
             buf = bucket.buffer()
             state += buf.double().pow(2).sum()
             buf.div_(dist.get_world_size())
@@ -182,13 +182,17 @@ def load_latest_checkpoint(device: torch.device, warn=print) -> dict[str, Any] |
 class Trainer:
     """One worker's training state and the named steps of the loop."""
 
-    def __init__(self, cfg: LoopConfig, runtime: Runtime):
-        import ray.train
-
-        ctx = ray.train.get_context()
+    def __init__(self, cfg: LoopConfig, runtime: Runtime, rank: int | None = None, world: int | None = None,
+                 device: torch.device | None = None):
+        """Rank, world and device come from Ray Train's context unless given (gloo tests)."""
         self.cfg, self.runtime = cfg, runtime
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        self.device = _device()
+        if rank is None or world is None:
+            import ray.train
+
+            ctx = ray.train.get_context()
+            rank, world = ctx.get_world_rank(), ctx.get_world_size()
+        self.rank, self.world = rank, world
+        self.device = device if device is not None else _device()
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.data: InMemoryData = load_data(cfg.data, cfg.train.seed)
         self.n = self.data.num_train
@@ -199,7 +203,10 @@ class Trainer:
         self.B = cfg.batch.size
         needs_gns = bool(self.batch_policy.needs) or cfg.schedule.scaling_rule == "adascale"
         self.gns = GradientNoiseScale(cfg.batch.ema) if needs_gns else None
-        self._local_sq = torch.zeros((), dtype=torch.float64, device=self.device) if needs_gns else None
+        # With W > 1 the small-batch gradients are the workers' own, measured by a DDP hook;
+        # with W = 1 they are the micro-batches' (see train_step).
+        self._local_sq = (torch.zeros((), dtype=torch.float64, device=self.device)
+                          if needs_gns and self.world > 1 else None)
         base = build_model(self.data.info, cfg.model).to(self.device)
         self.model = _wrap_ddp(base, self.device, self.world, self._local_sq)
         self.params = [p for p in base.parameters() if p.requires_grad]
