@@ -213,6 +213,7 @@ class PhaseRunner:
                 self.progress.write(f"worker group restarted from step {ev['step']} with {ev['workers']} "
                                     f"workers (restart {self.restarts})")
             self._phase_started = True
+            self.tracker.set_tags({"elastic.worker_threads": ev.get("threads", "")})
         elif ev["kind"] == "warning":
             self.warnings.append(ev["message"])
             self.tracker.set_tags({"elastic.warnings": "\n".join(self.warnings)[-5000:]})

@@ -78,9 +78,13 @@ class LoopConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "LoopConfig":
-        if self.batch.max_local_batch > self.batch.size:
-            raise ValueError(f"batch.max_local_batch: {self.batch.max_local_batch} is above batch.size "
-                             f"{self.batch.size}; set it to at most {self.batch.size}")
+        b = self.batch
+        # A growing batch may start below max_local_batch; it must be able to reach it.
+        largest = b.size if b.policy == "fixed" else max(b.size, b.max_size or 0, *(s for _, s in b.schedule or []))
+        if b.max_local_batch > largest and (b.policy == "fixed" or b.max_size is not None or b.policy == "schedule"):
+            what = "batch.size" if b.policy == "fixed" else "the largest batch this policy reaches"
+            raise ValueError(f"batch.max_local_batch: {b.max_local_batch} is above {what} "
+                             f"{largest}; set it to at most {largest}")
         self.schedule.check_total_epochs(self.train.epochs)
         return self
 
@@ -464,7 +468,7 @@ class Trainer:
         if self.state.finished:
             return
         self.reporter.event("phase_start", phase=self.runtime.phase, workers=self.world, step=self.state.step,
-                            resumed=resumed)
+                            resumed=resumed, threads=torch.get_num_threads())
         # Throughput windows run flush to flush on the wall clock (so the cost of pushing
         # metrics counts), minus validation and checkpoint time.
         window_samples, window_start, window_side = 0, time.perf_counter(), 0.0

@@ -1,0 +1,70 @@
+"""Steps, samples and wall time to a target validation accuracy: fixed B0, fixed 8*B0 and the
+``noise_scale`` batch policy (B follows c * B_simple, the group grows with it), in one run.
+
+McCandlish et al.'s prediction: training near the critical batch (~B_simple) needs far fewer
+steps than a small batch and not many more samples than it; a batch far above it wastes
+samples.  Everything else is equal (model, data order, sqrt LR scaling from the same eta0 at B0).
+
+    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import table, temp_config  # noqa: E402
+
+B0 = 32
+
+
+def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.runner import run_training
+
+    cfg, _ = temp_config(
+        data={"name": "digits"}, model={"name": "cnn", "norm": "group", "hidden": 64},
+        optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": B0, "mf": 0.9},
+        batch={"max_local_batch": 64, **batch},
+        schedule={"scaling_rule": "sqrt"},
+        scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5},
+        train={"epochs": epochs, "eval_every": 5, "log_every": 5},
+    )
+    s = run_training(cfg, progress=False)
+    c = MlflowClient(cfg.tracking.uri)
+    start = c.get_run(s.run_id).info.start_time / 1000
+    acc = sorted(c.get_metric_history(s.run_id, "val/accuracy"), key=lambda m: m.step)
+    seen = {m.step: m.value for m in c.get_metric_history(s.run_id, "samples_seen")}
+    hit = next((m for m in acc if m.value >= target), None)
+    final_b = max(c.get_metric_history(s.run_id, "batch/global"), key=lambda m: m.step).value
+    workers = max(m.value for m in c.get_metric_history(s.run_id, "workers"))
+    if hit is None:
+        return (name, "not reached", "-", "-", f"{acc[-1].value:.3f}", f"{int(final_b)}", int(workers))
+    return (name, hit.step, int(seen[hit.step]), f"{hit.timestamp / 1000 - start:.0f}", f"{acc[-1].value:.3f}",
+            f"{int(final_b)}", int(workers))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--epochs", type=float, default=6)
+    a = ap.parse_args()
+    os.environ["ELASTIC_KEEP_RAY"] = "1"
+    rows = [
+        run(f"fixed B0={B0}", {"size": B0}, a.epochs, a.target),
+        run(f"fixed 8*B0={8 * B0}", {"size": 8 * B0}, a.epochs, a.target),
+        run("noise_scale (c=2)", {"size": B0, "policy": "noise_scale", "noise_scale_factor": 2.0,
+                                  "check_every": 10, "max_size": 8 * B0}, a.epochs, a.target),
+    ]
+    print(f"digits, small CNN (group norm), sqrt LR scaling from lr=0.05 at B0={B0}; target val accuracy "
+          f"{a.target}; validation every 5 steps")
+    print(table(rows, ("policy", "steps", "samples", "wall s (incl. start)", "final val acc", "final B",
+                       "max workers")))
+
+
+if __name__ == "__main__":
+    main()
