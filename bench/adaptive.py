@@ -29,7 +29,7 @@ def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
     cfg, _ = temp_config(
         data={"name": "digits"}, model={"name": "cnn", "norm": "group", "hidden": 64},
         optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": B0, "mf": 0.9},
-        batch={"max_local_batch": 64, **batch},
+        batch={"max_local_batch": min(64, batch.get("max_size", batch["size"])), **batch},
         schedule={"scaling_rule": "sqrt"},
         scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5},
         train={"epochs": epochs, "eval_every": 5, "log_every": 5},

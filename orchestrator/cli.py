@@ -115,8 +115,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0 if summary.status == "FINISHED" else 1
 
 
+def _quiet(verbose: bool) -> None:
+    """Library chatter (MLflow's database setup, Ray's INFO lines) only with --verbose."""
+    if not verbose:
+        import logging
+
+        for name in ("mlflow", "alembic", "ray"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _quiet(getattr(args, "verbose", False))
     try:
         if args.command == "train":
             return cmd_train(args)

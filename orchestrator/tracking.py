@@ -104,7 +104,10 @@ class RunTracker:
                 pts = sorted(self.history.get(k, []))
                 if pts:
                     ax.plot([s for s, _ in pts], [v for _, v in pts], label=k,
-                            drawstyle="steps-post" if k in ("workers", "batch/global") else "default")
+                            drawstyle="steps-post" if k in ("workers", "batch/global") else "default",
+                            marker="o" if k.startswith("val/") else None, markersize=3)
+            for step, _ in self.history.get("resize/to", []):  # where the worker group was resized
+                ax.axvline(step, color="gray", linestyle="--", linewidth=0.8)
             ax.set_ylabel(keys[0])
             ax.grid(alpha=0.3)
             if len(keys) > 1:

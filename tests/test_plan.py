@@ -1,0 +1,70 @@
+"""``plan`` without Ray: rows follow the data order, the batch schedule and the resize policy."""
+
+import csv
+import io
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.config import validate
+from orchestrator.plan import COLUMNS, make_plan, to_csv, to_table
+
+N = 1438  # digits training samples at val_fraction 0.2
+
+
+def _cfg(**sections):
+    raw = {"data": {"name": "digits"}, "model": {"name": "mlp"},
+           "optimizer": {"lr": 0.1, "base_batch_size": 32, "mf": 0.9},
+           "batch": {"size": 32, "max_local_batch": 32}, "scaling": {"min_workers": 1, "max_workers": 4},
+           "train": {"epochs": 3}}
+    for k, v in sections.items():
+        raw[k] = {**raw.get(k, {}), **v}
+    return validate(raw)
+
+
+def test_schedule_policy_grows_batch_and_workers_at_epoch_boundaries():
+    plan = make_plan(_cfg(batch={"policy": "schedule", "schedule": [[1, 64], [2, 128]]}), every=1)
+    e1 = -(-N // 32)
+    e2 = e1 + -(-N // 64)
+    rows = {int(r["step"]): r for r in plan.rows}
+    assert plan.total_steps == -(-N // 32) + -(-N // 64) + -(-N // 128)
+    assert rows[e1]["batch_global"] == N - 32 * (e1 - 1) and rows[e1]["workers"] == 1
+    assert rows[e1 + 1]["batch_global"] == 64 and rows[e1 + 1]["workers"] == 2
+    assert rows[e2 + 1]["batch_global"] == 128 and rows[e2 + 1]["workers"] == 4
+    assert rows[e1 + 1]["lr"] == pytest.approx(0.2) and rows[e2 + 1]["lr"] == pytest.approx(0.4)  # linear rule
+    assert rows[plan.total_steps]["epoch"] == pytest.approx(3.0)
+
+
+def test_legw_and_mf_rule_values():
+    cfg = _cfg(schedule={"scaling_rule": "sqrt", "warmup": "legw", "warmup_epochs": 0.5},
+               optimizer={"mf_rule": "per_worker_batch", "mf_ref_batch": 16}, batch={"size": 128},
+               scaling={"max_workers": 2})
+    plan = make_plan(cfg, every=1)
+    first = plan.rows[0]
+    assert first["workers"] == 2 and first["batch_local"] == 64 and first["accum_steps"] == 2
+    assert first["mf"] == pytest.approx(0.9 ** 4)  # b = 128/2 = 64 = 4 x 16
+    # LEGW: warmup epochs = 0.5 * (128/32) = 2, peak 0.1 * sqrt(4) = 0.2
+    warm_end = max(int(r["step"]) for r in plan.rows if r["epoch"] <= 2.0 + 1e-9)
+    assert max(r["lr"] for r in plan.rows) == pytest.approx(0.2, rel=1e-2)
+    assert all(r["lr"] < 0.2 for r in plan.rows if int(r["step"]) < warm_end - 1)
+    assert any("per_worker_batch" in n for n in plan.notes)
+
+
+def test_adaptive_parts_are_named():
+    plan = make_plan(_cfg(batch={"policy": "noise_scale"}, schedule={"warmup": "auto", "decay": "cosine"}))
+    text = " ".join(plan.notes)
+    assert "noise_scale" in text and "auto" in text
+    assert "note:" in to_table(plan)
+
+
+def test_csv_columns_and_cli(tmp_path, capsys):
+    rows = list(csv.DictReader(io.StringIO(to_csv(make_plan(_cfg(), every=10)))))
+    assert list(rows[0]) == COLUMNS == ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local",
+                                        "accum_steps"]
+    p = tmp_path / "c.yaml"
+    p.write_text("data: {name: digits}\nbatch: {size: 64, max_local_batch: 32}\nscaling: {max_workers: 2}\n")
+    png = tmp_path / "plan.png"
+    assert main(["plan", str(p), "--format", "csv", "--every", "5", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ",".join(COLUMNS) and png.stat().st_size > 1000
+    assert main(["plan", str(p), "--set", "batch.size=0"]) == 2
