@@ -62,6 +62,13 @@ class RootConfig(LoopConfig):
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
+    @model_validator(mode="after")
+    def _root_checks(self) -> "RootConfig":
+        if self.model.sync_bn and not self.scaling.use_gpu:
+            raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
+                             "or model.sync_bn: false (per-worker BatchNorm)")
+        return self
+
     def loop_dict(self) -> dict[str, Any]:
         """The sections the workers need (the trainers' own config)."""
         return self.model_dump(mode="json", include=set(LoopConfig.model_fields))

@@ -37,6 +37,7 @@ CASES = {
     "cifar_without_root": (None, ["data.name=cifar10"], "data.root: required for cifar10"),
     "unreadable_yaml": ("data: {name: digits\nmodel: [", [], "is not valid YAML at line"),
     "not_a_mapping": ("- 1\n- 2\n", [], "must be a mapping of sections"),
+    "sync_bn_on_cpu": (None, ["model.sync_bn=true"], "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only"),
     "bad_override_syntax": (None, ["batch.size"], "--set batch.size: expected section.key=value"),
 }
 

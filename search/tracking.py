@@ -1,0 +1,235 @@
+"""MLflow for a study: one parent run per study, one child run per trial under it.
+
+The parent holds the study's name, storage, sampler, pruner and objective (params on creation,
+tags always), the space file as an artifact, and at the end of each invocation the best value and
+params, trial counts, the best config as YAML and Optuna's plots.  Continuing a study (``run`` again
+with the same name and storage) reopens the same parent: its id is kept in the study's user
+attributes, with a tag search (``search.study_name``, ``search.storage``) as a fallback.
+
+Child runs are created by ``run_training`` inside the trial actor (``RunTracker(parent_run_id=...)``
+sets ``mlflow.parentRunId``); this module adds each one's final state, and creates the child run
+itself for a trial that failed before training started (an invalid sampled config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from typing import Any
+
+from search.space import SearchSpace
+
+STATE_TAG = "search.state"
+RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+PARENT_RUN_ATTR = "mlflow_parent_run_id"
+
+
+def _client(uri: str) -> Any:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(uri)
+
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+class StudyTracker:
+    """The parent run of a study and the final touches on its children."""
+
+    def __init__(self, uri: str, experiment: str, study_name: str, storage: str, space: SearchSpace,
+                 existing_run_id: str | None = None):
+        self.uri, self.study_name, self.storage, self.space = uri, study_name, storage, space
+        self.client = _client(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.run_id = self._find(existing_run_id)
+        self.resumed = self.run_id is not None
+        if self.run_id is None:
+            run = self.client.create_run(self.experiment_id, run_name=study_name, tags=self._tags())
+            self.run_id = run.info.run_id
+            self._log_params()
+        else:
+            self.client.update_run(self.run_id, status="RUNNING")
+            for k, v in self._tags().items():
+                self.client.set_tag(self.run_id, k, v)
+        self.client.log_text(self.run_id, space.text, "space.yaml")
+        self.client.log_text(self.run_id, json.dumps(space.summary(), indent=1, default=str), "space_resolved.json")
+
+    def _tags(self) -> dict[str, str]:
+        s = self.space
+        return {"search.role": "study", "search.study_name": self.study_name, "search.storage": self.storage,
+                "search.sampler": s.sampler.describe(), "search.pruner": s.pruner.describe(),
+                "search.objective": ", ".join(f"{o.metric} ({o.direction})" for o in s.objectives),
+                "search.space_file": s.source}
+
+    def _log_params(self) -> None:
+        s = self.space
+        params = {"study_name": self.study_name, "storage": self.storage, "sampler": s.sampler.describe(),
+                  "pruner": s.pruner.describe(),
+                  "objective": ", ".join(f"{o.metric} ({o.direction})" for o in s.objectives)}
+        for p in s.params:
+            params[f"space.{p.path}"] = p.describe()[:6000]
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 90):
+            self.client.log_batch(self.run_id, params=items[i:i + 90])
+
+    def _find(self, existing: str | None) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        if existing:
+            try:
+                run = self.client.get_run(existing)
+                if run.info.experiment_id == self.experiment_id and run.info.lifecycle_stage == "active":
+                    return existing
+            except MlflowException:
+                pass
+        name = self.study_name.replace("'", "\\'")
+        storage = self.storage.replace("'", "\\'")
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(f"tags.`search.role` = 'study' and tags.`search.study_name` = '{name}' "
+                           f"and tags.`search.storage` = '{storage}'"),
+            max_results=1, order_by=["attributes.start_time DESC"])
+        return runs[0].info.run_id if runs else None
+
+    # -- children -------------------------------------------------------------------------
+
+    def child_tags(self, number: int, values: dict[str, Any]) -> dict[str, str]:
+        """Tags a trial's run starts with (the sampled params as ``search.param.<path>``)."""
+        tags = {"search.study_name": self.study_name, "search.trial": str(number), "search.role": "trial",
+                "search.params": json.dumps(values, sort_keys=True, default=str)[:5000]}
+        for path, v in values.items():
+            tags[f"search.param.{path}"] = _fmt(v)[:5000]
+        return tags
+
+    def failed_child(self, number: int, values: dict[str, Any], error: str, run_name: str) -> str:
+        """A child run for a trial that never trained (its config was invalid): params, FAIL, the error."""
+        from mlflow.entities import Param
+
+        tags = {**self.child_tags(number, values), "mlflow.parentRunId": self.run_id}
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        items = [Param(k, _fmt(v)[:6000]) for k, v in values.items()]
+        if items:
+            self.client.log_batch(run.info.run_id, params=items)
+        self.finish_child(run.info.run_id, "FAIL", None, error)
+        return run.info.run_id
+
+    def finish_child(self, run_id: str, state: str, value: list[float] | None, error: str | None,
+                     detail: str | None = None) -> None:
+        """The trial's final state as tag ``search.state`` and run status (PRUNED runs end KILLED)."""
+        self.client.set_tag(run_id, STATE_TAG, state)
+        if value is not None:
+            self.client.set_tag(run_id, "search.value", ", ".join(f"{v:.6g}" for v in value))
+        if error:
+            self.client.set_tag(run_id, "search.error", error[:5000])
+        if detail:
+            self.client.log_text(run_id, detail, "error.txt")
+        self.client.set_terminated(run_id, status=RUN_STATUS[state])
+
+    # -- the end of an invocation ----------------------------------------------------------
+
+    def finish(self, study: Any, status: str, counts: dict[str, int], total_steps: int, wall_s: float,
+               best_yaml: str | None) -> None:
+        """Best value/params, counts, plots; then end the parent run with ``status``."""
+        from mlflow.entities import Metric
+        import time
+
+        n = sum(counts.values())
+        now = int(time.time() * 1000)
+        metrics = [Metric(f"trials/{k.lower()}", float(v), now, n) for k, v in counts.items()]
+        metrics += [Metric("trials/total", float(n), now, n), Metric("search/total_steps", float(total_steps), now, n),
+                    Metric("search/wall_s", float(wall_s), now, n)]
+        best = best_trials(study)
+        if best:
+            if not self.space.multi_objective:
+                metrics.append(Metric("best/value", float(best[0].value), now, n))
+                self.client.set_tag(self.run_id, "search.best_trial", str(best[0].number))
+                for path, v in trial_values(best[0]).items():
+                    self.client.set_tag(self.run_id, f"best.{path}", _fmt(v)[:5000])
+            else:
+                self.client.set_tag(self.run_id, "search.best_trials", ", ".join(str(t.number) for t in best))
+            self.client.log_text(self.run_id, json.dumps(
+                [{"number": t.number, "values": t.values, "params": trial_values(t)} for t in best],
+                indent=1, default=str), "best_trials.json")
+        if best_yaml:
+            self.client.log_text(self.run_id, best_yaml, "best_config.yaml")
+        self.client.log_batch(self.run_id, metrics=metrics)
+        skipped = self.log_plots(study)
+        if skipped:
+            self.client.set_tag(self.run_id, "search.plots_skipped", "; ".join(skipped)[:5000])
+        self.client.set_terminated(self.run_id, status=status)
+
+    def log_plots(self, study: Any) -> list[str]:
+        """Optuna's plots as PNG artifacts under ``plots/``; returns why any were skipped."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import optuna
+        from optuna.visualization import matplotlib as ovm
+
+        multi = self.space.multi_objective
+        first = self.space.objectives[0].metric
+        target = (lambda t: t.values[0]) if multi else None
+        kw = {"target": target, "target_name": first} if multi else {"target_name": first}
+        plots: list[tuple[str, Any]] = [
+            ("optimization_history", lambda: ovm.plot_optimization_history(study, **kw)),
+            ("param_importances", lambda: ovm.plot_param_importances(study, **kw)),
+            ("parallel_coordinate", lambda: ovm.plot_parallel_coordinate(study, **kw)),
+            ("timeline", lambda: ovm.plot_timeline(study)),
+        ]
+        if not multi:
+            plots.append(("intermediate_values", lambda: ovm.plot_intermediate_values(study)))
+        else:
+            names = [o.metric for o in self.space.objectives]
+            plots.append(("pareto_front", lambda: ovm.plot_pareto_front(study, target_names=names)))
+        skipped = []
+        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name, make in plots:
+                if name in ("param_importances", "parallel_coordinate", "optimization_history") and len(complete) < (
+                        2 if name == "param_importances" else 1):
+                    skipped.append(f"{name}: needs more complete trials")
+                    continue
+                try:
+                    ax = make()
+                    fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
+                    fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
+                    fig.tight_layout()
+                    path = os.path.join(d, f"{name}.png")
+                    fig.savefig(path, dpi=100)
+                    self.client.log_artifact(self.run_id, path, "plots")
+                except Exception as e:  # a plot Optuna cannot draw for this study (e.g. no varying param)
+                    skipped.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                finally:
+                    plt.close("all")
+        return skipped
+
+
+def trial_values(trial: Any) -> dict[str, Any]:
+    """The config values a trial used (decoded), from its user attributes or its Optuna params."""
+    return dict(trial.user_attrs.get("config_values") or trial.params)
+
+
+def best_trials(study: Any) -> list[Any]:
+    """The best trial (single objective) or the Pareto front (several); empty if none completed."""
+    import optuna
+
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+        return []
+    if len(study.directions) > 1:
+        return list(study.best_trials)
+    try:
+        t = study.best_trial
+    except ValueError:
+        return []
+    return [t] if t.value is not None and not math.isnan(t.value) else []

@@ -1,0 +1,171 @@
+"""One trial on Ray: an actor that drives a whole orchestrator run and relays it to the search driver.
+
+The actor calls ``orchestrator.runner.run_training`` (phases, resizes, MLflow child run and all).
+While it runs, the driver polls ``poll()`` for the objective's intermediate values (from the
+records rank 0 pushes to the run's monitor) and may call ``stop()``: the actor then asks the run's
+``PhaseRunner`` to stop, the monitor answers rank 0's next push with ``stop``, rank 0 broadcasts it,
+and every worker writes a final checkpoint and stops at the same step.  Only the driver touches
+Optuna's storage, so the actor never needs to reach it.
+
+The actor takes no CPU of its own (the run's workers hold the trial's resources) and is threaded:
+``run`` occupies one thread while ``poll`` and ``stop`` are answered on others.  It is reused for
+the next trial once ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import ray
+
+
+@dataclass
+class TrialResult:
+    """What ``TrialActor.run`` returns: the run's outcome and its figures."""
+
+    run_id: str | None
+    status: str                      # the MLflow run's end status (FINISHED, FAILED) or "ERROR"
+    stopped: bool                    # a stop was requested (the trial was pruned)
+    steps: int                       # optimizer steps the run took
+    wall_s: float
+    worker_seconds: float            # workers x seconds held, integrated over the run
+    last: dict[str, float] = field(default_factory=dict)  # last value of each watched metric
+    error: str | None = None         # one line
+    error_detail: str | None = None  # the traceback / Ray's full message
+
+    def figure(self, metric: str) -> float | None:
+        """An objective's value: a run figure or the metric's last reported value."""
+        if metric == "steps":
+            return float(self.steps)
+        if metric == "wall_s":
+            return self.wall_s
+        if metric == "worker_seconds":
+            return self.worker_seconds
+        return self.last.get(metric)
+
+
+def short_error(e: BaseException) -> str:
+    """One line for a trial's failure: the exception, and for Ray's wrapped errors the root cause."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    root = ""
+    for line in reversed(text.splitlines()):
+        s = line.strip()
+        if s and ":" in s and s.split(":", 1)[0].replace(".", "").isidentifier() and s.split(":", 1)[0].endswith(
+                ("Error", "Exception", "Interrupt")):
+            root = s
+            break
+    msg = f"{type(e).__name__}: {first}"
+    if root and root not in msg:
+        msg += f" (cause: {root})"
+    return msg[:1000]
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class TrialActor:
+    """Runs one training run at a time; answers ``poll``/``stop`` while it runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset([])
+
+    def _reset(self, metrics: list[str]) -> None:
+        self._metrics = metrics
+        self._values: list[tuple[int, str, float]] = []
+        self._last: dict[str, float] = {}
+        self._step = 0
+        self._runner: Any = None
+        self._run_id: str | None = None
+        self._stop = False
+        self._workers = 0.0
+        self._t_mark = time.time()
+        self._worker_s = 0.0
+
+    # -- called by the driver ------------------------------------------------------------
+
+    def run(self, config: dict[str, Any], parent_run_id: str | None, tags: dict[str, str],
+            metrics: list[str], keep_checkpoints: bool = False) -> dict[str, Any]:
+        """Train ``config`` (a resolved, validated config as JSON) as a child run of ``parent_run_id``;
+        watch ``metrics`` (their values at each step go to ``poll``)."""
+        from orchestrator.config import validate
+        from orchestrator.runner import run_training
+
+        with self._lock:
+            self._reset(list(metrics))
+        cfg = validate(config)
+        t0 = time.time()
+        result = TrialResult(run_id=None, status="ERROR", stopped=False, steps=0, wall_s=0.0, worker_seconds=0.0)
+        folder = None
+        try:
+            summary = run_training(cfg, progress=False, parent_run_id=parent_run_id, tags=tags,
+                                   on_start=self._on_start, on_records=self._on_records)
+            result.status, result.steps = summary.status, summary.steps
+            folder = (summary.storage_path, summary.train_run_name)
+        except BaseException as e:  # a failed trial is a result, not a crash of the search
+            result.error = short_error(e)
+            result.error_detail = "".join(traceback.format_exception(e))[-20000:]
+            result.status = "FAILED"
+        with self._lock:
+            self._integrate(time.time())
+            result.run_id, result.stopped = self._run_id, self._stop
+            result.steps = result.steps or self._step
+            result.last, result.worker_seconds = dict(self._last), self._worker_s
+            self._runner = None
+        result.wall_s = time.time() - t0
+        if folder and not keep_checkpoints and result.error is None:
+            import os
+
+            shutil.rmtree(os.path.join(*folder), ignore_errors=True)
+        return asdict(result)
+
+    def poll(self) -> dict[str, Any]:
+        """New (step, metric, value) triples since the last poll, the run id and the latest step."""
+        with self._lock:
+            values, self._values = self._values, []
+            return {"values": values, "run_id": self._run_id, "step": self._step}
+
+    def stop(self) -> None:
+        """Stop the run at the next step all workers agree on (the trial is pruned)."""
+        with self._lock:
+            self._stop = True
+            runner = self._runner
+        if runner is not None:
+            try:
+                runner.request_stop()
+            except Exception:  # the phase's monitor is being replaced: _on_records asks again
+                pass
+
+    # -- callbacks from run_training (on the actor's run thread) -----------------------------
+
+    def _on_start(self, runner: Any) -> None:
+        with self._lock:
+            self._runner = runner
+            self._run_id = runner.tracker.run_id
+            self._workers = float(runner.initial_workers())
+            self._t_mark = time.time()
+
+    def _integrate(self, now: float) -> None:
+        self._worker_s += self._workers * max(0.0, now - self._t_mark)
+        self._t_mark = now
+
+    def _on_records(self, records: list[tuple[int, dict[str, float]]]) -> None:
+        with self._lock:
+            self._integrate(time.time())
+            for step, m in records:
+                self._step = max(self._step, int(step))
+                if "workers" in m:
+                    self._workers = float(m["workers"])
+                for key in self._metrics:
+                    if key in m:
+                        v = float(m[key])
+                        self._last[key] = v
+                        self._values.append((int(step), key, v if math.isfinite(v) else float("nan")))
+            stop, runner = self._stop, self._runner
+        if stop and runner is not None:
+            runner.request_stop()  # a new phase has a new monitor: ask it too
