@@ -83,21 +83,24 @@ class TrialActor:
         self._runner: Any = None
         self._run_id: str | None = None
         self._stop = False
+        self._token: int | None = None
         self._workers = 0.0
         self._t_mark = time.time()
         self._worker_s = 0.0
 
     # -- called by the driver ------------------------------------------------------------
 
-    def run(self, config: dict[str, Any], parent_run_id: str | None, tags: dict[str, str],
+    def run(self, token: int, config: dict[str, Any], parent_run_id: str | None, tags: dict[str, str],
             metrics: list[str], keep_checkpoints: bool = False) -> dict[str, Any]:
         """Train ``config`` (a resolved, validated config as JSON) as a child run of ``parent_run_id``;
-        watch ``metrics`` (their values at each step go to ``poll``)."""
+        watch ``metrics`` (their values at each step go to ``poll``).  ``token`` (the trial number)
+        ties later ``stop`` calls to this run: a late stop for an earlier trial is ignored."""
         from orchestrator.config import validate
         from orchestrator.runner import run_training
 
         with self._lock:
             self._reset(list(metrics))
+            self._token = token
         cfg = validate(config)
         t0 = time.time()
         result = TrialResult(run_id=None, status="ERROR", stopped=False, steps=0, wall_s=0.0, worker_seconds=0.0)
@@ -124,15 +127,20 @@ class TrialActor:
             shutil.rmtree(os.path.join(*folder), ignore_errors=True)
         return asdict(result)
 
-    def poll(self) -> dict[str, Any]:
-        """New (step, metric, value) triples since the last poll, the run id and the latest step."""
+    def poll(self, token: int) -> dict[str, Any]:
+        """New (step, metric, value) triples of run ``token`` since the last poll, its MLflow run id
+        and its latest step."""
         with self._lock:
+            if token != self._token:
+                return {"values": [], "run_id": None, "step": 0}
             values, self._values = self._values, []
             return {"values": values, "run_id": self._run_id, "step": self._step}
 
-    def stop(self) -> None:
-        """Stop the run at the next step all workers agree on (the trial is pruned)."""
+    def stop(self, token: int) -> None:
+        """Stop run ``token`` at the next step all workers agree on (the trial is pruned)."""
         with self._lock:
+            if token != self._token:
+                return
             self._stop = True
             runner = self._runner
         if runner is not None:

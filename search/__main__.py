@@ -1,0 +1,7 @@
+"""``python -m search``: see ``search.cli``."""
+
+import sys
+
+from search.cli import main
+
+sys.exit(main())

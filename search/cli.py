@@ -1,0 +1,215 @@
+"""``python -m search``: Optuna searches over training configs, trials run on Ray, tracked in MLflow.
+
+    python -m search run SPACE.yaml [--trials N] [--parallel P] [--storage URL] [--study-name NAME]
+                                    [--timeout S] [--tracking-uri URI] [--verbose] [--no-progress]
+    python -m search show NAME [--storage URL] [--trial N] [--output FILE]
+
+Exit status: 0 done, 1 no trial of this invocation completed or was pruned (all failed),
+2 bad input (nothing was started), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    from search.study import DEFAULT_STORAGE, DEFAULT_TRIALS
+
+    p = argparse.ArgumentParser(prog="python -m search",
+                                description="Optuna search over training configs: trials are orchestrator runs on "
+                                            "Ray, pruned when hopeless, tracked in MLflow.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run (or continue) a study from a search space file",
+                       description="Run trials of a search space; running again with the same study name and "
+                                   "storage continues the study (adds trials).")
+    r.add_argument("space", help="search space YAML, e.g. configs/search_quickstart.yaml")
+    r.add_argument("--trials", type=int, metavar="N",
+                   help=f"trials to run now (default {DEFAULT_TRIALS}; with the grid sampler, the grid points "
+                        f"not yet tried)")
+    r.add_argument("--parallel", type=int, default=1, metavar="P",
+                   help="trials at once (default 1; never more than the cluster's resources fit)")
+    r.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                   help=f"Optuna storage: a journal file path (default {DEFAULT_STORAGE}) or an RDB URL "
+                        f"(sqlite:///optuna.db, postgresql://user:pass@host/db)")
+    r.add_argument("--study-name", metavar="NAME", help="study name (default: the space file's name without .yaml)")
+    r.add_argument("--timeout", type=float, metavar="S",
+                   help="start no new trial after S seconds (running trials finish)")
+    r.add_argument("--tracking-uri", metavar="URI",
+                   help=f"MLflow tracking URI (default: the base config's tracking.uri, $MLFLOW_TRACKING_URI or "
+                        f"{DEFAULT_TRACKING_URI})")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
+
+    s = sub.add_parser("show", help="print a study's trials and its best config",
+                       description="Print a study's trials (state, value, params, duration) and the best "
+                                   "trial's config as a ready-to-train YAML.")
+    s.add_argument("name", help="study name")
+    s.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                   help=f"Optuna storage holding the study (default {DEFAULT_STORAGE})")
+    s.add_argument("--trial", type=int, metavar="N", help="print trial N's config instead of the best one")
+    s.add_argument("--output", metavar="FILE.yaml", help="also write that config to FILE.yaml")
+    return p
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{name}: must be > 0 (got {value:g})")
+
+
+# --------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from search.space import load_space
+
+    _positive("--trials", args.trials)
+    _positive("--parallel", args.parallel)
+    _positive("--timeout", args.timeout)
+    name = args.study_name if args.study_name is not None else os.path.splitext(os.path.basename(args.space))[0]
+    if not name.strip():
+        raise ConfigError("--study-name: empty; give a name")
+    space = load_space(args.space)  # raises SpaceError before anything starts
+
+    from search.study import SearchOptions, run_search
+
+    opts = SearchOptions(trials=args.trials, parallel=args.parallel, timeout_s=args.timeout, study_name=name,
+                         storage=args.storage, tracking_uri=args.tracking_uri, verbose=args.verbose,
+                         progress=not args.no_progress)
+    try:
+        summary = run_search(space, opts)
+    except KeyboardInterrupt:
+        print("\ninterrupted: running trials were stopped and recorded FAIL", file=sys.stderr)
+        return 130
+    print(_run_summary(summary, args.storage))
+    ran = len(summary.records)
+    return 0 if ran == 0 or summary.count("FAIL") < ran else 1
+
+
+def _run_summary(s, storage_arg: str) -> str:
+    from search.tracking import trial_values
+
+    c, p, f = s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL")
+    lines = ["", f"study {s.study_name}: {len(s.records)} trials run now ({c} complete, {p} pruned, {f} failed), "
+                 f"{s.trials_in_study} in the study; {s.total_steps} optimizer steps, {s.wall_s:.0f} s"]
+    for t in s.best[:3]:
+        vals = ", ".join(f"{m} {v:.4f}" for m, v in zip(s.objectives, t.values))
+        lines.append(f"  best           trial {t.number}: {vals}")
+        for path, v in trial_values(t).items():
+            lines.append(f"                 {path} = {v}")
+    if not s.best:
+        lines.append("  best           none yet (no complete trial)")
+    store = storage_arg if storage_arg else s.storage
+    lines += [
+        f"  storage        {s.storage}",
+        f"  MLflow parent  {s.parent_run_id} (experiment id {s.experiment_id})",
+        f"  tracking URI   {s.tracking_uri}",
+        f"show it:         python -m search show {s.study_name} --storage {store}",
+    ]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- show
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def format_table(rows: list[list[str]], header: list[str]) -> str:
+    cells = [header] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def trials_table(study) -> str:
+    from search.tracking import trial_values
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        values = ", ".join(f"{v:.4f}" for v in t.values) if t.values else "-"
+        dur = f"{t.duration.total_seconds():.1f}" if t.duration is not None else "-"
+        params = " ".join(f"{k}={_cell(v)}" for k, v in trial_values(t).items())
+        note = t.user_attrs.get("error") or (f"pruned at step {t.user_attrs['pruned_at_step']}"
+                                             if "pruned_at_step" in t.user_attrs else "")
+        rows.append([str(t.number), t.state.name, values, dur, _cell(t.user_attrs.get("steps")), params,
+                     (note or "")[:120]])
+    return format_table(rows, ["#", "state", "value", "duration_s", "steps", "params", "note"])
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import optuna
+
+    from search.study import best_config_yaml, describe_storage, load_existing_study
+    from search.tracking import best_trials
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = load_existing_study(args.name, args.storage)
+    trials = study.get_trials(deepcopy=False)
+    counts = {}
+    for t in trials:
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    objectives = study.user_attrs.get("objectives") or ["value"] * len(study.directions)
+    goal = ", ".join(f"{m} ({d.name.lower()})" for m, d in zip(objectives, study.directions))
+    print(f"study {study.study_name} in {describe_storage(args.storage)}: {len(trials)} trials "
+          f"({', '.join(f'{n} {k.lower()}' for k, n in sorted(counts.items()))}); objective {goal}")
+    if study.user_attrs.get("mlflow_parent_run_id"):
+        print(f"MLflow parent run {study.user_attrs['mlflow_parent_run_id']} at "
+              f"{study.user_attrs.get('tracking_uri', '?')}")
+    print()
+    print(trials_table(study) if trials else "(no trials yet)")
+    print()
+    if args.trial is not None:
+        match = [t for t in trials if t.number == args.trial]
+        if not match:
+            raise ConfigError(f"--trial: no trial {args.trial} in study {args.name!r} (0..{len(trials) - 1})")
+        chosen = match[0]
+        print(f"trial {chosen.number} ({chosen.state.name}): its config")
+    else:
+        best = best_trials(study)
+        if not best:
+            print("no complete trial yet: no best config")
+            return 0
+        chosen = best[0]
+        if len(best) > 1:
+            print(f"Pareto front: trials {', '.join(str(t.number) for t in best)}; the config of trial {chosen.number} "
+                  f"(--trial N for another)")
+        else:
+            print(f"best trial {chosen.number}: {objectives[0]} {chosen.value:.4f}; its config, ready to train:")
+    text = best_config_yaml(study, chosen)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text or "")
+        print(f"written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "show":
+            return cmd_show(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
