@@ -132,6 +132,7 @@ class PhaseRunner:
         self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
         self.progress = Progress(estimate_total_steps(cfg), enabled=progress)
         self.on_records = on_records
+        self.poll_s = POLL_S  # how often the monitor is drained (a search lowers it to prune sooner)
         self.train_run_name = f"elastic-{tracker.run_id}"  # all phases and resumes share it
         self.storage_path = os.path.abspath(os.path.expanduser(cfg.checkpoint.storage_path))
         self.events: list[dict[str, Any]] = []
@@ -244,7 +245,7 @@ class PhaseRunner:
         th.start()
         try:
             while th.is_alive():
-                th.join(POLL_S)
+                th.join(self.poll_s)
                 self._pump()
             self._pump()
             resize_to = ray.get(self.monitor.get_resize_to.remote()) if "error" not in box else 0

@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"Optuna storage holding the study (default {DEFAULT_STORAGE})")
     s.add_argument("--trial", type=int, metavar="N", help="print trial N's config instead of the best one")
     s.add_argument("--output", metavar="FILE.yaml", help="also write that config to FILE.yaml")
+    s.add_argument("--full", action="store_true",
+                   help="print every config field (default: the base config as written plus the trial's values)")
     return p
 
 
@@ -145,6 +147,8 @@ def trials_table(study) -> str:
         params = " ".join(f"{k}={_cell(v)}" for k, v in trial_values(t).items())
         note = t.user_attrs.get("error") or (f"pruned at step {t.user_attrs['pruned_at_step']}"
                                              if "pruned_at_step" in t.user_attrs else "")
+        if "duplicate_of" in t.user_attrs:
+            note = f"same config as trial {t.user_attrs['duplicate_of']} (not run again)"
         rows.append([str(t.number), t.state.name, values, dur, _cell(t.user_attrs.get("steps")), params,
                      (note or "")[:120]])
     return format_table(rows, ["#", "state", "value", "duration_s", "steps", "params", "note"])
@@ -188,8 +192,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"Pareto front: trials {', '.join(str(t.number) for t in best)}; the config of trial {chosen.number} "
                   f"(--trial N for another)")
         else:
-            print(f"best trial {chosen.number}: {objectives[0]} {chosen.value:.4f}; its config, ready to train:")
-    text = best_config_yaml(study, chosen)
+            vals = ", ".join(f"{m} {v:.4f}" for m, v in zip(objectives, chosen.values))
+            print(f"best trial {chosen.number}: {vals}; its config, ready to train:")
+    text = best_config_yaml(study, chosen, full=args.full)
     print(text)
     if args.output:
         with open(args.output, "w") as f:

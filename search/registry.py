@@ -37,10 +37,21 @@ def _plain(cls: type) -> Callable[[dict[str, Any], Grid | None], Any]:
     return lambda options, grid: cls(**options)
 
 
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, for a driver that asks and tells.
+
+    Optuna's ``after_trial`` calls ``study.stop()`` once every grid point has started, which only
+    works inside ``study.optimize`` (elsewhere it raises).  The search driver stops by itself: it
+    runs no more trials than the grid has points left."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        return None
+
+
 def _grid(options: dict[str, Any], grid: Grid | None) -> optuna.samplers.GridSampler:
     if grid is None:
         raise ValueError("the grid sampler needs a finite search space")
-    return optuna.samplers.GridSampler(grid, **options)
+    return AskTellGridSampler(grid, **options)
 
 
 SAMPLERS: dict[str, Algorithm] = {

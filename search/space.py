@@ -23,6 +23,11 @@ sampled before it; a parameter named in a condition is sampled first).  Forms: a
 hold), or a string ``"PATH == V"``, ``"PATH != V"``, ``"PATH in [A, B]"``, ``"PATH not in [A, B]"``,
 joined with `` and ``.
 
+Two switches: ``keep_checkpoints`` (default false: a trial's checkpoints are deleted when its run
+ends; its final model is in MLflow anyway) and ``skip_duplicates`` (default true: a trial that
+draws exactly the config of a COMPLETE trial takes that trial's value without training again; the
+runs are deterministic for a given seed).
+
 Everything is checked here, before a study, Ray or an MLflow run exists: each error is one line
 naming the field (``params.optimizer.lr.low: ...``).  Beyond the shape of the file, each value a
 parameter can take (``low``, ``high``, every choice) must give a valid training config for at
@@ -54,7 +59,7 @@ class SpaceError(ConfigError):
     """A bad search space file: one line naming the field and the fix."""
 
 
-TOP_KEYS = ("base", "overrides", "objective", "sampler", "pruner", "params", "keep_checkpoints")
+TOP_KEYS = ("base", "overrides", "objective", "sampler", "pruner", "params", "keep_checkpoints", "skip_duplicates")
 PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 
 # Metrics the training run reports as it goes (intermediate values for pruning come from these),
@@ -62,7 +67,7 @@ PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 STEP_METRICS = ("val/accuracy", "val/loss", "train/loss", "lr", "mf", "batch/global", "batch/local",
                 "batch/accum_steps", "workers", "samples_seen", "epoch", "throughput/samples_per_s",
                 "gns/b_simple")
-RUN_METRICS = ("steps", "wall_s", "worker_seconds")
+RUN_METRICS = ("steps", "samples", "wall_s", "worker_seconds")
 Direction = Literal["maximize", "minimize"]
 
 
@@ -264,7 +269,7 @@ class Param:
 
     def describe(self) -> str:
         if self.kind == "categorical":
-            text = f"one of {[_show(c) for c in self.choices]}"
+            text = "one of [" + ", ".join(_show(c) for c in self.choices) + "]"
         else:
             text = f"{self.kind} in [{self.low:g}, {self.high:g}]" + (" log" if self.log else "") + \
                    (f" step {self.step:g}" if self.step else "")
@@ -415,6 +420,7 @@ class SearchSpace:
     pruner: AlgorithmSpec
     params: tuple[Param, ...]
     keep_checkpoints: bool = False
+    skip_duplicates: bool = True
     _full: dict[str, Any] = field(default_factory=dict, repr=False)  # base with every default filled in
 
     @property
@@ -664,14 +670,15 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
         raise SpaceError("params: required; map config fields to ranges, e.g. "
                          "{optimizer.lr: {low: 0.01, high: 1.0, log: true}}")
     params = [parse_param(str(path), spec) for path, spec in params_raw.items()]
-    keep = raw.get("keep_checkpoints", False)
-    if not isinstance(keep, bool):
-        raise SpaceError(f"keep_checkpoints: must be true or false (got {keep!r})")
+    flags = {k: raw.get(k, default) for k, default in (("keep_checkpoints", False), ("skip_duplicates", True))}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise SpaceError(f"{k}: must be true or false (got {v!r})")
     full = cfg.model_dump(mode="json")
     _check_conditions(params, full)
     space = SearchSpace(source=source, text=text if text is not None else yaml.safe_dump(raw, sort_keys=False),
                         base=base, objectives=objectives, sampler=sampler, pruner=pruner,
-                        params=tuple(_order(params)), keep_checkpoints=keep, _full=full)
+                        params=tuple(_order(params)), _full=full, **flags)
     grid = space.grid()
     if sampler.entry.needs_grid and grid is None:
         p = next(p for p in space.params if p.grid_values() is None)

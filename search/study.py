@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config import ConfigError, RootConfig, to_yaml, validate
+from search.registry import AlgorithmSpec
 from search.space import SearchSpace, SpaceError
 from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, trial_values
 
 DEFAULT_STORAGE = "optuna.journal"
 DEFAULT_TRIALS = 10
-POLL_S = 0.25
+POLL_S = 0.1
 EPS = 1e-9
 
 
@@ -88,8 +89,15 @@ def create_or_load_study(space: SearchSpace, name: str, storage: Any) -> Any:
 
     existing = study_names(storage)
     if name in existing:
-        study = optuna.load_study(study_name=name, storage=storage, sampler=space.build_sampler(),
-                                  pruner=space.build_pruner())
+        study = optuna.load_study(study_name=name, storage=storage, pruner=space.build_pruner())
+        # A seeded sampler built again would draw the same points as the first invocation did:
+        # continue its sequence from a seed offset by the trials already in the study.
+        done = len(study.get_trials(deepcopy=False))
+        seed = space.sampler.options.get("seed")
+        spec = space.sampler
+        if isinstance(seed, int) and done:
+            spec = AlgorithmSpec(spec.kind, spec.name, {**spec.options, "seed": seed + done})
+        study.sampler = spec.build(space.grid() if spec.entry.needs_grid else None)
         have = [d.name.lower() for d in study.directions]
         if have != space.directions:
             raise SpaceError(f"objective: study {name!r} already exists and optimizes {', '.join(have)}; "
@@ -118,10 +126,12 @@ def load_existing_study(name: str, storage_url: str) -> Any:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def trial_config(study: Any, trial: Any) -> RootConfig:
-    """The training config a trial ran (the study's base config plus the trial's values)."""
-    from search.space import set_path
+def trial_raw_config(study: Any, trial: Any) -> dict[str, Any]:
+    """The training config a trial ran, as written: the study's base config plus the trial's values
+    (validated; ``ConfigError`` if not)."""
     import copy
+
+    from search.space import set_path
 
     base = study.user_attrs.get("base_config")
     if base is None:
@@ -130,21 +140,26 @@ def trial_config(study: Any, trial: Any) -> RootConfig:
     raw = copy.deepcopy(base)
     for path, v in trial_values(trial).items():
         set_path(raw, path, v)
-    return validate(raw)
+    validate(copy.deepcopy(raw))
+    return raw
 
 
-def best_config_yaml(study: Any, trial: Any | None = None) -> str | None:
-    """The best (or given) trial's config as a ready-to-train YAML, with a header saying where it comes from."""
+def best_config_yaml(study: Any, trial: Any | None = None, full: bool = False) -> str | None:
+    """The best (or given) trial's config as a ready-to-train YAML, with a header saying where it
+    comes from: the base config as written plus the trial's values, or with ``full`` every field."""
+    import yaml
+
     best = [trial] if trial is not None else best_trials(study)
     if not best:
         return None
     t = best[0]
-    cfg = trial_config(study, t)
+    raw = trial_raw_config(study, t)
+    body = to_yaml(validate(raw)) if full else yaml.safe_dump(raw, sort_keys=False)
     values = ", ".join(f"{v:.6g}" for v in (t.values or []))
     head = (f"# study {study.study_name}, trial {t.number} ({t.state.name}"
             + (f", value {values}" if values else "") + ")\n"
             + "# train it: python -m orchestrator train THIS_FILE.yaml\n")
-    return head + to_yaml(cfg)
+    return head + body
 
 
 # --------------------------------------------------------------------------- runtime settings
@@ -161,6 +176,16 @@ def absolute_tracking_uri(uri: str) -> str:
     if "://" not in uri and not uri.startswith(("file:", "databricks", "sqlite:")):
         return os.path.abspath(uri)
     return uri
+
+
+def config_key(cfg: RootConfig) -> str:
+    """What makes two trials the same run: the whole config but where results go (tracking,
+    checkpoint storage)."""
+    import hashlib
+    import json
+
+    d = cfg.model_dump(mode="json", exclude={"tracking": True, "checkpoint": {"storage_path"}})
+    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def trial_needs(cfg: RootConfig) -> dict[str, float]:
@@ -223,11 +248,13 @@ class TrialRecord:
     values: list[float] | None
     params: dict[str, Any]
     steps: int = 0
+    samples: int = 0
     wall_s: float = 0.0
     worker_seconds: float = 0.0
     error: str | None = None
     run_id: str | None = None
     pruned_at: int | None = None
+    duplicate_of: int | None = None
 
 
 @dataclass
@@ -257,6 +284,8 @@ class _Pending:
     values: dict[str, Any]
     cfg: RootConfig
     need: dict[str, float]
+    key: str
+    twin: int | None = None  # a running trial with the same config: wait for it, then reuse its value
 
 
 @dataclass
@@ -265,6 +294,7 @@ class _Running:
     values: dict[str, Any]
     cfg: RootConfig
     need: dict[str, float]
+    key: str
     actor: Any
     ref: Any
     t0: float
@@ -314,6 +344,7 @@ class _Bar:
 
     def __init__(self, total: int, enabled: bool):
         self.bar = None
+        self._last: tuple = ()
         if enabled:
             from tqdm import tqdm
 
@@ -321,8 +352,11 @@ class _Bar:
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}] {postfix}")
 
     def show(self, done: int, best: str, running: int, pruned: int, failed: int) -> None:
-        if self.bar is None:
+        """Redraw only when something changed (the driver polls several times a second)."""
+        state = (done, best, running, pruned, failed)
+        if self.bar is None or state == self._last:
             return
+        self._last = state
         self.bar.n = done
         self.bar.set_postfix({"best": best, "running": running, "pruned": pruned, "failed": failed}, refresh=False)
         self.bar.refresh()
@@ -396,7 +430,38 @@ class SearchDriver:
         except (ConfigError, ValueError, TypeError) as e:
             self._fail_early(trial, values, f"invalid config: {e}")
             return None
-        return _Pending(trial, values, cfg, need)
+        key = config_key(cfg)
+        trial.set_user_attr("config_key", key)
+        twin = None
+        if self.space.skip_duplicates:
+            same = self._duplicate_of(key)
+            if same is not None:
+                self._reuse(trial, values, same)
+                return None
+            twin = next((n for n, r in self.running.items() if r.key == key), None)
+        return _Pending(trial, values, cfg, need, key, twin)
+
+    def _duplicate_of(self, key: str) -> Any | None:
+        """A COMPLETE trial of the study that trained exactly this config (its run would repeat)."""
+        import optuna
+
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.user_attrs.get("config_key") == key and "duplicate_of" not in t.user_attrs:
+                return t
+        return None
+
+    def _reuse(self, trial: Any, values: dict[str, Any], same: Any) -> None:
+        """Tell a duplicate trial the value of the trial it repeats; it trains nothing (0 steps)."""
+        trial.set_user_attr("duplicate_of", same.number)
+        trial.set_user_attr("steps", 0)
+        run_id = None
+        if self.tracker is not None:
+            run_id = self.tracker.duplicate_child(trial.number, values, same, [o.metric for o in self.space.objectives],
+                                                  run_name=f"{self.study.study_name}-trial-{trial.number}")
+            trial.set_user_attr("mlflow_run_id", run_id)
+        self.study.tell(trial, list(same.values) if self.space.multi_objective else same.value)
+        self._record(TrialRecord(trial.number, "COMPLETE", list(same.values), values, run_id=run_id,
+                                 duplicate_of=same.number))
 
     def _fail_early(self, trial: Any, values: dict[str, Any], error: str) -> None:
         import optuna
@@ -413,10 +478,11 @@ class SearchDriver:
     def _launch(self, p: _Pending) -> None:
         actor = self.pool.get()
         tags = self.tracker.child_tags(p.trial.number, p.values) if self.tracker else {}
-        ref = actor.run.remote(p.trial.number, p.cfg.model_dump(mode="json"), self.tracker.run_id if self.tracker else None, tags,
-                               self.metrics, self.space.keep_checkpoints)
+        parent = self.tracker.run_id if self.tracker else None
+        ref = actor.run.remote(p.trial.number, p.cfg.model_dump(mode="json"), parent, tags, self.metrics,
+                               self.space.keep_checkpoints)
         self.capacity.take(p.need)
-        self.running[p.trial.number] = _Running(p.trial, p.values, p.cfg, p.need, actor, ref, time.time())
+        self.running[p.trial.number] = _Running(p.trial, p.values, p.cfg, p.need, p.key, actor, ref, time.time())
 
     def _poll(self) -> None:
         """Report new objective values; stop the trials the pruner gives up on."""
@@ -481,7 +547,8 @@ class SearchDriver:
             else:
                 state, values = "COMPLETE", [float(v) for v in figures]  # type: ignore[arg-type]
         t = r.trial
-        for key, v in (("mlflow_run_id", run_id), ("steps", res.steps), ("wall_s", round(res.wall_s, 3)),
+        for key, v in (("mlflow_run_id", run_id), ("steps", res.steps), ("samples", res.samples),
+                       ("wall_s", round(res.wall_s, 3)),
                        ("worker_seconds", round(res.worker_seconds, 3)), ("error", error),
                        ("pruned_at_step", r.pruned_at)):
             if v is not None:
@@ -497,7 +564,8 @@ class SearchDriver:
                 self.tracker.finish_child(run_id, state, values, error, res.error_detail)
             except Exception as e:  # MLflow trouble must not stop the study
                 self._write(f"warning: trial {t.number}: cannot update MLflow run {run_id} ({e})")
-        self._record(TrialRecord(t.number, state, values, r.values, steps=res.steps, wall_s=res.wall_s,
+        self._record(TrialRecord(t.number, state, values, r.values, steps=res.steps, samples=res.samples,
+                                 wall_s=res.wall_s,
                                  worker_seconds=res.worker_seconds, error=error, run_id=run_id,
                                  pruned_at=r.pruned_at))
 
@@ -527,6 +595,8 @@ class SearchDriver:
         else:
             what = f"error: {rec.error}"
         extra = f"  {rec.steps} steps, {rec.wall_s:.0f} s" if rec.steps or rec.wall_s else ""
+        if rec.duplicate_of is not None:
+            extra = f"  same config as trial {rec.duplicate_of}: its value, not run again"
         self._write(f"trial {rec.number} {rec.state}  {what}{extra}  [{_fmt_values(rec.params)}]")
         self._refresh()
 
@@ -598,7 +668,15 @@ class SearchDriver:
             while pending is None and to_ask > 0 and not timed_out and len(self.running) < parallel:
                 to_ask -= 1
                 pending = self._ask()
-            if pending is not None and len(self.running) < parallel and self.capacity.fits(pending.need):
+            if pending is not None and pending.twin is not None and pending.twin not in self.running:
+                same = self._duplicate_of(pending.key)
+                if same is not None:
+                    self._reuse(pending.trial, pending.values, same)
+                    pending = None
+                    continue
+                pending.twin = None  # the twin was pruned or failed: run this one
+            if (pending is not None and pending.twin is None and len(self.running) < parallel
+                    and self.capacity.fits(pending.need)):
                 self._launch(pending)
                 pending = None
                 self._refresh()
@@ -633,7 +711,6 @@ class SearchDriver:
         self.running.clear()
 
     def _close_parent(self, status: str, wall_s: float) -> None:
-        counts = {s: sum(r.state == s for r in self.records) for s in ("COMPLETE", "PRUNED", "FAIL")}
         try:
             best_yaml = best_config_yaml(self.study)
         except ConfigError:
@@ -641,7 +718,7 @@ class SearchDriver:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.tracker.finish(self.study, status, counts, sum(r.steps for r in self.records), wall_s, best_yaml)
+                self.tracker.finish(self.study, status, wall_s, best_yaml)
         except Exception as e:
             self._write(f"warning: cannot finish the MLflow parent run ({type(e).__name__}: {e})")
 

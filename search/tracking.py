@@ -17,6 +17,7 @@ import json
 import math
 import os
 import tempfile
+import time
 import warnings
 from typing import Any
 
@@ -122,6 +123,20 @@ class StudyTracker:
         self.finish_child(run.info.run_id, "FAIL", None, error)
         return run.info.run_id
 
+    def duplicate_child(self, number: int, values: dict[str, Any], of: Any, metrics: list[str], run_name: str) -> str:
+        """A child run for a trial that drew a config already run: tags, params and the reused value."""
+        from mlflow.entities import Metric, Param
+
+        tags = {**self.child_tags(number, values), "mlflow.parentRunId": self.run_id,
+                "search.duplicate_of": str(of.number)}
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        items = [Param(k, _fmt(v)[:6000]) for k, v in values.items()]
+        now = int(time.time() * 1000)
+        ms = [Metric(m, float(v), now, 0) for m, v in zip(metrics, of.values)]
+        self.client.log_batch(run.info.run_id, params=items, metrics=ms)
+        self.finish_child(run.info.run_id, "COMPLETE", list(of.values), None)
+        return run.info.run_id
+
     def finish_child(self, run_id: str, state: str, value: list[float] | None, error: str | None,
                      detail: str | None = None) -> None:
         """The trial's final state as tag ``search.state`` and run status (PRUNED runs end KILLED)."""
@@ -136,14 +151,16 @@ class StudyTracker:
 
     # -- the end of an invocation ----------------------------------------------------------
 
-    def finish(self, study: Any, status: str, counts: dict[str, int], total_steps: int, wall_s: float,
-               best_yaml: str | None) -> None:
-        """Best value/params, counts, plots; then end the parent run with ``status``."""
+    def finish(self, study: Any, status: str, wall_s: float, best_yaml: str | None) -> None:
+        """Best value/params, the study's trial counts and optimizer steps (all invocations, logged at
+        step = trials in the study), this invocation's wall time, plots; then end the parent run."""
         from mlflow.entities import Metric
-        import time
 
-        n = sum(counts.values())
+        trials = study.get_trials(deepcopy=False)
+        n = len(trials)
         now = int(time.time() * 1000)
+        counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL")}
+        total_steps = sum(int(t.user_attrs.get("steps", 0)) for t in trials)
         metrics = [Metric(f"trials/{k.lower()}", float(v), now, n) for k, v in counts.items()]
         metrics += [Metric("trials/total", float(n), now, n), Metric("search/total_steps", float(total_steps), now, n),
                     Metric("search/wall_s", float(wall_s), now, n)]

@@ -15,6 +15,7 @@ the next trial once ``run`` returns.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import threading
 import time
@@ -23,6 +24,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
+
+
+# How often the trial's run drains its monitor: the objective's values reach the pruner, and a
+# stop reaches the workers, within about this (the orchestrator's default is 0.5 s).
+RUNNER_POLL_S = 0.2
 
 
 @dataclass
@@ -35,6 +41,7 @@ class TrialResult:
     steps: int                       # optimizer steps the run took
     wall_s: float
     worker_seconds: float            # workers x seconds held, integrated over the run
+    samples: int = 0                 # training samples the run consumed
     last: dict[str, float] = field(default_factory=dict)  # last value of each watched metric
     error: str | None = None         # one line
     error_detail: str | None = None  # the traceback / Ray's full message
@@ -43,6 +50,8 @@ class TrialResult:
         """An objective's value: a run figure or the metric's last reported value."""
         if metric == "steps":
             return float(self.steps)
+        if metric == "samples":
+            return float(self.samples)
         if metric == "wall_s":
             return self.wall_s
         if metric == "worker_seconds":
@@ -80,6 +89,7 @@ class TrialActor:
         self._values: list[tuple[int, str, float]] = []
         self._last: dict[str, float] = {}
         self._step = 0
+        self._samples = 0
         self._runner: Any = None
         self._run_id: str | None = None
         self._stop = False
@@ -119,11 +129,10 @@ class TrialActor:
             result.run_id, result.stopped = self._run_id, self._stop
             result.steps = result.steps or self._step
             result.last, result.worker_seconds = dict(self._last), self._worker_s
+            result.samples = self._samples
             self._runner = None
         result.wall_s = time.time() - t0
         if folder and not keep_checkpoints and result.error is None:
-            import os
-
             shutil.rmtree(os.path.join(*folder), ignore_errors=True)
         return asdict(result)
 
@@ -152,6 +161,7 @@ class TrialActor:
     # -- callbacks from run_training (on the actor's run thread) -----------------------------
 
     def _on_start(self, runner: Any) -> None:
+        runner.poll_s = RUNNER_POLL_S
         with self._lock:
             self._runner = runner
             self._run_id = runner.tracker.run_id
@@ -169,6 +179,8 @@ class TrialActor:
                 self._step = max(self._step, int(step))
                 if "workers" in m:
                     self._workers = float(m["workers"])
+                if "samples_seen" in m:
+                    self._samples = max(self._samples, int(m["samples_seen"]))
                 for key in self._metrics:
                     if key in m:
                         v = float(m[key])

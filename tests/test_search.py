@@ -1,0 +1,291 @@
+"""``python -m search`` end to end on a real local Ray (2 CPUs): parallel trials, pruning that stops
+multi-worker runs, failed trials, continuing a study, MLflow parent/child runs; and bad space files
+that stop before anything starts.
+
+Trials are tiny (digits, an MLP of width 32, 1-2 workers of 0.5 CPU): what a trial costs here is
+mostly Ray Train starting and stopping its worker group (~20 s), so each test runs its trials in
+one to three rounds of two."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from search.cli import main
+from search.study import open_storage
+from tests.helpers import metric_series
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def base_config(tmp, **sections) -> dict:
+    raw = {
+        "data": {"name": "digits"},
+        "model": {"name": "mlp", "norm": "none", "hidden": 32},
+        "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 32},
+        "batch": {"size": 32, "max_local_batch": 32},
+        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5, "max_failures": 0},
+        "train": {"epochs": 1, "seed": 0, "log_every": 5, "eval_every": 10},
+        "checkpoint": {"storage_path": str(tmp / "ray_runs")},
+        "tracking": {"experiment": "search-tests"},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return raw
+
+
+def write_space(tmp, name: str, **space) -> str:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return str(path)
+
+
+def run_cli(space: str, storage: str, uri: str, *extra: str) -> int:
+    return main(["run", space, "--storage", storage, "--tracking-uri", uri, "--no-progress", *extra])
+
+
+def load(storage: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(storage))
+
+
+def runs_of(uri: str, parent_id: str) -> list:
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_id)
+    return client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'")
+
+
+# --------------------------------------------------------------------------- (a) + (d): parallel trials, continue
+
+
+@pytest.fixture(scope="module")
+def study_a(ray_cluster, tmp_path_factory):
+    """6 trials, 2 at a time, then the same command again with --trials 2."""
+    tmp = tmp_path_factory.mktemp("study_a")
+    uri, storage = f"sqlite:///{tmp}/mlflow.db", str(tmp / "optuna.journal")
+    space = write_space(tmp, "study_a", base=base_config(tmp),
+                        objective={"metric": "val/accuracy", "direction": "maximize"},
+                        sampler={"name": "random", "seed": 0}, pruner="none",
+                        params={"optimizer.lr": {"low": 0.02, "high": 0.3, "log": True},
+                                "optimizer.mf": {"low": 0.5, "high": 0.95},
+                                "batch.size": {"choices": [32, 64]}})
+    first = run_cli(space, storage, uri, "--trials", "6", "--parallel", "2")
+    after_first = [t.number for t in load(storage, "study_a").trials]
+    parent_first = load(storage, "study_a").user_attrs["mlflow_parent_run_id"]
+    second = run_cli(space, storage, uri, "--trials", "2", "--parallel", "2")
+    return {"tmp": tmp, "uri": uri, "storage": storage, "rc": (first, second), "after_first": after_first,
+            "parent_first": parent_first}
+
+
+@pytest.mark.integration
+def test_parallel_study_completes_and_storage_holds_every_trial(study_a):
+    assert study_a["rc"] == (0, 0)
+    assert study_a["after_first"] == list(range(6))
+    study = load(study_a["storage"], "study_a")
+    assert len(study.trials) == 8
+    for t in study.trials:
+        assert t.state == optuna.trial.TrialState.COMPLETE, (t.number, t.state, t.user_attrs.get("error"))
+        assert 0.0 < t.value <= 1.0
+        assert set(t.params) == {"optimizer.lr", "optimizer.mf", "batch.size"}
+        assert t.user_attrs["steps"] in (23, 45)  # one epoch of 1438 samples at B = 64 or 32
+        assert t.user_attrs["mlflow_run_id"]
+    starts = sorted((t.datetime_start, t.datetime_complete) for t in study.trials[:6])
+    overlaps = sum(1 for (s0, e0), (s1, _) in zip(starts, starts[1:]) if s1 < e0)
+    assert overlaps >= 2, "trials ran two at a time"
+    assert study.best_value == max(t.value for t in study.trials)
+
+
+@pytest.mark.integration
+def test_mlflow_holds_parent_and_one_child_per_trial(study_a):
+    uri = study_a["uri"]
+    study = load(study_a["storage"], "study_a")
+    parent_id = study.user_attrs["mlflow_parent_run_id"]
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["study_name"] == "study_a" and parent.data.params["sampler"] == "random(seed=0)"
+    assert parent.data.params["pruner"] == "none"
+    assert parent.data.tags["search.storage"] == study_a["storage"]
+    assert parent.data.metrics["best/value"] == pytest.approx(study.best_value)
+    assert parent.data.metrics["trials/total"] == 8 and parent.data.metrics["trials/complete"] == 8
+    assert parent.data.metrics["search/total_steps"] == sum(t.user_attrs["steps"] for t in study.trials)
+    assert float(parent.data.tags["best.optimizer.lr"]) == pytest.approx(study.best_params["optimizer.lr"])
+    arts = {a.path for a in client.list_artifacts(parent_id)} | {a.path for a in client.list_artifacts(parent_id, "plots")}
+    for a in ("space.yaml", "best_config.yaml", "plots/optimization_history.png", "plots/param_importances.png",
+              "plots/parallel_coordinate.png"):
+        assert a in arts, arts
+    children = runs_of(uri, parent_id)
+    assert len(children) == 8
+    by_number = {int(r.data.tags["search.trial"]): r for r in children}
+    assert sorted(by_number) == list(range(8))
+    for t in study.trials:
+        run = by_number[t.number]
+        assert run.info.run_id == t.user_attrs["mlflow_run_id"]
+        assert run.info.status == "FINISHED" and run.data.tags["search.state"] == "COMPLETE"
+        assert float(run.data.params["optimizer.lr"]) == pytest.approx(t.params["optimizer.lr"])
+        loss = metric_series(uri, run.info.run_id, "train/loss")
+        assert loss[-1][0] == t.user_attrs["steps"]
+        assert metric_series(uri, run.info.run_id, "val/accuracy")[-1][1] == pytest.approx(t.value)
+
+
+@pytest.mark.integration
+def test_rerun_adds_trials_to_the_same_study_and_parent(study_a):
+    study = load(study_a["storage"], "study_a")
+    assert [t.number for t in study.trials] == list(range(8))
+    assert study.user_attrs["mlflow_parent_run_id"] == study_a["parent_first"]
+    parents = MlflowClient(study_a["uri"]).search_runs(
+        [MlflowClient(study_a["uri"]).get_run(study_a["parent_first"]).info.experiment_id],
+        filter_string="tags.`search.role` = 'study'")
+    assert len(parents) == 1
+
+
+@pytest.mark.integration
+def test_show_prints_trials_and_a_ready_to_train_config(study_a, capsys, tmp_path):
+    out_file = tmp_path / "best.yaml"
+    assert main(["show", "study_a", "--storage", study_a["storage"], "--output", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "study study_a" in out and "8 trials (8 complete)" in out
+    rows = [line for line in out.splitlines() if line.split(" ")[0].isdigit() and "COMPLETE" in line]
+    assert len(rows) == 8
+    from orchestrator.config import validate
+
+    study = load(study_a["storage"], "study_a")
+    cfg = validate(yaml.safe_load(out_file.read_text()))
+    assert cfg.optimizer.lr == pytest.approx(study.best_params["optimizer.lr"])
+    assert cfg.batch.size == study.best_params["batch.size"]
+
+
+# --------------------------------------------------------------------------- (b) pruning stops hopeless trials
+
+
+FULL_STEPS = 8 * 45  # 8 epochs of 1438 samples at B = 32
+
+
+@pytest.mark.integration
+def test_pruning_stops_hopeless_multi_worker_trials_early(ray_cluster, tmp_path, tracking_uri):
+    """lr = 50 diverges at once: the threshold pruner stops it (both workers at the same step) while
+    the lr = 0.05 trial runs its 8 epochs."""
+    storage = str(tmp_path / "optuna.journal")
+    base = base_config(tmp_path, train={"epochs": 8, "eval_every": 10, "log_every": 5},
+                       batch={"size": 32, "max_local_batch": 16},
+                       scaling={"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5})
+    space = write_space(tmp_path, "prune", base=base, objective={"metric": "val/accuracy"},
+                        sampler={"name": "grid", "seed": 0},
+                        pruner={"name": "threshold", "lower": 0.3, "n_warmup_steps": 20},
+                        params={"optimizer.lr": {"choices": [0.05, 50.0]}})
+    assert run_cli(space, storage, tracking_uri, "--parallel", "2") == 0
+    study = load(storage, "prune")
+    states = {t.params["optimizer.lr"]: t for t in study.trials}
+    assert sorted(states) == [0.05, 50.0]
+    good, bad = states[0.05], states[50.0]
+    assert good.state == optuna.trial.TrialState.COMPLETE and good.user_attrs["steps"] == FULL_STEPS
+    assert bad.state == optuna.trial.TrialState.PRUNED
+    pruned_at, stopped_at = bad.user_attrs["pruned_at_step"], bad.user_attrs["steps"]
+    assert 20 <= pruned_at <= stopped_at < FULL_STEPS / 2, (pruned_at, stopped_at)
+    assert max(bad.intermediate_values) <= stopped_at
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(bad.user_attrs["mlflow_run_id"])
+    assert run.data.tags["search.state"] == "PRUNED" and run.info.status == "KILLED"
+    assert metric_series(tracking_uri, run.info.run_id, "train/loss")[-1][0] == stopped_at
+    assert metric_series(tracking_uri, run.info.run_id, "workers")[-1][1] == 2.0
+    good_run = client.get_run(good.user_attrs["mlflow_run_id"])
+    assert good_run.data.tags["search.state"] == "COMPLETE" and good_run.info.status == "FINISHED"
+    assert metric_series(tracking_uri, good_run.info.run_id, "train/loss")[-1][0] == FULL_STEPS
+
+
+# --------------------------------------------------------------------------- (c) failed trials
+
+
+@pytest.mark.integration
+def test_failed_trials_are_recorded_and_the_study_finishes(ray_cluster, tmp_path, tracking_uri):
+    """Trial 0: legw with linear scaling (an invalid combination: fails before training).
+    Trial 1: a sample log under /dev/null (every worker fails at start: the run raises).
+    Trial 2: a good config.  Trial 3: trial 2's config again.  Enqueued so that the order is known."""
+    storage = str(tmp_path / "optuna.journal")
+    base = base_config(tmp_path, schedule={"warmup_epochs": 0.5})
+    space = write_space(tmp_path, "fail", base=base, objective={"metric": "val/accuracy"},
+                        sampler={"name": "random", "seed": 0}, pruner="none",
+                        params={"schedule.warmup": {"choices": ["none", "legw"]},
+                                "schedule.scaling_rule": {"choices": ["linear", "sqrt"]},
+                                "train.sample_log_dir": {"choices": [None, "/dev/null/not-a-folder"]}})
+    study = optuna.create_study(study_name="fail", storage=open_storage(storage), direction="maximize")
+    for warmup, rule, log_dir in (("legw", "linear", None), ("none", "linear", "/dev/null/not-a-folder"),
+                                  ("legw", "sqrt", None), ("legw", "sqrt", None)):
+        study.enqueue_trial({"schedule.warmup": warmup, "schedule.scaling_rule": rule,
+                             "train.sample_log_dir": log_dir})
+    assert run_cli(space, storage, tracking_uri, "--trials", "4", "--parallel", "2") == 0
+    trials = load(storage, "fail").trials
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    # trial 3 drew trial 2's config: it takes trial 2's value without training again
+    assert trials[3].user_attrs["duplicate_of"] == 2 and trials[3].value == trials[2].value
+    assert trials[3].user_attrs["steps"] == 0
+    assert "invalid config" in trials[0].user_attrs["error"] and "legw" in trials[0].user_attrs["error"]
+    assert "Not a directory" in trials[1].user_attrs["error"] or "NotADirectory" in trials[1].user_attrs["error"]
+    client = MlflowClient(tracking_uri)
+    for t in trials[:2]:
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        assert run.info.status == "FAILED" and run.data.tags["search.state"] == "FAIL"
+        assert run.data.tags["search.error"] == t.user_attrs["error"]
+    assert client.get_run(trials[2].user_attrs["mlflow_run_id"]).data.tags["search.state"] == "COMPLETE"
+
+
+# --------------------------------------------------------------------------- (e) bad space files: exit 2, nothing started
+
+
+def _good_space(tmp) -> dict:
+    return {"base": base_config(tmp), "objective": {"metric": "val/accuracy"},
+            "params": {"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}}}
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"params": {"optimizer.lrr": {"low": 0.01, "high": 0.5}}}, "params.optimizer.lrr: unknown config field"),
+    ({"params": {"optimizer.lr": {"low": 0.5, "high": 0.01}}}, "params.optimizer.lr.low: 0.5 is above high"),
+    ({"params": {"optimizer.lr": {"low": 0.0, "high": 0.5, "log": True}}}, "params.optimizer.lr.low: a log range"),
+    ({"params": {"batch.size": {"choices": []}}}, "params.batch.size.choices: empty"),
+    ({"sampler": "annealing"}, "sampler: unknown 'annealing'"),
+    ({"pruner": "early"}, "pruner: unknown 'early'"),
+])
+def test_bad_space_exits_2_naming_the_field_before_anything_starts(tmp_path, capsys, monkeypatch, change, field):
+    monkeypatch.chdir(tmp_path)
+    space = write_space(tmp_path, "bad", **{**_good_space(tmp_path), **change})
+    assert main(["run", space, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {field}") and "\n" not in err, err
+    assert not (tmp_path / "optuna.journal").exists(), "no study may be created"
+    assert not (tmp_path / "mlflow.db").exists(), "no MLflow run may be created"
+
+
+def test_bad_cli_values_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    space = write_space(tmp_path, "ok", **_good_space(tmp_path))
+    assert main(["run", space, "--trials", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --trials: must be > 0 (got 0)"
+    assert main(["run", space, "--storage", str(tmp_path / "no" / "such" / "x.journal")]) == 2
+    assert capsys.readouterr().err.startswith("error: --storage: folder")
+    assert main(["show", "nope", "--storage", str(tmp_path / "j.journal")]) == 2
+    assert "error: study: no study 'nope'" in capsys.readouterr().err
+
+
+def test_bad_space_in_a_subprocess(tmp_path):
+    space = write_space(tmp_path, "bad", **{**_good_space(tmp_path), "params": {"schedule.warmup": {"choices": ["lgew"]}}})
+    p = subprocess.run([sys.executable, "-m", "search", "run", space], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().startswith("error: params.schedule.warmup.choices[0]: lgew gives no valid training config "
+                                       "(schedule.warmup: unknown 'lgew'"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "optuna.journal").exists()
+
+
+def test_help(capsys):
+    for argv in (["--help"], ["run", "--help"], ["show", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+    assert "--storage" in capsys.readouterr().out
