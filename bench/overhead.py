@@ -58,6 +58,28 @@ def plain_loop(cfg, epochs: int, threads: int, window: int = 10) -> list[float]:
     return rates
 
 
+def loop_in_process(cfg, epochs: int, threads: int, window: int = 10) -> list[float]:
+    """The orchestrator's own step code (``Trainer.train_step`` + per-step metrics) without Ray:
+    separates the loop's overhead from the Ray worker environment's."""
+    from trainers.loop import LoopConfig, Runtime, Trainer
+
+    torch.set_num_threads(threads)
+    t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))
+    rates, n, B = [], t.n, cfg.batch.size
+    for epoch in range(epochs):
+        perm = epoch_permutation(cfg.train.seed, epoch, n)
+        t0, samples = time.perf_counter(), 0
+        for i, s in enumerate(range(0, n, B)):
+            ids = perm[s:s + B]
+            t.metrics_for_step(t.train_step(ids), len(ids))
+            samples += len(ids)
+            if (i + 1) % window == 0:
+                now = time.perf_counter()
+                rates.append(samples / (now - t0))
+                t0, samples = now, 0
+    return rates
+
+
 def orchestrator_run(cfg):
     from mlflow.tracking import MlflowClient
 
@@ -86,6 +108,7 @@ def main() -> None:
     plain_a = plain_loop(cfg, a.epochs, a.threads)
     summary, orch = orchestrator_run(cfg)
     plain_b = plain_loop(cfg, a.epochs, a.threads)
+    local = loop_in_process(cfg, a.epochs, a.threads)
     plain = median(plain_a + plain_b)
     o = median(orch)
     print(f"digits, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs; median samples/s over "
@@ -94,6 +117,8 @@ def main() -> None:
         ("plain PyTorch loop (before)", f"{median(plain_a):,.0f}", ""),
         ("orchestrator loop, W=1", f"{o:,.0f}", f"{summary.steps} steps"),
         ("plain PyTorch loop (after)", f"{median(plain_b):,.0f}", ""),
+        ("orchestrator step code in-process, no Ray", f"{median(local):,.0f}",
+         f"ratio {median(local) / plain:.3f}"),
     ], ("loop", "samples/s", "")))
     print(f"time from train invocation to first step: {summary.first_step_s:.1f} s "
           f"(whole run {summary.wall_s:.1f} s)")
