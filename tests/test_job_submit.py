@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,17 +33,22 @@ def test_quickstart_via_ray_job_submit(tmp_path):
     gcs, dash = _free_port(), _free_port()
     start = subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
-                            "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+                            "--disable-usage-stats", f"--temp-dir={temp_dir}",
+                            # own ports for the agents, so another Ray on this machine (the test
+                            # session's) cannot hold them and leave this head without a job agent
+                            f"--dashboard-agent-listen-port={_free_port()}",
+                            f"--dashboard-agent-grpc-port={_free_port()}",
+                            f"--metrics-export-port={_free_port()}",
+                            f"--runtime-env-agent-port={_free_port()}"],
                            env=env, capture_output=True, text=True, timeout=180)
     assert start.returncode == 0, start.stdout + start.stderr
     try:
         uri = f"sqlite:///{tmp_path}/mlflow.db"
-        out = subprocess.run(
-            [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ROOT, "--",
-             "python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
-             "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
-             "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
-            env=env, capture_output=True, text=True, timeout=600)
+        for _ in range(20):  # the head's job agent may need a few seconds after `ray start` returns
+            out = _submit(ray_bin, dash, uri, tmp_path, env)
+            if "No available agent to submit job" not in out.stdout + out.stderr:
+                break
+            time.sleep(3)
         log = out.stdout + out.stderr
         assert out.returncode == 0, log
         assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log
@@ -55,6 +61,15 @@ def test_quickstart_via_ray_job_submit(tmp_path):
     finally:
         _stop_head(temp_dir, gcs)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _submit(ray_bin, dash, uri, tmp_path, env):
+    return subprocess.run(
+            [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ROOT, "--",
+             "python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
+             "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
+             "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
+            env=env, capture_output=True, text=True, timeout=600)
 
 
 def _stop_head(temp_dir: str, gcs_port: int) -> None:
