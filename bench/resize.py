@@ -4,11 +4,13 @@
   with the same worker count and resources as the grown group (the floor for any new group);
 * resize: an orchestrator run whose batch schedule doubles B after one epoch, so the group
   grows 1 -> 2 workers; ``resize/latency_s`` runs from the resize checkpoint to the first
-  optimizer step of the new group (old group's teardown + new group's start + restore).
+  optimizer step of the new group (the time training stands still).  Both resize modes:
+  ``overlap`` (the default: the new group starts while the old one trains on, and takes
+  over at a checkpoint) and ``restart`` (old group's teardown + new group's start + restore).
 
     .venv/bin/python bench/resize.py [--repeats 2]
 
-Last line: ``ratio=<resize/cold_start>`` (aim: <= 1.2).
+Last line: ``ratio=<resize/cold_start>`` for the default mode (aim: <= 1.2).
 """
 
 from __future__ import annotations
@@ -44,19 +46,27 @@ def cold_start(workers: int, cpus: float, storage: str) -> float:
     return first - t0
 
 
-def resize_once() -> float:
+def resize_once(mode: str) -> dict:
+    """One resize 1 -> 2 after epoch 1; the run is stopped once the new group has trained a bit
+    (with ``overlap`` the old group trains on at B=64 until the new one takes over)."""
     from orchestrator.runner import run_training
 
     cfg, _ = temp_config(
         data={"name": "digits"}, model={"name": "mlp", "norm": "none", "hidden": 32},
         optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": 32},
         batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-        scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
-        train={"epochs": 1.2},
+        scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5, "resize_mode": mode},
+        train={"epochs": 500, "log_every": 5, "eval_every": 0},
     )
-    s = run_training(cfg, progress=False)
+    box = {}
+
+    def on_records(records):
+        if any(m.get("workers", 1) >= 2 for _, m in records):
+            box["runner"].request_stop()
+
+    s = run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r), on_records=on_records)
     assert len(s.resizes) == 1, s.resizes
-    return s.resizes[0]["latency_s"]
+    return s.resizes[0]
 
 
 def main() -> None:
@@ -68,17 +78,30 @@ def main() -> None:
 
     ensure_ray(verbose=False)
     storage = tempfile.mkdtemp(prefix="elastic-bench-")
-    cold, resize = [], []
-    for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits both
+    cold: list[float] = []
+    runs: dict[str, list[dict]] = {"overlap": [], "restart": []}
+    for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits all three
         cold.append(cold_start(2, 0.5, storage))
-        resize.append(resize_once())
-    print(f"Ray Train V2, local, 2 workers x 0.5 CPU; {a.repeats} repeats, interleaved")
-    print(table([("cold start of a bare TorchTrainer (call -> loop)", *[f"{x:.1f}" for x in cold],
-                  f"{median(cold):.1f}"),
-                 ("resize 1 -> 2 (checkpoint -> first step)", *[f"{x:.1f}" for x in resize],
-                  f"{median(resize):.1f}")],
-                ("", *[f"run {i + 1} s" for i in range(a.repeats)], "median s")))
-    print(f"ratio={median(resize) / median(cold):.2f}")
+        for mode in runs:
+            runs[mode].append(resize_once(mode))
+    print(f"Ray Train V2, local, 2 workers x 0.5 CPU; {a.repeats} repeats, interleaved; "
+          f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={os.environ.get('RAY_TRAIN_HEALTH_CHECK_INTERVAL_S')}")
+
+    def row(label: str, xs: list[float]) -> tuple:
+        return (label, *[f"{x:.1f}" for x in xs], f"{median(xs):.1f}")
+
+    rows = [row("cold start of a bare TorchTrainer (call -> loop)", cold)]
+    for mode, rs in runs.items():
+        rows += [row(f"resize 1 -> 2, {mode}: checkpoint -> first step", [r["latency_s"] for r in rs])]
+        parts = [("overlap_s", "old group trains on while the new one starts")] if mode == "overlap" else \
+            [("teardown_s", "old group teardown (checkpoint -> fit returns)")]
+        parts += [("start_s", "new group start (fit called -> loop entered)"),
+                  ("setup_s", "loop setup (data, model, restore, 1st step)")]
+        rows += [row(f"  {label}", [r[key] for r in rs]) for key, label in parts]
+    print(table(rows, ("", *[f"run {i + 1} s" for i in range(a.repeats)], "median s")))
+    restart = median([r["latency_s"] for r in runs["restart"]]) / median(cold)
+    print(f"restart (break before make) ratio={restart:.2f}")
+    print(f"ratio={median([r['latency_s'] for r in runs['overlap']]) / median(cold):.2f}")
 
 
 if __name__ == "__main__":

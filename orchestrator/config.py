@@ -8,7 +8,7 @@ Everything is validated here, before Ray starts or an MLflow run is created.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,6 +33,10 @@ class ScalingConfig(BaseModel):
     cpus_per_worker: float = Field(default=1.0, gt=0)
     gpus_per_worker: float = Field(default=1.0, gt=0, description="used when use_gpu")
     max_failures: int = Field(default=3, ge=0, description="worker-group restarts Ray Train may do")
+    resize_mode: Literal["overlap", "restart"] = Field(
+        default="overlap", description="overlap: start the bigger group while the old one trains on and "
+                                       "hand over at a checkpoint (when the cluster has room for both); "
+                                       "restart: stop the old group, then start the new one")
 
     @model_validator(mode="after")
     def _order(self) -> "ScalingConfig":

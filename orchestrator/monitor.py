@@ -1,33 +1,108 @@
-"""The driver's live channel to a running phase: one small named Ray actor per run.
+"""The driver's live channel to a running training run: one small named Ray actor per run.
 
 Rank 0 pushes (step, metrics) records and events; the driver drains them to log
 to MLflow and move the progress bar, and may ask the run to stop (the answer to
 rank 0's next push).  It needs no CPU of its own.
+
+It also coordinates a resize (DESIGN.md section 4).  Two modes:
+
+* ``restart`` (break before make): the old group checkpoints at once and ends;
+  the driver then starts the next phase, which restores that checkpoint.
+* ``overlap`` (make before break), chosen when the cluster has room for both
+  groups at once: the old group keeps training at the new batch (with more
+  micro-batches) while the driver starts the new group; the new group gets
+  ready (data, model, process group) and says so; the old group checkpoints at
+  its next step and ends; the new group restores that checkpoint and goes on.
+  Training never stands still for the new group's start.
+
+If the new group cannot start, the driver turns an overlap into a restart.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
 
 
-@ray.remote(num_cpus=0)
-class Monitor:
+def has_room(available: dict[str, float], per_worker: dict[str, float], workers: int) -> bool:
+    """Whether ``workers`` more workers of ``per_worker`` resources fit in ``available``."""
+    return all(available.get(k, 0.0) + 1e-9 >= v * workers for k, v in per_worker.items() if v > 0)
+
+
+class MonitorState:
+    """The monitor's logic, plain Python (unit-tested without Ray); :data:`Monitor` is the actor."""
+
     def __init__(self, resize_policy: Any = None, max_local_batch: int = 1, min_workers: int = 1,
-                 max_workers: int = 1) -> None:
+                 max_workers: int = 1, overlap_resources: dict[str, float] | None = None,
+                 checkpoint_root: str = "", available: Any = None) -> None:
+        self._available = available or ray.available_resources  # the cluster's free resources now
         self._resize = resize_policy
         self._limits = (max_local_batch, min_workers, max_workers)
-        self.resize_to = 0
+        self._overlap = overlap_resources  # per-worker resources when overlap is allowed, else None
+        self._root = checkpoint_root
         self._records: list[tuple[int, dict[str, float]]] = []
         self._events: list[dict[str, Any]] = []
         self._stop = False
         self._acked = -1
+        self.resize: dict[str, Any] | None = None  # the resize of the current phase, once decided
+        self._handover_paths: dict[int, str | None] = {}  # new phase -> checkpoint path (None: cancelled)
+        self._done: list[dict[str, Any]] = []
 
-    def push(self, records: list, events: list) -> dict[str, bool]:
+    # -- rank 0 of the running group -----------------------------------------------------
+
+    def push(self, records: list, events: list) -> dict[str, Any]:
         self._records.extend(records)
         self._events.extend(events)
-        return {"stop": self._stop, "acked": self._acked}
+        r = self.resize
+        return {"stop": self._stop, "acked": self._acked,
+                "handover": bool(r and r["ready"] and r["path"] is None)}
+
+    def on_batch_change(self, step: int, batch_size: int, workers: int) -> dict[str, Any]:
+        """Rank 0 reports its global batch; answer ``{"workers": W', "mode": ...}`` (W' 0 = keep)."""
+        if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
+            return {"workers": self.resize["to"], "mode": self.resize["mode"]}
+        if self._resize is None:
+            return {"workers": 0, "mode": ""}
+        max_local, lo, hi = self._limits
+        d = self._resize.decide(batch_size, max_local, workers, lo, hi)
+        mode = ""
+        if d:
+            mode = "overlap" if self._overlap is not None and has_room(
+                self._available(), self._overlap, d.workers) else "restart"
+            self.resize = {"from": workers, "to": d.workers, "mode": mode, "step": step, "time": time.time(),
+                           "ready": mode == "restart", "path": None, "handover_step": None,
+                           "handover_time": None}
+        self._events.append({"kind": "resize_decision", "step": step, "batch": batch_size, "time": time.time(),
+                             "workers": getattr(d, "workers", workers), "reason": d.reason, "mode": mode})
+        return {"workers": d.workers if d else 0, "mode": mode}
+
+    def handed_over(self, phase: int, step: int, dir_name: str) -> None:
+        """The old group (of ``phase``) wrote its last checkpoint and is ending."""
+        if self.resize is not None:
+            path = f"{self._root.rstrip('/')}/{dir_name}"
+            self.resize.update(path=path, handover_step=step, handover_time=time.time())
+            self._handover_paths[phase + 1] = path
+            self._done.append(self.resize)
+            self.resize = None  # the new group decides its own next resize
+
+    # -- rank 0 of a new group started early (overlap) ----------------------------------------
+
+    def ready(self, phase: int) -> None:
+        """The new group of ``phase`` is set up and waits for the old group's last checkpoint."""
+        if self.resize is not None and phase not in self._handover_paths:
+            self.resize["ready"] = True
+            self._events.append({"kind": "new_group_ready", "phase": phase, "time": time.time()})
+
+    def handover(self, phase: int) -> dict[str, Any]:
+        """``{"path": p}`` to restore from, ``{"cancel": True}``, or ``{}`` (not yet)."""
+        if phase in self._handover_paths:
+            path = self._handover_paths[phase]
+            return {"cancel": True} if path is None else {"path": path}
+        return {}
+
+    # -- the driver --------------------------------------------------------------------------
 
     def ack(self, step: int) -> None:
         """The driver has logged every record up to ``step``."""
@@ -38,19 +113,24 @@ class Monitor:
         self._records, self._events = [], []
         return records, events
 
-    def on_batch_change(self, step: int, batch_size: int, workers: int) -> int:
-        """Rank 0 reports a new global batch; answer the worker count to restart with (0 = keep)."""
-        if self._resize is None:
-            return 0
-        max_local, lo, hi = self._limits
-        d = self._resize.decide(batch_size, max_local, workers, lo, hi)
-        self._events.append({"kind": "resize_decision", "step": step, "batch": batch_size,
-                             "workers": getattr(d, "workers", workers), "reason": d.reason})
-        self.resize_to = d.workers if d else 0
-        return self.resize_to
+    def take_handovers(self) -> list[dict[str, Any]]:
+        """The resizes handed over since the last call (the driver starts or switches phases)."""
+        done, self._done = self._done, []
+        return done
 
-    def get_resize_to(self) -> int:
-        return self.resize_to
+    def cancel_overlap(self, phase: int) -> None:
+        """The old group ended without handing over (finished, stopped, failed): the new group of
+        ``phase`` must not train."""
+        self._handover_paths.setdefault(phase, None)
+
+    def fall_back_to_restart(self) -> None:
+        """The new group could not start: the old group checkpoints at its next step and ends."""
+        if self.resize is not None and self.resize["path"] is None:
+            self.resize.update(mode="restart", ready=True)
+        self._overlap = None
 
     def request_stop(self) -> None:
         self._stop = True
+
+
+Monitor = ray.remote(num_cpus=0)(MonitorState)

@@ -37,11 +37,15 @@ class RunSummary:
     train_run_name: str = ""
     first_step_s: float | None = None
     resizes: list[dict[str, Any]] = field(default_factory=list)
+    resizes_called_off: int = 0
 
 
 def quiet_ray_env(verbose: bool) -> None:
     """Set before Ray is imported/started: keep Ray's own log noise off the terminal."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    # How often Ray Train's controller polls the workers (default 2 s): it also sets how long a
+    # finished group waits before its teardown starts, i.e. part of every resize.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     if not verbose:
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
@@ -124,6 +128,25 @@ class Progress:
             self.bar.close()
 
 
+class _Phase:
+    """One ``fit()`` running in a thread."""
+
+    def __init__(self, idx: int, workers: int, handover: bool, trainer: Any):
+        self.idx, self.workers, self.handover = idx, workers, handover
+        self.box: dict[str, Any] = {}
+        self.t_called, self.ended = 0.0, 0.0
+
+        def fit() -> None:
+            self.t_called = time.time()
+            try:
+                self.box["result"] = trainer.fit()
+            except BaseException as e:  # surfaced on the driver thread
+                self.box["error"] = e
+            self.ended = time.time()
+
+        self.thread = threading.Thread(target=fit, name=f"fit-phase{idx}", daemon=True)
+
+
 class PhaseRunner:
     """Runs one training run as a sequence of ``fit()`` phases."""
 
@@ -139,8 +162,13 @@ class PhaseRunner:
         self.monitor = None
         self.t_start = time.time()
         self.restarts = int(tracker.last_value("restarts", 0))
-        self._phase = 0
-        self._phase_started = False
+        self.resumes = 0  # set by run_training for a resumed run: keeps phase run names unique
+        self._starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
+        self._entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
+        self._first_step: dict[int, float] = {}  # phase -> when its group made its first step
+        self._overlap_wanted: int | None = None  # workers of a new group to start beside the old one
+        self.monitor_name, self.namespace = "", None
+        self.called_off = 0  # overlapping resizes whose new group never took over
         self.warnings: list[str] = []
         self._pending_resize: dict[str, Any] | None = None
         self.resizes: list[dict[str, Any]] = []
@@ -150,16 +178,28 @@ class PhaseRunner:
 
     # -- one phase ----------------------------------------------------------------------
 
-    def _trainer(self, workers: int, phase: int, monitor_name: str, namespace: str | None):
+    def phase_run_name(self, phase: int) -> str:
+        """Each phase is its own Ray Train run (two may run at once during an overlapping
+        resize); the workers restore the newest checkpoint across all of them."""
+        if phase == 0:
+            return self.train_run_name
+        return f"{self.train_run_name}-r{self.resumes}p{phase}"
+
+    def _resources(self) -> dict[str, float]:
+        s = self.cfg.scaling
+        resources = {"CPU": s.cpus_per_worker}
+        if s.use_gpu:
+            resources["GPU"] = s.gpus_per_worker
+        return resources
+
+    def _trainer(self, workers: int, phase: int, handover: bool):
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
         from trainers.loop import train_loop_per_worker
 
         s = self.cfg.scaling
-        resources = {"CPU": s.cpus_per_worker}
-        if s.use_gpu:
-            resources["GPU"] = s.gpus_per_worker
+        resources = self._resources()
         num_workers: int | tuple[int, int] = workers
         if s.min_workers < workers:
             num_workers = (s.min_workers, workers)
@@ -167,13 +207,14 @@ class PhaseRunner:
             train_loop_per_worker,
             train_loop_config={
                 "config": self.cfg.loop_dict(),
-                "runtime": {"monitor_name": monitor_name, "namespace": namespace, "phase": phase,
-                            "workers": workers},
+                "runtime": {"monitor_name": self.monitor_name, "namespace": self.namespace, "phase": phase,
+                            "workers": workers, "handover": handover, "storage": self.storage_path,
+                            "run_prefix": self.train_run_name},
             },
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=resources),
             run_config=RunConfig(
-                name=self.train_run_name,
+                name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
                 checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.checkpoint.keep),
                 failure_config=FailureConfig(max_failures=s.max_failures),
@@ -195,66 +236,37 @@ class PhaseRunner:
             self._on_event(ev)
 
     def _on_event(self, ev: dict[str, Any]) -> None:
-        if ev["kind"] == "first_step" and self._pending_resize is not None:
-            r, self._pending_resize = self._pending_resize, None
-            latency = ev["time"] - r["time"]
-            self.tracker.log_metrics([(r["step"], {"resize/from": float(r["from"]), "resize/to": float(r["to"]),
-                                                   "resize/latency_s": latency})])
-            self.resizes.append({**r, "latency_s": latency})
+        if ev["kind"] == "first_step":
+            self._first_step.setdefault(int(ev.get("phase", 0)), ev["time"])
+            self._log_resize()
+        elif ev["kind"] == "resize_decision" and ev.get("mode") == "overlap":
+            self._overlap_wanted = int(ev["workers"])
         elif ev["kind"] == "batch_change":
             self.progress.write(f"batch: {ev['old']} -> {ev['new']} at step {ev['step']}")
         elif ev["kind"] == "auto_warmup_end":
             self.progress.write(f"auto warmup ended at step {ev['step']}: peak lr {ev['peak_lr']:.4g} ({ev['reason']})")
         elif ev["kind"] == "phase_start":
-            if ev.get("phase") == self._phase and self._phase_started:
+            phase = int(ev.get("phase", 0))
+            self._starts[phase] = self._starts.get(phase, 0) + 1
+            if self._starts[phase] > 1:
                 # The same phase started again: Ray Train restarted the group after a failure.
                 self.restarts += 1
                 self.tracker.log_metrics([(int(ev["step"]), {"restarts": float(self.restarts)})])
                 self.tracker.set_tags({"elastic.restarts": self.restarts})
                 self.progress.write(f"worker group restarted from step {ev['step']} with {ev['workers']} "
                                     f"workers (restart {self.restarts})")
-            self._phase_started = True
+            self._entered.setdefault(phase, ev.get("entered", ev["time"]))
             self.tracker.set_tags({"elastic.worker_threads": ev.get("threads", "")})
         elif ev["kind"] == "warning":
             self.warnings.append(ev["message"])
             self.tracker.set_tags({"elastic.warnings": "\n".join(self.warnings)[-5000:]})
             self.progress.write(f"warning: {ev['message']}")
 
-    def run_phase(self, workers: int, phase: int) -> Any:
-        import ray
-
-        self._phase, self._phase_started = phase, False
-
-        from orchestrator.monitor import Monitor
-
-        namespace = ray.get_runtime_context().namespace
-        monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
-        self.monitor = Monitor.options(name=monitor_name, namespace=namespace).remote(
-            self.resize_policy, self.cfg.batch.max_local_batch, self.cfg.scaling.min_workers,
-            self.cfg.scaling.max_workers)
-        trainer = self._trainer(workers, phase, monitor_name, namespace)
-        box: dict[str, Any] = {}
-
-        def fit() -> None:
-            try:
-                box["result"] = trainer.fit()
-            except BaseException as e:  # surfaced on the driver thread below
-                box["error"] = e
-
-        th = threading.Thread(target=fit, name=f"fit-phase{phase}", daemon=True)
-        th.start()
-        try:
-            while th.is_alive():
-                th.join(self.poll_s)
-                self._pump()
-            self._pump()
-            resize_to = ray.get(self.monitor.get_resize_to.remote()) if "error" not in box else 0
-        finally:
-            ray.kill(self.monitor)
-            self.monitor = None
-        if "error" in box:
-            raise box["error"]
-        return box["result"], resize_to
+    def _start_phase(self, workers: int, idx: int, handover: bool) -> "_Phase":
+        """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
+        ph = _Phase(idx, workers, handover, self._trainer(workers, idx, handover))
+        ph.thread.start()
+        return ph
 
     def request_stop(self) -> None:
         if self.monitor is not None:
@@ -269,23 +281,110 @@ class PhaseRunner:
         workers = min(max(need, s.min_workers), s.max_workers, self.cfg.batch.size)
         return max(workers, min(int(self.tracker.last_value("workers", 0)), s.max_workers))
 
+    def _make_monitor(self) -> None:
+        import ray
+
+        from orchestrator.monitor import Monitor
+
+        s = self.cfg.scaling
+        self.namespace = ray.get_runtime_context().namespace
+        self.monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
+        overlap = self._resources() if s.resize_mode == "overlap" else None
+        self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace).remote(
+            self.resize_policy, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers,
+            overlap_resources=overlap, checkpoint_root=f"{self.storage_path}/{self.train_run_name}")
+
     def run(self) -> Any:
-        """Phases: fit with W workers; if the batch outgrew the group, fit again with W'."""
-        workers, phase = self.initial_workers(), 0
+        """Phases: fit with W workers; when the batch outgrows the group, the next phase with W'.
+
+        With an overlapping resize the next phase starts while the old one still trains,
+        and takes over at the old group's last checkpoint (see orchestrator/monitor.py)."""
+        import ray
+
+        self._make_monitor()
+        cur = self._start_phase(self.initial_workers(), 0, handover=False)
+        nxt: _Phase | None = None
         try:
             while True:
-                result, resize_to = self.run_phase(workers, phase)
-                if not resize_to:
-                    return result
-                self._record_resize(workers, resize_to)
-                workers, phase = resize_to, phase + 1
+                cur.thread.join(self.poll_s)
+                self._pump()
+                want = self._overlap_wanted
+                if want is not None and nxt is None and cur.thread.is_alive():
+                    self._overlap_wanted = None
+                    nxt = self._start_phase(want, cur.idx + 1, handover=True)
+                if nxt is not None and not nxt.thread.is_alive() and cur.thread.is_alive():
+                    # The new group ended before taking over: it could not start.
+                    err = nxt.box.get("error")
+                    self.progress.write(f"warning: the new group of {nxt.workers} workers did not start "
+                                        f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
+                    self.warnings.append(f"overlapping resize fell back to restart: {err!r}"[:500])
+                    ray.get(self.monitor.fall_back_to_restart.remote())
+                    nxt = None
+                if cur.thread.is_alive():
+                    continue
+                self._pump()
+                done = ray.get(self.monitor.take_handovers.remote())
+                if "error" in cur.box or not done:  # the run ended (finished, stopped or failed)
+                    if nxt is not None:
+                        ray.get(self.monitor.cancel_overlap.remote(nxt.idx))
+                        self.called_off += 1
+                        self.progress.write(f"resize to {nxt.workers} workers called off: training ended "
+                                            "before the new group was ready")
+                        self._wait(nxt)
+                    if "error" in cur.box:
+                        raise cur.box["error"]
+                    return cur.box["result"]
+                r = done[-1]
+                self._record_resize(cur, r)
+                if nxt is None:  # break before make: start the next phase now
+                    nxt = self._start_phase(r["to"], cur.idx + 1, handover=False)
+                self._pending_resize["fit_called"] = nxt.t_called or time.time()
+                self._overlap_wanted = None
+                self._log_resize()
+                cur, nxt = nxt, None
         finally:
+            if nxt is not None and nxt.thread.is_alive():
+                ray.get(self.monitor.cancel_overlap.remote(nxt.idx))
             self.progress.close()
+            ray.kill(self.monitor)
+            self.monitor = None
 
-    def _record_resize(self, old: int, new: int) -> None:
-        ckpt = [e for e in self.events if e["kind"] == "resize_checkpoint"][-1]
-        self._pending_resize = {"from": old, "to": new, "step": int(ckpt["step"]), "time": ckpt["time"]}
-        self.progress.write(f"resize: batch needs more workers, {old} -> {new} at step {ckpt['step']}")
+    def _wait(self, ph: "_Phase") -> None:
+        while ph.thread.is_alive():
+            ph.thread.join(self.poll_s)
+            self._pump()
+
+    def _record_resize(self, old: "_Phase", r: dict[str, Any]) -> None:
+        self._pending_resize = {"from": old.workers, "to": r["to"], "mode": r["mode"], "step": int(r["handover_step"]),
+                                "time": r["handover_time"], "decided": r["time"], "fit_returned": old.ended,
+                                "phase": old.idx + 1}
+        how = "the new group took over" if r["mode"] == "overlap" else "restarting the group"
+        self.progress.write(f"resize: {old.workers} -> {r['to']} workers at step {r['handover_step']} ({how})")
+
+    def _log_resize(self) -> None:
+        """Log a resize once its new group has made its first step.
+
+        ``resize/latency_s`` runs from the old group's last checkpoint to the new group's first
+        step: training stood still that long.  Where the time goes: ``resize/overlap_s``, the old
+        group trained on while the new one started (overlap only); ``resize/teardown_s``, the old
+        group's teardown (restart only: with overlap it is off the critical path);
+        ``resize/start_s``, the new ``fit()`` call to its loop's entry on rank 0;
+        ``resize/setup_s``, loop entry to the first step (data, model, process group, restore)."""
+        r = self._pending_resize
+        if r is None or "fit_called" not in r or r["phase"] not in self._first_step:
+            return
+        self._pending_resize = None
+        first = self._first_step[r["phase"]]
+        entered = self._entered.get(r["phase"], r["fit_called"])
+        overlap = r["mode"] == "overlap"
+        parts = {"overlap_s": r["time"] - r["decided"] if overlap else 0.0,
+                 "teardown_s": 0.0 if overlap else r["fit_returned"] - r["time"],
+                 "start_s": entered - r["fit_called"], "setup_s": first - entered}
+        latency = first - r["time"]
+        self.tracker.log_metrics([(r["step"], {"resize/from": float(r["from"]), "resize/to": float(r["to"]),
+                                               "resize/latency_s": latency,
+                                               **{f"resize/{k}": v for k, v in parts.items()}})])
+        self.resizes.append({**r, "latency_s": latency, **parts})
 
     def first_step_s(self) -> float | None:
         for ev in self.events:
@@ -335,7 +434,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     if resume_run_id:
         tracker.set_running()
         before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
-        tracker.set_tags({"elastic.resumes": int(before) + 1})
+        runner.resumes = int(before) + 1
+        tracker.set_tags({"elastic.resumes": runner.resumes})
     write_run_info(runner, cfg)
     if on_start:
         on_start(runner)
@@ -365,7 +465,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     return RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
                       status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
                       storage_path=runner.storage_path, train_run_name=runner.train_run_name,
-                      first_step_s=runner.first_step_s(), resizes=runner.resizes)
+                      first_step_s=runner.first_step_s(), resizes=runner.resizes,
+                      resizes_called_off=runner.called_off)
 
 
 def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[str, Any]]:

@@ -28,7 +28,9 @@ def grown(ray_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("adaptive")
     uri = f"sqlite:///{tmp}/mlflow.db"
     runs = {}
-    for name, scaling in (("elastic", {"min_workers": 1, "max_workers": 4}),
+    # Break-before-make resizes, so that each resize lands exactly at its batch change (the
+    # overlapping mode is tested below: there the old group trains on for a while).
+    for name, scaling in (("elastic", {"min_workers": 1, "max_workers": 4, "resize_mode": "restart"}),
                           ("fixed4", {"min_workers": 4, "max_workers": 4})):
         cfg = make_config(tmp, uri, scaling={**scaling, "cpus_per_worker": 0.5},
                           train={**GROW["train"], "sample_log_dir": str(tmp / f"samples-{name}")},
@@ -61,7 +63,7 @@ def test_batch_grows_and_workers_follow(grown):
     assert len(latency) == 2 and all(0 < v < 300 for _, v in latency)
     # the LR followed the linear scaling rule at each batch change
     assert _changes(metric_series(uri, rid, "lr")) == [(1, 0.05), (steps1 + 1, 0.1), (steps2 + 1, 0.2)]
-    assert len(runs["elastic"].resizes) == 2
+    assert [r["mode"] for r in runs["elastic"].resizes] == ["restart", "restart"]
 
 
 def test_each_sample_once_per_epoch_across_resizes(grown):
@@ -82,6 +84,98 @@ def test_losses_equal_a_run_with_the_final_worker_count_from_the_start(grown):
     assert [s for s, _ in a] == [s for s, _ in b]
     np.testing.assert_allclose([v for _, v in a], [v for _, v in b], rtol=1e-4)
     assert {v for _, v in metric_series(uri, runs["fixed4"].run_id, "workers")} == {4.0}
+
+
+def _stopped_run(cfg, when):
+    """Train ``cfg`` until ``when(records)`` says stop (the stop lands a few steps later)."""
+    box = {}
+
+    def on_records(records):
+        if when(records):
+            box["runner"].request_stop()
+
+    return run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r), on_records=on_records)
+
+
+def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
+    """Make before break: at the batch change the old group (1 worker) trains on at B=64 with
+    two micro-batches while the 2-worker group starts beside it; the new group takes over at
+    the old group's last checkpoint.  Nothing is skipped or repeated, and the new group goes on
+    from exactly the old group's state."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = dict(optimizer={"base_batch_size": 32, "lr": 0.05},
+                  batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+                  model={"name": "cnn", "norm": "none", "hidden": 16})
+    cfg = make_config(tmp_path / "e", uri, **common,
+                      scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
+                      train={"epochs": 500, "log_every": 20, "eval_every": 0,
+                             "sample_log_dir": str(tmp_path / "samples")})
+    taken = {}
+
+    def after_takeover(records):  # stop 30 steps after the first step of the 2-worker group
+        for s, m in records:
+            if m.get("workers") == 2.0:
+                taken.setdefault("step", s)
+        return "step" in taken and records[-1][0] >= taken["step"] + 30
+
+    run = _stopped_run(cfg, after_takeover)
+    assert run.status == "FINISHED"
+    (r,) = run.resizes
+    steps1 = -(-N // 32)
+    assert (r["mode"], r["from"], r["to"]) == ("overlap", 1, 2)
+    assert r["step"] >= steps1 and r["step"] + 1 == taken["step"]
+    assert r["latency_s"] < r["overlap_s"], r  # training stood still for less than the new group's start
+    workers = dict(metric_series(uri, run.run_id, "workers"))
+    accum = dict(metric_series(uri, run.run_id, "batch/accum_steps"))
+    # between the batch change and the takeover, one worker ran B=64 as two micro-batches
+    assert workers[steps1 + 1] == 1.0 and accum[steps1 + 1] == 2.0
+    assert workers[r["step"]] == 1.0 and workers[r["step"] + 1] == 2.0 and accum[r["step"] + 1] == 1.0
+    assert metric_series(uri, run.run_id, "resize/from") == [(r["step"], 1.0)]
+
+    rows = read_sample_log(str(tmp_path / "samples"))
+    last = max(row["step"] for row in rows)
+    assert sorted({row["step"] for row in rows}) == list(range(1, last + 1))
+    last_epoch = max(row["epoch"] for row in rows)
+    for epoch in range(last_epoch):  # every complete epoch, across the handover
+        ids = [i for row in rows if row["epoch"] == epoch for i in row["ids"]]
+        assert sorted(ids) == list(range(N)), f"epoch {epoch}: a sample was skipped or repeated"
+
+    # The same schedule on one worker throughout: identical up to the handover (same code), and
+    # the new group's first steps continue from exactly that state (a different state or batch
+    # would show at once; a different summation order only drifts slowly).
+    ref_cfg = make_config(tmp_path / "f", uri, **common,
+                          scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+                          train={"epochs": 500, "log_every": 20, "eval_every": 0})
+    ref = _stopped_run(ref_cfg, lambda records: records[-1][0] >= last)
+    a = metric_series(uri, run.run_id, "train/loss")
+    b = metric_series(uri, ref.run_id, "train/loss")[:len(a)]
+    assert [s for s, _ in a] == [s for s, _ in b]
+    h = r["step"]
+    np.testing.assert_allclose([v for _, v in a[:h]], [v for _, v in b[:h]], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in a[h:h + 3]], [v for _, v in b[h:h + 3]], rtol=1e-4)
+    assert {v for _, v in metric_series(uri, ref.run_id, "workers")} == {1.0}
+
+
+def test_overlapping_resize_called_off_when_training_ends_first(ray_cluster, tmp_path):
+    """The batch grows a few seconds of training before the end: the old group finishes the run
+    at B=64 before the new group is up, so the new group is told to stand down and never trains."""
+    import time
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32, "lr": 0.05},
+                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+                      model={"name": "cnn", "norm": "none", "hidden": 16},
+                      scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
+                      train={"epochs": 4, "eval_every": 0})
+    run = run_training(cfg, progress=False)
+    assert run.status == "FINISHED" and run.resizes == [] and run.resizes_called_off == 1
+    assert {v for _, v in metric_series(uri, run.run_id, "workers")} == {1.0}
+    assert metric_series(uri, run.run_id, "batch/global")[-1][1] in (64.0, float(N % 64))
+    assert run.final["epoch"] == pytest.approx(4.0)
+    deadline = time.time() + 30  # both groups are gone: the cluster's CPUs are free again
+    while ray_cluster.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray_cluster.available_resources().get("CPU", 0) == 2
 
 
 def test_logged_lr_and_mf_match_plan_csv(ray_cluster, tmp_path):

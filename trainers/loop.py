@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
+import re
 import shutil
 import tempfile
 import time
@@ -96,6 +98,9 @@ class Runtime(BaseModel):
     namespace: str | None = None
     phase: int = 0
     workers: int = 1  # what the phase asked for (Ray may run fewer after a failure)
+    handover: bool = False  # started early (an overlapping resize): restore the old group's last checkpoint
+    storage: str = ""  # checkpoint storage and the training run's folder prefix there (all phases)
+    run_prefix: str = ""
 
 
 # --------------------------------------------------------------------------- small steps
@@ -145,42 +150,58 @@ def _restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _older_checkpoints(newest) -> list:
-    """Checkpoints beside ``newest`` in the run's storage, newest first (Ray names them by step)."""
-    import posixpath
+def checkpoint_step(path: str) -> int | None:
+    """The step in a checkpoint directory's name (``checkpoint_step00000045[_resize]``)."""
+    m = re.match(r"checkpoint_step(\d+)", posixpath.basename(path.rstrip("/")))
+    return int(m.group(1)) if m else None
 
-    from pyarrow.fs import FileSelector, FileType
+
+def run_checkpoints(storage: str, run_prefix: str) -> list[str]:
+    """Every checkpoint of one training run, newest first: all phases' Ray Train run folders
+    (``<prefix>``, ``<prefix>-…``) under ``storage``."""
+    from pyarrow.fs import FileSelector, FileSystem, FileType
+
+    fs, root = FileSystem.from_uri(storage) if "://" in storage else (None, storage)
+    if fs is None:
+        from pyarrow.fs import LocalFileSystem
+
+        fs = LocalFileSystem()
+    found = []
+    for run in fs.get_file_info(FileSelector(root, allow_not_found=True)):
+        name = posixpath.basename(run.path)
+        if run.type != FileType.Directory or not (name == run_prefix or name.startswith(run_prefix + "-")):
+            continue
+        for c in fs.get_file_info(FileSelector(run.path)):
+            step = checkpoint_step(c.path)
+            if c.type == FileType.Directory and step is not None:
+                found.append((step, c.path))
+    found.sort(reverse=True)
+    return [p if fs.type_name == "local" else f"{storage.split('://')[0]}://{p}" for _, p in found]
+
+
+def load_newest_checkpoint(storage: str, run_prefix: str, device: torch.device, warn=print,
+                           expect: str | None = None) -> dict[str, Any] | None:
+    """The newest intact checkpoint of this training run; a corrupt one is skipped with a warning.
+
+    ``expect``: a checkpoint known to exist (the handover), listed even if storage is slow to show it."""
     from ray.train import Checkpoint
 
-    parent = posixpath.dirname(newest.path.rstrip("/"))
-    infos = newest.filesystem.get_file_info(FileSelector(parent))
-    dirs = sorted((i.path for i in infos if i.type == FileType.Directory
-                   and posixpath.basename(i.path).startswith("checkpoint_")), reverse=True)
-    return [Checkpoint(path=d, filesystem=newest.filesystem) for d in dirs if d != newest.path.rstrip("/")]
-
-
-def load_latest_checkpoint(device: torch.device, warn=print) -> dict[str, Any] | None:
-    """The newest intact checkpoint of this run; a corrupt one is skipped with a warning."""
-    import ray.train
-
-    newest = ray.train.get_checkpoint()
-    if newest is None:
-        return None
-    candidates = [newest]
-    try:
-        candidates += _older_checkpoints(newest)
-    except Exception as e:  # storage that cannot be listed: only the newest is known
-        warn(f"cannot list older checkpoints ({e})")
-    for c in candidates:
+    paths = run_checkpoints(storage, run_prefix)
+    if expect and expect.rstrip("/") not in paths:
+        paths.insert(0, expect.rstrip("/"))
+        paths.sort(key=lambda p: checkpoint_step(p) or 0, reverse=True)
+    for i, path in enumerate(paths):
         try:
-            with c.as_directory() as d:
+            with Checkpoint(path=path).as_directory() as d:
                 payload = read_checkpoint(d, map_location=device)
-            if c is not newest:
-                warn(f"resumed from older checkpoint {c.path}")
+            if i > 0:
+                warn(f"resumed from older checkpoint {path}")
             return payload
         except CorruptCheckpoint as e:
             warn(f"skipping corrupt checkpoint: {e}")
-    raise CorruptCheckpoint(f"no intact checkpoint to resume from among {[c.path for c in candidates]}")
+    if paths:
+        raise CorruptCheckpoint(f"no intact checkpoint to resume from among {paths}")
+    return None
 
 
 class Trainer:
@@ -273,8 +294,32 @@ class Trainer:
         print(f"[elastic] warning: {message}", flush=True)
         self.reporter.event("warning", message=message)
 
-    def restore(self) -> bool:
-        payload = load_latest_checkpoint(self.device, warn=self._warn)
+    def _await_handover(self) -> str | None:
+        """A group started early: rank 0 waits for the old group's last checkpoint, every rank
+        gets its path (None: the resize was called off)."""
+        box = [self.reporter.await_handover(self.runtime.phase) if self.rank == 0 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0, device=self.device)
+        return box[0]
+
+    def _load(self) -> dict[str, Any] | None | bool:
+        """The newest checkpoint of this training run (any phase); False when this group must
+        not train (it was started for a resize that was called off)."""
+        handover = None
+        if self.runtime.handover:
+            handover = self._await_handover()
+            if handover is None:
+                return False
+        if not self.runtime.storage:
+            return None
+        return load_newest_checkpoint(self.runtime.storage, self.runtime.run_prefix, self.device,
+                                      warn=self._warn, expect=handover)
+
+    def restore(self) -> bool | None:
+        """Load the newest checkpoint; True if there was one, None if this group must not train."""
+        payload = self._load()
+        if payload is False:
+            return None
         if payload is None:
             return False
         _unwrap(self.model).load_state_dict(payload["model"])
@@ -292,7 +337,7 @@ class Trainer:
         self.reporter.replay(payload.get("pending_metrics", []))
         return True
 
-    def save_checkpoint(self, finished: bool = False, resize_to: int = 0) -> None:
+    def save_checkpoint(self, finished: bool = False, resize_to: int = 0) -> str:
         """All ranks call this together (``ray.train.report`` is a barrier); rank 0 writes."""
         import ray.train
         from ray.train import Checkpoint
@@ -304,9 +349,10 @@ class Trainer:
         if self.auto is not None:
             self.state.extra["auto_warmup"] = self.auto.state_dict()
         metrics = {"step": self.state.step, "epoch": self.state.epoch, "finished": finished, "resize_to": resize_to}
+        name = f"checkpoint_step{self.state.step:08d}" + ("_resize" if resize_to else "")
         if self.rank != 0:
             ray.train.report(metrics, checkpoint=None)
-            return
+            return name
         tmp_root = tempfile.mkdtemp(prefix="elastic-ckpt-")
         path = write_checkpoint(os.path.join(tmp_root, "ckpt"), {
             "model": _unwrap(self.model).state_dict(),
@@ -316,11 +362,19 @@ class Trainer:
             "pending_metrics": self.reporter.pending(),
         })
         try:
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(path),
-                             checkpoint_dir_name=f"checkpoint_step{self.state.step:08d}" + ("_resize" if resize_to else ""))
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(path), checkpoint_dir_name=name)
         finally:
             shutil.rmtree(tmp_root, ignore_errors=True)
         self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
+        return name
+
+    def hand_over(self, resize_to: int) -> None:
+        """End this group at a checkpoint that the group of ``resize_to`` workers restores."""
+        name = self.save_checkpoint(resize_to=resize_to)
+        if self.rank == 0:
+            self.reporter.handed_over(self.runtime.phase, self.state.step, name)
+        self.reporter.event("resize_checkpoint", step=self.state.step, resize_to=resize_to)
+        self.reporter.flush(wait=True)
 
     # -- one optimizer step ---------------------------------------------------------------
 
@@ -451,11 +505,17 @@ class Trainer:
             m["gns/trace_sigma"] = self.gns.trace_sigma
         return m
 
-    def on_batch_change(self, old: int) -> int:
-        """Log the change; ask the driver whether the group must grow (rank 0 asks, all agree)."""
+    def on_batch_change(self, old: int) -> tuple[int, bool]:
+        """Log the change; ask the driver whether the group must grow."""
         self.reporter.event("batch_change", step=self.state.step, old=old, new=self.B)
-        resize_to = self.reporter.ask_resize(self.state.step, self.B, self.runtime.workers) if self.rank == 0 else 0
-        return self.agree(resize_to)
+        return self.ask_workers()
+
+    def ask_workers(self) -> tuple[int, bool]:
+        """(workers the batch needs, 0 = keep this group; overlap?): rank 0 asks, all agree."""
+        to, overlap = self.reporter.ask_resize(self.state.step, self.B, self.runtime.workers) if self.rank == 0 \
+            else (0, False)
+        code = self.agree(2 * to + int(overlap))
+        return code // 2, bool(code % 2)
 
     def epoch_end_checks(self) -> None:
         if self.auto is not None and not self.auto.done:
@@ -464,26 +524,34 @@ class Trainer:
                 self.reporter.event("auto_warmup_end", step=self.state.step, peak_lr=d.peak_lr, reason=d.reason)
 
     def run(self) -> None:
+        built = time.time()
         resumed = self.restore()
-        if self.state.finished:
-            return
+        if resumed is None or self.state.finished:
+            return  # a resize called off before this group took over, or nothing left to do
         self.reporter.event("phase_start", phase=self.runtime.phase, workers=self.world, step=self.state.step,
-                            resumed=resumed, threads=torch.get_num_threads())
+                            resumed=resumed, threads=torch.get_num_threads(),
+                            entered=getattr(self, "entered", built), built=built)
         # Throughput windows run flush to flush on the wall clock (so the cost of pushing
         # metrics counts), minus validation and checkpoint time.
         window_samples, window_start, window_side = 0, time.perf_counter(), 0.0
         first_step_done = False
+        overlap_to = 0  # workers of a new group starting beside this one (an overlapping resize)
+        if resumed and self.batch_policy.name != "fixed":
+            # the batch this group restored may already need more workers than it has
+            resize_to, overlap = self.ask_workers()
+            if resize_to and not overlap:
+                return self.hand_over(resize_to)
+            overlap_to = resize_to
         while not self.finished():
             perm = epoch_permutation(self.cfg.train.seed, self.state.epoch, self.n)
             while self.state.cursor < self.n and not self.finished():
                 change = self.maybe_change_batch()
                 if change is not None:
-                    resize_to = self.on_batch_change(change[0])
-                    if resize_to > 0:  # the batch outgrew the group: end the phase at a checkpoint
-                        self.save_checkpoint(resize_to=resize_to)
-                        self.reporter.event("resize_checkpoint", step=self.state.step, resize_to=resize_to)
-                        self.reporter.flush(wait=True)
-                        return
+                    resize_to, overlap = self.on_batch_change(change[0])
+                    if resize_to and not overlap:  # the batch outgrew the group: end the phase now
+                        return self.hand_over(resize_to)
+                    # overlap: go on at the new batch (more micro-batches) until the new group is ready
+                    overlap_to = resize_to or overlap_to
                 ids = global_batch(perm, self.state.cursor, self.B)
                 loss = self.train_step(ids)
                 self.state.step += 1
@@ -492,7 +560,7 @@ class Trainer:
                 epoch_ended = self.state.cursor >= self.n
                 metrics = self.metrics_for_step(loss, len(ids))
                 if not first_step_done:
-                    self.reporter.event("first_step", step=self.state.step)
+                    self.reporter.event("first_step", step=self.state.step, phase=self.runtime.phase)
                     first_step_done = True
                 if epoch_ended:
                     self.state.epoch += 1
@@ -502,22 +570,27 @@ class Trainer:
                     t_eval = time.perf_counter()
                     metrics.update(self.evaluate())
                     window_side += time.perf_counter() - t_eval
-                flush = self.should_flush() or epoch_ended or self.finished()
+                flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
                 window_samples += len(ids)
                 if flush:
                     now = time.perf_counter()
                     metrics["throughput/samples_per_s"] = window_samples / max(now - window_start - window_side, 1e-9)
                     window_samples, window_start, window_side = 0, now, 0.0
                 self.reporter.log(self.state.step, metrics)
-                stop = False
+                # rank 0's decision, shared: 1 stop, 2 hand over to the new group, 0 go on
+                code = 0
                 if flush:
-                    stop = bool(self.agree(int(self.reporter.flush())))
+                    stop_now = self.reporter.flush()
+                    code = self.agree(1 if stop_now else 2 if overlap_to and self.reporter.handover else 0)
+                stop = code == 1
                 if self.finished() or stop:
                     self.save_checkpoint(finished=True)
                     self.reporter.event("stopped" if stop and not self.finished() else "finished",
                                         step=self.state.step)
                     self.reporter.flush(wait=True)
                     return
+                if code == 2:
+                    return self.hand_over(overlap_to)
                 if self.should_checkpoint(epoch_ended):
                     t_ckpt = time.perf_counter()
                     self.save_checkpoint()
@@ -532,9 +605,11 @@ class Trainer:
 
 
 def train_loop_per_worker(payload: dict[str, Any]) -> None:
+    entered = time.time()
     cfg = LoopConfig.model_validate(payload["config"])
     runtime = Runtime.model_validate(payload.get("runtime", {}))
     trainer = Trainer(cfg, runtime)
+    trainer.entered = entered
     try:
         trainer.run()
     finally:

@@ -29,6 +29,7 @@ class Reporter:
         self._events: list[dict[str, Any]] = []
         self._pending = None
         self._stop = False
+        self._handover = False
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self._handle is not None:
@@ -46,6 +47,7 @@ class Reporter:
 
     def _answer(self, decision: dict) -> None:
         self._stop = bool(decision.get("stop", False)) or self._stop
+        self._handover = bool(decision.get("handover", False))
         acked = decision.get("acked", -1)
         if self._unacked and acked >= 0:
             self._unacked = [r for r in self._unacked if r[0] > acked]
@@ -54,14 +56,38 @@ class Reporter:
         if self._handle is not None:
             self._events.append({"kind": kind, "time": time.time(), **data})
 
-    def ask_resize(self, step: int, batch_size: int, workers: int) -> int:
-        """The batch changed: how many workers the driver wants now (0 = keep the group)."""
+    def ask_resize(self, step: int, batch_size: int, workers: int) -> tuple[int, bool]:
+        """The batch changed: (workers the driver wants now, 0 = keep the group; overlap?)."""
         if self._handle is None:
-            return 0
+            return 0, False
         import ray
 
         self.flush()
-        return int(ray.get(self._handle.on_batch_change.remote(step, batch_size, workers)))
+        d = ray.get(self._handle.on_batch_change.remote(step, batch_size, workers))
+        return int(d["workers"]), d["mode"] == "overlap"
+
+    @property
+    def handover(self) -> bool:
+        """The new group is ready: checkpoint and end this one (an overlapping resize)."""
+        return self._handover
+
+    def handed_over(self, phase: int, step: int, dir_name: str) -> None:
+        if self._handle is not None:
+            import ray
+
+            ray.get(self._handle.handed_over.remote(phase, step, dir_name))
+
+    def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
+        """A new group started early: say it is ready, then wait for the old group's last
+        checkpoint; its path, or None when the resize was called off."""
+        import ray
+
+        ray.get(self._handle.ready.remote(phase))
+        while True:
+            answer = ray.get(self._handle.handover.remote(phase))
+            if answer:
+                return answer.get("path")
+            time.sleep(poll_s)
 
     def flush(self, wait: bool = False) -> bool:
         """Send what is buffered; return the latest stop decision known to rank 0."""
