@@ -169,6 +169,7 @@ class PhaseRunner:
         self._overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self.monitor_name, self.namespace = "", None
         self.called_off = 0  # overlapping resizes whose new group never took over
+        self._last_idx = -1
         self.warnings: list[str] = []
         self._pending_resize: dict[str, Any] | None = None
         self.resizes: list[dict[str, Any]] = []
@@ -265,6 +266,7 @@ class PhaseRunner:
     def _start_phase(self, workers: int, idx: int, handover: bool) -> "_Phase":
         """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
         ph = _Phase(idx, workers, handover, self._trainer(workers, idx, handover))
+        self._last_idx = max(self._last_idx, idx)  # a failed early start keeps its index (and run name)
         ph.thread.start()
         return ph
 
@@ -312,12 +314,15 @@ class PhaseRunner:
                 if want is not None and nxt is None and cur.thread.is_alive():
                     self._overlap_wanted = None
                     nxt = self._start_phase(want, cur.idx + 1, handover=True)
-                if nxt is not None and not nxt.thread.is_alive() and cur.thread.is_alive():
-                    # The new group ended before taking over: it could not start.
+                if (nxt is not None and not nxt.thread.is_alive() and cur.thread.is_alive()
+                        and "path" not in ray.get(self.monitor.handover.remote(nxt.idx))):
+                    # The new group ended without taking over: it could not start.  (One that took
+                    # over may well end first: it trains while the old group's fit() tears down.)
                     err = nxt.box.get("error")
                     self.progress.write(f"warning: the new group of {nxt.workers} workers did not start "
                                         f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
                     self.warnings.append(f"overlapping resize fell back to restart: {err!r}"[:500])
+                    self.tracker.set_tags({"elastic.warnings": "\n".join(self.warnings)[-5000:]})
                     ray.get(self.monitor.fall_back_to_restart.remote())
                     nxt = None
                 if cur.thread.is_alive():
@@ -337,7 +342,7 @@ class PhaseRunner:
                 r = done[-1]
                 self._record_resize(cur, r)
                 if nxt is None:  # break before make: start the next phase now
-                    nxt = self._start_phase(r["to"], cur.idx + 1, handover=False)
+                    nxt = self._start_phase(r["to"], self._last_idx + 1, handover=False)
                 self._pending_resize["fit_called"] = nxt.t_called or time.time()
                 self._overlap_wanted = None
                 self._log_resize()
