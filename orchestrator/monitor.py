@@ -36,12 +36,11 @@ class MonitorState:
 
     def __init__(self, resize_policy: Any = None, max_local_batch: int = 1, min_workers: int = 1,
                  max_workers: int = 1, overlap_resources: dict[str, float] | None = None,
-                 checkpoint_root: str = "", available: Any = None) -> None:
+                 available: Any = None) -> None:
         self._available = available or ray.available_resources  # the cluster's free resources now
         self._resize = resize_policy
         self._limits = (max_local_batch, min_workers, max_workers)
         self._overlap = overlap_resources  # per-worker resources when overlap is allowed, else None
-        self._root = checkpoint_root
         self._records: list[tuple[int, dict[str, float]]] = []
         self._events: list[dict[str, Any]] = []
         self._stop = False
@@ -78,10 +77,9 @@ class MonitorState:
                              "workers": getattr(d, "workers", workers), "reason": d.reason, "mode": mode})
         return {"workers": d.workers if d else 0, "mode": mode}
 
-    def handed_over(self, phase: int, step: int, dir_name: str) -> None:
-        """The old group (of ``phase``) wrote its last checkpoint and is ending."""
+    def handed_over(self, phase: int, step: int, path: str) -> None:
+        """The old group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
         if self.resize is not None:
-            path = f"{self._root.rstrip('/')}/{dir_name}"
             self.resize.update(path=path, handover_step=step, handover_time=time.time())
             self._handover_paths[phase + 1] = path
             self._done.append(self.resize)

@@ -210,7 +210,7 @@ class PhaseRunner:
                 "config": self.cfg.loop_dict(),
                 "runtime": {"monitor_name": self.monitor_name, "namespace": self.namespace, "phase": phase,
                             "workers": workers, "handover": handover, "storage": self.storage_path,
-                            "run_prefix": self.train_run_name},
+                            "run_prefix": self.train_run_name, "run_name": self.phase_run_name(phase)},
             },
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=resources),
@@ -294,7 +294,7 @@ class PhaseRunner:
         overlap = self._resources() if s.resize_mode == "overlap" else None
         self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace).remote(
             self.resize_policy, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers,
-            overlap_resources=overlap, checkpoint_root=f"{self.storage_path}/{self.train_run_name}")
+            overlap_resources=overlap)
 
     def run(self) -> Any:
         """Phases: fit with W workers; when the batch outgrows the group, the next phase with W'.

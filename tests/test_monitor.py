@@ -9,7 +9,7 @@ CPU = {"CPU": 0.5}
 def monitor(free: float | None, **kw) -> MonitorState:
     """max_local_batch 32, 1..4 workers; ``free`` CPUs in the cluster (None: overlap off)."""
     return MonitorState(WorkersForBatch(), 32, 1, 4, overlap_resources=None if free is None else CPU,
-                        checkpoint_root="/store/run", available=lambda: {"CPU": free or 0.0}, **kw)
+                        available=lambda: {"CPU": free or 0.0}, **kw)
 
 
 def test_has_room():
@@ -38,7 +38,7 @@ def test_overlap_when_the_cluster_has_room():
     assert m.on_batch_change(45, 64, 1) == {"workers": 2, "mode": "overlap"}
     m.ready(1)
     assert m.push([(50, {})], [])["handover"] is True
-    m.handed_over(0, 51, "checkpoint_step00000051_resize")
+    m.handed_over(0, 51, "/store/run/checkpoint_step00000051_resize")
     assert m.handover(1) == {"path": "/store/run/checkpoint_step00000051_resize"}
     (done,) = m.take_handovers()
     assert (done["mode"], done["from"], done["to"], done["step"], done["handover_step"]) == ("overlap", 1, 2, 45, 51)
@@ -68,7 +68,7 @@ def test_fall_back_to_restart_when_the_new_group_cannot_start():
     assert m.push([], [])["handover"] is False
     m.fall_back_to_restart()
     assert m.push([], [])["handover"] is True  # the old group checkpoints at its next flush and ends
-    m.handed_over(0, 47, "checkpoint_step00000047_resize")
+    m.handed_over(0, 47, "/store/run/checkpoint_step00000047_resize")
     assert m.take_handovers()[0]["mode"] == "restart"
     # and later resizes of this run do not try to overlap again
     assert m.on_batch_change(90, 128, 2) == {"workers": 4, "mode": "restart"}

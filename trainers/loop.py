@@ -101,6 +101,7 @@ class Runtime(BaseModel):
     handover: bool = False  # started early (an overlapping resize): restore the old group's last checkpoint
     storage: str = ""  # checkpoint storage and the training run's folder prefix there (all phases)
     run_prefix: str = ""
+    run_name: str = ""  # this phase's Ray Train run (a folder under ``storage``)
 
 
 # --------------------------------------------------------------------------- small steps
@@ -372,7 +373,8 @@ class Trainer:
         """End this group at a checkpoint that the group of ``resize_to`` workers restores."""
         name = self.save_checkpoint(resize_to=resize_to)
         if self.rank == 0:
-            self.reporter.handed_over(self.runtime.phase, self.state.step, name)
+            path = posixpath.join(self.runtime.storage, self.runtime.run_name, name) if self.runtime.storage else name
+            self.reporter.handed_over(self.runtime.phase, self.state.step, path)
         self.reporter.event("resize_checkpoint", step=self.state.step, resize_to=resize_to)
         self.reporter.flush(wait=True)
 

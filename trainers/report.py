@@ -71,11 +71,11 @@ class Reporter:
         """The new group is ready: checkpoint and end this one (an overlapping resize)."""
         return self._handover
 
-    def handed_over(self, phase: int, step: int, dir_name: str) -> None:
+    def handed_over(self, phase: int, step: int, path: str) -> None:
         if self._handle is not None:
             import ray
 
-            ray.get(self._handle.handed_over.remote(phase, step, dir_name))
+            ray.get(self._handle.handed_over.remote(phase, step, path))
 
     def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
         """A new group started early: say it is ready, then wait for the old group's last
