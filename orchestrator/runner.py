@@ -43,9 +43,6 @@ class RunSummary:
 def quiet_ray_env(verbose: bool) -> None:
     """Set before Ray is imported/started: keep Ray's own log noise off the terminal."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    # How often Ray Train's controller polls the workers (default 2 s): it also sets how long a
-    # finished group waits before its teardown starts, i.e. part of every resize.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     if not verbose:
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
