@@ -31,7 +31,24 @@ from trainers.models import build_model  # noqa: E402
 from trainers.optim import build_optimizer  # noqa: E402
 
 
-def plain_loop(cfg, epochs: int, threads: int, window: int = 10) -> list[float]:
+def windowed_rates(step, n: int, batch: int, seed: int, epochs: int, window: int = 10) -> list[float]:
+    """Samples/s over ``window``-step windows of ``step(ids)`` walking the run's data order."""
+    rates = []
+    for epoch in range(epochs):
+        perm = epoch_permutation(seed, epoch, n)
+        t0, samples = time.perf_counter(), 0
+        for i, s in enumerate(range(0, n, batch)):
+            ids = perm[s:s + batch]
+            step(ids)
+            samples += len(ids)
+            if (i + 1) % window == 0:
+                now = time.perf_counter()
+                rates.append(samples / (now - t0))
+                t0, samples = now, 0
+    return rates
+
+
+def plain_loop(cfg, epochs: int, threads: int) -> list[float]:
     """The ceiling: one process, tensors indexed by the permutation slice, nothing else."""
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.train.seed)
@@ -39,45 +56,26 @@ def plain_loop(cfg, epochs: int, threads: int, window: int = 10) -> list[float]:
     model = build_model(data.info, cfg.model)
     opt = build_optimizer(model, cfg.optimizer)
     model.train()
-    rates, n, B = [], data.num_train, cfg.batch.size
-    for epoch in range(epochs):
-        perm = epoch_permutation(cfg.train.seed, epoch, n)
-        t0, samples = time.perf_counter(), 0
-        for i, s in enumerate(range(0, n, B)):
-            ids = perm[s:s + B]
-            loss = F.cross_entropy(model(data.train_x[ids]), data.train_y[ids])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            float(loss.detach())  # the orchestrator reads its loss every step too
-            samples += len(ids)
-            if (i + 1) % window == 0:
-                now = time.perf_counter()
-                rates.append(samples / (now - t0))
-                t0, samples = now, 0
-    return rates
+
+    def step(ids) -> None:
+        loss = F.cross_entropy(model(data.train_x[ids]), data.train_y[ids])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        float(loss.detach())  # the orchestrator reads its loss every step too
+
+    return windowed_rates(step, data.num_train, cfg.batch.size, cfg.train.seed, epochs)
 
 
-def loop_in_process(cfg, epochs: int, threads: int, window: int = 10) -> list[float]:
+def loop_in_process(cfg, epochs: int, threads: int) -> list[float]:
     """The orchestrator's own step code (``Trainer.train_step`` + per-step metrics) without Ray:
     separates the loop's overhead from the Ray worker environment's."""
     from trainers.loop import LoopConfig, Runtime, Trainer
 
     torch.set_num_threads(threads)
     t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))
-    rates, n, B = [], t.n, cfg.batch.size
-    for epoch in range(epochs):
-        perm = epoch_permutation(cfg.train.seed, epoch, n)
-        t0, samples = time.perf_counter(), 0
-        for i, s in enumerate(range(0, n, B)):
-            ids = perm[s:s + B]
-            t.metrics_for_step(t.train_step(ids), len(ids))
-            samples += len(ids)
-            if (i + 1) % window == 0:
-                now = time.perf_counter()
-                rates.append(samples / (now - t0))
-                t0, samples = now, 0
-    return rates
+    return windowed_rates(lambda ids: t.metrics_for_step(t.train_step(ids), len(ids)), t.n, cfg.batch.size,
+                          cfg.train.seed, epochs)
 
 
 def orchestrator_run(cfg):

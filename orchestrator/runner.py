@@ -131,8 +131,8 @@ class Progress:
 class _Phase:
     """One ``fit()`` running in a thread."""
 
-    def __init__(self, idx: int, workers: int, handover: bool, trainer: Any):
-        self.idx, self.workers, self.handover = idx, workers, handover
+    def __init__(self, idx: int, workers: int, trainer: Any):
+        self.idx, self.workers = idx, workers
         self.box: dict[str, Any] = {}
         self.t_called, self.ended = 0.0, 0.0
 
@@ -265,7 +265,7 @@ class PhaseRunner:
 
     def _start_phase(self, workers: int, idx: int, handover: bool) -> "_Phase":
         """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
-        ph = _Phase(idx, workers, handover, self._trainer(workers, idx, handover))
+        ph = _Phase(idx, workers, self._trainer(workers, idx, handover))
         self._last_idx = max(self._last_idx, idx)  # a failed early start keeps its index (and run name)
         ph.thread.start()
         return ph
