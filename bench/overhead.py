@@ -4,10 +4,15 @@ Both train the same model on the same data with the same global batch, optimizer
 thread count, in the same run of this script (absolute figures mean little on a shared
 machine; the ratio is the result).  The orchestrator's figure is its own
 ``throughput/samples_per_s`` metric (flush-to-flush wall time of the loop, including
-metric pushes, excluding validation and checkpoints).  Also printed: the time from the
-``train`` invocation to the first completed optimizer step.
+metric pushes, excluding validation and checkpoints).  Two more rows split the gap: the
+plain loop inside a bare Ray Train worker (what the Ray worker process and Ray's own
+processes on the node cost) and the orchestrator's step code in this process (what the
+loop's own code costs).  Also printed: the time from the ``train`` invocation to the
+first completed optimizer step, and the whole run's wall time.
 
     .venv/bin/python bench/overhead.py [--epochs 10] [--model cnn] [--batch 64] [--threads 2]
+        [--size N]   # synthetic 8x8 data of N samples instead of digits (longer epochs)
+        [--repeats R]
 
 Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).
 """
@@ -78,6 +83,33 @@ def loop_in_process(cfg, epochs: int, threads: int) -> list[float]:
                           cfg.train.seed, epochs)
 
 
+def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
+    """The plain loop as the train function of a bare one-worker ``TorchTrainer``."""
+    import json
+    import tempfile
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    out = tempfile.mktemp(prefix="elastic-plain-")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def loop(c):
+        sys.path.insert(0, c["root"])
+        from bench.overhead import plain_loop as plain
+
+        with open(c["out"], "w") as f:
+            json.dump(plain(c["cfg"], c["epochs"], c["threads"]), f)
+
+    TorchTrainer(loop, train_loop_config={"cfg": cfg, "epochs": epochs, "threads": threads, "out": out, "root": root},
+                 scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
+                 run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="elastic-bench-"), name="plain")).fit()
+    with open(out) as f:
+        rates = json.load(f)
+    os.unlink(out)
+    return rates
+
+
 def orchestrator_run(cfg):
     from mlflow.tracking import MlflowClient
 
@@ -95,32 +127,47 @@ def main() -> None:
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--size", type=int, default=0, help="synthetic data of this many samples (0: digits)")
+    ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
+    data = {"name": "synthetic", "size": a.size, "shape": [1, 8, 8]} if a.size else {"name": "digits"}
     cfg, _ = temp_config(
-        data={"name": "digits"}, model={"name": a.model, "norm": "batch", "hidden": 64},
+        data=data, model={"name": a.model, "norm": "batch", "hidden": 64},
         optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
         batch={"size": a.batch, "max_local_batch": a.batch},
         scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
         train={"epochs": a.epochs, "eval_every": 0},
     )
-    plain_a = plain_loop(cfg, a.epochs, a.threads)
-    summary, orch = orchestrator_run(cfg)
-    plain_b = plain_loop(cfg, a.epochs, a.threads)
-    local = loop_in_process(cfg, a.epochs, a.threads)
-    plain = median(plain_a + plain_b)
-    o = median(orch)
-    print(f"digits, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs; median samples/s over "
-          f"10-step windows")
+    from orchestrator.runner import ensure_ray
+
+    started = ensure_ray(verbose=False, num_cpus=os.cpu_count())  # one Ray for both Ray rows
+    plain, in_ray, orch, local, summaries = [], [], [], [], []
+    for _ in range(a.repeats):  # interleaved, so that a noisy minute hits every row alike
+        plain += plain_loop(cfg, a.epochs, a.threads)
+        summary, rates = orchestrator_run(cfg)
+        orch += rates
+        summaries.append(summary)
+        in_ray += plain_in_ray_train(cfg, a.epochs, a.threads)
+        plain += plain_loop(cfg, a.epochs, a.threads)
+        local += loop_in_process(cfg, a.epochs, a.threads)
+    if started:
+        import ray
+
+        ray.shutdown()
+    p, o = median(plain), median(orch)
+    what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
+    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs, {a.repeats} repeat(s); "
+          f"median samples/s over 10-step windows")
     print(table([
-        ("plain PyTorch loop (before)", f"{median(plain_a):,.0f}", ""),
-        ("orchestrator loop, W=1", f"{o:,.0f}", f"{summary.steps} steps"),
-        ("plain PyTorch loop (after)", f"{median(plain_b):,.0f}", ""),
-        ("orchestrator step code in-process, no Ray", f"{median(local):,.0f}",
-         f"ratio {median(local) / plain:.3f}"),
-    ], ("loop", "samples/s", "")))
-    print(f"time from train invocation to first step: {summary.first_step_s:.1f} s "
-          f"(whole run {summary.wall_s:.1f} s)")
-    print(f"ratio={o / plain:.3f}")
+        ("plain PyTorch loop", f"{p:,.0f}", "1.000"),
+        ("plain loop in a bare Ray Train worker", f"{median(in_ray):,.0f}", f"{median(in_ray) / p:.3f}"),
+        ("orchestrator step code in-process, no Ray", f"{median(local):,.0f}", f"{median(local) / p:.3f}"),
+        ("orchestrator loop, W=1", f"{o:,.0f}", f"{o / p:.3f}"),
+    ], ("loop", "samples/s", "vs plain")))
+    s0 = summaries[-1]
+    print(f"time from train invocation to first step: {median([s.first_step_s for s in summaries]):.1f} s; "
+          f"whole run {median([s.wall_s for s in summaries]):.1f} s for {s0.steps} steps")
+    print(f"ratio={o / p:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The driver: start (or join) Ray, run training as phases of ``TorchTrainer.fit()``,
 stream metrics from the monitor actor to MLflow and a progress bar, and close the run.
 
-All phases of one training run share one Ray Train run name and storage path, so
-each ``fit()`` auto-restores the latest checkpoint of the previous one (Ray Train
-V2's documented restore; ``resume_from_checkpoint`` is deprecated there).
+Each phase is its own Ray Train run (``elastic-<run>``, ``elastic-<run>-r<resume>p<phase>``)
+under one storage path.  Rank 0 writes checkpoints straight into its phase's folder; a
+new group (a resize, a restart after a failure, a ``resume``) restores the newest
+intact checkpoint across all of the training run's folders (trainers/loop.py).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class PhaseRunner:
         return resources
 
     def _trainer(self, workers: int, phase: int, handover: bool):
-        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
         from trainers.loop import train_loop_per_worker
@@ -217,7 +218,6 @@ class PhaseRunner:
             run_config=RunConfig(
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
-                checkpoint_config=CheckpointConfig(num_to_keep=self.cfg.checkpoint.keep),
                 failure_config=FailureConfig(max_failures=s.max_failures),
             ),
         )
@@ -446,16 +446,16 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         on_start(runner)
     status = "FAILED"
     try:
-        result = runner.run()
+        runner.run()
         status = "FINISHED"
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value("workers", 0)),
                           "elastic.resizes": len(runner.resizes)})
         tracker.log_plots()
-        if result is not None and result.checkpoint is not None:
-            from trainers.state import read_checkpoint
+        from trainers.loop import load_newest_checkpoint
 
-            with result.checkpoint.as_directory() as d:
-                payload = read_checkpoint(d)
+        payload = load_newest_checkpoint(runner.storage_path, runner.train_run_name, "cpu",
+                                         warn=runner.progress.write)
+        if payload is not None:
             tracker.log_model(payload["model"], cfg)
     except KeyboardInterrupt:
         status = "KILLED"

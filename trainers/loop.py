@@ -21,7 +21,6 @@ import os
 import posixpath
 import re
 import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -178,6 +177,13 @@ def run_checkpoints(storage: str, run_prefix: str) -> list[str]:
                 found.append((step, c.path))
     found.sort(reverse=True)
     return [p if fs.type_name == "local" else f"{storage.split('://')[0]}://{p}" for _, p in found]
+
+
+def prune_checkpoints(storage: str, run_prefix: str, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints of a training run (every phase's folder:
+    an overlapping resize leaves the old phase's last ones behind)."""
+    for path in run_checkpoints(storage, run_prefix)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def load_newest_checkpoint(storage: str, run_prefix: str, device: torch.device, warn=print,
@@ -339,33 +345,33 @@ class Trainer:
         return True
 
     def save_checkpoint(self, finished: bool = False, resize_to: int = 0) -> str:
-        """All ranks call this together (``ray.train.report`` is a barrier); rank 0 writes."""
-        import ray.train
-        from ray.train import Checkpoint
+        """Rank 0 writes the checkpoint straight into this phase's run folder and prunes the
+        training run's checkpoints to ``checkpoint.keep``; the other ranks have nothing to do.
 
+        Not through ``ray.train.report``: its controller takes one report per poll (every
+        ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s), so a report that follows the previous one
+        sooner waits for it, which made a checkpoint per short epoch cost seconds.  The workers
+        find checkpoints by listing the run's folders (:func:`load_newest_checkpoint`)."""
         self.state.finished = finished
         self.state.extra = {"batch": {"size": self.B, "policy": self.batch_policy.state_dict()}}
         if self.gns is not None:
             self.state.extra["gns"] = self.gns.state_dict()
         if self.auto is not None:
             self.state.extra["auto_warmup"] = self.auto.state_dict()
-        metrics = {"step": self.state.step, "epoch": self.state.epoch, "finished": finished, "resize_to": resize_to}
         name = f"checkpoint_step{self.state.step:08d}" + ("_resize" if resize_to else "")
-        if self.rank != 0:
-            ray.train.report(metrics, checkpoint=None)
+        if self.rank != 0 or not self.runtime.storage:
             return name
-        tmp_root = tempfile.mkdtemp(prefix="elastic-ckpt-")
-        path = write_checkpoint(os.path.join(tmp_root, "ckpt"), {
+        path = os.path.join(self.runtime.storage, self.runtime.run_name, name)
+        if os.path.exists(path):  # a corrupt one this group skipped on restore and has now passed again
+            shutil.rmtree(path)
+        write_checkpoint(path, {
             "model": _unwrap(self.model).state_dict(),
             "optimizer": self.opt.state_dict(),
             "train": self.state.to_dict(),
             "rng": _rng_state(self.device),
             "pending_metrics": self.reporter.pending(),
         })
-        try:
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(path), checkpoint_dir_name=name)
-        finally:
-            shutil.rmtree(tmp_root, ignore_errors=True)
+        prune_checkpoints(self.runtime.storage, self.runtime.run_prefix, self.cfg.checkpoint.keep)
         self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
         return name
 
