@@ -270,6 +270,22 @@ class PhaseRunner:
         ph.thread.start()
         return ph
 
+    def _await_room(self, workers: int, timeout_s: float = 10.0) -> bool:
+        """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a
+        finished group's resources a moment after its ``fit()`` returns; started before that, an
+        elastic group (``min_workers < max_workers``) would start with fewer workers than wanted."""
+        import ray
+
+        from orchestrator.monitor import has_room
+
+        deadline = time.time() + timeout_s
+        while not has_room(ray.available_resources(), self._resources(), workers):
+            if time.time() > deadline:
+                return False  # start anyway: Ray starts what fits (or waits for it)
+            self._pump()
+            time.sleep(0.05)
+        return True
+
     def request_stop(self) -> None:
         if self.monitor is not None:
             self.monitor.request_stop.remote()
@@ -341,7 +357,8 @@ class PhaseRunner:
                     return cur.box["result"]
                 r = done[-1]
                 self._record_resize(cur, r)
-                if nxt is None:  # break before make: start the next phase now
+                if nxt is None:  # break before make: start the next phase once the old one's CPUs are free
+                    self._await_room(r["to"])
                     nxt = self._start_phase(r["to"], self._last_idx + 1, handover=False)
                 self._pending_resize["fit_called"] = nxt.t_called or time.time()
                 self._overlap_wanted = None

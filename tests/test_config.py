@@ -39,6 +39,8 @@ CASES = {
     "not_a_mapping": ("- 1\n- 2\n", [], "must be a mapping of sections"),
     "sync_bn_on_cpu": (None, ["model.sync_bn=true"], "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only"),
     "bad_override_syntax": (None, ["batch.size"], "--set batch.size: expected section.key=value"),
+    "storage_uri": (None, ["checkpoint.storage_path=s3://bucket/runs"],
+                    "checkpoint.storage_path: URIs are not supported (got 's3://bucket/runs'); give a directory path"),
 }
 
 

@@ -20,10 +20,11 @@ pytestmark = pytest.mark.integration
 
 SECTIONS = dict(
     scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5, "max_failures": 3},
-    train={"epochs": 2, "log_every": 5},
+    # long enough that the kills below land mid-run: a step takes milliseconds here
+    train={"epochs": 20, "log_every": 5},
     checkpoint={"every_steps": 10, "keep": 2},
 )
-STEPS = 2 * 29  # 2 epochs of ceil(1438 / 50)
+STEPS = 20 * 29  # 20 epochs of ceil(1438 / 50)
 
 
 def _cfg(tmp, uri, **extra):

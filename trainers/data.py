@@ -185,6 +185,8 @@ def micro_batches(ids: np.ndarray, max_local_batch: int) -> list[np.ndarray]:
     """Split a worker's slice into ``ceil(len/max_local_batch)`` near-equal micro-batches."""
     if len(ids) == 0:
         return []
+    if len(ids) <= max_local_batch:
+        return [ids]
     n_micro = math.ceil(len(ids) / max_local_batch)
     return [a for a in np.array_split(ids, n_micro)]
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainers.batching import BatchConfig, BatchStats, build_batch_policy
 from trainers.data import (DataConfig, InMemoryData, epoch_permutation, global_batch, load_data, micro_batches,
@@ -61,7 +61,15 @@ class CheckpointConfig(BaseModel):
 
     every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
     keep: int = Field(default=2, gt=0)
-    storage_path: str = Field(default="ray_runs", description="where Ray Train keeps checkpoints (shared storage on a cluster)")
+    storage_path: str = Field(default="ray_runs", description="checkpoint folder (on a cluster: a shared filesystem mount)")
+
+    @field_validator("storage_path")
+    @classmethod
+    def _a_directory(cls, v: str) -> str:
+        if "://" in v:
+            raise ValueError(f"URIs are not supported (got {v!r}); give a directory path (on a cluster: "
+                             "a shared filesystem such as NFS mounted at the same path on every node)")
+        return v
 
 
 class LoopConfig(BaseModel):
@@ -398,11 +406,12 @@ class Trainer:
         lo, hi = slice_bounds(bsz, self.rank, self.world)
         mine = ids[lo:hi]
         micros = self._my_micro_batches(mine)
-        self.model.train()
+        if not self.model.training:
+            self.model.train()
         scale = self.world / bsz
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        loss_sum = None  # float64, accumulated over the micro-batches
         # small-batch statistics for the noise scale: sum |g_s|^2, sum 1/b_s, sum b_s |g_s|^2, count
-        small = torch.zeros(4, dtype=torch.float64, device=self.device)
+        small = torch.zeros(4, dtype=torch.float64, device=self.device) if self.gns is not None else None
         tracker = MicroBatchGradNorms(self.params) if (self.gns is not None and self.world == 1) else None
         if self._local_sq is not None:
             self._local_sq.zero_()
@@ -418,7 +427,7 @@ class Trainer:
                 y = self.data.train_y[mb].to(self.device, non_blocking=True)
                 loss = F.cross_entropy(self.model(x), y, reduction="sum")
                 (loss * scale).backward()
-            loss_sum += loss.detach().double()
+            loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
             if tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
                 sq = tracker.after_backward(scale=bsz / (self.world * len(mb)))
                 small += torch.stack([sq, sq.new_tensor(1.0 / len(mb)), sq * len(mb), sq.new_tensor(1.0)])
@@ -434,13 +443,15 @@ class Trainer:
         set_mf(self.opt, self.mf)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        reduced = torch.cat([loss_sum.reshape(1), small])
+        if loss_sum is None:  # an empty slice
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
         if self.world > 1:
             dist.all_reduce(reduced)
-        if self.gns is not None and reduced[4] >= 1 and big_sq is not None:
-            v = reduced.tolist()
+        v = reduced.tolist()
+        if small is not None and v[4] >= 1 and big_sq is not None:
             self.gns.update(small_sq=v[1] / v[4], b_small=v[4] / v[2], big_sq=float(big_sq), b_big=bsz)
-        loss_mean = float(reduced[0]) / bsz
+        loss_mean = v[0] / bsz
         if self.auto is not None:
             self.auto.record(self.lr, loss_mean)
         if self._sample_log is not None:
@@ -502,7 +513,7 @@ class Trainer:
             "mf": self.mf,
             "batch/global": float(bsz),
             "batch/local": float(hi - lo),
-            "batch/accum_steps": float(len(micro_batches(np.arange(hi - lo), self.cfg.batch.max_local_batch)) or 1),
+            "batch/accum_steps": float(max(1, -(-(hi - lo) // self.cfg.batch.max_local_batch))),
             "workers": float(self.world),
             "samples_seen": float(self.state.samples_seen),
             "epoch": self.epoch_float,
