@@ -64,3 +64,28 @@ def test_arbitrary_objects_are_never_unpickled(tmp_path):
     d = write_checkpoint(str(tmp_path / "ckpt"), {"x": _Evil()})
     with pytest.raises(CorruptCheckpoint, match="cannot load"):
         read_checkpoint(d)
+
+
+def test_prune_keeps_the_newest_checkpoints_across_phase_folders(tmp_path):
+    from trainers.loop import prune_checkpoints, run_checkpoints
+
+    run = "elastic-abc"
+    layout = {run: [10, 20], f"{run}-r0p1": [30], f"{run}-r0p2": [40, 50], "elastic-other": [60]}
+    for folder, steps in layout.items():
+        for step in steps:
+            write_checkpoint(str(tmp_path / folder / f"checkpoint_step{step:08d}"), {"step": step})
+    write_checkpoint(str(tmp_path / f"{run}-r0p1" / "checkpoint_step00000030_resize"), {"step": 30})
+    prune_checkpoints(str(tmp_path), run, keep=3)
+    left = [os.path.relpath(p, tmp_path) for p in run_checkpoints(str(tmp_path), run)]
+    assert left == [f"{run}-r0p2/checkpoint_step00000050", f"{run}-r0p2/checkpoint_step00000040",
+                    f"{run}-r0p1/checkpoint_step00000030_resize"]
+    assert (tmp_path / "elastic-other" / "checkpoint_step00000060").is_dir()  # another run: untouched
+
+
+def test_push_interval_follows_the_step_pace_but_never_below_log_every():
+    from trainers.loop import push_interval
+
+    assert push_interval(10, 0.25, steps=10, seconds=0.02) == 125  # 500 steps/s -> a push per 0.25 s
+    assert push_interval(10, 0.25, steps=10, seconds=5.0) == 10    # slow steps: every log_every steps
+    assert push_interval(10, 0.0, steps=10, seconds=0.02) == 10    # time-based pushes turned off
+    assert push_interval(1, 0.25, steps=3, seconds=1e-6) == 10_000  # capped

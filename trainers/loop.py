@@ -50,7 +50,9 @@ class TrainConfig(BaseModel):
     epochs: float = Field(default=5, gt=0, description="may be fractional")
     eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
     seed: int = 0
-    log_every: int = Field(default=10, gt=0, description="steps between pushes of metrics to the driver")
+    log_every: int = Field(default=10, gt=0, description="fewest steps between pushes of metrics to the driver")
+    push_every_s: float = Field(default=0.25, ge=0, description="seconds between pushes (at least log_every "
+                                "steps apart); 0 = every log_every steps")
     sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
 
 
@@ -158,6 +160,16 @@ def _restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def push_interval(log_every: int, push_every_s: float, steps: int, seconds: float) -> int:
+    """Steps until the next push of metrics to the driver: ``push_every_s`` at the pace of the
+    last window (``steps`` in ``seconds``), never fewer than ``log_every``.  Fast steps would
+    otherwise push (an actor call that wakes the monitor and, in turn, the driver) dozens of
+    times a second for a progress bar that needs a few."""
+    if push_every_s <= 0 or steps <= 0 or seconds <= 0:
+        return log_every
+    return max(log_every, min(10_000, int(push_every_s * steps / seconds)))
+
+
 def checkpoint_step(path: str) -> int | None:
     """The step in a checkpoint directory's name (``checkpoint_step00000045[_resize]``)."""
     m = re.match(r"checkpoint_step(\d+)", posixpath.basename(path.rstrip("/")))
@@ -241,6 +253,7 @@ class Trainer:
         self.auto = self.schedule.new_auto()
         self.batch_policy = build_batch_policy(cfg.batch, dataset_size=self.n)
         self.B = cfg.batch.size
+        self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
         needs_gns = bool(self.batch_policy.needs) or cfg.schedule.scaling_rule == "adascale"
         self.gns = GradientNoiseScale(cfg.batch.ema) if needs_gns else None
         # With W > 1 the small-batch gradients are the workers' own, measured by a DDP hook;
@@ -493,7 +506,7 @@ class Trainer:
         return epoch_ended or (every > 0 and self.state.step % every == 0)
 
     def should_flush(self) -> bool:
-        return self.state.step % self.cfg.train.log_every == 0
+        return self.state.step >= self._next_flush
 
     def agree(self, value: int) -> int:
         """Rank 0's value, broadcast so that every rank acts on the same one at the same step."""
@@ -553,6 +566,7 @@ class Trainer:
         # Throughput windows run flush to flush on the wall clock (so the cost of pushing
         # metrics counts), minus validation and checkpoint time.
         window_samples, window_start, window_side = 0, time.perf_counter(), 0.0
+        window_steps, self._next_flush = 0, self.state.step + self.cfg.train.log_every
         first_step_done = False
         overlap_to = 0  # workers of a new group starting beside this one (an overlapping resize)
         if resumed and self.batch_policy.name != "fixed":
@@ -591,16 +605,24 @@ class Trainer:
                     window_side += time.perf_counter() - t_eval
                 flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
                 window_samples += len(ids)
+                window_steps += 1
+                interval = 0
                 if flush:
                     now = time.perf_counter()
-                    metrics["throughput/samples_per_s"] = window_samples / max(now - window_start - window_side, 1e-9)
-                    window_samples, window_start, window_side = 0, now, 0.0
+                    busy = max(now - window_start - window_side, 1e-9)
+                    metrics["throughput/samples_per_s"] = window_samples / busy
+                    t = self.cfg.train
+                    interval = push_interval(t.log_every, t.push_every_s, window_steps, busy)
+                    window_samples, window_steps, window_start, window_side = 0, 0, now, 0.0
                 self.reporter.log(self.state.step, metrics)
-                # rank 0's decision, shared: 1 stop, 2 hand over to the new group, 0 go on
+                # rank 0's decision, shared: 1 stop, 2 hand over to the new group, 0 go on;
+                # with the steps to the next push (rank 0's clock decides it for every rank)
                 code = 0
                 if flush:
                     stop_now = self.reporter.flush()
-                    code = self.agree(1 if stop_now else 2 if overlap_to and self.reporter.handover else 0)
+                    decision = 1 if stop_now else 2 if overlap_to and self.reporter.handover else 0
+                    code = self.agree(decision + 4 * interval)
+                    code, self._next_flush = code % 4, self.state.step + code // 4
                 stop = code == 1
                 if self.finished() or stop:
                     self.save_checkpoint(finished=True)
