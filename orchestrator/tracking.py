@@ -12,6 +12,8 @@ from typing import Any
 from orchestrator.config import RootConfig, flatten, to_yaml
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
+# Metrics that stay constant for long stretches: logged where they change (see log_metrics).
+STEPWISE = frozenset({"lr", "mf", "batch/global", "batch/local", "batch/accum_steps", "workers"})
 
 
 class RunTracker:
@@ -25,6 +27,8 @@ class RunTracker:
         self.client = MlflowClient(self.uri)
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._logged: set[tuple[str, int]] = set()
+        self._shown: dict[str, float] = {}  # stepwise metric -> the value last logged
+        self._held: dict[str, tuple[int, float]] = {}  # stepwise metric -> (step, value) not yet logged
         if run_id is None:
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
@@ -63,22 +67,52 @@ class RunTracker:
             for m in self.client.get_metric_history(self.run_id, key):
                 self._logged.add((key, m.step))
                 self.history[key].append((m.step, m.value))
+        for key in STEPWISE & set(self.history):
+            self.history[key].sort()
+            self._shown[key] = self.history[key][-1][1]
 
     def last_step(self) -> int:
         return max((s for _, s in self._logged), default=0)
 
     def log_metrics(self, records: list[tuple[int, dict[str, float]]]) -> None:
+        """Log per-step records.  A :data:`STEPWISE` metric is logged where its value changes,
+        with its previous value at the step before (so a chart draws steps, not ramps) and at the
+        end (:meth:`close_plateaus`); every other metric at every step.  An MLflow metric row
+        costs ~0.1 ms of driver CPU (SQLite), which at hundreds of steps a second competed
+        with training for the CPU."""
+        points: list[tuple[str, int, float]] = []
+        for step, metrics in records:
+            for key, value in metrics.items():
+                value = float(value)
+                if (key, step) in self._logged:
+                    continue
+                if key in STEPWISE:
+                    if self._shown.get(key) == value:
+                        self._held[key] = (step, value)  # same plateau: log it if it ends
+                        continue
+                    held = self._held.pop(key, None)
+                    if held is not None:
+                        points.append((key, *held))
+                    self._shown[key] = value
+                points.append((key, step, value))
+        self._write(points)
+
+    def close_plateaus(self) -> None:
+        """Log the last step of every stepwise metric's current plateau (at the end of a run)."""
+        held, self._held = self._held, {}
+        self._write([(key, step, value) for key, (step, value) in held.items()])
+
+    def _write(self, points: list[tuple[str, int, float]]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch: list[Metric] = []
-        for step, metrics in records:
-            for key, value in metrics.items():
-                if (key, step) in self._logged:
-                    continue
-                self._logged.add((key, step))
-                self.history[key].append((step, float(value)))
-                batch.append(Metric(key, float(value), now, step))
+        for key, step, value in points:
+            if (key, step) in self._logged:
+                continue
+            self._logged.add((key, step))
+            self.history[key].append((step, value))
+            batch.append(Metric(key, value, now, step))
         for i in range(0, len(batch), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_BATCH])
 
@@ -137,4 +171,5 @@ class RunTracker:
         self.client.update_run(self.run_id, status="RUNNING")
 
     def end(self, status: str = "FINISHED") -> None:
+        self.close_plateaus()
         self.client.set_terminated(self.run_id, status=status)

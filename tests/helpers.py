@@ -35,6 +35,15 @@ def metric_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in hist)
 
 
+def dense_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """A stepwise metric (logged where it changes) at every step from its first to its last point."""
+    pts = metric_series(uri, run_id, key)
+    out = []
+    for (s, v), nxt in zip(pts, pts[1:] + [(pts[-1][0] + 1, None)]):
+        out += [(t, v) for t in range(s, nxt[0])]
+    return out
+
+
 def final_model(uri: str, run_id: str, dst) -> dict[str, torch.Tensor]:
     from mlflow.tracking import MlflowClient
 

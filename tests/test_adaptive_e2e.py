@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.runner import run_training
-from tests.helpers import make_config, metric_series, read_sample_log
+from tests.helpers import dense_series, make_config, metric_series, read_sample_log
 
 pytestmark = pytest.mark.integration
 
@@ -125,8 +125,8 @@ def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
     assert (r["mode"], r["from"], r["to"]) == ("overlap", 1, 2)
     assert r["step"] >= steps1 and r["step"] + 1 == taken["step"]
     assert r["latency_s"] < r["overlap_s"], r  # training stood still for less than the new group's start
-    workers = dict(metric_series(uri, run.run_id, "workers"))
-    accum = dict(metric_series(uri, run.run_id, "batch/accum_steps"))
+    workers = dict(dense_series(uri, run.run_id, "workers"))
+    accum = dict(dense_series(uri, run.run_id, "batch/accum_steps"))
     # between the batch change and the takeover, one worker ran B=64 as two micro-batches
     assert workers[steps1 + 1] == 1.0 and accum[steps1 + 1] == 2.0
     assert workers[r["step"]] == 1.0 and workers[r["step"] + 1] == 2.0 and accum[r["step"] + 1] == 1.0
@@ -195,7 +195,7 @@ def test_logged_lr_and_mf_match_plan_csv(ray_cluster, tmp_path):
     plan = list(csv.DictReader(io.StringIO(out.stdout)))
     assert list(plan[0]) == ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps"]
     s = run_training(cfg, progress=False)
-    lr, mf = metric_series(uri, s.run_id, "lr"), metric_series(uri, s.run_id, "mf")
+    lr, mf = dense_series(uri, s.run_id, "lr"), dense_series(uri, s.run_id, "mf")
     assert [int(r["step"]) for r in plan] == [st for st, _ in lr] == list(range(1, len(plan) + 1))
     np.testing.assert_allclose([v for _, v in lr], [float(r["lr"]) for r in plan], rtol=1e-9)
     np.testing.assert_allclose([v for _, v in mf], [float(r["mf"]) for r in plan], rtol=1e-9)
@@ -206,4 +206,4 @@ def test_logged_lr_and_mf_match_plan_csv(ray_cluster, tmp_path):
     for key in ("batch/global", "workers", "batch/local", "batch/accum_steps"):
         col = {"batch/global": "batch_global", "workers": "workers", "batch/local": "batch_local",
                "batch/accum_steps": "accum_steps"}[key]
-        assert [v for _, v in metric_series(uri, s.run_id, key)] == [float(r[col]) for r in plan]
+        assert [v for _, v in dense_series(uri, s.run_id, key)] == [float(r[col]) for r in plan]
