@@ -1,7 +1,7 @@
 """Rank 0's live channel to the driver.
 
 The driver creates one small named Ray actor per run (the monitor).  Rank 0
-buffers (step, metrics) records and pushes them every few steps; the push answers
+buffers (step, metrics) records and pushes them about every ``train.push_every_s``; the push answers
 with the driver's decision (``{"stop": bool}``) which rank 0 reads at the next
 flush, so the training loop never waits on the driver.  Other ranks do not talk
 to the monitor; the loop broadcasts rank 0's decision to them.
