@@ -372,7 +372,8 @@ class Trainer:
         Not through ``ray.train.report``: its controller takes one report per poll (every
         ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s), so a report that follows the previous one
         sooner waits for it, which made a checkpoint per short epoch cost seconds.  The workers
-        find checkpoints by listing the run's folders (:func:`load_newest_checkpoint`)."""
+        find checkpoints by listing the run's folders (:func:`load_newest_checkpoint`).
+        Returns the checkpoint's path (its name where nothing was written)."""
         self.state.finished = finished
         self.state.extra = {"batch": {"size": self.B, "policy": self.batch_policy.state_dict()}}
         if self.gns is not None:
@@ -394,13 +395,12 @@ class Trainer:
         })
         prune_checkpoints(self.runtime.storage, self.runtime.run_prefix, self.cfg.checkpoint.keep)
         self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
-        return name
+        return path
 
     def hand_over(self, resize_to: int) -> None:
         """End this group at a checkpoint that the group of ``resize_to`` workers restores."""
-        name = self.save_checkpoint(resize_to=resize_to)
+        path = self.save_checkpoint(resize_to=resize_to)
         if self.rank == 0:
-            path = posixpath.join(self.runtime.storage, self.runtime.run_name, name) if self.runtime.storage else name
             self.reporter.handed_over(self.runtime.phase, self.state.step, path)
         self.reporter.event("resize_checkpoint", step=self.state.step, resize_to=resize_to)
         self.reporter.flush(wait=True)
