@@ -14,6 +14,8 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import table, temp_config  # noqa: E402
@@ -38,13 +40,15 @@ def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
     c = MlflowClient(cfg.tracking.uri)
     start = c.get_run(s.run_id).info.start_time / 1000
     acc = sorted(c.get_metric_history(s.run_id, "val/accuracy"), key=lambda m: m.step)
-    seen = {m.step: m.value for m in c.get_metric_history(s.run_id, "samples_seen")}
+    # samples_seen is logged where it bends (orchestrator/tracking.py): read it off the lines between
+    seen_pts = sorted((m.step, m.value) for m in c.get_metric_history(s.run_id, "samples_seen"))
     hit = next((m for m in acc if m.value >= target), None)
     final_b = max(m.value for m in c.get_metric_history(s.run_id, "batch/global"))
     workers = max(m.value for m in c.get_metric_history(s.run_id, "workers"))
     if hit is None:
         return (name, "not reached", "-", "-", f"{acc[-1].value:.3f}", f"{int(final_b)}", int(workers))
-    return (name, hit.step, int(seen[hit.step]), f"{hit.timestamp / 1000 - start:.0f}", f"{acc[-1].value:.3f}",
+    seen = int(np.interp(hit.step, *zip(*seen_pts)))
+    return (name, hit.step, seen, f"{hit.timestamp / 1000 - start:.0f}", f"{acc[-1].value:.3f}",
             f"{int(final_b)}", int(workers))
 
 

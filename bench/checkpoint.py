@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from bench.common import median, table  # noqa: E402
+from bench.common import median, scratch_dir, table  # noqa: E402
 from trainers.data import DatasetInfo  # noqa: E402
 from trainers.models import ModelConfig, build_model  # noqa: E402
 from trainers.state import TrainState, read_checkpoint, write_checkpoint  # noqa: E402
@@ -49,7 +47,7 @@ def main() -> None:
     rows = []
     for name in ("cnn", "resnet50"):
         p = payload(name)
-        root = tempfile.mkdtemp(prefix="elastic-ckpt-bench-")
+        root = scratch_dir("elastic-ckpt-bench-")
         saves, loads, raw_saves, raw_loads = [], [], [], []
         for i in range(a.repeats):
             d = os.path.join(root, f"ckpt{i}")
@@ -59,7 +57,6 @@ def main() -> None:
             raw_saves.append(timed(lambda: torch.save(p, f)))
             raw_loads.append(timed(lambda: torch.load(f, weights_only=True)))
         size = os.path.getsize(os.path.join(root, "ckpt0", "state.pt")) / 2**20
-        shutil.rmtree(root)
         rows.append((name, f"{size:.1f}", f"{median(saves) * 1000:.1f}", f"{median(raw_saves) * 1000:.1f}",
                      f"{median(loads) * 1000:.1f}", f"{median(raw_loads) * 1000:.1f}",
                      f"{median(saves) / median(raw_saves):.2f}", f"{median(loads) / median(raw_loads):.2f}"))

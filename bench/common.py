@@ -1,16 +1,31 @@
-"""Shared bits of the benchmarks: a throw-away MLflow store and config, figures as a table."""
+"""Shared bits of the benchmarks: throw-away folders (an MLflow store, Ray Train storage), a
+config, figures as a table."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
+import sys
 import tempfile
 
 from orchestrator.config import RootConfig, validate
 
 
+def scratch_dir(prefix: str = "elastic-bench-") -> str:
+    """A temporary folder removed when the benchmark exits (kept, and named on stderr, with
+    ``ELASTIC_BENCH_KEEP=1``)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    if os.environ.get("ELASTIC_BENCH_KEEP"):
+        print(f"keeping {path}", file=sys.stderr)
+    else:
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def temp_config(**sections) -> tuple[RootConfig, str]:
-    tmp = tempfile.mkdtemp(prefix="elastic-bench-")
+    tmp = scratch_dir()
     raw = {
         "checkpoint": {"storage_path": os.path.join(tmp, "ray_runs")},
         "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "bench"},

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import median, table, temp_config  # noqa: E402
+from bench.common import median, scratch_dir, table, temp_config  # noqa: E402
 from trainers.data import epoch_permutation, load_data  # noqa: E402
 from trainers.models import build_model  # noqa: E402
 from trainers.optim import build_optimizer  # noqa: E402
@@ -86,12 +86,11 @@ def loop_in_process(cfg, epochs: int, threads: int) -> list[float]:
 def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
     """The plain loop as the train function of a bare one-worker ``TorchTrainer``."""
     import json
-    import tempfile
 
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    out = tempfile.mktemp(prefix="elastic-plain-")
+    out = os.path.join(scratch_dir(), "rates.json")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def loop(c):
@@ -103,11 +102,9 @@ def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
 
     TorchTrainer(loop, train_loop_config={"cfg": cfg, "epochs": epochs, "threads": threads, "out": out, "root": root},
                  scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
-                 run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="elastic-bench-"), name="plain")).fit()
+                 run_config=RunConfig(storage_path=scratch_dir(), name="plain")).fit()
     with open(out) as f:
-        rates = json.load(f)
-    os.unlink(out)
-    return rates
+        return json.load(f)
 
 
 def orchestrator_run(cfg):

@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import median, table, temp_config  # noqa: E402
+from bench.common import median, scratch_dir, table, temp_config  # noqa: E402
 
 
 def cold_start(workers: int, cpus: float, storage: str) -> float:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    marker = tempfile.mktemp(prefix="elastic-cold-")
+    marker = os.path.join(storage, f"cold-{time.time_ns()}.txt")
 
     def loop(config):
         with open(config["marker"], "a") as f:
@@ -77,7 +76,7 @@ def main() -> None:
     from orchestrator.runner import ensure_ray
 
     ensure_ray(verbose=False)
-    storage = tempfile.mkdtemp(prefix="elastic-bench-")
+    storage = scratch_dir()
     cold: list[float] = []
     runs: dict[str, list[dict]] = {"overlap": [], "restart": []}
     for _ in range(a.repeats):  # interleaved, so drift on a shared machine hits all three

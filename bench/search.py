@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import table  # noqa: E402
+from bench.common import scratch_dir, table  # noqa: E402
 
 PARAMS = {
     "optimizer.lr": {"choices": [0.003, 0.03, 0.3, 3.0]},
@@ -84,10 +83,10 @@ def main() -> None:
     ensure_ray()
     import ray
 
-    tmp = tempfile.mkdtemp(prefix="elastic-bench-search-")
+    tmp = scratch_dir("elastic-bench-search-")
     described = ", ".join(f"{k} {v['choices']}" for k, v in PARAMS.items())
     print(f"space: {described}  (16 points); "
-          f"4 epochs of digits, MLP; {args.parallel} trials at a time; work dir {tmp}", file=sys.stderr)
+          f"4 epochs of digits, MLP; {args.parallel} trials at a time", file=sys.stderr)
     results = [run_study("grid", tmp, {"name": "grid", "seed": 0}, "none", None, args.parallel)]
     for name in [n.strip() for n in args.pruners.split(",") if n.strip()]:
         results.append(run_study(f"tpe+{name}", tmp, {"name": "tpe", "seed": args.seed, "n_startup_trials": 3,

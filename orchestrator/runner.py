@@ -465,9 +465,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     try:
         runner.run()
         status = "FINISHED"
+        tracker.release_held()
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value("workers", 0)),
                           "elastic.resizes": len(runner.resizes)})
-        tracker.close_plateaus()
         tracker.log_plots()
         from trainers.loop import load_newest_checkpoint
 

@@ -12,8 +12,54 @@ from typing import Any
 from orchestrator.config import RootConfig, flatten, to_yaml
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
-# Metrics that stay constant for long stretches: logged where they change (see log_metrics).
-STEPWISE = frozenset({"lr", "mf", "batch/global", "batch/local", "batch/accum_steps", "workers"})
+# Metrics whose per-step series is piecewise linear (constant for long stretches, or growing by
+# the same amount every step): logged only where the series bends (see RunTracker.log_metrics),
+# with the tolerance a dropped point may miss the line by, relative to its value.
+PIECEWISE = {"lr": 0.0, "mf": 0.0, "batch/global": 0.0, "batch/local": 0.0, "batch/accum_steps": 0.0,
+             "workers": 0.0, "samples_seen": 0.0, "epoch": 1e-12}
+HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI stays current
+
+
+class _Segment:
+    """The open segment of one piecewise metric: its last logged point, the first and the last
+    point since then that were held back because they lie on one line with it."""
+
+    __slots__ = ("anchor", "first", "held")
+
+    def __init__(self, anchor: tuple[int, float] | None = None):
+        self.anchor = anchor
+        self.first: tuple[int, float] | None = None
+        self.held: tuple[int, float] | None = None
+
+    def on_line(self, step: int, value: float, tol: float) -> bool:
+        (sa, va), (s1, v1) = self.anchor, self.first
+        if tol == 0.0:  # exact for constants and integer-valued series (no division)
+            return (value - va) * (s1 - sa) == (v1 - va) * (step - sa)
+        return abs(va + (v1 - va) * (step - sa) / (s1 - sa) - value) <= tol * max(1.0, abs(value))
+
+    def add(self, step: int, value: float, tol: float) -> list[tuple[int, float]]:
+        """The points to log now for the next point of the series (a step seen before is ignored)."""
+        last = self.held or self.anchor
+        if last is not None and step <= last[0]:
+            return []
+        if self.anchor is None:
+            self.anchor = (step, value)
+            return [self.anchor]
+        if self.first is None or self.on_line(step, value, tol):
+            self.first = self.first or (step, value)
+            self.held = (step, value)
+            return []
+        out = [self.held]
+        self.anchor, self.first, self.held = self.held, (step, value), (step, value)
+        return out
+
+    def release(self) -> list[tuple[int, float]]:
+        """Log the held point now (end of a run, or the UI should catch up); the segment restarts there."""
+        if self.held is None:
+            return []
+        out = [self.held]
+        self.anchor, self.first, self.held = self.held, None, None
+        return out
 
 
 class RunTracker:
@@ -27,8 +73,8 @@ class RunTracker:
         self.client = MlflowClient(self.uri)
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._logged: set[tuple[str, int]] = set()
-        self._shown: dict[str, float] = {}  # stepwise metric -> the value last logged
-        self._held: dict[str, tuple[int, float]] = {}  # stepwise metric -> (step, value) not yet logged
+        self._segments: dict[str, _Segment] = {}  # piecewise metric -> its open segment
+        self._released = time.monotonic()
         if run_id is None:
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
@@ -67,40 +113,40 @@ class RunTracker:
             for m in self.client.get_metric_history(self.run_id, key):
                 self._logged.add((key, m.step))
                 self.history[key].append((m.step, m.value))
-        for key in STEPWISE & set(self.history):
+        for key in set(PIECEWISE) & set(self.history):
             self.history[key].sort()
-            self._shown[key] = self.history[key][-1][1]
+            self._segments[key] = _Segment(self.history[key][-1])
 
     def last_step(self) -> int:
         return max((s for _, s in self._logged), default=0)
 
     def log_metrics(self, records: list[tuple[int, dict[str, float]]]) -> None:
-        """Log per-step records.  A :data:`STEPWISE` metric is logged where its value changes,
-        with its previous value at the step before (so a chart draws steps, not ramps) and at the
-        end (:meth:`close_plateaus`); every other metric at every step.  An MLflow metric row
-        costs ~0.1 ms of driver CPU (SQLite), which at hundreds of steps a second competed
-        with training for the CPU."""
+        """Log per-step records.  A :data:`PIECEWISE` metric is logged only where its per-step
+        series bends, i.e. the points where a constant stretch or a constant slope begins and
+        ends, plus its newest point every :data:`HOLD_S` and at the end (:meth:`release_held`):
+        the lines MLflow draws between them pass through every step's value.  Every other metric
+        is logged at every step.  An MLflow metric row costs the driver ~0.1 ms of CPU (SQLite),
+        which at hundreds of steps a second took CPU from the training workers."""
         points: list[tuple[str, int, float]] = []
         for step, metrics in records:
             for key, value in metrics.items():
                 value = float(value)
                 if (key, step) in self._logged:
                     continue
-                if key in STEPWISE:
-                    if self._shown.get(key) == value:
-                        self._held[key] = (step, value)  # same plateau: log it if it ends
-                        continue
-                    held = self._held.pop(key, None)
-                    if held is not None:
-                        points.append((key, *held))
-                    self._shown[key] = value
-                points.append((key, step, value))
+                tol = PIECEWISE.get(key)
+                if tol is None:
+                    points.append((key, step, value))
+                else:
+                    seg = self._segments.get(key) or self._segments.setdefault(key, _Segment())
+                    points += [(key, *p) for p in seg.add(step, value, tol)]
         self._write(points)
+        if time.monotonic() - self._released >= HOLD_S:
+            self.release_held()
 
-    def close_plateaus(self) -> None:
-        """Log the last step of every stepwise metric's current plateau (at the end of a run)."""
-        held, self._held = self._held, {}
-        self._write([(key, step, value) for key, (step, value) in held.items()])
+    def release_held(self) -> None:
+        """Log every piecewise metric's newest point (the UI catches up; at the end of a run)."""
+        self._released = time.monotonic()
+        self._write([(key, *p) for key, seg in self._segments.items() for p in seg.release()])
 
     def _write(self, points: list[tuple[str, int, float]]) -> None:
         from mlflow.entities import Metric
@@ -171,5 +217,5 @@ class RunTracker:
         self.client.update_run(self.run_id, status="RUNNING")
 
     def end(self, status: str = "FINISHED") -> None:
-        self.close_plateaus()
+        self.release_held()
         self.client.set_terminated(self.run_id, status=status)

@@ -36,12 +36,13 @@ def metric_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def dense_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    """A stepwise metric (logged where it changes) at every step from its first to its last point."""
+    """A piecewise metric (logged where its per-step series bends: orchestrator/tracking.py) at
+    every step from its first to its last point, read off the lines between its logged points."""
+    import numpy as np
+
     pts = metric_series(uri, run_id, key)
-    out = []
-    for (s, v), nxt in zip(pts, pts[1:] + [(pts[-1][0] + 1, None)]):
-        out += [(t, v) for t in range(s, nxt[0])]
-    return out
+    steps = list(range(pts[0][0], pts[-1][0] + 1))
+    return list(zip(steps, np.interp(steps, [s for s, _ in pts], [v for _, v in pts]).tolist()))
 
 
 def final_model(uri: str, run_id: str, dst) -> dict[str, torch.Tensor]:

@@ -164,15 +164,17 @@ def test_show_prints_trials_and_a_ready_to_train_config(study_a, capsys, tmp_pat
 # --------------------------------------------------------------------------- (b) pruning stops hopeless trials
 
 
-FULL_STEPS = 8 * 45  # 8 epochs of 1438 samples at B = 32
+# Long enough that the stop's way (the pruner's value reaches the driver at a push, the stop goes
+# back at the next push: ~2 x train.push_every_s, hundreds of fast steps here) is a small part.
+FULL_STEPS = 20 * 45  # 20 epochs of 1438 samples at B = 32
 
 
 @pytest.mark.integration
 def test_pruning_stops_hopeless_multi_worker_trials_early(ray_cluster, tmp_path, tracking_uri):
     """lr = 50 diverges at once: the threshold pruner stops it (both workers at the same step) while
-    the lr = 0.05 trial runs its 8 epochs."""
+    the lr = 0.05 trial runs its 20 epochs."""
     storage = str(tmp_path / "optuna.journal")
-    base = base_config(tmp_path, train={"epochs": 8, "eval_every": 10, "log_every": 5},
+    base = base_config(tmp_path, train={"epochs": 20, "eval_every": 10, "log_every": 5},
                        batch={"size": 32, "max_local_batch": 16},
                        scaling={"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5})
     space = write_space(tmp_path, "prune", base=base, objective={"metric": "val/accuracy"},

@@ -1,6 +1,11 @@
-"""The MLflow tracker on a real SQLite store (no Ray): stepwise metrics are logged where they
-change, with the step before each change and the last step, so the per-step series is exact."""
+"""The MLflow tracker on a real SQLite store (no Ray): piecewise metrics are logged where their
+per-step series bends (a change of value or of slope), with the step before each bend and the
+last step, so the per-step series is exact."""
 
+import numpy as np
+import pytest
+
+import orchestrator.tracking as tracking
 from orchestrator.config import validate
 from orchestrator.tracking import RunTracker
 from tests.helpers import dense_series, metric_series
@@ -34,3 +39,75 @@ def test_a_resumed_tracker_logs_nothing_twice(tmp_path):
     again.end()
     assert metric_series(uri, tr.run_id, "workers") == [(1, 2.0), (4, 2.0), (5, 2.0), (6, 4.0), (7, 4.0)]
     assert [s for s, _ in metric_series(uri, tr.run_id, "train/loss")] == list(range(1, 8))
+
+
+def _samples_seen(batches):
+    out, total = [], 0
+    for b in batches:
+        total += b
+        out.append(float(total))
+    return out
+
+
+def test_linear_metrics_are_logged_where_their_slope_changes(tmp_path):
+    tr, uri = _tracker(tmp_path)
+    batches = [64] * 6 + [30] + [64] * 6 + [30] + [128] * 4  # epoch tails, then the batch doubles
+    seen = _samples_seen(batches)
+    n = 414  # 6*64 + 30 samples an epoch
+    epoch = [(s - 1) // 7 + (sum(batches[(s - 1) // 7 * 7:s]) / n) for s in range(1, len(batches) + 1)]
+    records = [(s, {"samples_seen": v, "epoch": e, "train/loss": 1.0}) for s, (v, e) in
+               enumerate(zip(seen, epoch), start=1)]
+    for i in range(0, len(records), 5):  # pushes end anywhere in a segment
+        tr.log_metrics(records[i:i + 5])
+    tr.end()
+    logged = metric_series(uri, tr.run_id, "samples_seen")
+    assert [s for s, _ in logged] == [1, 6, 7, 13, 14, 18]  # where the per-step increment changes
+    assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))
+    got = dense_series(uri, tr.run_id, "epoch")
+    assert [s for s, _ in got] == list(range(1, 19))
+    np.testing.assert_allclose([v for _, v in got], epoch, rtol=1e-12)
+    assert len(metric_series(uri, tr.run_id, "epoch")) < len(epoch)
+
+
+def test_repeated_steps_are_ignored_and_held_points_show_up_every_hold_s(tmp_path, monkeypatch):
+    tr, uri = _tracker(tmp_path)
+    tr.log_metrics([(s, {"samples_seen": 10.0 * s}) for s in range(1, 6)])
+    tr.log_metrics([(s, {"samples_seen": 999.0}) for s in range(3, 6)])  # a replay: steps already seen
+    assert metric_series(uri, tr.run_id, "samples_seen") == [(1, 10.0)]  # 2..5 lie on one line: held
+    monkeypatch.setattr(tracking, "HOLD_S", 0.0)
+    tr.log_metrics([(6, {"samples_seen": 60.0})])
+    assert metric_series(uri, tr.run_id, "samples_seen") == [(1, 10.0), (6, 60.0)]  # the UI caught up
+    tr.end()
+    assert dense_series(uri, tr.run_id, "samples_seen") == [(s, 10.0 * s) for s in range(1, 7)]
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.0, 4.0, 8.0], [3.0, 1.0, 3.0, 1.0], [0.5, 0.5, 0.25, 0.125]])
+def test_a_series_that_bends_every_step_keeps_every_step(tmp_path, values):
+    tr, uri = _tracker(tmp_path)
+    tr.log_metrics([(s, {"samples_seen": v}) for s, v in enumerate(values, start=1)])
+    tr.end()
+    assert metric_series(uri, tr.run_id, "samples_seen") == list(enumerate(values, start=1))
+
+
+def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
+    """The driver dies holding the tail of a segment; the checkpoint's newest record (kept by the
+    reporter even once acknowledged) gives the resumed tracker the point where training goes on."""
+    from trainers.report import Reporter
+
+    seen = _samples_seen([64] * 9 + [30] + [64] * 5)  # bends at step 10 (an epoch tail)
+    records = [(s, {"samples_seen": v, "train/loss": 1.0}) for s, v in enumerate(seen, start=1)]
+    tr, uri = _tracker(tmp_path)
+    rep = Reporter(None, None, enabled=False)
+    rep._handle = object()  # a monitor is there: records are kept until acknowledged
+    for r in records[:9]:
+        rep.log(*r)
+    tr.log_metrics(records[:9])
+    rep._answer({"acked": 9})
+    pending = rep.pending()  # what the checkpoint at step 9 carries
+    assert pending == [[9, records[8][1]]]
+    # The driver is killed: steps 2..9 were held, never logged.  The resumed run restores step 9.
+    cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
+    again = RunTracker(cfg, run_id=tr.run_id)
+    again.log_metrics([(s, m) for s, m in pending] + records[9:])
+    again.end()
+    assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))

@@ -23,8 +23,8 @@ class Reporter:
 
             self._handle = ray.get_actor(monitor_name, namespace=namespace)
         self._records: list[Record] = []
-        # Records the driver has not yet confirmed it logged: they ride in each checkpoint,
-        # so a driver killed before logging them gets them again on resume.
+        # Records the driver has not yet confirmed it logged (and the newest one): they ride in
+        # each checkpoint, so a driver killed before logging them gets them again on resume.
         self._unacked: list[Record] = []
         self._events: list[dict[str, Any]] = []
         self._pending = None
@@ -50,7 +50,9 @@ class Reporter:
         self._handover = bool(decision.get("handover", False))
         acked = decision.get("acked", -1)
         if self._unacked and acked >= 0:
-            self._unacked = [r for r in self._unacked if r[0] > acked]
+            # The newest record stays even once logged: restored with a checkpoint, it gives the
+            # driver's piecewise metrics (orchestrator/tracking.py) the point where training resumes.
+            self._unacked = [r for r in self._unacked if r[0] > acked] or self._unacked[-1:]
 
     def event(self, kind: str, **data: Any) -> None:
         if self._handle is not None:
