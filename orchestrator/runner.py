@@ -438,6 +438,15 @@ def write_run_info(runner: PhaseRunner, cfg: RootConfig) -> None:
                    "config": cfg.model_dump(mode="json")}, f, indent=1)
 
 
+def _open_tracking_store(uri: str) -> None:
+    try:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).search_experiments(max_results=1)
+    except Exception:  # noqa: BLE001 - RunTracker reports a bad store with its own error
+        pass
+
+
 def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                  on_start: Callable[[PhaseRunner], None] | None = None,
@@ -448,7 +457,12 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
     steps continue, nothing already logged is logged again."""
     t0 = t_invoked or time.time()
+    # Import MLflow and open its store (a fresh SQLite file takes seconds of schema migrations)
+    # while Ray starts; the run itself is created once Ray is up.
+    warm = threading.Thread(target=_open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
+    warm.start()
     started_ray = ensure_ray(verbose)
+    warm.join()
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
     runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
     runner.t_start = t0

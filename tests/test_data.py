@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.data import (DataConfig, epoch_permutation, global_batch, load_data, micro_batches,
+from trainers.data import (DataConfig, digits_arrays, epoch_permutation, global_batch, load_data, micro_batches,
                            slice_bounds)
 
 
@@ -52,6 +52,22 @@ def test_digits_split_is_seeded_and_disjoint():
     assert a.num_train + len(a.val_y) == 1797
     c = load_data(cfg, 1)
     assert not torch.equal(a.train_x, c.train_x)
+
+
+def test_digits_read_from_the_file_match_scikit_learns_loader():
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    pixels, labels = digits_arrays()
+    d = load_digits()
+    np.testing.assert_array_equal(pixels, d.data)
+    np.testing.assert_array_equal(labels, d.target)
+    # and a worker that loads digits does not pay for importing scikit-learn
+    code = "import sys; from trainers.data import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_synthetic_is_learnable_and_shaped():
