@@ -4,15 +4,16 @@ Both train the same model on the same data with the same global batch, optimizer
 thread count, in the same run of this script (absolute figures mean little on a shared
 machine; the ratio is the result).  The orchestrator's figure is its own
 ``throughput/samples_per_s`` metric (flush-to-flush wall time of the loop, including
-metric pushes, excluding validation and checkpoints).  Two more rows split the gap: the
+metric pushes, excluding validation and checkpoints); every row is the median over windows
+of about the same length (``train.push_every_s``, 0.25 s).  Two more rows split the gap: the
 plain loop inside a bare Ray Train worker (what the Ray worker process and Ray's own
-processes on the node cost) and the orchestrator's step code in this process (what the
-loop's own code costs).  Also printed: the time from the ``train`` invocation to the
+processes on the node cost) and the orchestrator's step code in a plain process (what the
+loop's own code costs).  The plain rows run in fresh processes that never join Ray.  Also printed: the time from the ``train`` invocation to the
 first completed optimizer step, and the whole run's wall time.
 
     .venv/bin/python bench/overhead.py [--epochs 10] [--model cnn] [--batch 64] [--threads 2]
         [--size N]   # synthetic 8x8 data of N samples instead of digits (longer epochs)
-        [--repeats R]
+        [--repeats R] [--warmup 1]   # rounds, interleaved; warm-up rounds are not counted
 
 Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).
 """
@@ -36,21 +37,25 @@ from trainers.models import build_model  # noqa: E402
 from trainers.optim import build_optimizer  # noqa: E402
 
 
-def windowed_rates(step, n: int, batch: int, seed: int, epochs: int, window: int = 10) -> list[float]:
-    """Samples/s over ``window``-step windows of ``step(ids)`` walking the run's data order."""
+def windowed_rates(step, n: int, batch: int, seed: int, epochs: int, window_s: float) -> list[float]:
+    """Samples/s over windows of about ``window_s`` seconds (the orchestrator's push windows) of
+    ``step(ids)`` walking the run's data order; the first window (warm-up) is left out, as for the
+    orchestrator.  Windows as long as the orchestrator's: short ones (say 10 steps) would let the
+    median step over the stalls that other processes cause, which the orchestrator's windows
+    cannot."""
     rates = []
     for epoch in range(epochs):
         perm = epoch_permutation(seed, epoch, n)
         t0, samples = time.perf_counter(), 0
-        for i, s in enumerate(range(0, n, batch)):
+        for s in range(0, n, batch):
             ids = perm[s:s + batch]
             step(ids)
             samples += len(ids)
-            if (i + 1) % window == 0:
-                now = time.perf_counter()
+            now = time.perf_counter()
+            if now - t0 >= window_s:
                 rates.append(samples / (now - t0))
                 t0, samples = now, 0
-    return rates
+    return rates[1:]
 
 
 def plain_loop(cfg, epochs: int, threads: int) -> list[float]:
@@ -69,7 +74,7 @@ def plain_loop(cfg, epochs: int, threads: int) -> list[float]:
         opt.step()
         float(loss.detach())  # the orchestrator reads its loss every step too
 
-    return windowed_rates(step, data.num_train, cfg.batch.size, cfg.train.seed, epochs)
+    return windowed_rates(step, data.num_train, cfg.batch.size, cfg.train.seed, epochs, cfg.train.push_every_s)
 
 
 def loop_in_process(cfg, epochs: int, threads: int) -> list[float]:
@@ -80,7 +85,7 @@ def loop_in_process(cfg, epochs: int, threads: int) -> list[float]:
     torch.set_num_threads(threads)
     t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))
     return windowed_rates(lambda ids: t.metrics_for_step(t.train_step(ids), len(ids)), t.n, cfg.batch.size,
-                          cfg.train.seed, epochs)
+                          cfg.train.seed, epochs, cfg.train.push_every_s)
 
 
 def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
@@ -107,6 +112,31 @@ def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
         return json.load(f)
 
 
+def in_fresh_process(row: str, cfg, epochs: int, threads: int) -> list[float]:
+    """Run ``plain_loop`` or ``loop_in_process`` in a new Python process that never joins Ray:
+    the driver process (this one) runs Ray's client threads, which a reference must not pay for."""
+    import json
+    import subprocess
+
+    path = os.path.join(scratch_dir(), "cfg.json")
+    with open(path, "w") as f:
+        json.dump(cfg.model_dump(mode="json"), f)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", row, "--child-config", path,
+                          "--epochs", str(epochs), "--threads", str(threads)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child(row: str, config_path: str, epochs: int, threads: int) -> None:
+    import json
+
+    from orchestrator.config import validate
+
+    with open(config_path) as f:
+        cfg = validate(json.load(f))
+    print(json.dumps((plain_loop if row == "plain" else loop_in_process)(cfg, epochs, threads)))
+
+
 def orchestrator_run(cfg):
     from mlflow.tracking import MlflowClient
 
@@ -126,7 +156,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--size", type=int, default=0, help="synthetic data of this many samples (0: digits)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="rounds run first and not counted (a Ray just started is busy for a while)")
+    ap.add_argument("--child", choices=("plain", "local"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-config", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        return child(a.child, a.child_config, a.epochs, a.threads)
     data = {"name": "synthetic", "size": a.size, "shape": [1, 8, 8]} if a.size else {"name": "digits"}
     cfg, _ = temp_config(
         data=data, model={"name": a.model, "norm": "batch", "hidden": 64},
@@ -138,27 +174,31 @@ def main() -> None:
     from orchestrator.runner import ensure_ray
 
     started = ensure_ray(verbose=False, num_cpus=os.cpu_count())  # one Ray for both Ray rows
+    for _ in range(a.warmup):
+        orchestrator_run(cfg)
+        plain_in_ray_train(cfg, a.epochs, a.threads)
     plain, in_ray, orch, local, summaries = [], [], [], [], []
     for _ in range(a.repeats):  # interleaved, so that a noisy minute hits every row alike
-        plain += plain_loop(cfg, a.epochs, a.threads)
+        plain += in_fresh_process("plain", cfg, a.epochs, a.threads)
         summary, rates = orchestrator_run(cfg)
         orch += rates
         summaries.append(summary)
         in_ray += plain_in_ray_train(cfg, a.epochs, a.threads)
-        plain += plain_loop(cfg, a.epochs, a.threads)
-        local += loop_in_process(cfg, a.epochs, a.threads)
+        plain += in_fresh_process("plain", cfg, a.epochs, a.threads)
+        local += in_fresh_process("local", cfg, a.epochs, a.threads)
     if started:
         import ray
 
         ray.shutdown()
     p, o = median(plain), median(orch)
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
-    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs, {a.repeats} repeat(s); "
-          f"median samples/s over windows (plain: 10 steps; orchestrator: its push windows, ~0.25 s)")
+    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs, {a.repeats} repeat(s) "
+          f"after {a.warmup} warm-up round(s); "
+          f"median samples/s over windows of ~{cfg.train.push_every_s} s (the orchestrator's push windows)")
     print(table([
         ("plain PyTorch loop", f"{p:,.0f}", "1.000"),
         ("plain loop in a bare Ray Train worker", f"{median(in_ray):,.0f}", f"{median(in_ray) / p:.3f}"),
-        ("orchestrator step code in-process, no Ray", f"{median(local):,.0f}", f"{median(local) / p:.3f}"),
+        ("orchestrator step code, plain process, no Ray", f"{median(local):,.0f}", f"{median(local) / p:.3f}"),
         ("orchestrator loop, W=1", f"{o:,.0f}", f"{o / p:.3f}"),
     ], ("loop", "samples/s", "vs plain")))
     s0 = summaries[-1]
