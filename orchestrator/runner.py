@@ -439,10 +439,13 @@ def write_run_info(runner: PhaseRunner, cfg: RootConfig) -> None:
 
 
 def _open_tracking_store(uri: str) -> None:
+    """Import MLflow and, for a database store, create or migrate its schema (a server is not
+    called here: one that does not answer would be retried twice as long)."""
     try:
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(uri).search_experiments(max_results=1)
+        if uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+            MlflowClient(uri).search_experiments(max_results=1)
     except Exception:  # noqa: BLE001 - RunTracker reports a bad store with its own error
         pass
 
