@@ -8,8 +8,9 @@ metric pushes, excluding validation and checkpoints); every row is the median ov
 of about the same length (``train.push_every_s``, 0.25 s).  Two more rows split the gap: the
 plain loop inside a bare Ray Train worker (what the Ray worker process and Ray's own
 processes on the node cost) and the orchestrator's step code in a plain process (what the
-loop's own code costs).  The plain rows run in fresh processes that never join Ray.  Also printed: the time from the ``train`` invocation to the
-first completed optimizer step, and the whole run's wall time.
+loop's own code costs).  The plain rows run in fresh processes that never join Ray.  Also
+printed: the time from the ``train`` invocation to the first completed optimizer step, and the
+whole run's wall time.
 
     .venv/bin/python bench/overhead.py [--epochs 10] [--model cnn] [--batch 64] [--threads 2]
         [--size N]   # synthetic 8x8 data of N samples instead of digits (longer epochs)
@@ -44,18 +45,20 @@ def windowed_rates(step, n: int, batch: int, seed: int, epochs: int, window_s: f
     median step over the stalls that other processes cause, which the orchestrator's windows
     cannot."""
     rates = []
-    for epoch in range(epochs):
+    start = t0 = time.perf_counter()
+    samples = total = 0
+    for epoch in range(epochs):  # windows run on across epoch ends (a digits epoch is shorter than one)
         perm = epoch_permutation(seed, epoch, n)
-        t0, samples = time.perf_counter(), 0
         for s in range(0, n, batch):
             ids = perm[s:s + batch]
             step(ids)
             samples += len(ids)
+            total += len(ids)
             now = time.perf_counter()
             if now - t0 >= window_s:
                 rates.append(samples / (now - t0))
                 t0, samples = now, 0
-    return rates[1:]
+    return rates[1:] or [total / (time.perf_counter() - start)]  # too short for two windows: the whole run
 
 
 def plain_loop(cfg, epochs: int, threads: int) -> list[float]:
@@ -112,16 +115,14 @@ def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
         return json.load(f)
 
 
-def in_fresh_process(row: str, cfg, epochs: int, threads: int) -> list[float]:
-    """Run ``plain_loop`` or ``loop_in_process`` in a new Python process that never joins Ray:
-    the driver process (this one) runs Ray's client threads, which a reference must not pay for."""
+def in_fresh_process(row: str, config_path: str, epochs: int, threads: int) -> list[float]:
+    """Run ``plain_loop`` or ``loop_in_process`` (on the config saved at ``config_path``) in a new
+    Python process that never joins Ray: the driver process (this one) runs Ray's client threads,
+    which a reference must not pay for."""
     import json
     import subprocess
 
-    path = os.path.join(scratch_dir(), "cfg.json")
-    with open(path, "w") as f:
-        json.dump(cfg.model_dump(mode="json"), f)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", row, "--child-config", path,
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", row, "--child-config", config_path,
                           "--epochs", str(epochs), "--threads", str(threads)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -173,19 +174,24 @@ def main() -> None:
     )
     from orchestrator.runner import ensure_ray
 
+    import json
+
+    cfg_path = os.path.join(scratch_dir(), "cfg.json")  # for the rows run in fresh processes
+    with open(cfg_path, "w") as f:
+        json.dump(cfg.model_dump(mode="json"), f)
     started = ensure_ray(verbose=False, num_cpus=os.cpu_count())  # one Ray for both Ray rows
     for _ in range(a.warmup):
         orchestrator_run(cfg)
         plain_in_ray_train(cfg, a.epochs, a.threads)
     plain, in_ray, orch, local, summaries = [], [], [], [], []
     for _ in range(a.repeats):  # interleaved, so that a noisy minute hits every row alike
-        plain += in_fresh_process("plain", cfg, a.epochs, a.threads)
+        plain += in_fresh_process("plain", cfg_path, a.epochs, a.threads)
         summary, rates = orchestrator_run(cfg)
         orch += rates
         summaries.append(summary)
         in_ray += plain_in_ray_train(cfg, a.epochs, a.threads)
-        plain += in_fresh_process("plain", cfg, a.epochs, a.threads)
-        local += in_fresh_process("local", cfg, a.epochs, a.threads)
+        plain += in_fresh_process("plain", cfg_path, a.epochs, a.threads)
+        local += in_fresh_process("local", cfg_path, a.epochs, a.threads)
     if started:
         import ray
 
