@@ -16,6 +16,13 @@ whole run's wall time.
         [--size N]   # synthetic 8x8 data of N samples instead of digits (longer epochs)
         [--repeats R] [--warmup 1]   # rounds, interleaved; warm-up rounds are not counted
 
+Each round runs the plain loop, the orchestrator, the bare Ray Train worker, the plain loop again
+and the step code; a round's ratio is the orchestrator's median over the median of that round's
+two plain runs (the machine drifts by more than the effect between rounds a minute apart, so
+rounds are compared within themselves), and the result is the median round.  Also printed (Linux):
+the share of the machine's CPU that went to other processes than the training worker while the
+orchestrator trained (Ray's daemons and actors, the driver, the monitor).
+
 Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -138,6 +146,55 @@ def child(row: str, config_path: str, epochs: int, threads: int) -> None:
     print(json.dumps((plain_loop if row == "plain" else loop_in_process)(cfg, epochs, threads)))
 
 
+class OtherCpu:
+    """Samples, once a second, the machine's busy CPU time (``/proc/stat``) and the training
+    worker process's (``ray::RayTrainWorker``); keeps, for the seconds in which the worker ran on
+    more than half a core, the share of the machine used by everything else."""
+
+    def __init__(self):
+        self.shares: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _busy() -> int:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v[:8]) - v[3] - v[4]  # all but idle and iowait (guest time is inside user)
+
+    @staticmethod
+    def _worker() -> int:
+        ticks = 0
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and open(f"/proc/{p}/comm").read().startswith("ray::RayTrainWo"):
+                    stat = open(f"/proc/{p}/stat").read()
+                    fields = stat[stat.rfind(")") + 2:].split()
+                    ticks += int(fields[11]) + int(fields[12])
+            except OSError:
+                continue
+        return ticks
+
+    def _run(self) -> None:
+        hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+        busy, worker = self._busy(), self._worker()
+        while not self._stop.wait(1.0):
+            b, w = self._busy(), self._worker()
+            if w - worker > hz / 2:
+                self.shares.append(max(0, (b - busy) - (w - worker)) / (hz * cpus))
+            busy, worker = b, w
+
+    def __enter__(self) -> "OtherCpu":
+        if os.path.exists("/proc/stat"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 def orchestrator_run(cfg):
     from mlflow.tracking import MlflowClient
 
@@ -183,22 +240,26 @@ def main() -> None:
     for _ in range(a.warmup):
         orchestrator_run(cfg)
         plain_in_ray_train(cfg, a.epochs, a.threads)
-    plain, in_ray, orch, local, summaries = [], [], [], [], []
+    plain, in_ray, orch, local, summaries, rounds, other = [], [], [], [], [], [], []
     for _ in range(a.repeats):  # interleaved, so that a noisy minute hits every row alike
-        plain += in_fresh_process("plain", cfg_path, a.epochs, a.threads)
-        summary, rates = orchestrator_run(cfg)
-        orch += rates
+        before = in_fresh_process("plain", cfg_path, a.epochs, a.threads)
+        with OtherCpu() as cpu:
+            summary, rates = orchestrator_run(cfg)
+        other += cpu.shares
         summaries.append(summary)
         in_ray += plain_in_ray_train(cfg, a.epochs, a.threads)
-        plain += in_fresh_process("plain", cfg_path, a.epochs, a.threads)
+        after = in_fresh_process("plain", cfg_path, a.epochs, a.threads)
         local += in_fresh_process("local", cfg_path, a.epochs, a.threads)
+        rounds.append(median(rates) / median(before + after))
+        plain += before + after
+        orch += rates
     if started:
         import ray
 
         ray.shutdown()
     p, o = median(plain), median(orch)
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
-    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs, {a.repeats} repeat(s) "
+    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs, {a.repeats} round(s) "
           f"after {a.warmup} warm-up round(s); "
           f"median samples/s over windows of ~{cfg.train.push_every_s} s (the orchestrator's push windows)")
     print(table([
@@ -206,11 +267,16 @@ def main() -> None:
         ("plain loop in a bare Ray Train worker", f"{median(in_ray):,.0f}", f"{median(in_ray) / p:.3f}"),
         ("orchestrator step code, plain process, no Ray", f"{median(local):,.0f}", f"{median(local) / p:.3f}"),
         ("orchestrator loop, W=1", f"{o:,.0f}", f"{o / p:.3f}"),
-    ], ("loop", "samples/s", "vs plain")))
+    ], ("loop", "samples/s", "vs plain (all rounds pooled)")))
     s0 = summaries[-1]
     print(f"time from train invocation to first step: {median([s.first_step_s for s in summaries]):.1f} s; "
           f"whole run {median([s.wall_s for s in summaries]):.1f} s for {s0.steps} steps")
-    print(f"ratio={o / p:.3f}")
+    if other:
+        print(f"while the orchestrator trained, other processes than the training worker used "
+              f"{100 * median(other):.1f}% of the machine's CPU (median of {len(other)} seconds)")
+    print("orchestrator / plain by round: " + ", ".join(f"{r:.3f}" for r in rounds))
+    ratio = median(rounds)
+    print(f"ratio={ratio:.3f}")
 
 
 if __name__ == "__main__":

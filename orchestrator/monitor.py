@@ -102,11 +102,10 @@ class MonitorState:
 
     # -- the driver --------------------------------------------------------------------------
 
-    def ack(self, step: int) -> None:
-        """The driver has logged every record up to ``step``."""
-        self._acked = max(self._acked, step)
-
-    def drain(self) -> tuple[list, list]:
+    def drain(self, acked: int = -1) -> tuple[list, list]:
+        """The records and events pushed since the last drain; ``acked``: the driver has logged
+        every record up to that step (rank 0 may drop them from its checkpoints)."""
+        self._acked = max(self._acked, acked)
         records, events = self._records, self._events
         self._records, self._events = [], []
         return records, events

@@ -225,10 +225,10 @@ class PhaseRunner:
     def _pump(self) -> None:
         import ray
 
-        records, events = ray.get(self.monitor.drain.remote())
+        # The ack (what MLflow holds) rides on the drain: one call to the monitor per poll.
+        records, events = ray.get(self.monitor.drain.remote(self.tracker.written_upto))
         if records:
             self.tracker.log_metrics(records)
-            self.monitor.ack.remote(max(s for s, _ in records))
             self.progress.update(records)
             if self.on_records is not None:
                 self.on_records(records)
@@ -252,7 +252,7 @@ class PhaseRunner:
             if self._starts[phase] > 1:
                 # The same phase started again: Ray Train restarted the group after a failure.
                 self.restarts += 1
-                self.tracker.log_metrics([(int(ev["step"]), {"restarts": float(self.restarts)})])
+                self.tracker.log_metrics([(int(ev["step"]), {"restarts": float(self.restarts)})], flush=True)
                 self.tracker.set_tags({"elastic.restarts": self.restarts})
                 self.progress.write(f"worker group restarted from step {ev['step']} with {ev['workers']} "
                                     f"workers (restart {self.restarts})")
@@ -405,7 +405,7 @@ class PhaseRunner:
         latency = first - r["time"]
         self.tracker.log_metrics([(r["step"], {"resize/from": float(r["from"]), "resize/to": float(r["to"]),
                                                "resize/latency_s": latency,
-                                               **{f"resize/{k}": v for k, v in parts.items()}})])
+                                               **{f"resize/{k}": v for k, v in parts.items()}})], flush=True)
         self.resizes.append({**r, "latency_s": latency, **parts})
 
     def first_step_s(self) -> float | None:

@@ -18,6 +18,9 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 PIECEWISE = {"lr": 0.0, "mf": 0.0, "batch/global": 0.0, "batch/local": 0.0, "batch/accum_steps": 0.0,
              "workers": 0.0, "samples_seen": 0.0, "epoch": 1e-12}
 HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI stays current
+# Rows are written in batches about this often: a MLflow (SQLite) call costs the driver ~4 ms of CPU
+# plus ~0.1 ms a row, and at hundreds of steps a second that CPU is taken from the training workers.
+FLUSH_S = 2.0
 
 
 class _Segment:
@@ -74,7 +77,10 @@ class RunTracker:
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._logged: set[tuple[str, int]] = set()
         self._segments: dict[str, _Segment] = {}  # piecewise metric -> its open segment
-        self._released = time.monotonic()
+        self._released = self._flushed = time.monotonic()
+        self._buffer: list[Any] = []  # MLflow Metric rows not yet written
+        self._buffered_upto = -1  # the newest step of the records logged so far
+        self.written_upto = -1  # every record up to this step is written to MLflow (what the driver acks)
         if run_id is None:
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
@@ -120,15 +126,16 @@ class RunTracker:
     def last_step(self) -> int:
         return max((s for _, s in self._logged), default=0)
 
-    def log_metrics(self, records: list[tuple[int, dict[str, float]]]) -> None:
+    def log_metrics(self, records: list[tuple[int, dict[str, float]]], flush: bool = False) -> None:
         """Log per-step records.  A :data:`PIECEWISE` metric is logged only where its per-step
         series bends, i.e. the points where a constant stretch or a constant slope begins and
         ends, plus its newest point every :data:`HOLD_S` and at the end (:meth:`release_held`):
         the lines MLflow draws between them pass through every step's value.  Every other metric
-        is logged at every step.  An MLflow metric row costs the driver ~0.1 ms of CPU (SQLite),
-        which at hundreds of steps a second took CPU from the training workers."""
+        is logged at every step.  Rows are written about every :data:`FLUSH_S` (or now, with
+        ``flush``); :attr:`written_upto` says up to which step every record is written."""
         points: list[tuple[str, int, float]] = []
         for step, metrics in records:
+            self._buffered_upto = max(self._buffered_upto, step)
             for key, value in metrics.items():
                 value = float(value)
                 if (key, step) in self._logged:
@@ -139,28 +146,38 @@ class RunTracker:
                 else:
                     seg = self._segments.get(key) or self._segments.setdefault(key, _Segment())
                     points += [(key, *p) for p in seg.add(step, value, tol)]
-        self._write(points)
-        if time.monotonic() - self._released >= HOLD_S:
+        self._add(points)
+        now = time.monotonic()
+        if now - self._released >= HOLD_S:
             self.release_held()
+        elif flush or now - self._flushed >= FLUSH_S:
+            self.flush()
 
     def release_held(self) -> None:
-        """Log every piecewise metric's newest point (the UI catches up; at the end of a run)."""
+        """Log every piecewise metric's newest point and write every row (the UI catches up; at
+        the end of a run)."""
         self._released = time.monotonic()
-        self._write([(key, *p) for key, seg in self._segments.items() for p in seg.release()])
+        self._add([(key, *p) for key, seg in self._segments.items() for p in seg.release()])
+        self.flush()
 
-    def _write(self, points: list[tuple[str, int, float]]) -> None:
+    def _add(self, points: list[tuple[str, int, float]]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch: list[Metric] = []
         for key, step, value in points:
             if (key, step) in self._logged:
                 continue
             self._logged.add((key, step))
             self.history[key].append((step, value))
-            batch.append(Metric(key, value, now, step))
+            self._buffer.append(Metric(key, value, now, step))
+
+    def flush(self) -> None:
+        """Write the buffered rows."""
+        self._flushed = time.monotonic()
+        batch, self._buffer = self._buffer, []
         for i in range(0, len(batch), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_BATCH])
+        self.written_upto = self._buffered_upto
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         for k, v in tags.items():

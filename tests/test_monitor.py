@@ -77,8 +77,11 @@ def test_fall_back_to_restart_when_the_new_group_cannot_start():
 def test_stop_and_acks():
     m = monitor(free=None)
     assert m.push([(1, {"a": 1.0})], [{"kind": "x"}]) == {"stop": False, "acked": -1, "handover": False}
-    m.ack(1)
-    m.request_stop()
-    assert m.push([], []) == {"stop": True, "acked": 1, "handover": False}
     records, events = m.drain()
     assert records == [(1, {"a": 1.0})] and events == [{"kind": "x"}]
+    assert m.push([(2, {"a": 2.0})], [])["acked"] == -1  # drained is not yet logged
+    assert m.drain(acked=1)[0] == [(2, {"a": 2.0})]
+    m.request_stop()
+    assert m.push([], []) == {"stop": True, "acked": 1, "handover": False}
+    m.drain(acked=0)  # an ack never goes back
+    assert m.push([], [])["acked"] == 1

@@ -72,7 +72,7 @@ def test_linear_metrics_are_logged_where_their_slope_changes(tmp_path):
 def test_repeated_steps_are_ignored_and_held_points_show_up_every_hold_s(tmp_path, monkeypatch):
     tr, uri = _tracker(tmp_path)
     tr.log_metrics([(s, {"samples_seen": 10.0 * s}) for s in range(1, 6)])
-    tr.log_metrics([(s, {"samples_seen": 999.0}) for s in range(3, 6)])  # a replay: steps already seen
+    tr.log_metrics([(s, {"samples_seen": 999.0}) for s in range(3, 6)], flush=True)  # a replay: steps already seen
     assert metric_series(uri, tr.run_id, "samples_seen") == [(1, 10.0)]  # 2..5 lie on one line: held
     monkeypatch.setattr(tracking, "HOLD_S", 0.0)
     tr.log_metrics([(6, {"samples_seen": 60.0})])
@@ -101,8 +101,8 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     rep._handle = object()  # a monitor is there: records are kept until acknowledged
     for r in records[:9]:
         rep.log(*r)
-    tr.log_metrics(records[:9])
-    rep._answer({"acked": 9})
+    tr.log_metrics(records[:9], flush=True)
+    rep._answer({"acked": tr.written_upto})
     pending = rep.pending()  # what the checkpoint at step 9 carries
     assert pending == [[9, records[8][1]]]
     # The driver is killed: steps 2..9 were held, never logged.  The resumed run restores step 9.
@@ -111,3 +111,38 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     again.log_metrics([(s, m) for s, m in pending] + records[9:])
     again.end()
     assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))
+
+
+def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp_path, monkeypatch):
+    """Rows wait in the driver up to FLUSH_S; the ack (``written_upto``) covers only what MLflow
+    holds, so records of a driver killed with rows in its buffer are sent again on resume."""
+    from trainers.report import Reporter
+
+    monkeypatch.setattr(tracking, "FLUSH_S", 3600.0)
+    tr, uri = _tracker(tmp_path)
+    rep = Reporter(None, None, enabled=False)
+    rep._handle = object()
+    records = [(s, {"train/loss": 1.0 / s, "workers": 1.0}) for s in range(1, 13)]
+    for r in records[:4]:
+        rep.log(*r)
+    tr.log_metrics(records[:4])
+    assert metric_series(uri, tr.run_id, "train/loss") == [] and tr.written_upto == -1
+    monkeypatch.setattr(tracking, "FLUSH_S", 0.0)
+    tr.log_metrics(records[4:6])  # the interval has passed: steps 1..6 are written in one call
+    for r in records[4:6]:
+        rep.log(*r)
+    assert [s for s, _ in metric_series(uri, tr.run_id, "train/loss")] == list(range(1, 7))
+    assert tr.written_upto == 6
+    rep._answer({"acked": tr.written_upto})
+    monkeypatch.setattr(tracking, "FLUSH_S", 3600.0)
+    for r in records[6:9]:
+        rep.log(*r)
+    tr.log_metrics(records[6:9])  # buffered, then the driver dies
+    rep._answer({"acked": tr.written_upto})
+    assert [s for s, _ in rep.pending()] == [7, 8, 9]  # unwritten: they ride in the next checkpoint
+    cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
+    again = RunTracker(cfg, run_id=tr.run_id)
+    again.log_metrics([(s, m) for s, m in rep.pending()] + records[9:])
+    again.end()
+    assert metric_series(uri, tr.run_id, "train/loss") == [(s, 1.0 / s) for s in range(1, 13)]
+    assert dense_series(uri, tr.run_id, "workers") == [(s, 1.0) for s in range(1, 13)]
