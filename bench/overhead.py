@@ -157,21 +157,23 @@ class OtherCpu:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
-    def _busy() -> int:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
+    def _read(path: str) -> str:
+        with open(path) as f:
+            return f.read()
+
+    def _busy(self) -> int:
+        v = [int(x) for x in self._read("/proc/stat").splitlines()[0].split()[1:]]
         return sum(v[:8]) - v[3] - v[4]  # all but idle and iowait (guest time is inside user)
 
-    @staticmethod
-    def _worker() -> int:
+    def _worker(self) -> int:
         ticks = 0
-        for p in os.listdir("/proc"):
+        for p in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if p.isdigit() and open(f"/proc/{p}/comm").read().startswith("ray::RayTrainWo"):
-                    stat = open(f"/proc/{p}/stat").read()
-                    fields = stat[stat.rfind(")") + 2:].split()
+                if self._read(f"/proc/{p}/comm").startswith("ray::RayTrainWo"):
+                    stat = self._read(f"/proc/{p}/stat")
+                    fields = stat[stat.rfind(")") + 2:].split()  # utime, stime: fields 14, 15
                     ticks += int(fields[11]) + int(fields[12])
-            except OSError:
+            except OSError:  # the process ended meanwhile
                 continue
         return ticks
 
