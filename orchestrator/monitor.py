@@ -1,6 +1,6 @@
 """The driver's live channel to a running training run: one small named Ray actor per run.
 
-Rank 0 pushes (step, metrics) records and events; the driver drains them to log
+Rank 0 pushes (step, metrics, time) records and events; the driver drains them to log
 to MLflow and move the progress bar, and may ask the run to stop (the answer to
 rank 0's next push).  It needs no CPU of its own.
 
@@ -41,7 +41,7 @@ class MonitorState:
         self._resize = resize_policy
         self._limits = (max_local_batch, min_workers, max_workers)
         self._overlap = overlap_resources  # per-worker resources when overlap is allowed, else None
-        self._records: list[tuple[int, dict[str, float]]] = []
+        self._records: list[tuple[int, dict[str, float], float]] = []  # (step, metrics, time)
         self._events: list[dict[str, Any]] = []
         self._stop = False
         self._acked = -1

@@ -107,10 +107,10 @@ class Progress:
             self.bar.set_description("starting workers")
         self.last: dict[str, float] = {}
 
-    def update(self, records: list[tuple[int, dict[str, float]]]) -> None:
+    def update(self, records: list[tuple[int, dict[str, float], float]]) -> None:
         if not records:
             return
-        for _, m in records:
+        for _, m, *_ in records:
             self.last.update(m)
         step = records[-1][0]
         if self.bar is None:

@@ -80,6 +80,7 @@ class RunTracker:
         self._released = self._flushed = time.monotonic()
         self._buffer: list[Any] = []  # MLflow Metric rows not yet written
         self._buffered_upto = -1  # the newest step of the records logged so far
+        self._when: dict[int, float] = {}  # step -> when it ran, for the steps a row may still be made of
         self.written_upto = -1  # every record up to this step is written to MLflow (what the driver acks)
         if run_id is None:
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
@@ -126,16 +127,20 @@ class RunTracker:
     def last_step(self) -> int:
         return max((s for _, s in self._logged), default=0)
 
-    def log_metrics(self, records: list[tuple[int, dict[str, float]]], flush: bool = False) -> None:
+    def log_metrics(self, records: list[tuple], flush: bool = False) -> None:
         """Log per-step records.  A :data:`PIECEWISE` metric is logged only where its per-step
         series bends, i.e. the points where a constant stretch or a constant slope begins and
         ends, plus its newest point every :data:`HOLD_S` and at the end (:meth:`release_held`):
         the lines MLflow draws between them pass through every step's value.  Every other metric
-        is logged at every step.  Rows are written about every :data:`FLUSH_S` (or now, with
-        ``flush``); :attr:`written_upto` says up to which step every record is written."""
+        is logged at every step.  A record is ``(step, metrics, time)``: a row's MLflow timestamp is
+        when its step ran (without a time, when it is logged).  Rows are written about every
+        :data:`FLUSH_S` (or now, with ``flush``); :attr:`written_upto` says up to which step every
+        record is written."""
         points: list[tuple[str, int, float]] = []
-        for step, metrics in records:
+        for step, metrics, *when in records:
             self._buffered_upto = max(self._buffered_upto, step)
+            if when:
+                self._when[step] = when[0]
             for key, value in metrics.items():
                 value = float(value)
                 if (key, step) in self._logged:
@@ -163,13 +168,17 @@ class RunTracker:
     def _add(self, points: list[tuple[str, int, float]]) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = time.time()
         for key, step, value in points:
             if (key, step) in self._logged:
                 continue
             self._logged.add((key, step))
             self.history[key].append((step, value))
-            self._buffer.append(Metric(key, value, now, step))
+            self._buffer.append(Metric(key, value, int(1000 * self._when.get(step, now)), step))
+        # keep the times of the steps a held point may still be logged at (each segment's newest)
+        oldest = min([seg.held[0] for seg in self._segments.values() if seg.held] + [self._buffered_upto])
+        if self._when and min(self._when) < oldest:
+            self._when = {s: t for s, t in self._when.items() if s >= oldest}
 
     def flush(self) -> None:
         """Write the buffered rows."""

@@ -172,10 +172,10 @@ class TrialActor:
         self._worker_s += self._workers * max(0.0, now - self._t_mark)
         self._t_mark = now
 
-    def _on_records(self, records: list[tuple[int, dict[str, float]]]) -> None:
+    def _on_records(self, records: list[tuple[int, dict[str, float], float]]) -> None:
         with self._lock:
             self._integrate(time.time())
-            for step, m in records:
+            for step, m, *_ in records:
                 self._step = max(self._step, int(step))
                 if "workers" in m:
                     self._workers = float(m["workers"])

@@ -113,7 +113,7 @@ def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
     taken = {}
 
     def after_takeover(records):  # stop 30 steps after the first step of the 2-worker group
-        for s, m in records:
+        for s, m, *_ in records:
             if m.get("workers") == 2.0:
                 taken.setdefault("step", s)
         return "step" in taken and records[-1][0] >= taken["step"] + 30

@@ -95,7 +95,7 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     from trainers.report import Reporter
 
     seen = _samples_seen([64] * 9 + [30] + [64] * 5)  # bends at step 10 (an epoch tail)
-    records = [(s, {"samples_seen": v, "train/loss": 1.0}) for s, v in enumerate(seen, start=1)]
+    records = [(s, {"samples_seen": v, "train/loss": 1.0}, 1.7e9 + s) for s, v in enumerate(seen, start=1)]
     tr, uri = _tracker(tmp_path)
     rep = Reporter(None, None, enabled=False)
     rep._handle = object()  # a monitor is there: records are kept until acknowledged
@@ -104,13 +104,41 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     tr.log_metrics(records[:9], flush=True)
     rep._answer({"acked": tr.written_upto})
     pending = rep.pending()  # what the checkpoint at step 9 carries
-    assert pending == [[9, records[8][1]]]
+    assert pending == [[9, records[8][1], records[8][2]]]
     # The driver is killed: steps 2..9 were held, never logged.  The resumed run restores step 9.
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
     again = RunTracker(cfg, run_id=tr.run_id)
-    again.log_metrics([(s, m) for s, m in pending] + records[9:])
+    again.log_metrics([tuple(r) for r in pending] + records[9:])
     again.end()
     assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))
+    # a checkpoint written before records carried their time still replays
+    old = Reporter(None, None, enabled=False)
+    old._handle = object()
+    old.replay([[9, records[8][1]]])
+    assert old.pending()[0][:2] == [9, records[8][1]] and old.pending()[0][2] > 1.7e9 + 100
+
+
+def test_rows_carry_the_time_their_step_ran(tmp_path):
+    """A row's MLflow timestamp is when its step ran on the worker, not when the driver wrote it
+    (rows are written in batches, up to FLUSH_S late), also for a piecewise point held back."""
+    from mlflow.tracking import MlflowClient
+
+    tr, uri = _tracker(tmp_path)
+    t0 = 1.7e9
+    lr = [0.1] * 6 + [0.2] * 6
+    records = [(s, {"lr": v, "train/loss": 1.0 / s}, t0 + 0.25 * s) for s, v in enumerate(lr, start=1)]
+    for i in range(0, len(records), 4):
+        tr.log_metrics(records[i:i + 4])
+    tr.log_metrics([(13, {"lr": 0.2, "train/loss": 0.1})])  # no time: when it is logged
+    tr.end()
+    client = MlflowClient(uri)
+    for key in ("lr", "train/loss"):
+        hist = sorted(client.get_metric_history(tr.run_id, key), key=lambda m: m.step)
+        assert [m.timestamp for m in hist if m.step <= 12] == [int(1000 * (t0 + 0.25 * m.step)) for m in hist
+                                                                if m.step <= 12]
+        assert abs(hist[-1].timestamp / 1000 - __import__("time").time()) < 60
+    assert [m.step for m in client.get_metric_history(tr.run_id, "lr")] == [1, 6, 7, 13]
+    assert tr._when == {} or min(tr._when) >= 12  # only the times a held point may still need
 
 
 def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp_path, monkeypatch):
@@ -139,10 +167,10 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
         rep.log(*r)
     tr.log_metrics(records[6:9])  # buffered, then the driver dies
     rep._answer({"acked": tr.written_upto})
-    assert [s for s, _ in rep.pending()] == [7, 8, 9]  # unwritten: they ride in the next checkpoint
+    assert [r[0] for r in rep.pending()] == [7, 8, 9]  # unwritten: they ride in the next checkpoint
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
     again = RunTracker(cfg, run_id=tr.run_id)
-    again.log_metrics([(s, m) for s, m in rep.pending()] + records[9:])
+    again.log_metrics([tuple(r) for r in rep.pending()] + records[9:])
     again.end()
     assert metric_series(uri, tr.run_id, "train/loss") == [(s, 1.0 / s) for s in range(1, 13)]
     assert dense_series(uri, tr.run_id, "workers") == [(s, 1.0) for s in range(1, 13)]

@@ -1,7 +1,7 @@
 """Rank 0's live channel to the driver.
 
 The driver creates one small named Ray actor per run (the monitor).  Rank 0
-buffers (step, metrics) records and pushes them about every ``train.push_every_s``; the push answers
+buffers (step, metrics, time) records and pushes them about every ``train.push_every_s``; the push answers
 with the driver's decision (``{"stop": bool}``) which rank 0 reads at the next
 flush, so the training loop never waits on the driver.  Other ranks do not talk
 to the monitor; the loop broadcasts rank 0's decision to them.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-Record = tuple[int, dict[str, float]]
+Record = tuple[int, dict[str, float], float]  # (step, metrics, wall time the step ended)
 
 
 class Reporter:
@@ -31,19 +31,21 @@ class Reporter:
         self._stop = False
         self._handover = False
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], when: float | None = None) -> None:
+        """Buffer a step's metrics; ``when`` (default: now) becomes the rows' MLflow timestamp."""
         if self._handle is not None:
-            self._records.append((step, metrics))
-            self._unacked.append((step, metrics))
+            record = (step, metrics, time.time() if when is None else when)
+            self._records.append(record)
+            self._unacked.append(record)
 
     def pending(self) -> list[list]:
         """Unconfirmed records as plain lists (checkpoint-safe)."""
-        return [[s, dict(m)] for s, m in self._unacked]
+        return [[s, dict(m), t] for s, m, t in self._unacked]
 
     def replay(self, records: list[list]) -> None:
         """Send records restored from a checkpoint again; the driver drops what it already has."""
-        for s, m in records:
-            self.log(int(s), {k: float(v) for k, v in m.items()})
+        for s, m, *when in records:  # checkpoints written before records carried their time have none
+            self.log(int(s), {k: float(v) for k, v in m.items()}, float(when[0]) if when else None)
 
     def _answer(self, decision: dict) -> None:
         self._stop = bool(decision.get("stop", False)) or self._stop
