@@ -1,40 +1,49 @@
-"""Per-step throughput of the orchestrator's loop at W=1 against a plain PyTorch loop.
+"""Per-step throughput of the orchestrator's loop at W=1 against a plain PyTorch loop, time-sliced.
 
-Both train the same model on the same data with the same global batch, optimizer and
-thread count, in the same run of this script (absolute figures mean little on a shared
-machine; the ratio is the result).  The orchestrator's figure is its own
-``throughput/samples_per_s`` metric (flush-to-flush wall time of the loop, including
-metric pushes, excluding validation and checkpoints); every row is the median over windows
-of about the same length (``train.push_every_s``, 0.25 s).  Two more rows split the gap: the
-plain loop inside a bare Ray Train worker (what the Ray worker process and Ray's own
-processes on the node cost) and the orchestrator's step code in a plain process (what the
-loop's own code costs).  The plain rows run in fresh processes that never join Ray.  Also
-printed: the time from the ``train`` invocation to the first completed optimizer step, and the
-whole run's wall time.
+Both train the same model on the same data with the same global batch, optimizer and thread
+count.  They run at the same time but never together: every ``--slice`` seconds the bench stops
+one of them (SIGSTOP to every process of its tree; for the orchestrator that is the ``train``
+CLI and the local Ray it starts: daemons, actors, the training worker) and lets the other go on
+(SIGCONT).  On a shared machine, where two runs of the same plain loop a minute apart differ by
+30-70%, runs one after another compare minutes rather than loops; slices seconds apart see the
+same machine.
 
-    .venv/bin/python bench/overhead.py [--epochs 10] [--model cnn] [--batch 64] [--threads 2]
-        [--size N]   # synthetic 8x8 data of N samples instead of digits (longer epochs)
-        [--repeats R] [--warmup 1]   # rounds, interleaved; warm-up rounds are not counted
+A loop's rate in a slice comes from the wall times at which its steps ended (for the
+orchestrator: the MLflow timestamps of its ``train/loss`` rows, stamped on the worker): the
+samples of the steps that end inside the slice over the time they took, leaving out the steps
+at an epoch end and just after one (validation, checkpoint) and the last.  Each slice of the loop
+under test is paired with the plain slices just before and after it.  A row's ratio is the
+pooled rate of its paired slices over the plain loop's; the median of the pairs' ratios is
+printed beside it.  Rows, each against its own plain loop:
 
-Each round runs the plain loop, the orchestrator, the bare Ray Train worker, the plain loop again
-and the step code; a round's ratio is the orchestrator's median over the median of that round's
-two plain runs (the machine drifts by more than the effect between rounds a minute apart, so
-rounds are compared within themselves), and the result is the median round.  Also printed (Linux):
-the share of the machine's CPU that went to other processes than the training worker while the
-orchestrator trained (Ray's daemons and actors, the driver, the monitor).
+  plain PyTorch loop                       the method's own error (ideally 1.000)
+  orchestrator step code, no Ray           Trainer.train_step and per-step metrics, plain process
+  plain loop in a bare Ray Train worker    what Ray costs (worker process, daemons, Train's actors)
+  orchestrator loop, W=1                   ``python -m orchestrator train``: the result
 
-Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).
+``CPU beside`` is the share of the machine that other processes than the loop's own (the busiest
+of its tree) used during its slices; ``first step`` and ``whole run``: the time from the ``train``
+invocation to its first step and to its exit, counting only the time it ran.
+
+    .venv/bin/python bench/overhead.py [--steps 12000] [--slice 2] [--size 200000] [--model cnn]
+        [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator]
+
+Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).  Linux only (signals, /proc).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import signal
+import subprocess
 import sys
-import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -45,31 +54,33 @@ from trainers.data import epoch_permutation, load_data  # noqa: E402
 from trainers.models import build_model  # noqa: E402
 from trainers.optim import build_optimizer  # noqa: E402
 
+ROWS = {
+    "plain": "plain PyTorch loop",
+    "local": "orchestrator step code, no Ray",
+    "ray": "plain loop in a bare Ray Train worker",
+    "orchestrator": "orchestrator loop, W=1",
+}
+MIN_STEPS = 10  # a slice with fewer measured steps is not paired
 
-def windowed_rates(step, n: int, batch: int, seed: int, epochs: int, window_s: float) -> list[float]:
-    """Samples/s over windows of about ``window_s`` seconds (the orchestrator's push windows) of
-    ``step(ids)`` walking the run's data order; the first window (warm-up) is left out, as for the
-    orchestrator.  Windows as long as the orchestrator's: short ones (say 10 steps) would let the
-    median step over the stalls that other processes cause, which the orchestrator's windows
-    cannot."""
-    rates = []
-    start = t0 = time.perf_counter()
-    samples = total = 0
-    for epoch in range(epochs):  # windows run on across epoch ends (a digits epoch is shorter than one)
+
+# -- the loops (each runs in a process of its own) -------------------------------------------------
+
+def walk_steps(step, n: int, batch: int, seed: int, steps: int, stopped=lambda: False) -> list[float]:
+    """Run ``step(ids)`` along the run's data order for ``steps`` steps (0: until ``stopped()``);
+    the wall time at which each step ended."""
+    times: list[float] = []
+    epoch = 0
+    while True:
         perm = epoch_permutation(seed, epoch, n)
         for s in range(0, n, batch):
-            ids = perm[s:s + batch]
-            step(ids)
-            samples += len(ids)
-            total += len(ids)
-            now = time.perf_counter()
-            if now - t0 >= window_s:
-                rates.append(samples / (now - t0))
-                t0, samples = now, 0
-    return rates[1:] or [total / (time.perf_counter() - start)]  # too short for two windows: the whole run
+            step(perm[s:s + batch])
+            times.append(time.time())
+            if len(times) == steps or stopped():
+                return times
+        epoch += 1
 
 
-def plain_loop(cfg, epochs: int, threads: int) -> list[float]:
+def plain_step(cfg, threads: int):
     """The ceiling: one process, tensors indexed by the permutation slice, nothing else."""
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.train.seed)
@@ -85,200 +96,303 @@ def plain_loop(cfg, epochs: int, threads: int) -> list[float]:
         opt.step()
         float(loss.detach())  # the orchestrator reads its loss every step too
 
-    return windowed_rates(step, data.num_train, cfg.batch.size, cfg.train.seed, epochs, cfg.train.push_every_s)
+    return step, data.num_train
 
 
-def loop_in_process(cfg, epochs: int, threads: int) -> list[float]:
-    """The orchestrator's own step code (``Trainer.train_step`` + per-step metrics) without Ray:
-    separates the loop's overhead from the Ray worker environment's."""
+def local_step(cfg, threads: int):
+    """The orchestrator's own step code (``Trainer.train_step`` + per-step metrics) without Ray."""
     from trainers.loop import LoopConfig, Runtime, Trainer
 
     torch.set_num_threads(threads)
     t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))
-    return windowed_rates(lambda ids: t.metrics_for_step(t.train_step(ids), len(ids)), t.n, cfg.batch.size,
-                          cfg.train.seed, epochs, cfg.train.push_every_s)
+    return (lambda ids: t.metrics_for_step(t.train_step(ids), len(ids))), t.n
 
 
-def plain_in_ray_train(cfg, epochs: int, threads: int) -> list[float]:
-    """The plain loop as the train function of a bare one-worker ``TorchTrainer``."""
-    import json
+def run_loop(cfg_json: dict, kind: str, threads: int, steps: int, out: str) -> None:
+    """``steps`` steps of a plain or local loop (0: until SIGTERM); the step end times to ``out``."""
+    from orchestrator.config import validate
 
+    cfg = validate(cfg_json)
+    stop: list[int] = []
+    if steps == 0:
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    step, n = (plain_step if kind == "plain" else local_step)(cfg, threads)
+    times = walk_steps(step, n, cfg.batch.size, cfg.train.seed, steps, lambda: bool(stop))
+    with open(out, "w") as f:
+        json.dump(times, f)
+
+
+def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str) -> None:
+    """The plain loop as the train function of a bare one-worker ``TorchTrainer`` on a local Ray
+    started here (as the orchestrator's CLI starts one)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    out = os.path.join(scratch_dir(), "rates.json")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from orchestrator.runner import ensure_ray
 
     def loop(c):
         sys.path.insert(0, c["root"])
-        from bench.overhead import plain_loop as plain
+        from bench.overhead import run_loop as run
 
-        with open(c["out"], "w") as f:
-            json.dump(plain(c["cfg"], c["epochs"], c["threads"]), f)
+        run(c["cfg"], "plain", c["threads"], c["steps"], c["out"])
 
-    TorchTrainer(loop, train_loop_config={"cfg": cfg, "epochs": epochs, "threads": threads, "out": out, "root": root},
+    started = ensure_ray(verbose=False, num_cpus=os.cpu_count())
+    TorchTrainer(loop, train_loop_config={"cfg": cfg_json, "threads": threads, "steps": steps, "out": out,
+                                          "root": ROOT},
                  scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
                  run_config=RunConfig(storage_path=scratch_dir(), name="plain")).fit()
-    with open(out) as f:
-        return json.load(f)
-
-
-def in_fresh_process(row: str, config_path: str, epochs: int, threads: int) -> list[float]:
-    """Run ``plain_loop`` or ``loop_in_process`` (on the config saved at ``config_path``) in a new
-    Python process that never joins Ray: the driver process (this one) runs Ray's client threads,
-    which a reference must not pay for."""
-    import json
-    import subprocess
-
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", row, "--child-config", config_path,
-                          "--epochs", str(epochs), "--threads", str(threads)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def child(row: str, config_path: str, epochs: int, threads: int) -> None:
-    import json
-
-    from orchestrator.config import validate
-
-    with open(config_path) as f:
-        cfg = validate(json.load(f))
-    print(json.dumps((plain_loop if row == "plain" else loop_in_process)(cfg, epochs, threads)))
-
-
-class OtherCpu:
-    """Samples, once a second, the machine's busy CPU time (``/proc/stat``) and the training
-    worker process's (``ray::RayTrainWorker``); keeps, for the seconds in which the worker ran on
-    more than half a core, the share of the machine used by everything else."""
-
-    def __init__(self):
-        self.shares: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _read(path: str) -> str:
-        with open(path) as f:
-            return f.read()
-
-    def _busy(self) -> int:
-        v = [int(x) for x in self._read("/proc/stat").splitlines()[0].split()[1:]]
-        return sum(v[:8]) - v[3] - v[4]  # all but idle and iowait (guest time is inside user)
-
-    def _worker(self) -> int:
-        ticks = 0
-        for p in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if self._read(f"/proc/{p}/comm").startswith("ray::RayTrainWo"):
-                    stat = self._read(f"/proc/{p}/stat")
-                    fields = stat[stat.rfind(")") + 2:].split()  # utime, stime: fields 14, 15
-                    ticks += int(fields[11]) + int(fields[12])
-            except OSError:  # the process ended meanwhile
-                continue
-        return ticks
-
-    def _run(self) -> None:
-        hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
-        busy, worker = self._busy(), self._worker()
-        while not self._stop.wait(1.0):
-            b, w = self._busy(), self._worker()
-            if w - worker > hz / 2:
-                self.shares.append(max(0, (b - busy) - (w - worker)) / (hz * cpus))
-            busy, worker = b, w
-
-    def __enter__(self) -> "OtherCpu":
-        if os.path.exists("/proc/stat"):
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-def orchestrator_run(cfg):
-    from mlflow.tracking import MlflowClient
-
-    from orchestrator.runner import run_training
-
-    summary = run_training(cfg, progress=False, t_invoked=time.time())
-    hist = MlflowClient(cfg.tracking.uri).get_metric_history(summary.run_id, "throughput/samples_per_s")
-    rates = [m.value for m in sorted(hist, key=lambda m: m.step)][1:]  # the first window holds warm-up
-    return summary, rates
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--model", default="cnn")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--size", type=int, default=0, help="synthetic data of this many samples (0: digits)")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=1,
-                    help="rounds run first and not counted (a Ray just started is busy for a while)")
-    ap.add_argument("--child", choices=("plain", "local"), help=argparse.SUPPRESS)
-    ap.add_argument("--child-config", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        return child(a.child, a.child_config, a.epochs, a.threads)
-    data = {"name": "synthetic", "size": a.size, "shape": [1, 8, 8]} if a.size else {"name": "digits"}
-    cfg, _ = temp_config(
-        data=data, model={"name": a.model, "norm": "batch", "hidden": 64},
-        optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
-        batch={"size": a.batch, "max_local_batch": a.batch},
-        scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
-        train={"epochs": a.epochs, "eval_every": 0},
-    )
-    from orchestrator.runner import ensure_ray
-
-    import json
-
-    cfg_path = os.path.join(scratch_dir(), "cfg.json")  # for the rows run in fresh processes
-    with open(cfg_path, "w") as f:
-        json.dump(cfg.model_dump(mode="json"), f)
-    started = ensure_ray(verbose=False, num_cpus=os.cpu_count())  # one Ray for both Ray rows
-    for _ in range(a.warmup):
-        orchestrator_run(cfg)
-        plain_in_ray_train(cfg, a.epochs, a.threads)
-    plain, in_ray, orch, local, summaries, rounds, other = [], [], [], [], [], [], []
-    for _ in range(a.repeats):  # interleaved, so that a noisy minute hits every row alike
-        before = in_fresh_process("plain", cfg_path, a.epochs, a.threads)
-        with OtherCpu() as cpu:
-            summary, rates = orchestrator_run(cfg)
-        other += cpu.shares
-        summaries.append(summary)
-        in_ray += plain_in_ray_train(cfg, a.epochs, a.threads)
-        after = in_fresh_process("plain", cfg_path, a.epochs, a.threads)
-        local += in_fresh_process("local", cfg_path, a.epochs, a.threads)
-        rounds.append(median(rates) / median(before + after))
-        plain += before + after
-        orch += rates
     if started:
         import ray
 
         ray.shutdown()
-    p, o = median(plain), median(orch)
+
+
+# -- slicing -----------------------------------------------------------------------------------------
+
+def _proc_stat(pid) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        s = f.read()
+    return s[s.rfind(")") + 2:].split()  # fields from the 3rd on: state, ppid, ..., utime (14th), stime
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            children.setdefault(int(_proc_stat(p)[1]), []).append(int(p))
+        except OSError:  # ended meanwhile
+            continue
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def send(pids: list[int], sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def cpu_ticks(pids: list[int]) -> dict[int, int]:
+    out = {}
+    for p in pids:
+        try:
+            f = _proc_stat(p)
+            out[p] = int(f[11]) + int(f[12])
+        except OSError:
+            continue
+    return out
+
+
+def busy_ticks() -> int:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v[:8]) - v[3] - v[4]  # all but idle and iowait
+
+
+class Slices:
+    """Runs command ``a`` to its end and the reference ``b`` beside it, never together, switching
+    every ``slice_s`` seconds; ``b`` gets SIGTERM when ``a`` has ended."""
+
+    def __init__(self, a: list[str], b: list[str], slice_s: float, log: str):
+        self.slices: list[tuple[str, float, float]] = []  # (who, start, end)
+        self.cpu: list[tuple[str, int, int]] = []  # (who, machine's busy ticks, the loop's own) per slice
+        self.launched = time.time()
+        with open(log, "w") as out:
+            self.a = subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.b = subprocess.Popen(b, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.slice_s = slice_s
+        self.log = log
+
+    def run(self) -> "Slices":
+        send([self.b.pid], signal.SIGSTOP)
+        who, start = "a", time.time()
+        before = self._ticks("a")
+        try:
+            while True:
+                if who == "a":
+                    try:
+                        self.a.wait(timeout=self.slice_s)
+                    except subprocess.TimeoutExpired:
+                        pass
+                else:
+                    time.sleep(self.slice_s)
+                end = time.time()
+                self.slices.append((who, start, end))
+                after = self._ticks(who)
+                self.cpu.append((who, after[0] - before[0], max(
+                    (t - before[1].get(p, t) for p, t in after[1].items()), default=0)))
+                if self.a.poll() is not None:
+                    break
+                stop, go = (self.a, self.b) if who == "a" else (self.b, self.a)
+                send(tree(stop.pid), signal.SIGSTOP)
+                send(tree(go.pid), signal.SIGCONT)
+                who, start = ("b" if who == "a" else "a"), time.time()
+                before = self._ticks(who)
+        finally:
+            send(tree(self.a.pid), signal.SIGCONT)
+            if self.a.poll() is None:  # interrupted: let the orchestrator shut its Ray down
+                self.a.send_signal(signal.SIGINT)
+                self.a.wait()
+            self.b.send_signal(signal.SIGTERM)
+            send([self.b.pid], signal.SIGCONT)
+            self.b.wait()
+        if self.a.returncode != 0:
+            with open(self.log) as f:
+                raise SystemExit(f"the loop under test failed ({self.a.returncode}):\n{f.read()[-3000:]}")
+        return self
+
+    def _ticks(self, who: str) -> tuple[int, dict[int, int]]:
+        return busy_ticks(), cpu_ticks(tree((self.a if who == "a" else self.b).pid))
+
+    def ran_for(self, upto: float) -> float:
+        """Seconds ``a`` ran from its launch to the wall time ``upto``."""
+        return sum(max(0.0, min(hi, upto) - lo) for who, lo, hi in self.slices if who == "a")
+
+
+def step_gaps(times: list[float], n_train: int, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(end, start, samples) of each measured step: every step but the first, the last, those at
+    an epoch end and those just after one (validation and checkpoint fall in them)."""
+    t = np.asarray(times, dtype=np.float64)
+    per_epoch = math.ceil(n_train / batch)
+    k = np.arange(1, len(t) + 1)  # 1-based step numbers
+    pos = (k - 1) % per_epoch + 1  # step within its epoch
+    size = np.where(pos == per_epoch, n_train - (per_epoch - 1) * batch, batch)
+    keep = (k > 1) & (k < len(t)) & (pos != per_epoch) & (pos != 1)
+    return t[1:][keep[1:]], t[:-1][keep[1:]], size[1:][keep[1:]]
+
+
+def slice_rate(gaps, lo: float, hi: float) -> tuple[float, float] | None:
+    """(samples, seconds) of the measured steps that ran wholly inside ``(lo, hi)``."""
+    end, start, size = gaps
+    inside = (start > lo) & (end < hi)
+    if inside.sum() < MIN_STEPS:
+        return None
+    return float(size[inside].sum()), float((end - start)[inside].sum())
+
+
+def paired(run: Slices, a_gaps, b_gaps) -> dict:
+    """Each slice of ``a`` with measured steps against the reference's slices beside it."""
+    rates_a, rates_b, ratios, beside = [], [], [], []
+    machine = os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1)  # ticks a second
+    for i, (who, lo, hi) in enumerate(run.slices):
+        ra = slice_rate(a_gaps, lo, hi) if who == "a" else None
+        if ra is None:
+            continue
+        near = [slice_rate(b_gaps, l2, h2) for w2, l2, h2 in run.slices[max(0, i - 1):i + 2] if w2 == "b"]
+        near = [r for r in near if r is not None]
+        if not near:
+            continue
+        rates_a.append(ra)
+        rates_b += near
+        ratios.append((ra[0] / ra[1]) / np.mean([s / d for s, d in near]))
+        _, busy, own = run.cpu[i]
+        beside.append(max(0, busy - own) / ((hi - lo) * machine))
+
+    def pooled(rates):
+        return sum(s for s, _ in rates) / sum(d for _, d in rates) if rates else float("nan")
+
+    return {"a": pooled(rates_a), "b": pooled(rates_b), "pairs": len(ratios), "median": median(ratios),
+            "beside": median(beside)}
+
+
+# -- main --------------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=12000, help="optimizer steps of each loop under test")
+    ap.add_argument("--slice", type=float, default=2.0, help="seconds each loop runs before the other's turn")
+    ap.add_argument("--size", type=int, default=200000, help="samples of the synthetic 1x8x8 data (0: digits)")
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default=",".join(ROWS), help="which rows, comma-separated: " + ", ".join(ROWS))
+    ap.add_argument("--child", choices=("plain", "local", "ray"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-config", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        with open(a.child_config) as f:
+            cfg_json = json.load(f)
+        if a.child == "ray":
+            return run_in_ray_train(cfg_json, a.threads, a.steps, a.out)
+        return run_loop(cfg_json, a.child, a.threads, a.steps, a.out)
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    bad = [r for r in rows if r not in ROWS]
+    if bad or not rows or a.steps < 4 * MIN_STEPS or a.slice <= 0:
+        what = f"--rows: unknown {bad}; choose from {', '.join(ROWS)}" if bad or not rows else \
+            f"--steps must be at least {4 * MIN_STEPS}" if a.steps < 4 * MIN_STEPS else "--slice must be > 0"
+        print(f"error: {what}", file=sys.stderr)
+        raise SystemExit(2)
+    if not os.path.exists("/proc/stat"):
+        print("error: bench/overhead.py needs Linux (/proc and SIGSTOP)", file=sys.stderr)
+        raise SystemExit(2)
+
+    data = {"name": "synthetic", "size": a.size, "shape": [1, 8, 8]} if a.size else {"name": "digits"}
+    cfg, tmp = temp_config(
+        data=data, model={"name": a.model, "norm": "batch", "hidden": 64},
+        optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
+        batch={"size": a.batch, "max_local_batch": a.batch},
+        scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
+        train={"epochs": 1, "eval_every": 0},
+    )
+    n_train = load_data(cfg.data, cfg.train.seed).num_train
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": a.steps * a.batch / n_train})})
+    from orchestrator.config import to_yaml
+
+    cfg_json, cfg_yaml = os.path.join(tmp, "cfg.json"), os.path.join(tmp, "cfg.yaml")
+    with open(cfg_json, "w") as f:
+        json.dump(cfg.model_dump(mode="json"), f)
+    with open(cfg_yaml, "w") as f:
+        f.write(to_yaml(cfg))
+
+    def child(kind: str, steps: int, out: str) -> list[str]:
+        return [sys.executable, os.path.abspath(__file__), "--child", kind, "--child-config", cfg_json,
+                "--threads", str(a.threads), "--steps", str(steps), "--out", out]
+
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
-    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.epochs} epochs, {a.repeats} round(s) "
-          f"after {a.warmup} warm-up round(s); "
-          f"median samples/s over windows of ~{cfg.train.push_every_s} s (the orchestrator's push windows)")
-    print(table([
-        ("plain PyTorch loop", f"{p:,.0f}", "1.000"),
-        ("plain loop in a bare Ray Train worker", f"{median(in_ray):,.0f}", f"{median(in_ray) / p:.3f}"),
-        ("orchestrator step code, plain process, no Ray", f"{median(local):,.0f}", f"{median(local) / p:.3f}"),
-        ("orchestrator loop, W=1", f"{o:,.0f}", f"{o / p:.3f}"),
-    ], ("loop", "samples/s", "vs plain (all rounds pooled)")))
-    s0 = summaries[-1]
-    print(f"time from train invocation to first step: {median([s.first_step_s for s in summaries]):.1f} s; "
-          f"whole run {median([s.wall_s for s in summaries]):.1f} s for {s0.steps} steps")
-    if other:
-        print(f"while the orchestrator trained, other processes than the training worker used "
-              f"{100 * median(other):.1f}% of the machine's CPU (median of {len(other)} seconds)")
-    print("orchestrator / plain by round: " + ", ".join(f"{r:.3f}" for r in rounds))
-    ratio = median(rounds)
-    print(f"ratio={ratio:.3f}")
+    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, "
+          f"{a.slice:g} s slices", flush=True)
+    results, orch = {}, None
+    for row in rows:
+        a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
+        if row == "orchestrator":
+            cmd = [sys.executable, "-m", "orchestrator", "train", cfg_yaml, "--no-progress"]
+        else:
+            cmd = child(row, a.steps, a_out)
+        run = Slices(cmd, child("plain", 0, b_out), a.slice, os.path.join(tmp, f"{row}.log")).run()
+        if row == "orchestrator":
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(cfg.tracking.uri)
+            exp = client.get_experiment_by_name(cfg.tracking.experiment)
+            run_id = client.search_runs([exp.experiment_id], max_results=1)[0].info.run_id
+            hist = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
+            a_times = [m.timestamp / 1000 for m in hist]
+            orch = (run.ran_for(a_times[0]), run.ran_for(run.slices[-1][2]), len(a_times))
+        else:
+            with open(a_out) as f:
+                a_times = json.load(f)
+        with open(b_out) as f:
+            b_times = json.load(f)
+        results[row] = r = paired(run, step_gaps(a_times, n_train, a.batch), step_gaps(b_times, n_train, a.batch))
+        print(f"  {ROWS[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)", file=sys.stderr,
+              flush=True)
+    print(table([(ROWS[k], f"{r['a']:,.0f}", f"{r['b']:,.0f}", f"{r['a'] / r['b']:.3f}", f"{r['median']:.3f}",
+                  r["pairs"], f"{100 * r['beside']:.1f}%") for k, r in results.items()],
+                ("loop", "samples/s", "plain samples/s", "ratio", "median pair", "pairs", "CPU beside")))
+    if orch is not None:
+        print(f"time from train invocation to first step: {orch[0]:.1f} s; whole run {orch[1]:.1f} s "
+              f"for {orch[2]} steps (time it ran)")
+    if "orchestrator" in results:
+        r = results["orchestrator"]
+        print(f"ratio={r['a'] / r['b']:.3f}")
 
 
 if __name__ == "__main__":
