@@ -2,6 +2,8 @@
 per-step series bends (a change of value or of slope), with the step before each bend and the
 last step, so the per-step series is exact."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -136,7 +138,7 @@ def test_rows_carry_the_time_their_step_ran(tmp_path):
         hist = sorted(client.get_metric_history(tr.run_id, key), key=lambda m: m.step)
         assert [m.timestamp for m in hist if m.step <= 12] == [int(1000 * (t0 + 0.25 * m.step)) for m in hist
                                                                 if m.step <= 12]
-        assert abs(hist[-1].timestamp / 1000 - __import__("time").time()) < 60
+        assert abs(hist[-1].timestamp / 1000 - time.time()) < 60
     assert [m.step for m in client.get_metric_history(tr.run_id, "lr")] == [1, 6, 7, 13]
     assert tr._when == {} or min(tr._when) >= 12  # only the times a held point may still need
 
