@@ -203,7 +203,6 @@ class Slices:
     def __init__(self, a: list[str], b: list[str], slice_s: float, log: str):
         self.slices: list[tuple[str, float, float]] = []  # (who, start, end)
         self.cpu: list[tuple[str, int, int]] = []  # (who, machine's busy ticks, the loop's own) per slice
-        self.launched = time.time()
         with open(log, "w") as out:
             self.a = subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
             self.b = subprocess.Popen(b, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
