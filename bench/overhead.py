@@ -209,12 +209,16 @@ class Slices:
         self.slice_s = slice_s
         self.log = log
 
-    def run(self) -> "Slices":
+    def run(self, desc: str = "") -> "Slices":
+        from tqdm import tqdm
+
         send([self.b.pid], signal.SIGSTOP)
         who, start = "a", time.time()
         before = self._ticks("a")
+        bar = tqdm(desc=desc, file=sys.stderr, leave=False, bar_format="{desc}: {n_fmt} slices [{elapsed}]")
         try:
             while True:
+                bar.update()
                 if who == "a":
                     try:
                         self.a.wait(timeout=self.slice_s)
@@ -235,6 +239,7 @@ class Slices:
                 who, start = ("b" if who == "a" else "a"), time.time()
                 before = self._ticks(who)
         finally:
+            bar.close()
             send(tree(self.a.pid), signal.SIGCONT)
             if self.a.poll() is None:  # interrupted: let the orchestrator shut its Ray down
                 self.a.send_signal(signal.SIGINT)
@@ -365,7 +370,7 @@ def main() -> None:
             cmd = [sys.executable, "-m", "orchestrator", "train", cfg_yaml, "--no-progress"]
         else:
             cmd = child(row, a.steps, a_out)
-        run = Slices(cmd, child("plain", 0, b_out), a.slice, os.path.join(tmp, f"{row}.log")).run()
+        run = Slices(cmd, child("plain", 0, b_out), a.slice, os.path.join(tmp, f"{row}.log")).run(ROWS[row])
         if row == "orchestrator":
             from mlflow.tracking import MlflowClient
 
