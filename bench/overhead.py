@@ -155,14 +155,20 @@ def _proc_stat(pid) -> list[str]:
     return s[s.rfind(")") + 2:].split()  # fields from the 3rd on: state, ppid, ..., utime (14th), stime
 
 
-def tree(root: int) -> list[int]:
-    """``root`` and every process below it."""
+def process_children() -> dict[int, list[int]]:
+    """Every process's children (one pass over /proc)."""
     children: dict[int, list[int]] = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
             children.setdefault(int(_proc_stat(p)[1]), []).append(int(p))
         except OSError:  # ended meanwhile
             continue
+    return children
+
+
+def tree(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """``root`` and every process below it."""
+    children = process_children() if children is None else children
     out, todo = [], [root]
     while todo:
         p = todo.pop()
@@ -214,7 +220,7 @@ class Slices:
 
         send([self.b.pid], signal.SIGSTOP)
         who, start = "a", time.time()
-        before = self._ticks("a")
+        before = self._snapshot()
         bar = tqdm(desc=desc, file=sys.stderr, leave=False, bar_format="{desc}: {n_fmt} slices [{elapsed}]")
         try:
             while True:
@@ -228,16 +234,16 @@ class Slices:
                     time.sleep(self.slice_s)
                 end = time.time()
                 self.slices.append((who, start, end))
-                after = self._ticks(who)
+                after = self._snapshot()  # also the next slice's start
                 self.cpu.append((who, after[0] - before[0], max(
-                    (t - before[1].get(p, t) for p, t in after[1].items()), default=0)))
+                    (after[2][p] - before[2].get(p, after[2][p]) for p in after[1][who] if p in after[2]),
+                    default=0)))
                 if self.a.poll() is not None:
                     break
-                stop, go = (self.a, self.b) if who == "a" else (self.b, self.a)
-                send(tree(stop.pid), signal.SIGSTOP)
-                send(tree(go.pid), signal.SIGCONT)
-                who, start = ("b" if who == "a" else "a"), time.time()
-                before = self._ticks(who)
+                nxt = "b" if who == "a" else "a"
+                send(after[1][who], signal.SIGSTOP)
+                send(after[1][nxt], signal.SIGCONT)
+                who, start, before = nxt, time.time(), after
         finally:
             bar.close()
             send(tree(self.a.pid), signal.SIGCONT)
@@ -252,8 +258,11 @@ class Slices:
                 raise SystemExit(f"the loop under test failed ({self.a.returncode}):\n{f.read()[-3000:]}")
         return self
 
-    def _ticks(self, who: str) -> tuple[int, dict[int, int]]:
-        return busy_ticks(), cpu_ticks(tree((self.a if who == "a" else self.b).pid))
+    def _snapshot(self) -> tuple[int, dict[str, list[int]], dict[int, int]]:
+        """(the machine's busy ticks, each side's processes, their CPU ticks), from one /proc pass."""
+        children = process_children()
+        trees = {"a": tree(self.a.pid, children), "b": tree(self.b.pid, children)}
+        return busy_ticks(), trees, cpu_ticks(trees["a"] + trees["b"])
 
     def ran_for(self, upto: float) -> float:
         """Seconds ``a`` ran from its launch to the wall time ``upto``."""
