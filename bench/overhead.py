@@ -26,7 +26,7 @@ of its tree) used during its slices; ``first step`` and ``whole run``: the time 
 invocation to its first step and to its exit, counting only the time it ran.
 
     .venv/bin/python bench/overhead.py [--steps 12000] [--slice 2] [--size 200000] [--model cnn]
-        [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator]
+        [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator] [--set KEY=VALUE ...]
 
 Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).  Linux only (signals, /proc).
 """
@@ -317,6 +317,12 @@ def paired(run: Slices, a_gaps, b_gaps) -> dict:
 
 # -- main --------------------------------------------------------------------------------------------
 
+def orchestrator_cmd(cfg_yaml: str, overrides: list[str]) -> list[str]:
+    """The orchestrator row's command: the ``train`` CLI on the bench's config, with ``--set``s."""
+    return [sys.executable, "-m", "orchestrator", "train", cfg_yaml, "--no-progress",
+            *[x for kv in overrides for x in ("--set", kv)]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12000, help="optimizer steps of each loop under test")
@@ -326,6 +332,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default=",".join(ROWS), help="which rows, comma-separated: " + ", ".join(ROWS))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for the orchestrator row, e.g. train.push_every_s=1.0 (repeatable)")
     ap.add_argument("--child", choices=("plain", "local", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -376,7 +384,7 @@ def main() -> None:
     for row in rows:
         a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
         if row == "orchestrator":
-            cmd = [sys.executable, "-m", "orchestrator", "train", cfg_yaml, "--no-progress"]
+            cmd = orchestrator_cmd(cfg_yaml, a.overrides)
         else:
             cmd = child(row, a.steps, a_out)
         run = Slices(cmd, child("plain", 0, b_out), a.slice, os.path.join(tmp, f"{row}.log")).run(ROWS[row])

@@ -3,12 +3,15 @@ and a slice's rate counts only the steps that ran wholly inside it."""
 
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from bench.overhead import Slices, paired, slice_rate, step_gaps
+from bench.overhead import Slices, orchestrator_cmd, paired, slice_rate, step_gaps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A "loop" whose steps are 2 ms sleeps: it records when each step ended, in a child process of its
 # own (as the bench's loops do); with an argument it runs that many steps, else until SIGTERM.
@@ -72,3 +75,13 @@ def test_slice_rates_and_pairs():
     assert r["a"] == pytest.approx(1000) and r["b"] == pytest.approx(2000)
     assert r["median"] == pytest.approx(0.5) and r["pairs"] == 2
     assert r["beside"] == pytest.approx(10 / (os.sysconf("SC_CLK_TCK") * os.cpu_count()))  # 10 ticks in 1 s
+
+
+def test_set_overrides_reach_the_orchestrator_row(tmp_path):
+    """``--set`` is passed to the ``train`` CLI (a bad key there stops it before Ray starts)."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("data: {name: digits}\n")
+    cmd = orchestrator_cmd(str(cfg), ["train.epochs=1", "scaling.no_such_key=1"])
+    assert cmd[-4:] == ["--set", "train.epochs=1", "--set", "scaling.no_such_key=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "scaling.no_such_key" in out.stderr, out.stderr
