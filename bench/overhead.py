@@ -372,6 +372,14 @@ def main() -> None:
         json.dump(cfg.model_dump(mode="json"), f)
     with open(cfg_yaml, "w") as f:
         f.write(to_yaml(cfg))
+    if a.overrides:  # a bad --set stops here, before any loop runs
+        from orchestrator.config import ConfigError, load_config
+
+        try:
+            load_config(cfg_yaml, a.overrides)
+        except ConfigError as e:
+            print(f"error: --set: {e}", file=sys.stderr)
+            raise SystemExit(2)
 
     def child(kind: str, steps: int, out: str) -> list[str]:
         return [sys.executable, os.path.abspath(__file__), "--child", kind, "--child-config", cfg_json,

@@ -85,3 +85,11 @@ def test_set_overrides_reach_the_orchestrator_row(tmp_path):
     assert cmd[-4:] == ["--set", "train.epochs=1", "--set", "scaling.no_such_key=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2 and "scaling.no_such_key" in out.stderr, out.stderr
+
+
+def test_a_bad_set_stops_the_bench_before_any_loop_runs():
+    out = subprocess.run([sys.executable, "bench/overhead.py", "--rows", "plain", "--set", "scaling.no_such_key=1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: --set: ") and "scaling.no_such_key" in out.stderr
+    assert "slices" not in out.stderr  # no row started
