@@ -155,20 +155,23 @@ def _proc_stat(pid) -> list[str]:
     return s[s.rfind(")") + 2:].split()  # fields from the 3rd on: state, ppid, ..., utime (14th), stime
 
 
-def process_children() -> dict[int, list[int]]:
-    """Every process's children (one pass over /proc)."""
-    children: dict[int, list[int]] = {}
+def processes() -> dict[int, tuple[int, int]]:
+    """Every process's (parent, CPU ticks), from one pass over /proc."""
+    out = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
-            children.setdefault(int(_proc_stat(p)[1]), []).append(int(p))
+            f = _proc_stat(p)
         except OSError:  # ended meanwhile
             continue
-    return children
+        out[int(p)] = (int(f[1]), int(f[11]) + int(f[12]))
+    return out
 
 
-def tree(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+def tree(root: int, procs: dict[int, tuple[int, int]] | None = None) -> list[int]:
     """``root`` and every process below it."""
-    children = process_children() if children is None else children
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in (processes() if procs is None else procs).items():
+        children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
         p = todo.pop()
@@ -183,17 +186,6 @@ def send(pids: list[int], sig: int) -> None:
             os.kill(p, sig)
         except ProcessLookupError:
             pass
-
-
-def cpu_ticks(pids: list[int]) -> dict[int, int]:
-    out = {}
-    for p in pids:
-        try:
-            f = _proc_stat(p)
-            out[p] = int(f[11]) + int(f[12])
-        except OSError:
-            continue
-    return out
 
 
 def busy_ticks() -> int:
@@ -260,9 +252,9 @@ class Slices:
 
     def _snapshot(self) -> tuple[int, dict[str, list[int]], dict[int, int]]:
         """(the machine's busy ticks, each side's processes, their CPU ticks), from one /proc pass."""
-        children = process_children()
-        trees = {"a": tree(self.a.pid, children), "b": tree(self.b.pid, children)}
-        return busy_ticks(), trees, cpu_ticks(trees["a"] + trees["b"])
+        procs = processes()
+        trees = {"a": tree(self.a.pid, procs), "b": tree(self.b.pid, procs)}
+        return busy_ticks(), trees, {p: procs[p][1] for p in trees["a"] + trees["b"] if p in procs}
 
     def ran_for(self, upto: float) -> float:
         """Seconds ``a`` ran from its launch to the wall time ``upto``."""
