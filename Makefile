@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not integration and not slow"
+	$(BIN)/python -m pytest -q tests/unit
 
 clean:
 	rm -rf ray_runs mlruns mlflow.db .pytest_cache

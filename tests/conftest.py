@@ -1,10 +1,22 @@
-"""Shared fixtures.  One local Ray for all integration tests (starting Ray costs ~10 s)."""
+"""Shared fixtures and the test tiers.
+
+Three tiers, one folder each (docs/architecture.md):
+
+* ``tests/unit``: no processes, no Ray; seconds.  ``make test-fast`` runs these.
+* ``tests/distributed``: the loop's numerics in a few gloo processes (no Ray).
+* ``tests/integration``: a real local Ray (one, shared), real MLflow stores, real CLI processes.
+
+Each test gets its tier's marker from its folder, and a default time limit (pytest-timeout):
+a hung collective or a Ray that never places a group fails the test instead of the CI run.
+"""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+TIERS = {"unit": 60, "distributed": 300, "integration": 900}  # tier -> default seconds per test
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 os.environ.setdefault("ELASTIC_KEEP_RAY", "1")  # runs inside tests must not stop the shared Ray
@@ -25,3 +37,14 @@ def ray_cluster(tmp_path_factory):
 @pytest.fixture()
 def tracking_uri(tmp_path):
     return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.parts
+        tier = next((t for t in TIERS if t in parts[-2:-1]), None)
+        if tier is None:
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIERS[tier]))

@@ -54,22 +54,6 @@ def test_digits_split_is_seeded_and_disjoint():
     assert not torch.equal(a.train_x, c.train_x)
 
 
-def test_digits_read_from_the_file_match_scikit_learns_loader():
-    import subprocess
-    import sys
-
-    from sklearn.datasets import load_digits
-
-    pixels, labels = digits_arrays()
-    d = load_digits()
-    np.testing.assert_array_equal(pixels, d.data)
-    np.testing.assert_array_equal(labels, d.target)
-    # and a worker that loads digits does not pay for importing scikit-learn
-    code = "import sys; from trainers.data import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 def test_synthetic_is_learnable_and_shaped():
     cfg = DataConfig(name="synthetic", size=500, shape=[3, 4, 4], num_classes=5, val_fraction=0.2)
     d = load_data(cfg, 0)

@@ -5,7 +5,7 @@ import os
 import pytest
 import yaml
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 @pytest.mark.parametrize("path", ["cluster.yaml", "configs/cluster-onprem.yaml"])

@@ -69,7 +69,7 @@ def error_of(raw: dict) -> str:
 
 
 def test_quickstart_space_parses():
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     s = load_space(os.path.join(here, "configs", "search_quickstart.yaml"))
     assert s.sampler.name == "tpe" and s.pruner.name == "median" and s.prunes
     assert s.objectives[0].metric == "val/accuracy" and s.directions == ["maximize"]
