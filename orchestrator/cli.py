@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError, load_config
+from orchestrator.ui import open_hint
 
 EXIT_BAD_INPUT = 2
 
@@ -45,6 +47,16 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--every", type=int, default=0, metavar="N",
                     help="also a row every N steps (default: step 1, epoch ends, batch changes, last step)")
     pl.add_argument("--plot", metavar="FILE.png", help="write a plot of lr and mf (and B, W) against steps")
+
+    u = sub.add_parser("ui", help="serve the MLflow UI and print links to the newest runs",
+                       description="Start the MLflow UI on 127.0.0.1 over the tracking store and print links "
+                                   "that open each run in the model-training view. Stop it with Ctrl-C.")
+    u.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
+                                          f"{DEFAULT_TRACKING_URI})")
+    u.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 5000 if free, else a free one)")
+    u.add_argument("--run", help="link this run id only")
+    u.add_argument("--experiment", help="link the newest runs of this experiment (default: all experiments)")
+    u.add_argument("--verbose", action="store_true", help="show the MLflow server's own log")
     return p
 
 
@@ -61,9 +73,7 @@ def _summary(s, cfg) -> str:
         f"  tracking URI   {s.tracking_uri}",
         f"  experiment     {cfg.tracking.experiment} (id {s.experiment_id})",
         f"  checkpoints    {os.path.join(s.storage_path, s.train_run_name)}",
-        f"open the UI:     mlflow ui --backend-store-uri {s.tracking_uri}   (then http://127.0.0.1:5000)"
-        if s.tracking_uri.startswith(("sqlite:", "file:", "/")) or "://" not in s.tracking_uri
-        else f"open the UI:     {s.tracking_uri}",
+        open_hint(s.tracking_uri, s.experiment_id, s.run_id),
     ]
     return "\n".join(lines)
 
@@ -115,10 +125,71 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0 if summary.status == "FINISHED" else 1
 
 
+def _local_store_path(uri: str) -> str | None:
+    """The file or folder a local tracking URI names (None for a server or a database server)."""
+    if uri.startswith("sqlite:///"):
+        return uri[len("sqlite:///"):]
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return None if "://" in uri else uri
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from orchestrator import ui
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ConfigError(f"--port: must be between 1 and 65535 (got {args.port})")
+    local = _local_store_path(uri)
+    if local is not None and not os.path.exists(local):
+        raise ConfigError(f"--tracking-uri: {uri} does not exist yet; train a run first "
+                          f"(python -m orchestrator train configs/quickstart.yaml) or pass the store that holds your runs")
+    try:
+        runs = ui.recent_runs(uri, args.experiment, args.run)
+    except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line
+        what = f"--run: no run {args.run!r} in {uri}" if args.run else f"--tracking-uri: cannot read {uri}"
+        raise ConfigError(f"{what} ({type(e).__name__}); check the id and the tracking URI") from None
+    if ui.is_server_uri(uri):
+        base, proc = uri.rstrip("/"), None
+    else:
+        port = args.port or ui.free_port()
+        base = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        proc = ui.start_server(uri, port, verbose=args.verbose)
+        try:
+            ui.wait_until_answering(base + "/health", proc)
+        except (RuntimeError, TimeoutError) as e:
+            ui.stop_server(proc)
+            print(f"error: the MLflow UI did not start on port {port}: {e}", file=sys.stderr)
+            return 1
+        print(f"MLflow UI at {base}  (answered after {time.monotonic() - t0:.1f} s; Ctrl-C stops it)")
+    if not runs:
+        print(f"no runs yet in {uri}")
+    for r in runs:
+        status = r.info.status.lower()
+        print(f"  {r.info.run_name or r.info.run_id:<28} {status:<9} {ui.run_url(base, r.info.experiment_id, r.info.run_id)}")
+    sys.stdout.flush()
+    if proc is None:
+        return 0
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ui.stop_server(proc)
+    return 0
+
+
 def _quiet(verbose: bool) -> None:
     """Library chatter (MLflow's database setup, Ray's INFO lines) only with --verbose."""
     if not verbose:
         import logging
+
+        # MLflow sets its loggers' level from this when it is imported (after this call)
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
         for name in ("mlflow", "alembic", "ray"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -134,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "resume":
             return cmd_resume(args)
+        if args.command == "ui":
+            return cmd_ui(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from orchestrator.config import RootConfig, flatten, to_yaml
+from orchestrator.ui import mark_experiment
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 # Metrics whose per-step series is piecewise linear (constant for long stretches, or growing by
@@ -85,6 +86,7 @@ class RunTracker:
         if run_id is None:
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
+            mark_experiment(self.client, exp_id)  # MLflow's UI opens it in the model-training view
             all_tags = dict(tags or {})
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id

@@ -96,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_summary(s, storage_arg: str) -> str:
+    from orchestrator.ui import open_hint
     from search.tracking import trial_values
 
     c, p, f = s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL")
@@ -114,6 +115,7 @@ def _run_summary(s, storage_arg: str) -> str:
         f"  MLflow parent  {s.parent_run_id} (experiment id {s.experiment_id})",
         f"  tracking URI   {s.tracking_uri}",
         f"show it:         python -m search show {s.study_name} --storage {store}",
+        open_hint(s.tracking_uri, s.experiment_id, s.parent_run_id),
     ]
     return "\n".join(lines)
 

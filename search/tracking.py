@@ -21,6 +21,7 @@ import time
 import warnings
 from typing import Any
 
+from orchestrator.ui import mark_experiment
 from search.space import SearchSpace
 
 STATE_TAG = "search.state"
@@ -49,6 +50,7 @@ class StudyTracker:
         self.client = _client(uri)
         exp = self.client.get_experiment_by_name(experiment)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        mark_experiment(self.client, self.experiment_id)  # MLflow's UI opens it in the model-training view
         self.run_id = self._find(existing_run_id)
         self.resumed = self.run_id is not None
         if self.run_id is None:

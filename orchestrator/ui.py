@@ -1,0 +1,142 @@
+"""``python -m orchestrator ui``: the MLflow UI over the run's tracking store, and links that open
+straight on a run in MLflow's model-training view.
+
+MLflow 3 opens an experiment in its GenAI view (trace dashboards) unless the experiment says it is
+a model-training one: the tag ``mlflow.experimentKind = custom_model_development`` does that, and a
+link carrying ``?workflowType=machine_learning`` does it for the page it opens (MLflow 3.17).  The
+orchestrator tags every experiment it creates or uses (:func:`mark_experiment`) and prints links
+with the parameter (:func:`run_url`).
+
+For a local store (a SQLite file or a folder) the command starts ``mlflow server`` on 127.0.0.1
+with one worker (a free port, or ``--port``); for a tracking server it only prints links to it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+ML_VIEW = "workflowType=machine_learning"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+DEFAULT_PORT = 5000
+
+
+def is_server_uri(uri: str) -> bool:
+    """A tracking server answers HTTP itself; anything else (sqlite:, file:, a folder) is a local store."""
+    return uri.startswith(("http://", "https://"))
+
+
+def experiment_url(base: str, experiment_id: str) -> str:
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{ML_VIEW}"
+
+
+def run_url(base: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in the model-training view (metrics, params, artifacts, logged model)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{ML_VIEW}"
+
+
+def ui_base(tracking_uri: str, port: int = DEFAULT_PORT) -> str:
+    """Where the UI for ``tracking_uri`` answers: the server itself, or ``orchestrator ui``'s address."""
+    return tracking_uri.rstrip("/") if is_server_uri(tracking_uri) else f"http://127.0.0.1:{port}"
+
+
+def open_hint(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """The line an end-of-run summary prints: the direct link, and how to serve it for a local store."""
+    url = run_url(ui_base(tracking_uri), experiment_id, run_id)
+    if is_server_uri(tracking_uri):
+        return f"open the run:    {url}"
+    return (f"open the run:    {url}\n"
+            f"                 (serve it first: python -m orchestrator ui --tracking-uri {tracking_uri})")
+
+
+def mark_experiment(client: Any, experiment_id: str) -> None:
+    """Tag the experiment as a model-training one so MLflow's UI opens it in that view."""
+    try:
+        exp = client.get_experiment(experiment_id)
+        if exp.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+    except Exception:  # noqa: BLE001 - a view preference must never fail a run
+        pass
+
+
+def free_port(preferred: int = DEFAULT_PORT) -> int:
+    """``preferred`` if nothing listens there on 127.0.0.1, else a port the OS picks."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port on 127.0.0.1")
+
+
+def wait_until_answering(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 120.0) -> float:
+    """Poll ``url`` until it answers 200; the seconds it took.  Raises if the server died or timed out."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the MLflow server exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def start_server(tracking_uri: str, port: int, verbose: bool = False) -> subprocess.Popen:
+    """``mlflow server`` over a local store on 127.0.0.1:``port``, one worker.  Its artifacts are
+    the runs' own artifact locations (served through the server), so nothing is copied."""
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    out = None if verbose else subprocess.DEVNULL
+    # no background job runner (it serves GenAI features, and starts ten worker processes)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return subprocess.Popen(cmd, stdout=out, stderr=out, env=env, start_new_session=True)
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Stop the server and the web workers it started (its own process group)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def recent_runs(tracking_uri: str, experiment: str | None, run_id: str | None, limit: int = 5) -> list[Any]:
+    """The runs to link: ``run_id`` alone, else the newest top-level runs of ``experiment`` (all if None)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    if run_id:
+        return [client.get_run(run_id)]
+    if experiment:
+        exp = client.get_experiment_by_name(experiment)
+        ids = [exp.experiment_id] if exp else []
+    else:
+        ids = [e.experiment_id for e in client.search_experiments()]
+    if not ids:
+        return []
+    for exp_id in ids:
+        mark_experiment(client, exp_id)
+    runs = client.search_runs(ids, max_results=limit * 4, order_by=["attributes.start_time DESC"])
+    top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags] or runs
+    return top[:limit]
