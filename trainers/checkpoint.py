@@ -30,6 +30,7 @@ storage path, one Ray Train run each) share its checkpoints; the newest one by s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -67,8 +68,8 @@ class CheckpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
-    keep: int = Field(default=2, gt=0, description="newest checkpoints of the run kept (at least 2: the "
-                                                    "newest and one to fall back to)")
+    keep: int = Field(default=2, description="newest checkpoints of the run kept (at least 2: the "
+                                             "newest and one to fall back to)")
     storage_path: str = Field(default="ray_runs", description="checkpoint folder (on a cluster: a shared filesystem mount)")
 
     @field_validator("keep")
@@ -356,8 +357,6 @@ def remove_stale_tmp(storage: str, run_prefix: str) -> list[str]:
 def _as_local(path: str):
     """A checkpoint's local directory: the path itself, or a download for a URI (Ray's)."""
     if "://" not in path:
-        import contextlib
-
         return contextlib.nullcontext(path)
     from ray.train import Checkpoint
 
