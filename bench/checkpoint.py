@@ -21,7 +21,8 @@ import torch  # noqa: E402
 from bench.common import median, scratch_dir, table  # noqa: E402
 from trainers.data import DatasetInfo  # noqa: E402
 from trainers.models import ModelConfig, build_model  # noqa: E402
-from trainers.state import TrainState, read_checkpoint, write_checkpoint  # noqa: E402
+from trainers.checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
+from trainers.state import TrainState  # noqa: E402
 
 
 def payload(name: str) -> dict:
@@ -30,7 +31,7 @@ def payload(name: str) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, *info.shape)).sum().backward()
     opt.step()  # creates the momentum buffers: a checkpoint carries them too
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "train": TrainState(step=1).to_dict(),
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "train": TrainState(step=1).state_dict(),
             "rng": {"torch": torch.get_rng_state()}}
 
 

@@ -101,7 +101,8 @@ def plain_step(cfg, threads: int):
 
 def local_step(cfg, threads: int):
     """The orchestrator's own step code (``Trainer.train_step`` + per-step metrics) without Ray."""
-    from trainers.loop import LoopConfig, Runtime, Trainer
+    from trainers.config import LoopConfig
+    from trainers.loop import Runtime, Trainer
 
     torch.set_num_threads(threads)
     t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainers.loop import LoopConfig
+from trainers.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 

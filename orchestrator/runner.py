@@ -494,7 +494,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value("workers", 0)),
                           "elastic.resizes": len(runner.resizes)})
         tracker.log_plots()
-        from trainers.loop import load_newest_checkpoint
+        from trainers.checkpoint import load_newest_checkpoint
 
         payload = load_newest_checkpoint(runner.storage_path, runner.train_run_name, "cpu",
                                          warn=runner.progress.write)

@@ -18,9 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import posixpath
-import re
-import shutil
 import time
 from typing import Any
 
@@ -28,76 +25,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel
 
-from trainers.batching import BatchConfig, BatchStats, build_batch_policy
-from trainers.data import (DataConfig, InMemoryData, epoch_permutation, global_batch, load_data, micro_batches,
-                           slice_bounds)
-from trainers.models import ModelConfig, build_model
+from trainers.batching import BatchStats, build_batch_policy
+from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
+from trainers.config import LoopConfig
+from trainers.data import InMemoryData, epoch_permutation, global_batch, load_data, micro_batches, slice_bounds
+from trainers.models import build_model
 from trainers.noise import GradientNoiseScale, MicroBatchGradNorms, sq_norm_tensor
-from trainers.optim import (OptimizerConfig, apply_momentum_correction, build_optimizer, mf_for, set_lr,
-                            set_mf)
-from trainers.schedules import Schedule, ScheduleConfig
+from trainers.optim import apply_momentum_correction, build_optimizer, mf_for, set_lr, set_mf
+from trainers.schedules import Schedule
 from trainers.report import Reporter
-from trainers.state import CorruptCheckpoint, TrainState, read_checkpoint, write_checkpoint
-
-
-class TrainConfig(BaseModel):
-    """The ``train`` section."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    epochs: float = Field(default=5, gt=0, description="may be fractional")
-    eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
-    seed: int = 0
-    log_every: int = Field(default=10, gt=0, description="fewest steps between pushes of metrics to the driver")
-    push_every_s: float = Field(default=0.25, ge=0, description="seconds between pushes (at least log_every "
-                                "steps apart); 0 = every log_every steps")
-    sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
-
-
-class CheckpointConfig(BaseModel):
-    """The ``checkpoint`` section."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
-    keep: int = Field(default=2, gt=0)
-    storage_path: str = Field(default="ray_runs", description="checkpoint folder (on a cluster: a shared filesystem mount)")
-
-    @field_validator("storage_path")
-    @classmethod
-    def _a_directory(cls, v: str) -> str:
-        if "://" in v:
-            raise ValueError(f"URIs are not supported (got {v!r}); give a directory path (on a cluster: "
-                             "a shared filesystem such as NFS mounted at the same path on every node)")
-        return v
-
-
-class LoopConfig(BaseModel):
-    """The sections a worker needs; the orchestrator's root config extends this."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    data: DataConfig = Field(default_factory=DataConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    batch: BatchConfig = Field(default_factory=BatchConfig)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "LoopConfig":
-        b = self.batch
-        # A growing batch may start below max_local_batch; it must be able to reach it.
-        largest = b.size if b.policy == "fixed" else max(b.size, b.max_size or 0, *(s for _, s in b.schedule or []))
-        if b.max_local_batch > largest and (b.policy == "fixed" or b.max_size is not None or b.policy == "schedule"):
-            what = "batch.size" if b.policy == "fixed" else "the largest batch this policy reaches"
-            raise ValueError(f"batch.max_local_batch: {b.max_local_batch} is above {what} "
-                             f"{largest}; set it to at most {largest}")
-        self.schedule.check_total_epochs(self.train.epochs)
-        return self
+from trainers.state import TrainState
 
 
 class Runtime(BaseModel):
@@ -147,19 +86,6 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    out = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        out["cuda"] = torch.cuda.get_rng_state(device)
-    return out
-
-
-def _restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def push_interval(log_every: int, push_every_s: float, steps: int, seconds: float) -> int:
     """Steps until the next push of metrics to the driver: ``push_every_s`` at the pace of the
     last window (``steps`` in ``seconds``), never fewer than ``log_every``.  Fast steps would
@@ -168,67 +94,6 @@ def push_interval(log_every: int, push_every_s: float, steps: int, seconds: floa
     if push_every_s <= 0 or steps <= 0 or seconds <= 0:
         return log_every
     return max(log_every, min(10_000, int(push_every_s * steps / seconds)))
-
-
-def checkpoint_step(path: str) -> int | None:
-    """The step in a checkpoint directory's name (``checkpoint_step00000045[_resize]``)."""
-    m = re.match(r"checkpoint_step(\d+)", posixpath.basename(path.rstrip("/")))
-    return int(m.group(1)) if m else None
-
-
-def run_checkpoints(storage: str, run_prefix: str) -> list[str]:
-    """Every checkpoint of one training run, newest first: all phases' Ray Train run folders
-    (``<prefix>``, ``<prefix>-…``) under ``storage``."""
-    from pyarrow.fs import FileSelector, FileSystem, FileType
-
-    fs, root = FileSystem.from_uri(storage) if "://" in storage else (None, storage)
-    if fs is None:
-        from pyarrow.fs import LocalFileSystem
-
-        fs = LocalFileSystem()
-    found = []
-    for run in fs.get_file_info(FileSelector(root, allow_not_found=True)):
-        name = posixpath.basename(run.path)
-        if run.type != FileType.Directory or not (name == run_prefix or name.startswith(run_prefix + "-")):
-            continue
-        for c in fs.get_file_info(FileSelector(run.path)):
-            step = checkpoint_step(c.path)
-            if c.type == FileType.Directory and step is not None:
-                found.append((step, c.path))
-    found.sort(reverse=True)
-    return [p if fs.type_name == "local" else f"{storage.split('://')[0]}://{p}" for _, p in found]
-
-
-def prune_checkpoints(storage: str, run_prefix: str, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints of a training run (every phase's folder:
-    an overlapping resize leaves the old phase's last ones behind)."""
-    for path in run_checkpoints(storage, run_prefix)[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def load_newest_checkpoint(storage: str, run_prefix: str, device: torch.device, warn=print,
-                           expect: str | None = None) -> dict[str, Any] | None:
-    """The newest intact checkpoint of this training run; a corrupt one is skipped with a warning.
-
-    ``expect``: a checkpoint known to exist (the handover), listed even if storage is slow to show it."""
-    from ray.train import Checkpoint
-
-    paths = run_checkpoints(storage, run_prefix)
-    if expect and expect.rstrip("/") not in paths:
-        paths.insert(0, expect.rstrip("/"))
-        paths.sort(key=lambda p: checkpoint_step(p) or 0, reverse=True)
-    for i, path in enumerate(paths):
-        try:
-            with Checkpoint(path=path).as_directory() as d:
-                payload = read_checkpoint(d, map_location=device)
-            if i > 0:
-                warn(f"resumed from older checkpoint {path}")
-            return payload
-        except CorruptCheckpoint as e:
-            warn(f"skipping corrupt checkpoint: {e}")
-    if paths:
-        raise CorruptCheckpoint(f"no intact checkpoint to resume from among {paths}")
-    return None
 
 
 class Trainer:
@@ -266,6 +131,10 @@ class Trainer:
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
         self.reporter = Reporter(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
+        self.checkpoints = CheckpointManager(self.checkpoint_states(), storage=runtime.storage,
+                                             run_prefix=runtime.run_prefix, run_name=runtime.run_name,
+                                             keep=cfg.checkpoint.keep, writer=self.rank == 0, warn=self._warn,
+                                             map_location=self.device)
         self.lr, self.mf = 0.0, 0.0  # what the last step used
         self._sample_log = None
         if cfg.train.sample_log_dir:
@@ -330,40 +199,33 @@ class Trainer:
             dist.broadcast_object_list(box, src=0, device=self.device)
         return box[0]
 
-    def _load(self) -> dict[str, Any] | None | bool:
-        """The newest checkpoint of this training run (any phase); False when this group must
-        not train (it was started for a resize that was called off)."""
+    def checkpoint_states(self) -> dict[str, Stateful]:
+        """What a checkpoint holds, by name (trainers/checkpoint.py); what this run lacks is left out."""
+        states: dict[str, Stateful] = {
+            "model": _unwrap(self.model), "optimizer": self.opt, "train": self.state, "rng": RNGState(self.device),
+            "batch": StateAdapter(lambda: {"size": self.B, "policy": self.batch_policy.state_dict()},
+                                  self._load_batch_state)}
+        if self.gns is not None:
+            states["noise"] = self.gns
+        if self.auto is not None:
+            states["auto_warmup"] = self.auto
+        states["reporter"] = PendingRecords(self.reporter)
+        return states
+
+    def _load_batch_state(self, state: dict[str, Any]) -> None:
+        self.B = int(state["size"])
+        self.batch_policy.load_state_dict(state["policy"])
+
+    def restore(self) -> bool | None:
+        """Load the newest checkpoint of this training run (any phase) into the registered
+        components; True if there was one, None if this group must not train (it was started for
+        a resize that was called off)."""
         handover = None
         if self.runtime.handover:
             handover = self._await_handover()
             if handover is None:
-                return False
-        if not self.runtime.storage:
-            return None
-        return load_newest_checkpoint(self.runtime.storage, self.runtime.run_prefix, self.device,
-                                      warn=self._warn, expect=handover)
-
-    def restore(self) -> bool | None:
-        """Load the newest checkpoint; True if there was one, None if this group must not train."""
-        payload = self._load()
-        if payload is False:
-            return None
-        if payload is None:
-            return False
-        _unwrap(self.model).load_state_dict(payload["model"])
-        self.opt.load_state_dict(payload["optimizer"])
-        self.state = TrainState.from_dict(payload["train"])
-        _restore_rng(payload["rng"], self.device)
-        extra = self.state.extra
-        if "batch" in extra:
-            self.B = int(extra["batch"]["size"])
-            self.batch_policy.load_state_dict(extra["batch"]["policy"])
-        if self.gns is not None and "gns" in extra:
-            self.gns.load_state_dict(extra["gns"])
-        if self.auto is not None and "auto_warmup" in extra:
-            self.auto.load_state_dict(extra["auto_warmup"])
-        self.reporter.replay(payload.get("pending_metrics", []))
-        return True
+                return None
+        return self.checkpoints.load(expect=handover)
 
     def save_checkpoint(self, finished: bool = False, resize_to: int = 0) -> str:
         """Rank 0 writes the checkpoint straight into this phase's run folder and prunes the
@@ -372,29 +234,12 @@ class Trainer:
         Not through ``ray.train.report``: its controller takes one report per poll (every
         ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s), so a report that follows the previous one
         sooner waits for it, which made a checkpoint per short epoch cost seconds.  The workers
-        find checkpoints by listing the run's folders (:func:`load_newest_checkpoint`).
+        find checkpoints by listing the run's folders (:class:`~trainers.checkpoint.CheckpointManager`).
         Returns the checkpoint's path (its name where nothing was written)."""
         self.state.finished = finished
-        self.state.extra = {"batch": {"size": self.B, "policy": self.batch_policy.state_dict()}}
-        if self.gns is not None:
-            self.state.extra["gns"] = self.gns.state_dict()
-        if self.auto is not None:
-            self.state.extra["auto_warmup"] = self.auto.state_dict()
-        name = f"checkpoint_step{self.state.step:08d}" + ("_resize" if resize_to else "")
-        if self.rank != 0 or not self.runtime.storage:
-            return name
-        path = os.path.join(self.runtime.storage, self.runtime.run_name, name)
-        if os.path.exists(path):  # a corrupt one this group skipped on restore and has now passed again
-            shutil.rmtree(path)
-        write_checkpoint(path, {
-            "model": _unwrap(self.model).state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "train": self.state.to_dict(),
-            "rng": _rng_state(self.device),
-            "pending_metrics": self.reporter.pending(),
-        })
-        prune_checkpoints(self.runtime.storage, self.runtime.run_prefix, self.cfg.checkpoint.keep)
-        self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
+        path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
+        if self.checkpoints.writing:
+            self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
         return path
 
     def hand_over(self, resize_to: int) -> None:

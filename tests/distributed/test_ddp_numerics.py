@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainers.loop import LoopConfig, Runtime, Trainer
+from trainers.config import LoopConfig
+from trainers.loop import Runtime, Trainer
 
 CFG = {
     "data": {"name": "digits"},

@@ -41,6 +41,7 @@ CASES = {
     "bad_override_syntax": (None, ["batch.size"], "--set batch.size: expected section.key=value"),
     "storage_uri": (None, ["checkpoint.storage_path=s3://bucket/runs"],
                     "checkpoint.storage_path: URIs are not supported (got 's3://bucket/runs'); give a directory path"),
+    "keep_one": (None, ["checkpoint.keep=1"], "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
 }
 
 
@@ -68,6 +69,20 @@ def test_bad_input_never_imports_ray_or_creates_a_run(tmp_path):
     assert set(res["codes"].values()) == {2}
     assert res["ray"] is False and res["mlflow"] is False
     assert not os.path.exists(tmp_path / "mlflow.db")
+
+
+def test_loading_a_config_imports_neither_the_worker_loop_nor_ray():
+    """Validating a YAML loads the components' config classes, not the loop they run in."""
+    script = textwrap.dedent("""
+        import json, sys
+        from orchestrator.config import load_config
+        load_config("configs/quickstart.yaml")
+        print(json.dumps({m: m in sys.modules for m in ("trainers.loop", "ray")}))
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"trainers.loop": False, "ray": False}
 
 
 def test_cli_exit_status_from_a_real_process(tmp_path):

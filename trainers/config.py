@@ -1,0 +1,58 @@
+"""The worker's config: the sections a worker needs, composed from the components' own config
+classes, each kept beside its code (data, model, optimizer, batch, schedule, checkpoint).
+
+Importing this module loads the components' config classes and their validators only: not the
+worker loop, not Ray.  The driver's root config (``orchestrator/config.py``) extends
+:class:`LoopConfig` with its own sections; how configs flow through a run: ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainers.batching import BatchConfig
+from trainers.checkpoint import CheckpointConfig
+from trainers.data import DataConfig
+from trainers.models import ModelConfig
+from trainers.optim import OptimizerConfig
+from trainers.schedules import ScheduleConfig
+
+
+class TrainConfig(BaseModel):
+    """The ``train`` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: float = Field(default=5, gt=0, description="may be fractional")
+    eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
+    seed: int = 0
+    log_every: int = Field(default=10, gt=0, description="fewest steps between pushes of metrics to the driver")
+    push_every_s: float = Field(default=0.25, ge=0, description="seconds between pushes (at least log_every "
+                                "steps apart); 0 = every log_every steps")
+    sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
+
+
+class LoopConfig(BaseModel):
+    """The sections a worker needs; the orchestrator's root config extends this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "LoopConfig":
+        b = self.batch
+        # A growing batch may start below max_local_batch; it must be able to reach it.
+        largest = b.size if b.policy == "fixed" else max(b.size, b.max_size or 0, *(s for _, s in b.schedule or []))
+        if b.max_local_batch > largest and (b.policy == "fixed" or b.max_size is not None or b.policy == "schedule"):
+            what = "batch.size" if b.policy == "fixed" else "the largest batch this policy reaches"
+            raise ValueError(f"batch.max_local_batch: {b.max_local_batch} is above {what} "
+                             f"{largest}; set it to at most {largest}")
+        self.schedule.check_total_epochs(self.train.epochs)
+        return self
