@@ -54,7 +54,7 @@ PRUNERS = {
 
 def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: int | None, parallel: int):
     from search.space import parse_space
-    from search.study import SearchOptions, run_search
+    from search.driver import SearchOptions, run_search
 
     space = parse_space({"base": base_config(tmp), "objective": {"metric": "val/accuracy", "direction": "maximize"},
                          "sampler": sampler, "pruner": pruner, "params": PARAMS}, source=f"bench:{name}")

@@ -20,7 +20,8 @@ EXIT_BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from search.study import DEFAULT_STORAGE, DEFAULT_TRIALS
+    from search.driver import DEFAULT_TRIALS
+    from search.storage import DEFAULT_STORAGE
 
     p = argparse.ArgumentParser(prog="python -m search",
                                 description="Optuna search over training configs: trials are orchestrator runs on "
@@ -80,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--study-name: empty; give a name")
     space = load_space(args.space)  # raises SpaceError before anything starts
 
-    from search.study import SearchOptions, run_search
+    from search.driver import SearchOptions, run_search
 
     opts = SearchOptions(trials=args.trials, parallel=args.parallel, timeout_s=args.timeout, study_name=name,
                          storage=args.storage, tracking_uri=args.tracking_uri, verbose=args.verbose,
@@ -159,7 +160,8 @@ def trials_table(study) -> str:
 def cmd_show(args: argparse.Namespace) -> int:
     import optuna
 
-    from search.study import best_config_yaml, describe_storage, load_existing_study
+    from search.storage import describe_storage
+    from search.study import best_config_yaml, load_existing_study
     from search.tracking import best_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

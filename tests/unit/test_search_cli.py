@@ -18,7 +18,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from search.cli import main
-from search.study import open_storage
+from search.storage import open_storage
 from tests.helpers import metric_series
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

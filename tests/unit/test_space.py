@@ -12,7 +12,6 @@ import yaml
 
 from search.registry import PRUNERS, SAMPLERS, AlgorithmSpec, check_options
 from search.space import Condition, SpaceError, load_space, parse_space, parse_when
-from search.study import Capacity, absolute_tracking_uri, describe_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -334,30 +333,13 @@ def test_threshold_pruner_prunes_below_its_bar():
     assert t.should_prune()
 
 
-# --------------------------------------------------------------------------- runtime helpers
-
-
-def test_storage_and_uri_helpers(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert absolute_tracking_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
-    assert absolute_tracking_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
-    assert absolute_tracking_uri("http://mlflow:5000") == "http://mlflow:5000"
-    assert describe_storage("optuna.journal") == f"{tmp_path}/optuna.journal"
-    assert "secret" not in describe_storage("postgresql://me:secret@db.example/optuna")
-
-
-def test_capacity():
-    c = Capacity({"CPU": 2.0, "memory": 1e9})
-    assert c.fits({"CPU": 1.0}) and c.never_fits({"CPU": 3.0}) and c.never_fits({"CPU": 1, "GPU": 1})
-    c.take({"CPU": 1.5})
-    assert not c.fits({"CPU": 1.0}) and c.fits({"CPU": 0.5})
-    c.give({"CPU": 1.5})
-    assert c.fits({"CPU": 2.0})
+# --------------------------------------------------------------------------- continued studies
 
 
 def test_continued_study_does_not_redraw_the_first_points(tmp_path):
     """A seeded sampler is built again on each invocation: the continued study offsets its seed."""
-    from search.study import create_or_load_study, open_storage
+    from search.storage import open_storage
+    from search.study import create_or_load_study
 
     s = parse_space(space(sampler={"name": "random", "seed": 0}, pruner="none"))
     storage = open_storage(str(tmp_path / "j.journal"))
@@ -374,7 +356,8 @@ def test_continued_study_does_not_redraw_the_first_points(tmp_path):
 
 
 def test_continued_study_must_keep_its_objective(tmp_path):
-    from search.study import create_or_load_study, open_storage
+    from search.storage import open_storage
+    from search.study import create_or_load_study
 
     storage = open_storage(str(tmp_path / "j.journal"))
     create_or_load_study(parse_space(space()), "st", storage)

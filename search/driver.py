@@ -1,0 +1,442 @@
+"""The search driver: an Optuna study (ask/tell) whose trials are orchestrator runs on Ray.
+
+* Parallel trials: each trial runs in its own ``TrialActor`` (``search.trial``, pooled by
+  ``search.pool``); at most ``parallel`` at once, and only as many as the cluster's resources fit
+  (``search.capacity``: a trial holds its ``max_workers`` times the per-worker CPUs/GPUs).
+* Pruning: the driver polls each running trial for the objective's values at their global steps,
+  ``trial.report``s them and asks ``trial.should_prune()``; on prune it tells the actor to stop
+  (every worker stops at the same step), waits for the run to close, and tells the study PRUNED.
+* A trial whose sampled config is invalid, or whose run raises, is told FAIL with its message
+  (user attribute ``error``; tag ``search.error`` on its MLflow run); the study goes on.
+* A trial whose config equals a COMPLETE trial's (``skip_duplicates``) takes that trial's value and
+  trains nothing; one equal to a running trial's waits for it.
+
+Only this driver touches the study's storage (``search.storage``).  A trial's bookkeeping is in
+``search.records``, what the driver shows in ``search.progress``.  See ``docs/architecture.md``
+(the search layer).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config import ConfigError, validate
+from search.capacity import Capacity, trial_needs
+from search.pool import ActorPool
+from search.progress import ProgressBar, best_text, trial_line, write_line
+from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
+from search.space import SearchSpace
+from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
+from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
+from search.tracking import PARENT_RUN_ATTR, StudyTracker, absolute_tracking_uri, best_trials
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial, Trial
+
+    from search.trial import TrialResult
+
+DEFAULT_TRIALS = 10
+POLL_S = 0.1  # how long the driver waits for a run to return before it polls the running trials
+
+
+@dataclass
+class SearchOptions:
+    """The ``run`` command's options."""
+
+    trials: int | None = None
+    parallel: int = 1
+    timeout_s: float | None = None
+    study_name: str = "search"
+    storage: str = DEFAULT_STORAGE
+    tracking_uri: str | None = None
+    verbose: bool = False
+    progress: bool = True
+
+
+class SearchDriver:
+    """Runs ``options.trials`` trials of ``space`` in ``study``, ``options.parallel`` at a time, on Ray.
+
+    ``run()`` is the whole life of one invocation: open (Ray, capacity, the MLflow parent run, the
+    bar), loop (ask, launch, watch, finish), close (actors, parent run, Ray).
+    """
+
+    def __init__(self, space: SearchSpace, study: Study, options: SearchOptions, storage_desc: str) -> None:
+        self.space, self.study, self.opts, self.storage_desc = space, study, options, storage_desc
+        self.records: list[TrialRecord] = []
+        self.running: dict[int, RunningTrial] = {}
+        self.pool = ActorPool()
+        base_cfg = validate(space.base)
+        self.tracking_uri = absolute_tracking_uri(options.tracking_uri or base_cfg.tracking.resolved_uri())
+        self.experiment = base_cfg.tracking.experiment
+        self.storage_path = os.path.abspath(os.path.expanduser(base_cfg.checkpoint.storage_path))
+        self.objectives = [o.metric for o in space.objectives]
+        self.metrics = [o.metric for o in space.objectives if o.per_step]  # what trial actors relay per step
+        # Intermediate values reach the pruner only for a single objective reported per step.
+        self.reports = not space.multi_objective and bool(self.metrics) and self.metrics[0] == self.objectives[0]
+        self.parallel = max(1, options.parallel)
+        self.tracker: StudyTracker | None = None
+        self.capacity: Capacity | None = None
+        self.bar: ProgressBar | None = None
+        self.to_ask = 0                         # trials still to ask in this invocation
+        self.pending: PendingTrial | None = None  # the asked trial waiting for a slot
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> SearchSummary:
+        """Called once by ``run_search``.  The running trials are told FAIL if the driver fails or
+        is interrupted (the exception goes on); the parent run ends FINISHED, FAILED or KILLED."""
+        from orchestrator.runner import ensure_ray
+
+        t0 = time.time()
+        n_trials = self._trials_to_run()
+        started_ray = ensure_ray(self.opts.verbose)
+        status = "FAILED"
+        try:
+            self._open(n_trials)
+            self._loop(n_trials, t0)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            self._abort("interrupted (Ctrl-C)")
+            raise
+        except BaseException:
+            self._abort("the search driver failed")
+            raise
+        finally:
+            self._close(status, time.time() - t0, started_ray)
+        return self._summary(time.time() - t0)
+
+    def _trials_to_run(self) -> int:
+        """Called first by ``run``: ``--trials`` (default ``DEFAULT_TRIALS``), and with the grid
+        sampler never more than the grid points the study has not tried."""
+        n_trials = self.opts.trials
+        remaining_grid = grid_remaining(self.study, self.space)
+        if remaining_grid is not None:
+            n_trials = remaining_grid if n_trials is None else min(n_trials, remaining_grid)
+            if remaining_grid == 0:
+                self._write(f"the grid is done: all {self.space.grid_size()} points of study "
+                            f"{self.study.study_name!r} have been tried")
+        return DEFAULT_TRIALS if n_trials is None else n_trials
+
+    def _open(self, n_trials: int) -> None:
+        """Called by ``run`` once Ray is up: the cluster's capacity, the MLflow parent run (reopened
+        for a continued study), the study's user attributes ``show`` needs, and the bar."""
+        import ray
+
+        self.capacity = Capacity(ray.cluster_resources())
+        self.tracker = StudyTracker(self.tracking_uri, self.experiment, self.study.study_name,
+                                    self.storage_desc, self.space,
+                                    existing_run_id=self.study.user_attrs.get(PARENT_RUN_ATTR))
+        self.study.set_user_attr(PARENT_RUN_ATTR, self.tracker.run_id)
+        self.study.set_user_attr("tracking_uri", self.tracking_uri)
+        self.study.set_user_attr("base_config", self.space.base)
+        self.study.set_user_attr("space", self.space.summary())
+        self.bar = ProgressBar(n_trials, self.opts.progress)
+        self._refresh()
+
+    def _loop(self, n_trials: int, t0: float) -> None:
+        """Called by ``run`` after ``_open``: each turn asks trials into the free slot, settles a
+        waiting duplicate, launches the pending trial if it fits, else watches the running trials for
+        ``POLL_S``; ends when nothing runs and nothing is left to ask (or ``--timeout`` stopped the asking)."""
+        self.to_ask, self.pending = n_trials, None
+        timed_out = False
+        while True:
+            timed_out = self.opts.timeout_s is not None and time.time() - t0 >= self.opts.timeout_s
+            self._ask_into_free_slot(timed_out)
+            if self._settle_twin() or self._launch_pending():
+                continue
+            if self._drained(timed_out):
+                break
+            self._watch()
+        if timed_out and self.to_ask > 0:
+            self._write(f"--timeout reached: {self.to_ask} trial(s) not started")
+
+    def _close(self, status: str, wall_s: float, started_ray: bool) -> None:
+        """Called by ``run`` at the end, whatever happened: the bar, the actors, the parent run, Ray
+        (unless it was running before, or ``ELASTIC_KEEP_RAY`` is set)."""
+        if self.bar is not None:
+            self.bar.close()
+        self.pool.close()
+        if self.tracker is not None:
+            self._close_parent(status, wall_s)
+        if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
+            import ray
+
+            ray.shutdown()
+
+    def _summary(self, wall_s: float) -> SearchSummary:
+        """Called by ``run`` after a normal end: what this invocation did, and the study's best."""
+        assert self.tracker is not None
+        return SearchSummary(self.study.study_name, self.storage_desc, self.tracker.run_id, self.tracking_uri,
+                             self.tracker.experiment_id, self.records, len(self.study.trials),
+                             best_trials(self.study), wall_s, list(self.objectives))
+
+    # -- the loop's steps --------------------------------------------------------------------------
+
+    def _ask_into_free_slot(self, timed_out: bool) -> None:
+        """Ask trials while none is pending, some are left to ask, the timeout has not passed and a
+        slot is free; one that fails on the spot or repeats a completed config counts as asked."""
+        while self.pending is None and self.to_ask > 0 and not timed_out and len(self.running) < self.parallel:
+            self.to_ask -= 1
+            self.pending = self._ask()
+
+    def _settle_twin(self) -> bool:
+        """Once the running twin of the pending trial has ended: take its value if it completed (``True``:
+        the slot is free again), else let the pending trial run (``False``)."""
+        p = self.pending
+        if p is None or p.twin is None or p.twin in self.running:
+            return False
+        same = completed_twin(self.study, p.key)
+        if same is not None:
+            self._reuse(p.trial, p.values, same)
+            self.pending = None
+            return True
+        p.twin = None  # the twin was pruned or failed: run this one
+        return False
+
+    def _launch_pending(self) -> bool:
+        """Launch the pending trial if it waits for no twin, a slot is free and the cluster fits it."""
+        p = self.pending
+        if (p is None or p.twin is not None or len(self.running) >= self.parallel
+                or self.capacity is None or not self.capacity.fits(p.need)):
+            return False
+        self._launch(p)
+        self.pending = None
+        self._refresh()
+        return True
+
+    def _drained(self, timed_out: bool) -> bool:
+        """Nothing runs and nothing is left to start.  A pending trial that does not fit an idle
+        cluster cannot happen (``Capacity.never_fits`` failed it when asked): ``RuntimeError``."""
+        if self.running:
+            return False
+        if self.pending is None and (self.to_ask == 0 or timed_out):
+            return True
+        if self.pending is not None:
+            raise RuntimeError("a trial does not fit an idle cluster")
+        return False
+
+    def _watch(self) -> None:
+        """Wait up to ``POLL_S`` for runs to return, relay the running trials' values to the pruner,
+        and finish the trials whose runs returned."""
+        import ray
+
+        refs = [r.ref for r in self.running.values()]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+        self._poll()
+        for n in [n for n, r in self.running.items() if r.ref in done]:
+            self._finish(self.running.pop(n))
+        self._refresh()
+
+    # -- one trial ---------------------------------------------------------------------------------
+
+    def _run_name(self, number: int) -> str:
+        return f"{self.study.study_name}-trial-{number}"
+
+    def _runtime(self, raw: dict[str, Any], number: int) -> dict[str, Any]:
+        """Where a trial's results go: the study's MLflow experiment and the base config's checkpoint folder."""
+        raw.setdefault("tracking", {}).update(uri=self.tracking_uri, experiment=self.experiment,
+                                              run_name=self._run_name(number))
+        raw.setdefault("checkpoint", {})["storage_path"] = self.storage_path
+        return raw
+
+    def _ask(self) -> PendingTrial | None:
+        """A new trial with its config, or ``None`` if it failed on the spot (told FAIL) or took a
+        completed twin's value."""
+        trial = self.study.ask()
+        values: dict[str, Any] = {}
+        try:
+            values = self.space.sample(trial)
+            trial.set_user_attr("config_values", values)
+            cfg = validate(self._runtime(self.space.raw_config(values), trial.number))
+            cfg.check_resources()
+            need = trial_needs(cfg)
+            why = self.capacity.never_fits(need) if self.capacity else None
+            if why:
+                raise ConfigError(f"scaling: this trial {why}; lower scaling.max_workers or cpus_per_worker")
+        except (ConfigError, ValueError, TypeError) as e:
+            self._fail_early(trial, values, f"invalid config: {e}")
+            return None
+        key = config_key(cfg)
+        trial.set_user_attr("config_key", key)
+        twin = None
+        if self.space.skip_duplicates:
+            same = completed_twin(self.study, key)
+            if same is not None:
+                self._reuse(trial, values, same)
+                return None
+            twin = next((n for n, r in self.running.items() if r.key == key), None)
+        return PendingTrial(trial, values, cfg, need, key, twin)
+
+    def _reuse(self, trial: Trial, values: dict[str, Any], same: FrozenTrial) -> None:
+        """Tell a duplicate trial the value of the trial it repeats; it trains nothing (0 steps)."""
+        trial.set_user_attr("duplicate_of", same.number)
+        trial.set_user_attr("steps", 0)
+        run_id = None
+        if self.tracker is not None:
+            run_id = self.tracker.duplicate_child(trial.number, values, same, self.objectives,
+                                                  run_name=self._run_name(trial.number))
+            trial.set_user_attr("mlflow_run_id", run_id)
+        self.study.tell(trial, list(same.values) if self.space.multi_objective else same.value)
+        self._record(TrialRecord(trial.number, "COMPLETE", list(same.values), values, run_id=run_id,
+                                 duplicate_of=same.number))
+
+    def _fail_early(self, trial: Trial, values: dict[str, Any], error: str) -> None:
+        """Tell FAIL a trial whose config is invalid; its MLflow child run holds the params and the error."""
+        import optuna
+
+        trial.set_user_attr("error", error)
+        run_id = None
+        if self.tracker is not None:
+            run_id = self.tracker.failed_child(trial.number, values, error, run_name=self._run_name(trial.number))
+            trial.set_user_attr("mlflow_run_id", run_id)
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self._record(TrialRecord(trial.number, "FAIL", None, values, error=error, run_id=run_id))
+
+    def _launch(self, p: PendingTrial) -> None:
+        """Start the pending trial's run on a pooled actor, as a child of the parent run, and book its resources."""
+        assert self.capacity is not None
+        actor = self.pool.get()
+        tags = self.tracker.child_tags(p.trial.number, p.values) if self.tracker else {}
+        parent = self.tracker.run_id if self.tracker else None
+        ref = actor.run.remote(p.trial.number, p.cfg.model_dump(mode="json"), parent, tags, self.metrics,
+                               self.space.keep_checkpoints)
+        self.capacity.take(p.need)
+        self.running[p.trial.number] = RunningTrial.launched(p, actor, ref, time.time())
+
+    def _poll(self) -> None:
+        """Report new objective values; stop the trials the pruner gives up on."""
+        import ray
+
+        refs = {n: r.actor.poll.remote(n) for n, r in self.running.items()}
+        for n, ref in refs.items():
+            r = self.running[n]
+            try:
+                info = ray.get(ref, timeout=30)
+            except Exception:
+                continue  # the actor died: its run ref reports it
+            r.run_id = info["run_id"] or r.run_id
+            if not self.reports:
+                continue
+            r.report(info["values"])
+            if self.space.prunes and r.pruned_at is None and r.last_step >= 0 and r.trial.should_prune():
+                r.pruned_at = r.last_step
+                r.actor.stop.remote(n)
+
+    def _finish(self, r: RunningTrial) -> None:
+        """Called by ``_watch`` when a trial's run returned (or its actor died): free its actor and
+        resources, judge the outcome, tell the study, close its MLflow run and record it."""
+        assert self.capacity is not None
+        res, healthy = self._result(r)
+        self.pool.put(r.actor, healthy)
+        self.capacity.give(r.need)
+        run_id = res.run_id or r.run_id
+        out = r.outcome(res, self.objectives)
+        self._tell(r, res, out, run_id)
+        self._close_child(r.trial.number, run_id, out, res.error_detail)
+        self._record(TrialRecord(r.trial.number, out.state, out.values, r.values, steps=res.steps,
+                                 samples=res.samples, wall_s=res.wall_s, worker_seconds=res.worker_seconds,
+                                 error=out.error, run_id=run_id, pruned_at=r.pruned_at))
+
+    def _result(self, r: RunningTrial) -> tuple[TrialResult, bool]:
+        """The run's result and whether its actor is healthy (a dead actor gives a FAILED result)."""
+        import ray
+
+        from search.trial import TrialResult, short_error
+
+        try:
+            return TrialResult(**ray.get(r.ref)), True
+        except Exception as e:  # the actor process died
+            return TrialResult(run_id=r.run_id, status="FAILED", stopped=r.pruned_at is not None, steps=0,
+                               wall_s=time.time() - r.t0, worker_seconds=0.0,
+                               error=f"trial actor died: {short_error(e)}"), False
+
+    def _tell(self, r: RunningTrial, res: TrialResult, out: TrialOutcome, run_id: str | None) -> None:
+        """The run's figures as the trial's user attributes, then its state (and values) to the study."""
+        import optuna
+
+        t = r.trial
+        for key, v in (("mlflow_run_id", run_id), ("steps", res.steps), ("samples", res.samples),
+                       ("wall_s", round(res.wall_s, 3)),
+                       ("worker_seconds", round(res.worker_seconds, 3)), ("error", out.error),
+                       ("pruned_at_step", r.pruned_at)):
+            if v is not None:
+                t.set_user_attr(key, v)
+        if out.state == "COMPLETE":
+            assert out.values is not None
+            self.study.tell(t, out.values if self.space.multi_objective else out.values[0])
+        else:
+            self.study.tell(t, state=getattr(optuna.trial.TrialState, out.state))
+
+    def _close_child(self, number: int, run_id: str | None, out: TrialOutcome, detail: str | None) -> None:
+        """The trial's MLflow run gets its final state; MLflow trouble is a warning, not a stop."""
+        if not run_id or self.tracker is None:
+            return
+        try:
+            self.tracker.finish_child(run_id, out.state, out.values, out.error, detail)
+        except Exception as e:  # MLflow trouble must not stop the study
+            self._write(f"warning: trial {number}: cannot update MLflow run {run_id} ({e})")
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    def _abort(self, why: str) -> None:
+        """Fail the trials still running (the driver is going away)."""
+        import optuna
+
+        for n, r in list(self.running.items()):
+            try:
+                r.trial.set_user_attr("error", why)
+                self.study.tell(r.trial, state=optuna.trial.TrialState.FAIL)
+                if r.run_id and self.tracker is not None:
+                    self.tracker.finish_child(r.run_id, "FAIL", None, why)
+            except Exception:
+                pass
+            self.records.append(TrialRecord(n, "FAIL", None, r.values, error=why, run_id=r.run_id))
+        self.running.clear()
+
+    def _close_parent(self, status: str, wall_s: float) -> None:
+        """End the MLflow parent run with the study's figures and the best config; a failure is a warning."""
+        assert self.tracker is not None
+        try:
+            best_yaml = best_config_yaml(self.study)
+        except ConfigError:
+            best_yaml = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.tracker.finish(self.study, status, wall_s, best_yaml)
+        except Exception as e:
+            self._write(f"warning: cannot finish the MLflow parent run ({type(e).__name__}: {e})")
+
+    # -- what the driver shows -----------------------------------------------------------------------
+
+    def _write(self, line: str) -> None:
+        write_line(line, self.bar)
+
+    def _record(self, rec: TrialRecord) -> None:
+        """Keep a finished trial's record, write its line and redraw the bar."""
+        self.records.append(rec)
+        self._write(trial_line(rec, self.objectives))
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self.bar is not None:
+            self.bar.show(len(self.records), best_text(self.study, self.space.multi_objective), len(self.running),
+                          sum(r.state == "PRUNED" for r in self.records), sum(r.state == "FAIL" for r in self.records))
+
+
+def run_search(space: SearchSpace, options: SearchOptions) -> SearchSummary:
+    """Create or continue the study and run ``options.trials`` more trials.  The space is checked."""
+    import optuna
+
+    if not options.verbose:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    storage = open_storage(options.storage)
+    study = create_or_load_study(space, options.study_name, storage)
+    return SearchDriver(space, study, options, describe_storage(options.storage)).run()

@@ -1,0 +1,68 @@
+"""Where a study lives: an Optuna storage, named by a journal file path or an RDB URL.
+
+By default a local journal file (``optuna.journal``: Optuna's ``JournalFileBackend``, safe for
+several processes on one host); any RDB URL (``sqlite:///x.db``, ``postgresql://...``) for a
+cluster.  Only the search driver opens it: trials run in Ray actors that never see it (see
+``docs/architecture.md``, the search layer).  Every failure to open is a ``ConfigError`` naming
+``--storage`` (exit status 2 in the CLI).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from orchestrator.config import ConfigError
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+DEFAULT_STORAGE = "optuna.journal"
+
+
+def is_rdb_url(storage: str) -> bool:
+    """``True`` for a database URL (``scheme://...``), ``False`` for a journal file path."""
+    return "://" in storage
+
+
+def describe_storage(storage: str) -> str:
+    """How the storage is shown and tagged: a journal file's absolute path, an RDB URL without password."""
+    if not is_rdb_url(storage):
+        return os.path.abspath(os.path.expanduser(storage))
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(storage).render_as_string(hide_password=True)
+    except Exception:
+        return storage.split("@")[-1] if "@" in storage else storage
+
+
+def open_storage(storage: str) -> BaseStorage:
+    """An Optuna storage: a journal file (a path) or an RDB (a URL).  ``ConfigError`` if it cannot open."""
+    import optuna
+
+    if is_rdb_url(storage):
+        try:
+            return optuna.storages.RDBStorage(storage)
+        except Exception as e:
+            raise ConfigError(f"--storage: cannot open {describe_storage(storage)!r} ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); check the URL") from None
+    path = os.path.abspath(os.path.expanduser(storage))
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--storage: folder {folder!r} does not exist; create it or pass another journal file")
+    if os.path.isdir(path):
+        raise ConfigError(f"--storage: {path!r} is a folder; pass a journal file path (e.g. {DEFAULT_STORAGE})")
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    try:
+        return JournalStorage(JournalFileBackend(path))
+    except Exception as e:
+        raise ConfigError(f"--storage: cannot use journal file {path!r} ({e})") from None
+
+
+def study_names(storage: BaseStorage) -> list[str]:
+    """The names of the studies the storage holds, in creation order."""
+    import optuna
+
+    return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]

@@ -1,0 +1,122 @@
+"""search.driver's scheduling without Ray: slots, duplicates (completed and running twins), trials
+that fail on the spot, the timeout.  Runs and their actors are faked; the study is a real in-memory
+Optuna study, so what the driver tells it is what a real search stores."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import optuna
+import pytest
+
+from search.capacity import Capacity
+from search.driver import SearchDriver, SearchOptions
+from search.records import PendingTrial, RunningTrial
+from search.space import parse_space
+from search.trial import TrialResult
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BASE = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none", "hidden": 32},
+    "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 32},
+    "batch": {"size": 32, "max_local_batch": 16},
+    "schedule": {"warmup_epochs": 0.5},
+    "train": {"epochs": 2},
+    "tracking": {"uri": "sqlite:////tmp/never-opened.db"},
+}
+A = {"schedule.warmup": "none", "schedule.scaling_rule": "linear"}
+B = {"schedule.warmup": "none", "schedule.scaling_rule": "sqrt"}
+BAD = {"schedule.warmup": "legw", "schedule.scaling_rule": "linear"}  # legw needs sqrt: fails when asked
+
+
+class FakeDriver(SearchDriver):
+    """The real loop; runs are faked: ``_watch`` finishes the oldest running trial with ``outcomes``."""
+
+    def __init__(self, configs: list[dict[str, Any]], outcomes: dict[int, TrialResult], **options: Any) -> None:
+        space = parse_space({"base": copy.deepcopy(BASE), "objective": {"metric": "val/accuracy"},
+                             "sampler": {"name": "random", "seed": 0}, "pruner": "none",
+                             "params": {"schedule.warmup": {"choices": ["none", "legw"]},
+                                        "schedule.scaling_rule": {"choices": ["linear", "sqrt"]}}})
+        study = optuna.create_study(directions=space.directions)
+        for c in configs:
+            study.enqueue_trial(c)
+        super().__init__(space, study, SearchOptions(progress=False, **options), "memory")
+        self.capacity = Capacity({"CPU": 8.0})
+        self.outcomes = outcomes
+        self.launched: list[int] = []
+        self.most_running = 0
+
+    def _launch(self, p: PendingTrial) -> None:
+        self.capacity.take(p.need)
+        self.running[p.trial.number] = RunningTrial.launched(p, actor=f"actor{p.trial.number}", ref=None, t0=0.0)
+        self.launched.append(p.trial.number)
+        self.most_running = max(self.most_running, len(self.running))
+
+    def _watch(self) -> None:
+        self._finish(self.running.pop(min(self.running)))
+        self._refresh()
+
+    def _result(self, r: RunningTrial) -> tuple[TrialResult, bool]:
+        return self.outcomes.get(r.trial.number, finished(0.5)), True
+
+
+def finished(value: float) -> TrialResult:
+    return TrialResult(run_id=None, status="FINISHED", stopped=False, steps=10, wall_s=1.0, worker_seconds=1.0,
+                       last={"val/accuracy": value})
+
+
+def run(d: FakeDriver, n: int) -> list[tuple[str, Any]]:
+    d._loop(n, time.time())
+    return [(t.state.name, t.value) for t in d.study.get_trials(deepcopy=False)]
+
+
+def test_a_completed_config_is_not_run_again():
+    d = FakeDriver([A, A, B], {0: finished(0.7), 2: finished(0.8)})
+    assert run(d, 3) == [("COMPLETE", 0.7), ("COMPLETE", 0.7), ("COMPLETE", 0.8)]
+    assert d.launched == [0, 2] and d.most_running == 1
+    assert d.study.trials[1].user_attrs["duplicate_of"] == 0 and d.records[1].duplicate_of == 0
+    assert d.capacity.used == {"CPU": 0.0} and d.to_ask == 0 and d.pending is None
+
+
+def test_a_running_twin_is_waited_for_then_its_value_reused():
+    d = FakeDriver([A, A], {0: finished(0.7)}, parallel=2)
+    assert run(d, 2) == [("COMPLETE", 0.7), ("COMPLETE", 0.7)]
+    assert d.launched == [0]
+
+
+def test_a_failed_twin_lets_the_waiting_trial_run():
+    died = TrialResult(run_id=None, status="FAILED", stopped=False, steps=0, wall_s=0.0, worker_seconds=0.0,
+                       error="boom")
+    d = FakeDriver([A, A], {0: died, 1: finished(0.6)}, parallel=2)
+    assert run(d, 2) == [("FAIL", None), ("COMPLETE", 0.6)]
+    assert d.launched == [0, 1]
+    assert d.study.trials[0].user_attrs["error"] == "boom"
+
+
+def test_parallel_slots_and_on_the_spot_failures(capsys):
+    d = FakeDriver([BAD, A, B, BAD], {}, parallel=2)
+    assert [s for s, _ in run(d, 4)] == ["FAIL", "COMPLETE", "COMPLETE", "FAIL"]
+    assert d.launched == [1, 2] and d.most_running == 2
+    assert d.study.trials[0].user_attrs["error"].startswith("invalid config: ")
+    err = capsys.readouterr().err.splitlines()
+    # trial 3 is asked only once trial 1 has freed a slot
+    assert [line.split("  ")[0] for line in err] == ["trial 0 FAIL", "trial 1 COMPLETE", "trial 3 FAIL",
+                                                      "trial 2 COMPLETE"]
+
+
+def test_timeout_starts_nothing_more(capsys):
+    d = FakeDriver([A, B], {}, timeout_s=0.0)
+    assert run(d, 2) == [("WAITING", None), ("WAITING", None)]  # the enqueued ones, never asked
+    assert capsys.readouterr().err == "--timeout reached: 2 trial(s) not started\n"
+
+
+def test_a_pending_trial_that_cannot_fit_an_idle_cluster_is_a_bug():
+    d = FakeDriver([A], {})
+    d.capacity = Capacity({"CPU": 0.5})  # asked before capacity existed: never_fits could not fail it
+    d.capacity.never_fits = lambda need: None  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="a trial does not fit an idle cluster"):
+        run(d, 1)

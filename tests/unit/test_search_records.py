@@ -1,0 +1,77 @@
+"""search.records: a running trial's reports to the pruner and how its run's result becomes a state."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from search.records import PendingTrial, RunningTrial, SearchSummary, TrialRecord
+from search.trial import TrialResult
+
+
+class FakeTrial:
+    def __init__(self) -> None:
+        self.reported: list[tuple[float, int]] = []
+
+    def report(self, value: float, step: int) -> None:
+        self.reported.append((value, step))
+
+
+def running(**changes: Any) -> RunningTrial:
+    p = PendingTrial(FakeTrial(), {"optimizer.lr": 0.1}, None, {"CPU": 1.0}, "k")  # type: ignore[arg-type]
+    r = RunningTrial.launched(p, actor="actor", ref="ref", t0=0.0)
+    for k, v in changes.items():
+        setattr(r, k, v)
+    return r
+
+
+def result(**changes: Any) -> TrialResult:
+    res = TrialResult(run_id="r", status="FINISHED", stopped=False, steps=10, wall_s=1.0, worker_seconds=2.0,
+                      last={"val/accuracy": 0.9})
+    for k, v in changes.items():
+        setattr(res, k, v)
+    return res
+
+
+def test_launched_keeps_the_pending_trials_fields():
+    r = running()
+    assert (r.values, r.need, r.key, r.actor, r.ref, r.last_step, r.pruned_at) == (
+        {"optimizer.lr": 0.1}, {"CPU": 1.0}, "k", "actor", "ref", -1, None)
+
+
+def test_report_skips_steps_already_reported():
+    r = running()
+    r.report([(5, "val/accuracy", 0.5), (10, "val/accuracy", 0.6)])
+    r.report([(10, "val/accuracy", 0.6), (15, "val/accuracy", 0.7)])
+    assert r.trial.reported == [(0.5, 5), (0.6, 10), (0.7, 15)]
+    assert (r.last_step, r.last_value) == (15, 0.7)
+
+
+@pytest.mark.parametrize("r, res, expected", [
+    (running(), result(), ("COMPLETE", [0.9], None)),
+    (running(pruned_at=5, last_value=0.4), result(), ("PRUNED", [0.4], None)),
+    (running(pruned_at=5, last_value=math.nan), result(), ("PRUNED", None, None)),
+    (running(pruned_at=5), result(error="boom"), ("FAIL", None, "boom")),
+    (running(), result(last={}), ("FAIL", None, "objective val/accuracy was never reported by the run; "
+                                                "check train.eval_every / the metric name")),
+    (running(), result(last={"val/accuracy": math.inf}),
+     ("FAIL", None, "objective val/accuracy is not finite (the run diverged)")),
+    (running(), result(status="KILLED"), ("FAIL", None, "the run ended KILLED")),
+])
+def test_outcome(r, res, expected):
+    out = r.outcome(res, ["val/accuracy"])
+    assert (out.state, out.values, out.error) == expected
+
+
+def test_run_figures_as_objectives():
+    out = running().outcome(result(), ["val/accuracy", "worker_seconds"])
+    assert (out.state, out.values) == ("COMPLETE", [0.9, 2.0])
+
+
+def test_summary_counts():
+    recs = [TrialRecord(0, "COMPLETE", [1.0], {}, steps=3), TrialRecord(1, "FAIL", None, {}, steps=2),
+            TrialRecord(2, "COMPLETE", [2.0], {})]
+    s = SearchSummary("s", "st", "p", "uri", "0", recs, 3, [], 1.0)
+    assert (s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL"), s.total_steps) == (2, 0, 1, 5)
