@@ -391,7 +391,7 @@ class Trainer:
         if not self.model.training:
             self.model.train()
         scale = self.world / bsz
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # over the micro-batches
         if self.noise is not None:
             self.noise.begin_step()
         if not micros:
@@ -425,11 +425,14 @@ class Trainer:
         loss_mean = v[0] / bsz
         self.policies.after_step(self.lr, loss_mean)
         if self._sample_log is not None:
-            self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1,
-                                               "rank": self.rank, "attempt": self._attempt,
-                                               "ids": mine.tolist()}) + "\n")
-            self._sample_log.flush()
+            self._log_samples(mine)
         return loss_mean
+
+    def _log_samples(self, mine: np.ndarray) -> None:
+        """Debug (``train.sample_log_dir``): append the ids this rank trained on in this step."""
+        self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1, "rank": self.rank,
+                                           "attempt": self._attempt, "ids": mine.tolist()}) + "\n")
+        self._sample_log.flush()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -68,7 +68,8 @@ def test_batch_and_worker_decisions() -> None:
     assert isinstance(p.decide_batch(0, 0.0, 32), NoopDecision)
     d = p.decide_batch(10, 1.0, 32)
     assert isinstance(d, BatchDecision) and d.size == 64
-    assert p.decide_workers(64, 1) == ResizeDecision(2, p.decide_workers(64, 1).reason)
+    grow = p.decide_workers(64, 1)
+    assert isinstance(grow, ResizeDecision) and grow.workers == 2
     assert not p.decide_workers(64, 2)
     big = p.decide_workers(256, 2)
     assert big.workers == 4 and "capped by max_workers" in big.reason  # needs 8, max 4
@@ -84,14 +85,13 @@ def test_norm_test_policy_gets_the_suggested_batch() -> None:
     stats = p.batch_stats(32, gns)
     want = math.ceil(50.0 / (0.25 * (2.0 + 50.0 / 64)))
     assert stats.norm_test == want and stats.b_simple == pytest.approx(25.0)
-    assert p.decide_batch(1, 0.1, 32, gns) == BatchDecision(want, p.batch_policy.decide(
-        2, 0.1, 32, stats).reason)
+    d = p.decide_batch(1, 0.1, 32, gns)
+    assert isinstance(d, BatchDecision) and d.size == want
 
 
 def test_auto_warmup_hooks_and_preview_growth() -> None:
     p = _policies(schedule={"warmup": "auto", "decay": "cosine", "auto_init_lr": 0.01, "auto_growth": 2.0,
                             "auto_max_lr": 0.05})
-    assert [p.lr(0.0, 32) for _ in range(1)] == [0.01]
     lrs = []
     for _ in range(4):
         lrs.append(p.lr(0.0, 32))
