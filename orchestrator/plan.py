@@ -1,28 +1,23 @@
 """``plan``: preview a config's schedule without training.
 
 It walks the same data order the workers walk (global batches over ``num_train``
-samples per epoch, the short last batch included) and asks the same policies the
-loop asks — ``Schedule.lr``, ``mf_for``, the batch policy and the resize policy —
-so for everything decided ahead of time the preview *is* the run.  What only the
-run can decide (an ``auto`` warmup's end, a noise-scale or norm-test batch, AdaScale's
-gain) is named in ``notes`` and shown at its planned/initial value.
+samples per epoch, the short last batch included) and asks the same policy set the
+loop asks (:class:`trainers.policy.PolicySet`: LR schedule, MF rule, batch policy,
+worker-count policy, accumulation steps), so for everything decided ahead of time
+the preview *is* the run.  What only the run can decide (an ``auto`` warmup's end, a
+noise-scale or norm-test batch, AdaScale's gain) is named in ``notes`` and shown at
+its planned/initial value.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from orchestrator.config import RootConfig
-from orchestrator.resize import build_resize_policy
-from trainers.batching import BatchStats, build_batch_policy
-from trainers.data import load_data, micro_batches, slice_bounds
-from trainers.optim import mf_for
-from trainers.schedules import Schedule
+from trainers.data import load_data
+from trainers.policy import PolicySet
 
 COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps"]
 
@@ -32,12 +27,6 @@ class Plan:
     rows: list[dict[str, float]]
     notes: list[str] = field(default_factory=list)
     total_steps: int = 0
-
-
-def initial_workers(cfg: RootConfig) -> int:
-    s = cfg.scaling
-    need = math.ceil(cfg.batch.size / cfg.batch.max_local_batch)
-    return min(max(need, s.min_workers), s.max_workers, cfg.batch.size)
 
 
 def adaptive_notes(cfg: RootConfig) -> list[str]:
@@ -63,42 +52,31 @@ def adaptive_notes(cfg: RootConfig) -> list[str]:
 def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
     """Rows at step 1, every ``every`` steps (0 = none), each epoch end, each batch change and the last step."""
     n = load_data(cfg.data, cfg.train.seed).num_train
-    schedule = Schedule(cfg.schedule, cfg.optimizer.lr, cfg.optimizer.base_batch_size, cfg.train.epochs)
-    policy = build_batch_policy(cfg.batch, dataset_size=n)
-    resize = build_resize_policy()
-    s = cfg.scaling
-    W, B = initial_workers(cfg), cfg.batch.size
+    policies = PolicySet.from_config(cfg, dataset_size=n)
+    W, B = policies.initial_workers(), cfg.batch.size
     step, epoch, cursor = 0, 0, 0
     rows: list[dict[str, float]] = []
-    sc = cfg.schedule
-
-    def lr_at(e: float) -> float:
-        if sc.warmup == "auto":
-            return min(sc.auto_max_lr, sc.auto_init_lr * sc.auto_growth ** step)
-        return schedule.lr(e, B)
-
     while epoch + cursor / n < cfg.train.epochs - 1e-12:
         e = epoch + cursor / n
         changed = False
-        d = policy.decide(step, e, B, BatchStats(b_simple=None, norm_test=None))
+        d = policies.decide_batch(step, e, B)
         if d:
             B, changed = d.size, True
-            r = resize.decide(B, cfg.batch.max_local_batch, W, s.min_workers, s.max_workers)
+            r = policies.decide_workers(B, W)
             if r:
                 W = r.workers
-        bsz = min(B, n - cursor)
-        lr, mf = lr_at(e), mf_for(cfg.optimizer, B / W)
-        lo, hi = slice_bounds(bsz, 0, W)
-        accum = len(micro_batches(np.arange(hi - lo), cfg.batch.max_local_batch)) or 1
+        st = policies.settings(e, B, W, samples=min(B, n - cursor))
+        policies.after_step(st.lr, None)  # an auto warmup grows on (its end is decided at run time)
         step += 1
-        cursor += bsz
+        cursor += st.samples
         epoch_end = cursor >= n
         if epoch_end:
             epoch, cursor = epoch + 1, 0
         last = epoch + cursor / n >= cfg.train.epochs - 1e-12
         if step == 1 or epoch_end or changed or last or (every and step % every == 0):
-            rows.append({"step": step, "epoch": epoch + cursor / n, "lr": lr, "mf": mf, "batch_global": bsz,
-                         "workers": W, "batch_local": hi - lo, "accum_steps": accum})
+            rows.append({"step": step, "epoch": epoch + cursor / n, "lr": st.lr, "mf": st.mf,
+                         "batch_global": st.samples, "workers": W, "batch_local": st.local,
+                         "accum_steps": st.accum})
     return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=step)
 
 

@@ -182,7 +182,7 @@ class PhaseRunner:
         self.warnings: list[str] = []
         self._pending_resize: dict[str, Any] | None = None
         self.resizes: list[dict[str, Any]] = []
-        from orchestrator.resize import build_resize_policy
+        from trainers.resize import build_resize_policy
 
         self.resize_policy = build_resize_policy()
 
@@ -302,9 +302,10 @@ class PhaseRunner:
 
     def initial_workers(self) -> int:
         """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
+        from trainers.resize import workers_for_batch
+
         s = self.cfg.scaling
-        need = math.ceil(self.cfg.batch.size / self.cfg.batch.max_local_batch)
-        workers = min(max(need, s.min_workers), s.max_workers, self.cfg.batch.size)
+        workers = workers_for_batch(self.cfg.batch.size, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers)
         return max(workers, min(int(self.tracker.last_value("workers", 0)), s.max_workers))
 
     def _make_monitor(self) -> None:

@@ -1,9 +1,9 @@
 """The global batch: its size, and the policies that grow it during training.
 
-``size`` is the global batch B at the start, the training math (DESIGN.md
-section 3); ``max_local_batch`` is the largest micro-batch one worker runs at once
+``size`` is the global batch B at the start, the training math
+(``docs/architecture.md``); ``max_local_batch`` is the largest micro-batch one worker runs at once
 (the rest is gradient accumulation).  A **batch policy** may raise B during
-training (DESIGN.md section 5):
+training:
 
 * ``fixed``: never changes B.
 * ``schedule``: B by epoch, "increase the batch instead of decaying the LR" (Smith,
@@ -21,14 +21,15 @@ current B (no thrashing on noisy estimates); clamp to ``max_size`` (and to the
 training-set size when known), so a policy that wants far more than the cap moves
 straight to the cap even if the cap is less than ``min_growth`` above B; never
 shrink.  B never shrinks because worker resizing is grow-only too
-(``orchestrator/resize.py``) and because a smaller batch after a larger one buys
+(``trainers/resize.py``) and because a smaller batch after a larger one buys
 nothing the LR schedule cannot.
 
 Each policy is an object with one decision method, :meth:`BatchPolicy.decide`,
 answering a :class:`BatchDecision` (change B, with the reason) or a
 :class:`NoopDecision` (keep B, with the reason; falsy, so ``if decision:`` reads
-"if B changes").  Policies are deterministic functions of their inputs plus the
-small state they return from ``state_dict`` (plain types, for checkpoints).
+"if B changes"), both from ``trainers/decisions.py``.  Policies are deterministic
+functions of their inputs plus the small state they return from ``state_dict``
+(plain types, for checkpoints).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainers.decisions import BatchDecision, NoopDecision
 
 BatchPolicyName = Literal["fixed", "schedule", "noise_scale", "norm_test"]
 
@@ -112,27 +115,6 @@ class BatchStats:
 
     b_simple: float | None = None
     norm_test: int | None = None
-
-
-@dataclass(frozen=True)
-class BatchDecision:
-    """Change the global batch to ``size`` from the next step on."""
-
-    size: int
-    reason: str
-
-    def __bool__(self) -> bool:
-        return True
-
-
-@dataclass(frozen=True)
-class NoopDecision:
-    """Keep the current batch (falsy); ``reason`` says why, for the log."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
 
 
 Decision = BatchDecision | NoopDecision

@@ -207,5 +207,11 @@ def micro_batches(ids: np.ndarray, max_local_batch: int) -> list[np.ndarray]:
 
 
 def accum_steps(batch_size: int, world: int, max_local_batch: int) -> int:
-    """Micro-batches on the rank with the largest slice (rank 0)."""
+    """Micro-batches per optimizer step on the rank with the largest slice (rank 0).
+
+    ``max(1, ceil(ceil(B / W) / max_local_batch))``: rank 0's slice of a global batch of
+    ``B`` samples has ``ceil(B / W)`` of them (:func:`slice_bounds`), cut into that many
+    micro-batches (:func:`micro_batches`; an empty slice still takes one step).  The one
+    formula for accumulation steps: the loop's ``batch/accum_steps`` and ``plan`` use it.
+    """
     return max(1, math.ceil(math.ceil(batch_size / world) / max_local_batch))

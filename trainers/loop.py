@@ -27,14 +27,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from pydantic import BaseModel
 
-from trainers.batching import BatchStats, build_batch_policy
 from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.config import LoopConfig
-from trainers.data import InMemoryData, epoch_permutation, global_batch, load_data, micro_batches, slice_bounds
+from trainers.data import InMemoryData, accum_steps, epoch_permutation, global_batch, load_data, micro_batches, slice_bounds
 from trainers.models import build_model
-from trainers.noise import GradientNoiseScale, MicroBatchGradNorms, sq_norm_tensor
-from trainers.optim import apply_momentum_correction, build_optimizer, mf_for, set_lr, set_mf
-from trainers.schedules import Schedule
+from trainers.noise import NoiseProbe
+from trainers.optim import build_optimizer
+from trainers.policy import PolicySet
 from trainers.report import Reporter
 from trainers.state import TrainState
 
@@ -61,25 +60,13 @@ def _device() -> torch.device:
     return ray.train.torch.get_device()
 
 
-def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int,
-              local_sq: torch.Tensor | None = None) -> torch.nn.Module:
-    """DDP on gloo/NCCL.  With ``local_sq``, a communication hook adds each bucket's squared
-    norm *before* the all-reduce to it: this worker's own gradient, for the noise scale."""
+def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+    """DDP on gloo/NCCL (the model itself at W = 1)."""
     if world == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
-    if local_sq is not None:
-        def hook(state, bucket):  # no annotations: DDP checks them against the real GradBucket type
-            buf = bucket.buffer()
-            state += buf.double().pow(2).sum()
-            buf.div_(dist.get_world_size())
-            fut = dist.all_reduce(buf, async_op=True).get_future()
-            return fut.then(lambda f: f.value()[0])
-
-        ddp.register_comm_hook(local_sq, hook)
-    return ddp
+    return DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -113,21 +100,20 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.data: InMemoryData = load_data(cfg.data, cfg.train.seed)
         self.n = self.data.num_train
-        # Policies: pure functions of (epoch, batch, world) plus small explicit state.
-        self.schedule = Schedule(cfg.schedule, cfg.optimizer.lr, cfg.optimizer.base_batch_size, cfg.train.epochs)
-        self.auto = self.schedule.new_auto()
-        self.batch_policy = build_batch_policy(cfg.batch, dataset_size=self.n)
+        # Policies: pure functions of (epoch, batch, world) plus small explicit state, in one set.
+        self.policies = PolicySet.from_config(cfg, dataset_size=self.n)
+        self.batch_policy, self.auto = self.policies.batch_policy, self.policies.auto  # checkpointed parts
         self.B = cfg.batch.size
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
-        needs_gns = bool(self.batch_policy.needs) or cfg.schedule.scaling_rule == "adascale"
-        self.gns = GradientNoiseScale(cfg.batch.ema) if needs_gns else None
-        # With W > 1 the small-batch gradients are the workers' own, measured by a DDP hook;
-        # with W = 1 they are the micro-batches' (see train_step).
-        self._local_sq = (torch.zeros((), dtype=torch.float64, device=self.device)
-                          if needs_gns and self.world > 1 else None)
         base = build_model(self.data.info, cfg.model).to(self.device)
-        self.model = _wrap_ddp(base, self.device, self.world, self._local_sq)
+        self.model = _wrap_ddp(base, self.device, self.world)
         self.params = [p for p in base.parameters() if p.requires_grad]
+        # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
+        self.noise = NoiseProbe(cfg.batch.ema, self.params, self.world, self.device) \
+            if self.policies.needs_noise else None
+        if self.noise is not None:
+            self.noise.attach(self.model)
+        self.gns = self.noise.gns if self.noise is not None else None  # the estimator (checkpointed)
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
         self.reporter = Reporter(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
@@ -157,24 +143,11 @@ class Trainer:
         """Fractional epochs completed before the next step."""
         return self.state.epoch + self.state.cursor / self.n
 
-    def noise_signal(self):
-        return self.gns.adascale_signal(self.cfg.optimizer.base_batch_size) if self.gns else None
-
-    def lr_for_step(self) -> float:
-        return self.schedule.lr(self.epoch_float, self.B, self.auto, self.noise_signal())
-
-    def mf_for_step(self) -> float:
-        return mf_for(self.cfg.optimizer, self.B / self.world)
-
     def maybe_change_batch(self) -> tuple[int, str] | None:
         """Ask the batch policy for this step's B; every rank follows rank 0's answer."""
-        if self.batch_policy.name == "fixed":
+        if not self.policies.adapts_batch:
             return None
-        stats = BatchStats(b_simple=self.gns.b_simple if self.gns else None, norm_test=None)
-        if self.gns is not None and "norm_test" in self.batch_policy.needs:
-            r = self.gns.norm_test(self.B, self.cfg.batch.norm_test_eta)
-            stats = BatchStats(b_simple=stats.b_simple, norm_test=r.suggested if r else None)
-        d = self.batch_policy.decide(self.state.step, self.epoch_float, self.B, stats)
+        d = self.policies.decide_batch(self.state.step, self.epoch_float, self.B, self.gns)
         new = d.size if d else self.B
         if self.world > 1:
             t = torch.tensor([new], dtype=torch.int64, device=self.device)
@@ -252,27 +225,19 @@ class Trainer:
 
     # -- one optimizer step ---------------------------------------------------------------
 
-    def _my_micro_batches(self, mine: np.ndarray) -> list[np.ndarray]:
-        micros = micro_batches(mine, self.cfg.batch.max_local_batch)
-        if self.gns is not None and self.world == 1 and len(micros) == 1 and len(mine) >= 2:
-            micros = micro_batches(mine, (len(mine) + 1) // 2)  # one worker: split in two to estimate
-        return micros
-
     def train_step(self, ids: np.ndarray) -> float:
         """Forward/backward this rank's slice of global batch ``ids`` in micro-batches, then step."""
         bsz = len(ids)
         lo, hi = slice_bounds(bsz, self.rank, self.world)
         mine = ids[lo:hi]
-        micros = self._my_micro_batches(mine)
+        mlb = self.cfg.batch.max_local_batch
+        micros = micro_batches(mine, self.noise.micro_batch_size(len(mine), mlb) if self.noise else mlb)
         if not self.model.training:
             self.model.train()
         scale = self.world / bsz
-        loss_sum = None  # float64, accumulated over the micro-batches
-        # small-batch statistics for the noise scale: sum |g_s|^2, sum 1/b_s, sum b_s |g_s|^2, count
-        small = torch.zeros(4, dtype=torch.float64, device=self.device) if self.gns is not None else None
-        tracker = MicroBatchGradNorms(self.params) if (self.gns is not None and self.world == 1) else None
-        if self._local_sq is not None:
-            self._local_sq.zero_()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # over the micro-batches
+        if self.noise is not None:
+            self.noise.begin_step()
         if not micros:
             # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
             x = self.data.train_x[ids[:1]].to(self.device)
@@ -285,39 +250,33 @@ class Trainer:
                 y = self.data.train_y[mb].to(self.device, non_blocking=True)
                 loss = F.cross_entropy(self.model(x), y, reduction="sum")
                 (loss * scale).backward()
-            loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
-            if tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
-                sq = tracker.after_backward(scale=bsz / (self.world * len(mb)))
-                small += torch.stack([sq, sq.new_tensor(1.0 / len(mb)), sq * len(mb), sq.new_tensor(1.0)])
-        if self._local_sq is not None and len(mine) > 0:  # this worker's mean gradient (DDP hook)
-            sq = self._local_sq * (bsz / (self.world * len(mine))) ** 2
-            small += torch.stack([sq, sq.new_tensor(1.0 / len(mine)), sq * len(mine), sq.new_tensor(1.0)])
-        big_sq = sq_norm_tensor(p.grad for p in self.params) if self.gns is not None else None
-        new_lr = self.lr_for_step()
-        if self.state.step > 0:
-            apply_momentum_correction(self.opt, self.opt.param_groups[0]["lr"], new_lr)
-        self.lr, self.mf = new_lr, self.mf_for_step()
-        set_lr(self.opt, self.lr)
-        set_mf(self.opt, self.mf)
+            loss_sum = loss_sum + loss.detach().double()
+            if self.noise is not None:
+                self.noise.after_micro_batch(bsz, len(mb))
+        small = self.noise.finish(bsz, len(mine)) if self.noise is not None else None
+        s = self.policies.settings(self.epoch_float, self.B, self.world, self.gns, samples=bsz)
+        self.policies.apply(self.opt, s, first=self.state.step == 0)
+        self.lr, self.mf = s.lr, s.mf
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        if loss_sum is None:  # an empty slice
-            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        # one all-reduce per step: the loss sum and the noise statistics ride together
         reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
         if self.world > 1:
             dist.all_reduce(reduced)
         v = reduced.tolist()
-        if small is not None and v[4] >= 1 and big_sq is not None:
-            self.gns.update(small_sq=v[1] / v[4], b_small=v[4] / v[2], big_sq=float(big_sq), b_big=bsz)
+        if self.noise is not None:
+            self.noise.update(v[1:], bsz)
         loss_mean = v[0] / bsz
-        if self.auto is not None:
-            self.auto.record(self.lr, loss_mean)
+        self.policies.after_step(self.lr, loss_mean)
         if self._sample_log is not None:
-            self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1,
-                                               "rank": self.rank, "attempt": self._attempt,
-                                               "ids": mine.tolist()}) + "\n")
-            self._sample_log.flush()
+            self._log_samples(mine)
         return loss_mean
+
+    def _log_samples(self, mine: np.ndarray) -> None:
+        """Debug (``train.sample_log_dir``): append the ids this rank trained on in this step."""
+        self._sample_log.write(json.dumps({"epoch": self.state.epoch, "step": self.state.step + 1, "rank": self.rank,
+                                           "attempt": self._attempt, "ids": mine.tolist()}) + "\n")
+        self._sample_log.flush()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -371,7 +330,7 @@ class Trainer:
             "mf": self.mf,
             "batch/global": float(bsz),
             "batch/local": float(hi - lo),
-            "batch/accum_steps": float(max(1, -(-(hi - lo) // self.cfg.batch.max_local_batch))),
+            "batch/accum_steps": float(accum_steps(bsz, self.world, self.cfg.batch.max_local_batch)),
             "workers": float(self.world),
             "samples_seen": float(self.state.samples_seen),
             "epoch": self.epoch_float,
@@ -395,10 +354,9 @@ class Trainer:
         return code // 2, bool(code % 2)
 
     def epoch_end_checks(self) -> None:
-        if self.auto is not None and not self.auto.done:
-            d = self.auto.check(self.epoch_float, self.B)
-            if d.stopped_now:
-                self.reporter.event("auto_warmup_end", step=self.state.step, peak_lr=d.peak_lr, reason=d.reason)
+        d = self.policies.at_epoch_end(self.epoch_float, self.B)
+        if d is not None and d.stopped_now:
+            self.reporter.event("auto_warmup_end", step=self.state.step, peak_lr=d.peak_lr, reason=d.reason)
 
     def run(self) -> None:
         built = time.time()

@@ -4,7 +4,7 @@ Everything here is plain PyTorch/Python (no Ray, no MLflow), works on scalars th
 training loop already has, and is deterministic: the same inputs give the same
 estimates on every rank.
 
-Notation (DESIGN.md section 5): per-example gradients ``g(x)`` with mean ``G`` and
+Notation (``docs/architecture.md``): per-example gradients ``g(x)`` with mean ``G`` and
 per-example covariance ``Sigma``; ``g_b`` is the mean gradient of ``b`` examples
 drawn i.i.d., so
 
@@ -43,6 +43,7 @@ over coordinates), and it equals the noise-scale ``tr(Sigma)`` estimate above wi
 ``b_small = b``, ``b_big = B``.  The right-hand form needs only squared norms, so a
 loop can compute it from one scalar per worker.  In expectation (2) reads
 ``B >= B_simple (1/eta^2 - 1)``: the test is only meaningful for ``eta < 1``.
+The loop applies it to the smoothed estimates (:meth:`GradientNoiseScale.norm_test`).
 
 **AdaScale gain** (Johnson, Agrawal, Gu, Guestrin 2020, "AdaScale SGD", eq. 5).
 At scale ``k = B/B0`` the learning rate of the base batch ``B0`` is multiplied by
@@ -52,12 +53,19 @@ At scale ``k = B/B0`` the learning rate of the base batch ``B0`` is multiplied b
 where ``sigma^2 = E|g_B0 - G|^2`` is the gradient variance *at the base batch* and
 ``mu^2 = |G|^2``.  By (1), ``sigma^2 = tr(Sigma)/B0`` with the per-example
 ``tr(Sigma)`` this module estimates, so ``r = (B_simple/B0 + 1)/(B_simple/B + 1)``.
+This module gives the inputs (:meth:`GradientNoiseScale.adascale_signal`); the gain
+itself is the LR schedule's ``adascale`` scaling rule (``trainers/schedules.py``).
+
+**The probe** (:class:`NoiseProbe`) measures, at every optimizer step, the squared
+norms the estimator needs without extra communication: the "small" gradients are
+the workers' own (W > 1, read by a DDP communication hook before the all-reduce) or
+the micro-batches' (W = 1), the "big" one is the all-reduced gradient of the step.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,14 +75,9 @@ __all__ = [
     "AdaScaleSignal",
     "GradientNoiseScale",
     "MicroBatchGradNorms",
+    "NoiseProbe",
     "NormTestResult",
-    "adascale_gain",
     "norm_test",
-    "norm_test_batch",
-    "norm_test_from_sq_norms",
-    "per_example_variance",
-    "pooled_small_batch",
-    "sq_norm",
     "sq_norm_tensor",
 ]
 
@@ -95,11 +98,6 @@ def sq_norm_tensor(tensors: Iterable[torch.Tensor | None], scale: float = 1.0) -
         return torch.zeros((), dtype=torch.float64)
     total = torch.stack([n.to(norms[0].device) for n in norms]).square().sum()
     return total * (float(scale) ** 2)
-
-
-def sq_norm(tensors: Iterable[torch.Tensor | None], scale: float = 1.0) -> float:
-    """``scale^2 * sum_t |t|^2`` as a Python float (one host sync)."""
-    return float(sq_norm_tensor(tensors, scale))
 
 
 class MicroBatchGradNorms:
@@ -132,24 +130,6 @@ class MicroBatchGradNorms:
         out = sq_norm_tensor(deltas, scale)
         self._prev = [None if p.grad is None else p.grad.detach().clone() for p in self.params]
         return out
-
-
-def pooled_small_batch(sq_norms: Sequence[float], sizes: Sequence[float]) -> tuple[float, float]:
-    """Pool several small-batch squared norms into one ``(small_sq, b_small)`` pair for the estimator.
-
-    By (1), the mean of ``|g_i|^2`` over samples of sizes ``b_i`` has expectation
-    ``|G|^2 + tr(Sigma) * mean(1/b_i)``, so it is an unbiased "small" measurement at
-    the harmonic mean size ``b_small = 1/mean(1/b_i)`` (= ``b`` when all are equal).
-    """
-    if len(sq_norms) != len(sizes) or not sq_norms:
-        raise ValueError(f"need one size per squared norm and at least one, got {len(sq_norms)} norms "
-                         f"and {len(sizes)} sizes")
-    if any(b <= 0 for b in sizes):
-        raise ValueError(f"sizes must be positive, got {list(sizes)}")
-    n = len(sizes)
-    mean_sq = math.fsum(float(s) for s in sq_norms) / n
-    inv = math.fsum(1.0 / float(b) for b in sizes) / n
-    return mean_sq, 1.0 / inv
 
 
 # --------------------------------------------------------------------------- noise scale
@@ -197,8 +177,8 @@ class GradientNoiseScale:
     def update(self, small_sq: float, b_small: float, big_sq: float, b_big: float) -> None:
         """Fold in one measurement: ``small_sq = |g_small|^2`` at ``b_small``, ``big_sq = |g_big|^2`` at ``b_big``.
 
-        ``small_sq`` may be the mean of several small squared norms (see
-        :func:`pooled_small_batch`).  Non-finite inputs are ignored (a skipped step
+        ``small_sq`` may be the mean of several small squared norms at the harmonic mean
+        size (see :class:`NoiseProbe`).  Non-finite inputs are ignored (a skipped step
         with an inf/nan gradient must not poison the EMA).
         """
         small_sq, big_sq, b_small, b_big = float(small_sq), float(big_sq), float(b_small), float(b_big)
@@ -211,12 +191,6 @@ class GradientNoiseScale:
         self._big_sq = self.ema * self._big_sq + a * big_sq
         self.count += 1
         self.last_b_big = b_big
-
-    def update_from_samples(self, sample_sq: Sequence[float], sample_sizes: Sequence[float],
-                            big_sq: float, b_big: float) -> None:
-        """:meth:`update` from several small squared norms (per worker / micro-batch) and the combined one."""
-        small_sq, b_small = pooled_small_batch(sample_sq, sample_sizes)
-        self.update(small_sq, b_small, big_sq, b_big)
 
     # -- readings --------------------------------------------------------------------------
 
@@ -246,12 +220,6 @@ class GradientNoiseScale:
         if self.count == 0 or self._g_sq <= 0.0 or self._trace <= 0.0:
             return None
         return self._trace / self._g_sq  # the bias corrections cancel
-
-    def gain(self, k: float, base_batch: float) -> float | None:
-        """AdaScale gain at scale ``k = B/B0`` from the smoothed estimates (``None`` until estimable)."""
-        if self.b_simple is None:
-            return None
-        return adascale_gain(self.trace_sigma or 0.0, self.g_sq or 0.0, k, base_batch)
 
     def adascale_signal(self, base_batch: float) -> AdaScaleSignal | None:
         """``(var, sqr) = (tr(Sigma)/B0, |G|^2)`` for an AdaScale rule ``r = (var+sqr)/(var/k+sqr)``.
@@ -296,31 +264,6 @@ class AdaScaleSignal:
     var: float
     sqr: float
 
-    def gain(self, k: float) -> float:
-        """``r = (var + sqr)/(var/k + sqr)``, see :func:`adascale_gain`."""
-        return adascale_gain(self.var, self.sqr, k, 1.0)
-
-
-def adascale_gain(trace_sigma: float, g_sq: float, k: float, base_batch: float) -> float:
-    """AdaScale gain ``r = (var + sqr)/(var/k + sqr)`` (Johnson et al. 2020) with consistent normalization.
-
-    ``var = max(tr(Sigma), 0) / base_batch`` is the gradient variance at the base
-    batch ``B0`` (``tr(Sigma)`` per example, as :class:`GradientNoiseScale` reports),
-    ``sqr = max(|G|^2, 0)``, ``k = B/B0``.  Equivalently
-    ``r = (1 + B_simple/B0) / (1 + B_simple/B)``.  Limits: no noise -> 1 (keep the
-    base lr); no signal -> ``k`` (linear scaling).  Negative estimates (noise in an
-    early EMA) are clipped to 0.
-    """
-    if k <= 0 or base_batch <= 0:
-        raise ValueError(f"need k > 0 and base_batch > 0, got k={k}, base_batch={base_batch}")
-    var = max(float(trace_sigma), 0.0) / float(base_batch)
-    sqr = max(float(g_sq), 0.0)
-    if var == 0.0:
-        return 1.0
-    if sqr == 0.0:
-        return float(k)
-    return (var + sqr) / (var / k + sqr)
-
 
 # --------------------------------------------------------------------------- norm test
 
@@ -360,50 +303,98 @@ def norm_test(variance: float, grad_sq: float, batch: int, eta: float) -> NormTe
     return NormTestResult(ok, batch if ok else math.ceil(required), required, variance, grad_sq, batch, eta)
 
 
-def per_example_variance(sample_sq: Sequence[float], batch_sizes: Sequence[float], big_sq: float) -> float:
-    """Estimate (3): ``(sum_i b_i |g_i|^2 - B |g_B|^2) / (n - 1)``, ``B = sum b_i``.
+# --------------------------------------------------------------------------- the probe
 
-    Requires the samples to partition the batch and ``g_B`` to be their
-    ``b_i``-weighted mean (what DDP's mean of per-worker means is, when slices are
-    weighted by their size as ``trainers/loop.py`` does).
+
+def _sq_norm_hook(state: torch.Tensor, bucket):  # no annotation on bucket: DDP checks it against GradBucket
+    """DDP communication hook: add the bucket's squared norm *before* the all-reduce (this
+    worker's own gradient) to ``state``, then all-reduce the mean as DDP's default hook does."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    state += buf.double().pow(2).sum()
+    buf.div_(dist.get_world_size())
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+class NoiseProbe:
+    """The noise-scale measurement of one worker's optimizer steps, feeding a :class:`GradientNoiseScale`.
+
+    The loop normalizes the loss of a global batch of ``B`` samples by ``W / B`` (see
+    ``trainers/loop.py``), so a gradient accumulated over ``b`` of them is their mean
+    gradient times ``W * b / B``; the probe rescales by ``B / (W * b)``.  Per step it
+    collects the "small" statistics as four float64 sums over the small gradients
+    ``g_s`` of ``b_s`` samples,
+
+        [sum_s |g_s|^2,  sum_s 1/b_s,  sum_s b_s |g_s|^2,  count],
+
+    and after the all-reduce (one per step, shared with the loss: :meth:`finish` returns
+    the tensor to reduce) folds ``small_sq = mean_s |g_s|^2`` at the harmonic mean size
+    ``b_small = count / sum_s 1/b_s`` (by (1), ``E mean_s |g_s|^2 = |G|^2 + tr(Sigma) mean_s 1/b_s``:
+    an unbiased small measurement at that size) and the big ``|g_B|^2`` at ``b_big = B``
+    into the estimator (McCandlish et al. 2018, appendix A).
+
+    Where the small gradients come from: with W > 1, each worker's own gradient over its
+    slice, whose squared norm :meth:`attach`'s communication hook adds up bucket by bucket
+    before DDP's all-reduce; with W = 1, each micro-batch's gradient
+    (:class:`MicroBatchGradNorms`), the slice being cut in two when it would be one
+    micro-batch (:meth:`micro_batch_size`).
+
+    Calls per step, in order: :meth:`begin_step`; :meth:`after_micro_batch` after each
+    backward; :meth:`finish` while the gradients are still there (before the optimizer
+    steps); :meth:`update` with the all-reduced statistics.
     """
-    n = len(sample_sq)
-    if n < 2 or len(batch_sizes) != n:
-        raise ValueError(f"need >= 2 samples with one size each, got {n} norms and {len(batch_sizes)} sizes")
-    total = float(sum(batch_sizes))
-    weighted = math.fsum(float(b) * float(s) for b, s in zip(batch_sizes, sample_sq))
-    return (weighted - total * float(big_sq)) / (n - 1)
 
+    def __init__(self, ema: float, params: Iterable[torch.nn.Parameter], world: int, device: torch.device):
+        self.gns = GradientNoiseScale(ema)
+        self.params = [p for p in params if p.requires_grad]
+        self.world, self.device = world, device
+        self._local_sq = torch.zeros((), dtype=torch.float64, device=device) if world > 1 else None
+        self._tracker = MicroBatchGradNorms(self.params) if world == 1 else None
+        self._small = torch.zeros(4, dtype=torch.float64, device=device)
+        self._big_sq: torch.Tensor | None = None
 
-def norm_test_from_sq_norms(sample_sq: Sequence[float], batch_sizes: Sequence[int], big_sq: float,
-                            eta: float) -> NormTestResult:
-    """The norm test from squared norms only: ``|g_i|^2`` per sample, their sizes, and ``|g_B|^2``."""
-    var = per_example_variance(sample_sq, batch_sizes, big_sq)
-    return norm_test(var, big_sq, int(sum(batch_sizes)), eta)
+    def attach(self, model: torch.nn.Module) -> None:
+        """Register the squared-norm communication hook on a DDP model (nothing to do at W = 1)."""
+        if self._local_sq is not None:
+            model.register_comm_hook(self._local_sq, _sq_norm_hook)
 
+    def micro_batch_size(self, mine_len: int, max_local_batch: int) -> int:
+        """The micro-batch size for this worker's slice of ``mine_len`` samples: ``max_local_batch``,
+        except at W = 1 where a slice of 2 to ``max_local_batch`` samples (one micro-batch) is cut
+        in two halves, to have two small gradients."""
+        if self.world == 1 and 2 <= mine_len <= max_local_batch:
+            return (mine_len + 1) // 2
+        return max_local_batch
 
-def _flat(g: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
-    if isinstance(g, torch.Tensor):
-        return g.detach().reshape(-1).double()
-    return torch.cat([t.detach().reshape(-1).double() for t in g])
+    def begin_step(self) -> None:
+        """Zero the step's sums (before the first backward)."""
+        self._small = torch.zeros(4, dtype=torch.float64, device=self.device)
+        self._big_sq = None
+        if self._tracker is not None:
+            self._tracker.reset()
+        if self._local_sq is not None:
+            self._local_sq.zero_()
 
+    def _add(self, sq: torch.Tensor, b: int) -> None:
+        self._small += torch.stack([sq, sq.new_tensor(1.0 / b), sq * b, sq.new_tensor(1.0)])
 
-def norm_test_batch(sample_grads: Sequence[torch.Tensor | Sequence[torch.Tensor]], batch_sizes: Sequence[int],
-                    eta: float) -> NormTestResult:
-    """The norm test from the sample gradients themselves.
+    def after_micro_batch(self, batch_len: int, micro_len: int) -> None:
+        """After the backward of a micro-batch of ``micro_len`` samples of a global batch of ``batch_len``."""
+        if self._tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
+            self._add(self._tracker.after_backward(scale=batch_len / (self.world * micro_len)), micro_len)
 
-    ``sample_grads[i]`` is the mean gradient over ``batch_sizes[i]`` examples, as
-    one tensor or a list of per-parameter tensors.  Computes ``g_B`` as the
-    ``b_i``-weighted mean and the variance with the left-hand (numerically safer)
-    form of (3).
-    """
-    n = len(sample_grads)
-    if n < 2 or len(batch_sizes) != n:
-        raise ValueError(f"need >= 2 sample gradients with one size each, got {n} and {len(batch_sizes)}")
-    flats = [_flat(g) for g in sample_grads]
-    sizes = torch.tensor([float(b) for b in batch_sizes], dtype=torch.float64, device=flats[0].device)
-    stacked = torch.stack(flats)
-    total = float(sizes.sum())
-    mean = (sizes[:, None] * stacked).sum(0) / total
-    var = float((sizes * (stacked - mean).square().sum(1)).sum()) / (n - 1)
-    return norm_test(var, float(mean.square().sum()), int(round(total)), eta)
+    def finish(self, batch_len: int, mine_len: int) -> torch.Tensor:
+        """The step's small statistics (4 float64 values on the device) to all-reduce; reads
+        the big gradient's squared norm, so call it before the optimizer steps."""
+        if self._local_sq is not None and mine_len > 0:  # this worker's mean gradient (DDP hook)
+            self._add(self._local_sq * (batch_len / (self.world * mine_len)) ** 2, mine_len)
+        self._big_sq = sq_norm_tensor(p.grad for p in self.params)
+        return self._small
+
+    def update(self, reduced: list[float], batch_len: int) -> None:
+        """Fold the all-reduced statistics of :meth:`finish` into the estimator."""
+        if reduced[3] >= 1 and self._big_sq is not None:
+            self.gns.update(small_sq=reduced[0] / reduced[3], b_small=reduced[3] / reduced[1],
+                            big_sq=float(self._big_sq), b_big=batch_len)

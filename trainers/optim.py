@@ -11,7 +11,7 @@ MF rules (``optimizer.mf_rule``, registry ``MF_RULES``), ``b`` = B / W the per-w
     per_worker_batch  mu(b) = mf ** (b / b_ref)      the EMA scaling rule: a sample keeps the same
                                                      weight in the momentum whatever b is, so a
                                                      smaller b gives a larger mu (Tang et al. 2022;
-                                                     DESIGN.md section 5); b_ref = optimizer.mf_ref_batch
+                                                     docs/architecture.md); b_ref = optimizer.mf_ref_batch
                                                      or, unset, optimizer.base_batch_size
 
 LARS (You, Gitman, Ginsburg 2017, "Large Batch Training of Convolutional Networks"), per

@@ -1,6 +1,6 @@
 """Learning-rate policy: scaling rule x warmup, then decay.  One pure entry point.
 
-Notation (DESIGN.md section 5): ``eta0`` is ``optimizer.lr``, tuned at the base batch
+Notation (``docs/architecture.md``): ``eta0`` is ``optimizer.lr``, tuned at the base batch
 ``B0 = optimizer.base_batch_size``; ``B`` is the current global batch, ``k = B / B0``;
 ``e`` is the fractional epoch completed before the optimizer step being taken
 (``epoch + cursor / n``); ``E`` is ``train.epochs``.
@@ -299,11 +299,17 @@ class AutoWarmup:
         c = self.cfg
         return min(c.auto_max_lr, c.auto_init_lr * c.auto_growth ** self.steps)
 
-    def record(self, lr: float, loss: float) -> None:
-        """Feed the LR used by the step just taken and its (rank-averaged) training loss."""
+    def record(self, lr: float, loss: float | None) -> None:
+        """Feed the LR used by the step just taken and its (rank-averaged) training loss.
+
+        ``loss=None`` (a preview such as ``plan``, which has no loss) only advances the
+        growth: the LR goes on growing as in a run whose check has not ended the warmup.
+        """
         if self.done:
             return
         self.steps += 1
+        if loss is None:
+            return
         if not math.isfinite(loss):
             self.nonfinite += 1
             return

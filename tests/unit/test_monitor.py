@@ -1,7 +1,7 @@
 """The monitor's resize coordination, without Ray: who hands over when, in both modes."""
 
 from orchestrator.monitor import MonitorState, has_room
-from orchestrator.resize import WorkersForBatch
+from trainers.resize import WorkersForBatch
 
 CPU = {"CPU": 0.5}
 

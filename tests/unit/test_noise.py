@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from trainers.noise import (GradientNoiseScale, MicroBatchGradNorms, adascale_gain, norm_test, norm_test_batch,
-                            norm_test_from_sq_norms, per_example_variance, pooled_small_batch, sq_norm,
+from trainers.noise import (AdaScaleSignal, GradientNoiseScale, MicroBatchGradNorms, NoiseProbe, norm_test,
                             sq_norm_tensor)
+from trainers.schedules import SCALING_RULES
 
 # --------------------------------------------------------------------------- the test problem
 #
@@ -41,7 +41,8 @@ def _sample(w_star: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Ten
 
 def _measure_b_simple(seed: int, batch: int, micro: int, steps: int = 400, ema: float = 0.998) -> tuple[
         GradientNoiseScale, float]:
-    """Feed the estimator the way the loop does: micro-batch gradients by accumulation, the big one at the end.
+    """Feed the estimator through the loop's probe at W = 1: micro-batch gradients by accumulation,
+    the big one at the end, the statistics "reduced" over one worker.
 
     The loss is the sum over the micro-batch divided by the global ``batch``, so the
     accumulated ``.grad`` is the mean gradient of the batch, and micro-batch ``j``'s
@@ -49,20 +50,17 @@ def _measure_b_simple(seed: int, batch: int, micro: int, steps: int = 400, ema: 
     """
     w_star, a, g = _problem(seed)
     w = torch.nn.Parameter(w_star + a)
-    gns = GradientNoiseScale(ema)
-    probe = MicroBatchGradNorms([w])
+    probe = NoiseProbe(ema, [w], world=1, device=torch.device("cpu"))
     for _ in range(steps):
         x, y = _sample(w_star, batch, g)
         w.grad = None
-        probe.reset()
-        small, sizes = [], []
+        probe.begin_step()
         for mb in torch.split(torch.arange(batch), micro):
             (0.5 * (x[mb] @ w - y[mb]).square().sum() / batch).backward()
-            small.append(float(probe.after_backward(scale=batch / len(mb))))
-            sizes.append(len(mb))
-        gns.update_from_samples(small, sizes, sq_norm([w.grad]), batch)
+            probe.after_micro_batch(batch, len(mb))
+        probe.update(probe.finish(batch, batch).tolist(), batch)
     g_sq, trace = _true(a)
-    return gns, trace / g_sq
+    return probe.gns, trace / g_sq
 
 
 def test_b_simple_matches_closed_form() -> None:
@@ -86,9 +84,17 @@ def test_uneven_micro_batches_pool_at_the_harmonic_mean() -> None:
     # 100 = 40 + 40 + 20: the pooled small size is 1/mean(1/b_i), and the estimate stays unbiased.
     gns, truth = _measure_b_simple(seed=3, batch=100, micro=40)
     assert gns.b_simple == pytest.approx(truth, rel=0.15)
-    mean_sq, b = pooled_small_batch([1.0, 2.0, 3.0], [40, 30, 30])
-    assert mean_sq == pytest.approx(2.0)
-    assert b == pytest.approx(3 / (1 / 40 + 2 / 30))
+    # the probe's sums pool the small norms as their mean at the harmonic mean size
+    w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    probe = NoiseProbe(0.0, [w], world=1, device=torch.device("cpu"))
+    probe.begin_step()
+    for value, b in ((1.0, 40), (2.0, 30), (3.0, 30)):  # micro-batch gradients of squared norm 1, 2, 3
+        w.grad = (w.grad if w.grad is not None else torch.zeros_like(w)) + \
+            torch.tensor([value ** 0.5, 0.0], dtype=torch.float64) * (b / 100)
+        probe.after_micro_batch(100, b)
+    small = probe.finish(100, 100).tolist()
+    assert small[0] / small[3] == pytest.approx(2.0)
+    assert small[3] / small[1] == pytest.approx(3 / (1 / 40 + 2 / 30))
 
 
 def test_one_step_estimate_solves_the_two_equations() -> None:
@@ -142,10 +148,10 @@ def test_state_round_trips_through_a_weights_only_checkpoint() -> None:
 
 def test_sq_norm_and_micro_batch_probe() -> None:
     ts = [torch.tensor([3.0, 4.0]), None, torch.tensor([[1.0, 2.0]])]
-    assert sq_norm(ts) == pytest.approx(30.0)
-    assert sq_norm(ts, scale=2.0) == pytest.approx(120.0)
+    assert float(sq_norm_tensor(ts)) == pytest.approx(30.0)
+    assert float(sq_norm_tensor(ts, scale=2.0)) == pytest.approx(120.0)
     assert sq_norm_tensor(ts).dtype == torch.float64
-    assert sq_norm([]) == 0.0
+    assert float(sq_norm_tensor([])) == 0.0
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -158,7 +164,7 @@ def test_sq_norm_and_micro_batch_probe() -> None:
         got.append(float(probe.after_backward()))
     for x, value in zip(xs, got):  # each micro-batch's own gradient, computed alone
         own = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
-        assert value == pytest.approx(sq_norm(own), rel=1e-10)
+        assert value == pytest.approx(float(sq_norm_tensor(own)), rel=1e-10)
 
 
 # --------------------------------------------------------------------------- norm test
@@ -172,25 +178,38 @@ def _known_samples(c: float) -> tuple[list[torch.Tensor], torch.Tensor]:
     return [g + dv for dv in devs], g
 
 
+def _variance_from_samples(samples: list[torch.Tensor], sizes: list[int]) -> tuple[float, float]:
+    """Reference for (3), left-hand form: ``sum_i b_i |g_i - g_B|^2 / (n - 1)`` with ``g_B`` the
+    ``b_i``-weighted mean of the sample gradients; returns ``(Var, |g_B|^2)``."""
+    w = torch.tensor([float(b) for b in sizes], dtype=torch.float64)
+    stacked = torch.stack(samples)
+    mean = (w[:, None] * stacked).sum(0) / w.sum()
+    return float((w * (stacked - mean).square().sum(1)).sum()) / (len(samples) - 1), float(mean.square().sum())
+
+
 def test_norm_test_asks_for_the_batch_of_the_formula() -> None:
     eta = 0.5
     samples, g = _known_samples(c=2.0)
     var = 16 * 4 * 2.0**2 / 3
-    res = norm_test_batch(samples, [16] * 4, eta)
-    assert res.variance == pytest.approx(var)
-    assert res.grad_sq == pytest.approx(1.0) and res.batch == 64
+    ref_var, grad_sq = _variance_from_samples(samples, [16] * 4)
+    assert ref_var == pytest.approx(var) and grad_sq == pytest.approx(1.0)
+    res = norm_test(ref_var, grad_sq, 64, eta)
     assert not res.ok  # 85.3/64 > 0.25
     assert res.required == pytest.approx(var / (eta**2 * 1.0))
     assert res.suggested == math.ceil(var / (eta**2 * 1.0)) == 342
-    # the squared-norm form gives the same answer from one scalar per sample
-    from_sq = norm_test_from_sq_norms([float(s.square().sum()) for s in samples], [16] * 4, 1.0, eta)
-    assert from_sq.suggested == 342 and from_sq.variance == pytest.approx(var)
+    # the noise-scale estimate from squared norms only (one scalar per sample) is the same variance
+    mean_sq = sum(float(s.square().sum()) for s in samples) / 4
+    assert GradientNoiseScale.estimate(mean_sq, 16, grad_sq, 64)[1] == pytest.approx(var)
+    gns = GradientNoiseScale(ema=0.0)
+    gns.update(mean_sq, 16, grad_sq, 64)
+    smoothed = gns.norm_test(64, eta)
+    assert smoothed is not None and smoothed.suggested == 342
     # small deviations pass and keep the batch
-    ok = norm_test_batch(_known_samples(c=0.5)[0], [16] * 4, eta)
+    ok = norm_test(*_variance_from_samples(_known_samples(c=0.5)[0], [16] * 4), 64, eta)
     assert ok.ok and ok.suggested == 64
 
 
-def test_norm_test_variance_is_unbiased_with_uneven_samples() -> None:
+def test_noise_estimate_is_unbiased_with_uneven_samples() -> None:
     # Per-example gradients z ~ N(G, diag(sig^2)); samples of sizes 3, 5, 12, 20 are their means.
     gen = torch.Generator().manual_seed(0)
     G = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
@@ -204,18 +223,18 @@ def test_norm_test_variance_is_unbiased_with_uneven_samples() -> None:
     w = torch.tensor(sizes, dtype=torch.float64)
     var = ((w[None, :, None] * (means - big[:, None, :]).square()).sum((1, 2)) / (len(sizes) - 1))
     assert float(var.mean()) == pytest.approx(float(sig.square().sum()), rel=0.03)
-    # the squared-norm form is the same number, trial by trial
-    for t in range(3):
-        sq = [float(means[t, i].square().sum()) for i in range(len(sizes))]
-        assert per_example_variance(sq, sizes, float(big[t].square().sum())) == pytest.approx(float(var[t]))
+    # what the loop measures (the probe's pooled small norm at the harmonic mean size) is unbiased too
+    b_small = len(sizes) / sum(1.0 / b for b in sizes)
+    small = means.square().sum(2).mean(1)
+    traces = [GradientNoiseScale.estimate(float(small[t]), b_small, float(big[t].square().sum()), sum(sizes))[1]
+              for t in range(trials)]
+    assert sum(traces) / trials == pytest.approx(float(sig.square().sum()), rel=0.05)
 
 
 def test_norm_test_edge_cases_and_smoothed_form() -> None:
     assert norm_test(0.0, 1.0, 32, 0.5).ok
     zero_grad = norm_test(1.0, 0.0, 32, 0.5)
     assert not zero_grad.ok and zero_grad.suggested is None and math.isinf(zero_grad.required)
-    with pytest.raises(ValueError):
-        norm_test_batch([torch.ones(3)], [8], 0.5)
     gns = GradientNoiseScale(ema=0.0)
     assert gns.norm_test(64, 0.5) is None
     gns.update(2.0 + 50.0 / 8, 8, 2.0 + 50.0 / 64, 64)
@@ -225,23 +244,25 @@ def test_norm_test_edge_cases_and_smoothed_form() -> None:
 
 # --------------------------------------------------------------------------- AdaScale
 
+_ADASCALE = SCALING_RULES["adascale"]  # the one AdaScale gain: the LR schedule's scaling rule
+
 
 def test_adascale_gain() -> None:
     trace, g_sq, b0 = 640.0, 1.0, 64  # B_simple = 640, var at B0 = 10
-    assert adascale_gain(trace, g_sq, 1.0, b0) == pytest.approx(1.0)
-    r4 = adascale_gain(trace, g_sq, 4.0, b0)
+    gns = GradientNoiseScale(ema=0.0)
+    assert gns.adascale_signal(b0) is None and _ADASCALE(4.0, None) == 1.0  # no estimate yet: no scaling
+    gns.update(g_sq + trace / 8, 8, g_sq + trace / 64, 64)
+    sig = gns.adascale_signal(b0)
+    assert _ADASCALE(1.0, sig) == pytest.approx(1.0)
+    r4 = _ADASCALE(4.0, sig)
     assert r4 == pytest.approx((10 + 1) / (10 / 4 + 1))
     b_simple = trace / g_sq
     assert r4 == pytest.approx((1 + b_simple / b0) / (1 + b_simple / (4 * b0)))
-    gains = [adascale_gain(trace, g_sq, k, b0) for k in (1, 2, 4, 8, 16)]
+    gains = [_ADASCALE(k, sig) for k in (1, 2, 4, 8, 16)]
     assert gains == sorted(gains) and all(1.0 <= r <= k for r, k in zip(gains, (1, 2, 4, 8, 16)))
-    assert adascale_gain(0.0, 1.0, 8.0, b0) == 1.0  # no noise: keep the base lr
-    assert adascale_gain(5.0, 0.0, 8.0, b0) == 8.0  # no signal: linear scaling
-    assert adascale_gain(-5.0, 1.0, 8.0, b0) == 1.0  # a negative early estimate is clipped
-    gns = GradientNoiseScale(ema=0.0)
-    assert gns.gain(4.0, b0) is None
-    gns.update(g_sq + trace / 8, 8, g_sq + trace / 64, 64)
-    assert gns.gain(4.0, b0) == pytest.approx(r4)
+    assert _ADASCALE(8.0, AdaScaleSignal(var=0.0, sqr=1.0)) == 1.0  # no noise: keep the base lr
+    assert _ADASCALE(8.0, AdaScaleSignal(var=5.0 / b0, sqr=0.0)) == 8.0  # no signal: linear scaling
+    assert _ADASCALE(8.0, AdaScaleSignal(var=-5.0 / b0, sqr=1.0)) == 1.0  # a negative early estimate is clipped
 
 
 def test_adascale_signal_is_normalized_at_the_base_batch() -> None:
@@ -252,4 +273,5 @@ def test_adascale_signal_is_normalized_at_the_base_batch() -> None:
     sig = gns.adascale_signal(b0)
     assert sig is not None
     assert sig.var == pytest.approx(trace / b0) and sig.sqr == pytest.approx(g_sq)
-    assert sig.gain(4.0) == pytest.approx(adascale_gain(trace, g_sq, 4.0, b0))
+    # r = (1 + B_simple/B0) / (1 + B_simple/B), B = k B0
+    assert _ADASCALE(4.0, sig) == pytest.approx((1 + trace / g_sq / b0) / (1 + trace / g_sq / (4 * b0)))

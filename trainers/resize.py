@@ -1,37 +1,39 @@
 """The worker-count policy: how many workers the next phase should have.
 
-DESIGN.md section 4: Ray Train resizes a worker group only by restarting it, so
-the driver runs training as phases; inside a phase, rank 0 asks this policy after
-every batch change whether the group should grow, and if so checkpoints and ends
-the phase with ``resize_to``.  No Ray in here: the policy is a pure function of
-its arguments, unit-tested in milliseconds.
+Ray Train resizes a worker group only by restarting it, so the driver runs training
+as phases (``docs/architecture.md``); inside a phase, rank 0 asks the driver after
+every batch change whether the group should grow, the driver asks this policy, and
+if so the group checkpoints and ends the phase with ``resize_to``.  ``plan`` asks the
+same policy through :class:`trainers.policy.PolicySet`.  No Ray in here: the policy
+is a pure function of its arguments, unit-tested in milliseconds.
 
 A policy answers a :class:`ResizeDecision` (start the next phase with ``workers``)
 or a :class:`NoopDecision` (keep the group; falsy, so ``if decision:`` reads "if
-the group changes"), each with the reason to log.
+the group changes"), each with the reason to log (``trainers/decisions.py``).
+
+:func:`workers_for_batch` is the one formula for "workers a global batch needs";
+the driver's first phase, ``plan`` and :class:`WorkersForBatch` all use it.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
-from trainers.batching import NoopDecision
+from trainers.decisions import NoopDecision, ResizeDecision
 
 __all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizePolicy", "WorkersForBatch",
-           "build_resize_policy"]
+           "build_resize_policy", "workers_for_batch"]
 
 
-@dataclass(frozen=True)
-class ResizeDecision:
-    """End this phase and start the next one with ``workers`` workers."""
+def workers_for_batch(batch_size: int, max_local_batch: int, min_workers: int, max_workers: int) -> int:
+    """Workers a global batch ``B`` needs so that no worker accumulates gradients.
 
-    workers: int
-    reason: str
-
-    def __bool__(self) -> bool:
-        return True
+    ``clamp(ceil(B / max_local_batch), min_workers, max_workers)``, and never more than
+    ``B`` (a worker with an empty slice only adds communication).
+    """
+    need = math.ceil(batch_size / max_local_batch)
+    return min(max(need, min_workers), max_workers, batch_size)
 
 
 class ResizePolicy(ABC):
@@ -79,7 +81,7 @@ class WorkersForBatch(ResizePolicy):
     Resize only when ``wanted > current_workers``.
 
     Why grow-only: the batch policies only grow B, so the need never falls; a
-    restart costs a fixed ~20 s (DESIGN.md section 4), which shrinking to save
+    restart costs a fixed ~20 s (``docs/architecture.md``), which shrinking to save
     resources does not repay within a run; and a group that Ray shrank after a
     failure keeps training correctly (B is the math, W a resource), so it must not
     trigger a restart either.  A throughput-aware policy (Pollux-style goodput:
@@ -93,7 +95,7 @@ class WorkersForBatch(ResizePolicy):
                max_workers: int) -> ResizeDecision | NoopDecision:
         self._check(batch_size, max_local_batch, current_workers, min_workers, max_workers)
         need = math.ceil(batch_size / max_local_batch)
-        wanted = min(max(need, min_workers), max_workers, batch_size)
+        wanted = workers_for_batch(batch_size, max_local_batch, min_workers, max_workers)
         if wanted <= current_workers:
             return NoopDecision(f"B={batch_size} needs {need} worker(s) of max_local_batch {max_local_batch}; "
                                 f"keeping {current_workers}")

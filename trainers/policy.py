@@ -1,0 +1,214 @@
+"""The policy set: the one place the training policies are combined.
+
+A run's hyper-parameters at every optimizer step come from small pure policies, each
+in its own module with its own config section:
+
+* the LR schedule (``trainers/schedules.py``): scaling rule x warmup (incl. Kim et al.'s
+  ``auto`` warmup, :class:`~trainers.schedules.AutoWarmup`), then decay; AdaScale's gain
+  (Johnson et al. 2020) is its ``adascale`` scaling rule, fed by the noise estimator;
+* the MF rule and momentum correction (``trainers/optim.py``; Tang et al. 2022,
+  Goyal et al. 2017 section 2.1);
+* the batch policy (``trainers/batching.py``): the global batch B over training;
+* the worker-count policy (``trainers/resize.py``): the workers W a batch needs;
+* the accumulation steps of a step (``trainers/data.py`` :func:`~trainers.data.accum_steps`).
+
+:class:`PolicySet` composes them, and nothing else does: the worker loop
+(``trainers/loop.py``) asks it before every optimizer step, and ``plan``
+(``orchestrator/plan.py``) asks it while walking the same data order without
+training, so the preview is what a run does by construction.  For one step
+starting after ``e`` (fractional) epochs at global batch ``B`` on ``W`` workers,
+:meth:`PolicySet.settings` gives::
+
+    lr     = Schedule.lr(e, B, auto, noise)          eta0 * s(B/B0) through warmup and decay
+    mf     = mf_for(optimizer, B / W)                 the MF rule at the per-worker batch
+    local  = ceil(n / W)                              rank 0's slice of the step's n samples
+    accum  = max(1, ceil(local / max_local_batch))    micro-batches on rank 0
+
+and :meth:`PolicySet.decide_batch` / :meth:`PolicySet.decide_workers` give the batch
+and worker-count decisions (``trainers/decisions.py``).  What only a run can measure
+(the gradient-noise estimates that drive AdaScale and the adaptive batch policies,
+the loss that ends an ``auto`` warmup) comes in as an argument; ``plan`` passes
+nothing and shows the planned values.
+
+Stateful parts (the batch policy's bookkeeping and the auto warmup's loss history)
+checkpoint through :meth:`PolicySet.state_dict` / :meth:`PolicySet.load_state_dict`,
+plain types only (``torch.load(weights_only=True)``).  No Ray, no MLflow: unit-tested
+in milliseconds.  See ``docs/architecture.md`` for where the set sits in a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from trainers.batching import BatchConfig, BatchPolicy, BatchStats, build_batch_policy
+from trainers.data import accum_steps, slice_bounds
+from trainers.decisions import BatchDecision, NoopDecision, ResizeDecision
+from trainers.noise import GradientNoiseScale
+from trainers.optim import OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf
+from trainers.resize import ResizePolicy, build_resize_policy, workers_for_batch
+from trainers.schedules import AutoDecision, AutoWarmup, Schedule, ScheduleConfig
+
+__all__ = ["PolicySet", "StepSettings"]
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What one optimizer step runs with.
+
+    ``batch`` is the global batch B in force (the policies' B), ``samples`` the samples
+    this step actually takes (fewer than B for an epoch's short last batch), ``local``
+    rank 0's share of them and ``accum`` its micro-batches; ``workers`` is W.
+    """
+
+    lr: float
+    mf: float
+    batch: int
+    workers: int
+    samples: int
+    local: int
+    accum: int
+
+
+class _LoopSections(Protocol):
+    """The config sections the policies read (``LoopConfig`` and the root config have them)."""
+
+    schedule: ScheduleConfig
+    optimizer: OptimizerConfig
+    batch: BatchConfig
+    train: Any
+
+
+class PolicySet:
+    """Scaling rule, warmup, decay, MF rule, momentum correction, batch and worker-count policy: composed.
+
+    ``dataset_size`` (training samples per epoch) caps the batch; ``min_workers`` and
+    ``max_workers`` bound the worker count (the ``scaling`` section; 1 and 1 on a worker
+    that never decides a resize itself); ``resize_policy`` names the worker-count policy.
+    """
+
+    def __init__(self, schedule: ScheduleConfig, optimizer: OptimizerConfig, batch: BatchConfig, epochs: float,
+                 dataset_size: int, min_workers: int = 1, max_workers: int = 1,
+                 resize_policy: str = "workers_for_batch"):
+        self.optimizer_cfg, self.batch_cfg = optimizer, batch
+        self.dataset_size = int(dataset_size)
+        self.min_workers, self.max_workers = int(min_workers), int(max_workers)
+        self.schedule = Schedule(schedule, optimizer.lr, optimizer.base_batch_size, epochs)
+        self.auto: AutoWarmup | None = self.schedule.new_auto()
+        self.batch_policy: BatchPolicy = build_batch_policy(batch, dataset_size=self.dataset_size)
+        self.resize_policy: ResizePolicy = build_resize_policy(resize_policy)
+
+    @classmethod
+    def from_config(cls, cfg: _LoopSections, dataset_size: int) -> "PolicySet":
+        """From a config with ``schedule``, ``optimizer``, ``batch``, ``train`` and, on the
+        driver, ``scaling`` (its worker bounds; without it 1..1)."""
+        scaling = getattr(cfg, "scaling", None)
+        return cls(cfg.schedule, cfg.optimizer, cfg.batch, cfg.train.epochs, dataset_size,
+                   min_workers=scaling.min_workers if scaling else 1,
+                   max_workers=scaling.max_workers if scaling else 1)
+
+    # -- what the policies need measured -------------------------------------------------------
+
+    @property
+    def needs_noise(self) -> bool:
+        """Whether a gradient-noise estimator must run: an adaptive batch policy or AdaScale."""
+        return bool(self.batch_policy.needs) or self.schedule.cfg.scaling_rule == "adascale"
+
+    @property
+    def adapts_batch(self) -> bool:
+        """Whether B can change during training (any batch policy but ``fixed``)."""
+        return self.batch_policy.name != "fixed"
+
+    # -- the settings of one step ----------------------------------------------------------------
+
+    def initial_workers(self, batch_size: int | None = None) -> int:
+        """Workers the first phase starts with for ``batch_size`` (default ``batch.size``)."""
+        b = self.batch_cfg.size if batch_size is None else batch_size
+        return workers_for_batch(b, self.batch_cfg.max_local_batch, self.min_workers, self.max_workers)
+
+    def lr(self, epoch: float, batch_size: int, noise: GradientNoiseScale | None = None) -> float:
+        """The LR of the step taken after ``epoch`` epochs at global batch B (``Schedule.lr``),
+        with AdaScale's noise signal when ``noise`` has an estimate."""
+        signal = noise.adascale_signal(self.optimizer_cfg.base_batch_size) if noise is not None else None
+        return self.schedule.lr(epoch, batch_size, self.auto, signal)
+
+    def mf(self, batch_size: int, workers: int) -> float:
+        """The MF at per-worker batch ``B / W`` (``mf_for``)."""
+        return mf_for(self.optimizer_cfg, batch_size / workers)
+
+    def settings(self, epoch: float, batch_size: int, workers: int, noise: GradientNoiseScale | None = None,
+                 samples: int | None = None) -> StepSettings:
+        """Everything a step at ``epoch`` with global batch B on W workers runs with (see the module
+        docstring); ``samples`` is the step's sample count (default B)."""
+        n = batch_size if samples is None else samples
+        lo, hi = slice_bounds(n, 0, workers)
+        return StepSettings(lr=self.lr(epoch, batch_size, noise), mf=self.mf(batch_size, workers),
+                            batch=batch_size, workers=workers, samples=n, local=hi - lo,
+                            accum=accum_steps(n, workers, self.batch_cfg.max_local_batch))
+
+    @staticmethod
+    def apply(opt: torch.optim.Optimizer, settings: StepSettings, first: bool) -> None:
+        """Set the step's LR and MF on ``opt``; unless it is the run's first step, rescale the
+        velocity of an optimizer that keeps the LR inside it by ``new_lr / old_lr`` first
+        (Goyal et al. 2017 section 2.1, :func:`~trainers.optim.apply_momentum_correction`)."""
+        if not first:
+            apply_momentum_correction(opt, opt.param_groups[0]["lr"], settings.lr)
+        set_lr(opt, settings.lr)
+        set_mf(opt, settings.mf)
+
+    # -- decisions -------------------------------------------------------------------------------
+
+    def batch_stats(self, batch_size: int, noise: GradientNoiseScale | None) -> BatchStats:
+        """What the batch policy reads from the noise estimator: ``B_simple`` and, for the
+        ``norm_test`` policy, the batch the (smoothed) norm test suggests at B."""
+        if noise is None:
+            return BatchStats(b_simple=None, norm_test=None)
+        suggested = None
+        if "norm_test" in self.batch_policy.needs:
+            r = noise.norm_test(batch_size, self.batch_cfg.norm_test_eta)
+            suggested = r.suggested if r else None
+        return BatchStats(b_simple=noise.b_simple, norm_test=suggested)
+
+    def decide_batch(self, step: int, epoch: float, batch_size: int,
+                     noise: GradientNoiseScale | None = None) -> BatchDecision | NoopDecision:
+        """The batch policy's answer for the step about to run (``step`` steps taken, starting
+        at ``epoch``, B in force now)."""
+        return self.batch_policy.decide(step, epoch, batch_size, self.batch_stats(batch_size, noise))
+
+    def decide_workers(self, batch_size: int, current_workers: int) -> ResizeDecision | NoopDecision:
+        """The worker-count policy's answer for B, the current phase having asked for ``current_workers``."""
+        return self.resize_policy.decide(batch_size, self.batch_cfg.max_local_batch, current_workers,
+                                         self.min_workers, self.max_workers)
+
+    # -- the auto warmup's hooks -------------------------------------------------------------------
+
+    def after_step(self, lr: float, loss: float | None) -> None:
+        """Feed the auto warmup the LR the step used and its rank-averaged loss (``None`` in a
+        preview: the warmup's LR grows as long as nothing ends it)."""
+        if self.auto is not None:
+            self.auto.record(lr, loss)
+
+    def at_epoch_end(self, epoch: float, batch_size: int) -> AutoDecision | None:
+        """Let a running auto warmup check whether the loss stopped falling; None when there is
+        no running auto warmup."""
+        if self.auto is None or self.auto.done:
+            return None
+        return self.auto.check(epoch, batch_size)
+
+    # -- checkpoint --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"batch_policy": ..., "auto_warmup": ...}`` (the latter only with ``warmup: auto``)."""
+        out: dict[str, Any] = {"batch_policy": self.batch_policy.state_dict()}
+        if self.auto is not None:
+            out["auto_warmup"] = self.auto.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave; a part missing from ``state`` keeps its fresh state."""
+        if "batch_policy" in state:
+            self.batch_policy.load_state_dict(state["batch_policy"])
+        if self.auto is not None and "auto_warmup" in state:
+            self.auto.load_state_dict(state["auto_warmup"])
