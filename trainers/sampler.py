@@ -237,6 +237,10 @@ class RankLoader:
             self.epoch, self.cursor = self.epoch + 1, 0
         return GlobalBatch(step.epoch, step.cursor, step.ids, step.micro, micro)
 
+    def fetch(self, ids: Sequence[int] | np.ndarray) -> Any:
+        """Load ``ids`` in this process, collated (e.g. one sample for an empty slice's zero backward)."""
+        return fetch(self.dataset, np.asarray(ids).tolist())
+
     def close(self) -> None:
         """Stop the loader's worker processes (they also stop when this object is collected)."""
         self._data = None

@@ -195,3 +195,12 @@ def test_loader_config_defaults_and_validation():
         LoaderConfig(prefetch=0)
     with pytest.raises(ValueError):
         LoaderConfig(threads=2)
+
+
+def test_an_empty_slice_gets_no_micro_batches_but_can_fetch_a_sample():
+    loader = RankLoader(BatchedSquares(23), seed=5, rank=2, world=3, max_local_batch=2)
+    gb = loader.next_global_batch(2)  # B < W: rank 2 has nothing to train on
+    assert gb.micro == [] and gb.micro_ids == [] and gb.local_size == 0 and len(gb.ids) == 2
+    x, y = loader.fetch(gb.ids[:1])
+    assert x.shape == (1, 2) and int(x[0, 0]) == int(gb.ids[0])
+    assert (loader.epoch, loader.cursor) == (0, 2)
