@@ -118,6 +118,13 @@ def _is_map_style(ds: Any) -> bool:
     return hasattr(ds, "__len__") and hasattr(ds, "__getitem__")
 
 
+def check_name_or_factory(section: str, name: str | None, factory: str | None) -> None:
+    """A ``model``/``data`` section names a built-in or a factory, never both (:class:`FactoryError`)."""
+    if name is not None and factory is not None:
+        raise FactoryError(f"{section}.factory: give either {section}.name ({name!r}) or {section}.factory "
+                           f"({factory!r}), not both")
+
+
 def check_datasets(result: Any, field: str = "data.factory") -> tuple[Any, Any]:
     """``result`` as ``(train, val)`` map-style datasets, or a :class:`FactoryError` saying what was expected."""
     expected = "a (train, val) pair of map-style datasets with __len__ and __getitem__(i) -> (input, target)"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainers.factory import (BATCHNORM_WARNING, FactoryError, build_datasets, build_model, check_dataset_size,
-                              check_loss_output, cross_entropy, probe, qualified_name, resolve, resolve_loss,
+                              check_loss_output, check_name_or_factory, cross_entropy, probe, qualified_name, resolve, resolve_loss,
                               token_cross_entropy)
 
 GOOD = """
@@ -254,3 +254,12 @@ def test_probe_reports_a_state_dict_that_weights_only_cannot_load(pkg):
     with pytest.raises(FactoryError) as e:
         probe(Unloadable, "userpkg.good:data")
     assert one_line(e).startswith("model.factory: the state dict does not survive torch.save/torch.load(weights_only")
+
+
+def test_name_and_factory_are_mutually_exclusive():
+    check_name_or_factory("model", "cnn", None)
+    check_name_or_factory("model", None, "a.b:c")
+    with pytest.raises(FactoryError) as e:
+        check_name_or_factory("data", "digits", "pkg.data:build")
+    assert one_line(e) == ("data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
+                           "not both")
