@@ -1,0 +1,10 @@
+"""Train the example workload from a script with the Python API (intended interface, issue #17)."""
+
+from orchestrator import fit
+
+from my_workload.data import rings
+from my_workload.model import ring_net
+
+if __name__ == "__main__":
+    result = fit("config.yaml", model_fn=ring_net, data_fn=rings, overrides=["train.epochs=2"])
+    print(result.run_id, result.metrics)
