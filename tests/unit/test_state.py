@@ -83,7 +83,7 @@ def test_prune_keeps_the_newest_checkpoints_across_phase_folders(tmp_path):
 
 
 def test_push_interval_follows_the_step_pace_but_never_below_log_every():
-    from trainers.loop import push_interval
+    from trainers.meter import push_interval
 
     assert push_interval(10, 0.25, steps=10, seconds=0.02) == 125  # 500 steps/s -> a push per 0.25 s
     assert push_interval(10, 0.25, steps=10, seconds=5.0) == 10    # slow steps: every log_every steps
