@@ -164,6 +164,7 @@ class Resizing(RunState):
             run.await_room(record.to)
             nxt = run.start_phase(record.to, run.last_idx + 1, handover=False)
         record.fit_called = nxt.t_called or time.time()
+        record.phase = nxt.idx  # after a fallback to restart, not old.idx + 1 (that index failed to start)
         run.take_overlap_wanted()
         run.maybe_measure_resize()
         return Running(nxt)

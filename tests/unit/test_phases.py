@@ -172,3 +172,26 @@ def test_a_restarted_group_counts_and_a_failed_fit_raises(tmp_path, monkeypatch)
         runner.run()
     assert isinstance(runner.state, Failed) and runner.restarts == 1
     assert (5, {"restarts": 1.0}) in tracker.metrics and tracker.tags["elastic.restarts"] == 1
+def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeypatch):
+    def old(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        assert m.on_batch_change(10, 64, 1).mode == "overlap"
+        while not m.push([], []).handover:  # handover once the driver fell back to a restart
+            threading.Event().wait(0.005)
+        m.handed_over(phase, 12, "/store/checkpoint_step00000012_resize")
+        return "old"
+
+    def broken(m: MonitorState, phase: int) -> None:
+        raise RuntimeError("no room after all")
+
+    def new(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 2, 12)
+        return "done"
+
+    runner, tracker, started = _runner(tmp_path, monkeypatch, {0: old, 1: broken, 2: new}, "overlap")
+    assert runner.run() == "done"
+    assert started == [(0, 1, False), (1, 2, True), (2, 2, False)]  # the failed start keeps its index
+    assert [r["mode"] for r in runner.resizes] == ["restart"]
+    assert "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
+
+
