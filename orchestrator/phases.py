@@ -11,6 +11,9 @@ terminal state::
                    |-> Resizing -> Running       (a resize handed over: the new group trains)
                    |-> Finished | Failed         (terminal)
 
+A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
+``FailureConfig``): the driver sees the same phase start again and counts it (``restarts``).
+
 Each phase is its own Ray Train run (``elastic-<run>``, ``elastic-<run>-r<resume>p<phase>``)
 under one storage path.  Rank 0 writes checkpoints straight into its phase's folder; a new
 group (a resize, a restart after a failure, a ``resume``) restores the newest intact
@@ -268,7 +271,10 @@ class PhaseRunner:
         return max(workers, min(int(self.tracker.last_value(M.WORKERS, 0)), s.max_workers))
 
     def phase_run_name(self, phase: int) -> str:
-        """Each phase is its own Ray Train run (two may run at once during an overlapping
+        """A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
+``FailureConfig``): the driver sees the same phase start again and counts it (``restarts``).
+
+Each phase is its own Ray Train run (two may run at once during an overlapping
         resize); the workers restore the newest checkpoint across all of them."""
         if phase == 0:
             return self.train_run_name
