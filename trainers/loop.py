@@ -33,10 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from trainers.batching import BatchConfig, BatchStats, build_batch_policy
 from trainers.data import (DataConfig, InMemoryData, epoch_permutation, global_batch, load_data, micro_batches,
                            slice_bounds)
-from trainers.models import ModelConfig, build_model
-from trainers.noise import GradientNoiseScale, MicroBatchGradNorms, sq_norm_tensor
-from trainers.optim import (OptimizerConfig, apply_momentum_correction, build_optimizer, mf_for, set_lr,
-                            set_mf)
 from trainers.link import agreement
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, PushDecision, WorkersNeeded
@@ -45,6 +41,10 @@ from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved,
                                     ResizeCheckpoint, Stopped, WorkerWarning)
 from trainers.link.runtime import Runtime
 from trainers.meter import ThroughputMeter
+from trainers.models import ModelConfig, build_model
+from trainers.noise import GradientNoiseScale, MicroBatchGradNorms, sq_norm_tensor
+from trainers.optim import (OptimizerConfig, apply_momentum_correction, build_optimizer, mf_for, set_lr,
+                            set_mf)
 from trainers.schedules import Schedule, ScheduleConfig
 from trainers.state import CorruptCheckpoint, TrainState, read_checkpoint, write_checkpoint
 
