@@ -11,13 +11,14 @@ from typing import Any
 
 from orchestrator.config import RootConfig, flatten, to_yaml
 from orchestrator.ui import mark_experiment
+from trainers.link import metrics as M
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 # Metrics whose per-step series is piecewise linear (constant for long stretches, or growing by
 # the same amount every step): logged only where the series bends (see RunTracker.log_metrics),
 # with the tolerance a dropped point may miss the line by, relative to its value.
-PIECEWISE = {"lr": 0.0, "mf": 0.0, "batch/global": 0.0, "batch/local": 0.0, "batch/accum_steps": 0.0,
-             "workers": 0.0, "samples_seen": 0.0, "epoch": 1e-12}
+PIECEWISE = {M.LR: 0.0, M.MF: 0.0, M.BATCH_GLOBAL: 0.0, M.BATCH_LOCAL: 0.0, M.BATCH_ACCUM_STEPS: 0.0,
+             M.WORKERS: 0.0, M.SAMPLES_SEEN: 0.0, M.EPOCH: 1e-12}
 HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI stays current
 # Rows are written in batches about this often: a MLflow (SQLite) call costs the driver ~4 ms of CPU
 # plus ~0.1 ms a row, and at hundreds of steps a second that CPU is taken from the training workers.
@@ -202,7 +203,7 @@ class RunTracker:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        panels = [("train/loss", "val/loss"), ("val/accuracy",), ("lr",), ("mf",), ("batch/global",), ("workers",)]
+        panels = [(M.TRAIN_LOSS, M.VAL_LOSS), (M.VAL_ACCURACY,), (M.LR,), (M.MF,), (M.BATCH_GLOBAL,), (M.WORKERS,)]
         panels = [p for p in panels if any(self.history.get(k) for k in p)]
         if not panels:
             return
@@ -212,9 +213,9 @@ class RunTracker:
                 pts = sorted(self.history.get(k, []))
                 if pts:
                     ax.plot([s for s, _ in pts], [v for _, v in pts], label=k,
-                            drawstyle="steps-post" if k in ("workers", "batch/global") else "default",
+                            drawstyle="steps-post" if k in (M.WORKERS, M.BATCH_GLOBAL) else "default",
                             marker="o" if k.startswith("val/") else None, markersize=3)
-            for step, _ in self.history.get("resize/to", []):  # where the worker group was resized
+            for step, _ in self.history.get(M.RESIZE_TO, []):  # where the worker group was resized
                 ax.axvline(step, color="gray", linestyle="--", linewidth=0.8)
             ax.set_ylabel(keys[0])
             ax.grid(alpha=0.3)

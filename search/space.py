@@ -53,6 +53,7 @@ from pydantic.fields import FieldInfo
 
 from orchestrator.config import ConfigError, RootConfig, parse_override, read_yaml, validate
 from search.registry import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS, AlgorithmSpec, Grid, check_options
+from trainers.link.metrics import STEP_METRICS as _STEP_METRICS
 
 
 class SpaceError(ConfigError):
@@ -64,9 +65,7 @@ PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 
 # Metrics the training run reports as it goes (intermediate values for pruning come from these),
 # and figures of the whole run (known only at its end, so never pruned on).
-STEP_METRICS = ("val/accuracy", "val/loss", "train/loss", "lr", "mf", "batch/global", "batch/local",
-                "batch/accum_steps", "workers", "samples_seen", "epoch", "throughput/samples_per_s",
-                "gns/b_simple")
+STEP_METRICS = _STEP_METRICS  # trainers/link/metrics.py
 RUN_METRICS = ("steps", "samples", "wall_s", "worker_seconds")
 Direction = Literal["maximize", "minimize"]
 

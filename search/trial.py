@@ -25,6 +25,8 @@ from typing import Any
 
 import ray
 
+from trainers.link import metrics as M
+
 
 # How often the trial's run drains its monitor: the objective's values reach the pruner, and a
 # stop reaches the workers, within about this (the orchestrator's default is 0.5 s).
@@ -177,10 +179,10 @@ class TrialActor:
             self._integrate(time.time())
             for step, m, *_ in records:
                 self._step = max(self._step, int(step))
-                if "workers" in m:
-                    self._workers = float(m["workers"])
-                if "samples_seen" in m:
-                    self._samples = max(self._samples, int(m["samples_seen"]))
+                if M.WORKERS in m:
+                    self._workers = float(m[M.WORKERS])
+                if M.SAMPLES_SEEN in m:
+                    self._samples = max(self._samples, int(m[M.SAMPLES_SEEN]))
                 for key in self._metrics:
                     if key in m:
                         v = float(m[key])

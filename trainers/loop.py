@@ -19,36 +19,31 @@ import contextlib
 import json
 import os
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel
 
 from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.config import LoopConfig
 from trainers.data import InMemoryData, accum_steps, epoch_permutation, global_batch, load_data, micro_batches, slice_bounds
+from trainers.link import agreement
+from trainers.link import metrics as M
+from trainers.link.agreement import Action, PushDecision, WorkersNeeded
+from trainers.link.channel import Channel
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Finished, FirstStep, PhaseStart,
+                                    ResizeCheckpoint, Stopped, WorkerWarning)
+from trainers.link.runtime import Runtime
+from trainers.meter import ThroughputMeter
 from trainers.models import build_model
 from trainers.noise import NoiseProbe
 from trainers.optim import build_optimizer
 from trainers.policy import PolicySet
-from trainers.report import Reporter
 from trainers.state import TrainState
 
-
-class Runtime(BaseModel):
-    """What the driver tells the workers besides the config."""
-
-    monitor_name: str | None = None
-    namespace: str | None = None
-    phase: int = 0
-    workers: int = 1  # what the phase asked for (Ray may run fewer after a failure)
-    handover: bool = False  # started early (an overlapping resize): restore the old group's last checkpoint
-    storage: str = ""  # checkpoint storage and the training run's folder prefix there (all phases)
-    run_prefix: str = ""
-    run_name: str = ""  # this phase's Ray Train run (a folder under ``storage``)
+R = TypeVar("R")
 
 
 # --------------------------------------------------------------------------- small steps
@@ -73,14 +68,6 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def push_interval(log_every: int, push_every_s: float, steps: int, seconds: float) -> int:
-    """Steps until the next push of metrics to the driver: ``push_every_s`` at the pace of the
-    last window (``steps`` in ``seconds``), never fewer than ``log_every``.  Fast steps would
-    otherwise push (an actor call that wakes the monitor and, in turn, the driver) dozens of
-    times a second for a progress bar that needs a few."""
-    if push_every_s <= 0 or steps <= 0 or seconds <= 0:
-        return log_every
-    return max(log_every, min(10_000, int(push_every_s * steps / seconds)))
 
 
 class Trainer:
@@ -105,6 +92,7 @@ class Trainer:
         self.batch_policy, self.auto = self.policies.batch_policy, self.policies.auto  # checkpointed parts
         self.B = cfg.batch.size
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
+        self._stepped = False  # this group made its first step (see advance)
         base = build_model(self.data.info, cfg.model).to(self.device)
         self.model = _wrap_ddp(base, self.device, self.world)
         self.params = [p for p in base.parameters() if p.requires_grad]
@@ -116,7 +104,7 @@ class Trainer:
         self.gns = self.noise.gns if self.noise is not None else None  # the estimator (checkpointed)
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
-        self.reporter = Reporter(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
+        self.channel = Channel(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
         self.checkpoints = CheckpointManager(self.checkpoint_states(), storage=runtime.storage,
                                              run_prefix=runtime.run_prefix, run_name=runtime.run_name,
                                              keep=cfg.checkpoint.keep, writer=self.rank == 0, warn=self._warn,
@@ -162,12 +150,12 @@ class Trainer:
 
     def _warn(self, message: str) -> None:
         print(f"[elastic] warning: {message}", flush=True)
-        self.reporter.event("warning", message=message)
+        self.channel.emit(WorkerWarning(message=message))
 
     def _await_handover(self) -> str | None:
         """A group started early: rank 0 waits for the old group's last checkpoint, every rank
         gets its path (None: the resize was called off)."""
-        box = [self.reporter.await_handover(self.runtime.phase) if self.rank == 0 else None]
+        box = [self.channel.await_handover(self.runtime.phase) if self.rank == 0 else None]
         if self.world > 1:
             dist.broadcast_object_list(box, src=0, device=self.device)
         return box[0]
@@ -182,7 +170,7 @@ class Trainer:
             states["noise"] = self.gns
         if self.auto is not None:
             states["auto_warmup"] = self.auto
-        states["reporter"] = PendingRecords(self.reporter)
+        states["reporter"] = PendingRecords(self.channel)
         return states
 
     def _load_batch_state(self, state: dict[str, Any]) -> None:
@@ -212,16 +200,16 @@ class Trainer:
         self.state.finished = finished
         path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
         if self.checkpoints.writing:
-            self.reporter.event("checkpoint", step=self.state.step, resize_to=resize_to)
+            self.channel.emit(CheckpointSaved(step=self.state.step, resize_to=resize_to))
         return path
 
     def hand_over(self, resize_to: int) -> None:
         """End this group at a checkpoint that the group of ``resize_to`` workers restores."""
         path = self.save_checkpoint(resize_to=resize_to)
         if self.rank == 0:
-            self.reporter.handed_over(self.runtime.phase, self.state.step, path)
-        self.reporter.event("resize_checkpoint", step=self.state.step, resize_to=resize_to)
-        self.reporter.flush(wait=True)
+            self.channel.handed_over(self.runtime.phase, self.state.step, path)
+        self.channel.emit(ResizeCheckpoint(step=self.state.step, resize_to=resize_to))
+        self.channel.flush(wait=True)
 
     # -- one optimizer step ---------------------------------------------------------------
 
@@ -294,7 +282,7 @@ class Trainer:
             totals[2] += len(y)
         if self.world > 1:
             dist.all_reduce(totals)
-        return {"val/loss": float(totals[0] / totals[2]), "val/accuracy": float(totals[1] / totals[2])}
+        return {M.VAL_LOSS: float(totals[0] / totals[2]), M.VAL_ACCURACY: float(totals[1] / totals[2])}
 
     # -- predicates ---------------------------------------------------------------------------
 
@@ -312,136 +300,137 @@ class Trainer:
     def should_flush(self) -> bool:
         return self.state.step >= self._next_flush
 
-    def agree(self, value: int) -> int:
-        """Rank 0's value, broadcast so that every rank acts on the same one at the same step."""
-        if self.world == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.broadcast(t, src=0)
-        return int(t.item())
+    def agree(self, record: R) -> R:
+        """Rank 0's ``record`` (a named decision, trainers/link/agreement.py), broadcast so that
+        every rank acts on the same one at the same step."""
+        return agreement.agree(record, self.world, self.device)
 
     # -- the loop -------------------------------------------------------------------------------
 
     def metrics_for_step(self, loss: float, bsz: int) -> dict[str, float]:
         lo, hi = slice_bounds(bsz, 0, self.world)
         m = {
-            "train/loss": loss,
-            "lr": self.lr,
-            "mf": self.mf,
-            "batch/global": float(bsz),
-            "batch/local": float(hi - lo),
-            "batch/accum_steps": float(accum_steps(bsz, self.world, self.cfg.batch.max_local_batch)),
-            "workers": float(self.world),
-            "samples_seen": float(self.state.samples_seen),
-            "epoch": self.epoch_float,
+            M.TRAIN_LOSS: loss,
+            M.LR: self.lr,
+            M.MF: self.mf,
+            M.BATCH_GLOBAL: float(bsz),
+            M.BATCH_LOCAL: float(hi - lo),
+            M.BATCH_ACCUM_STEPS: float(accum_steps(bsz, self.world, self.cfg.batch.max_local_batch)),
+            M.WORKERS: float(self.world),
+            M.SAMPLES_SEEN: float(self.state.samples_seen),
+            M.EPOCH: self.epoch_float,
         }
         if self.gns is not None and self.gns.b_simple is not None:
-            m["gns/b_simple"] = self.gns.b_simple
-            m["gns/g_sq"] = self.gns.g_sq
-            m["gns/trace_sigma"] = self.gns.trace_sigma
+            m[M.GNS_B_SIMPLE] = self.gns.b_simple
+            m[M.GNS_G_SQ] = self.gns.g_sq
+            m[M.GNS_TRACE_SIGMA] = self.gns.trace_sigma
         return m
 
-    def on_batch_change(self, old: int) -> tuple[int, bool]:
+    def on_batch_change(self, old: int) -> WorkersNeeded:
         """Log the change; ask the driver whether the group must grow."""
-        self.reporter.event("batch_change", step=self.state.step, old=old, new=self.B)
+        self.channel.emit(BatchChange(step=self.state.step, old=old, new=self.B))
         return self.ask_workers()
 
-    def ask_workers(self) -> tuple[int, bool]:
-        """(workers the batch needs, 0 = keep this group; overlap?): rank 0 asks, all agree."""
-        to, overlap = self.reporter.ask_resize(self.state.step, self.B, self.runtime.workers) if self.rank == 0 \
-            else (0, False)
-        code = self.agree(2 * to + int(overlap))
-        return code // 2, bool(code % 2)
+    def ask_workers(self) -> WorkersNeeded:
+        """The workers the batch needs (0 = keep this group) and whether a new group starts beside
+        this one: rank 0 asks the driver, every rank agrees."""
+        mine = WorkersNeeded()
+        if self.rank == 0:
+            answer = self.channel.ask_resize(self.state.step, self.B, self.runtime.workers)
+            mine = WorkersNeeded(answer.workers, answer.overlap)
+        return self.agree(mine)
 
     def epoch_end_checks(self) -> None:
         d = self.policies.at_epoch_end(self.epoch_float, self.B)
         if d is not None and d.stopped_now:
-            self.reporter.event("auto_warmup_end", step=self.state.step, peak_lr=d.peak_lr, reason=d.reason)
+            self.channel.emit(AutoWarmupEnd(step=self.state.step, peak_lr=d.peak_lr, reason=d.reason))
+
+    def advance(self, perm: np.ndarray, meter: ThroughputMeter) -> tuple[bool, dict[str, float]]:
+        """One optimizer step on the next global batch of ``perm``, validated when due (time the
+        meter sets aside).  Returns whether the epoch ended and the step's metrics."""
+        ids = global_batch(perm, self.state.cursor, self.B)
+        loss = self.train_step(ids)
+        self.state.step += 1
+        self.state.cursor += len(ids)
+        self.state.samples_seen += len(ids)
+        epoch_ended = self.state.cursor >= self.n
+        metrics = self.metrics_for_step(loss, len(ids))
+        if not self._stepped:
+            self.channel.emit(FirstStep(step=self.state.step, phase=self.runtime.phase))
+            self._stepped = True
+        if epoch_ended:
+            self.state.epoch += 1
+            self.state.cursor = 0
+            self.epoch_end_checks()
+        if self.should_eval(epoch_ended) or self.finished():
+            with meter.aside():
+                metrics.update(self.evaluate())
+        meter.count(len(ids))
+        return epoch_ended, metrics
+
+    def push(self, metrics: dict[str, float], meter: ThroughputMeter, flush: bool, overlap: bool) -> PushDecision:
+        """Log the step's metrics.  At a push (``flush``) add the window's throughput, send, and
+        agree with every rank on rank 0's decision (stop, hand over to the new group started
+        beside this one when ``overlap``, or go on) and on the steps to the next push."""
+        if not flush:
+            self.channel.log(self.state.step, metrics)
+            return PushDecision(Action.GO, 0)
+        reading = meter.read()
+        metrics[M.THROUGHPUT] = reading.samples_per_s
+        self.channel.log(self.state.step, metrics)
+        stop = self.channel.flush()
+        action = Action.STOP if stop else Action.HAND_OVER if overlap and self.channel.handover else Action.GO
+        decision = self.agree(PushDecision(action, reading.push_interval))
+        self._next_flush = self.state.step + decision.next_push_in
+        return decision
+
+    def end(self, stopped: bool) -> None:
+        """The run is over (finished, or ``stopped`` by the driver): a last checkpoint, then tell the driver."""
+        self.save_checkpoint(finished=True)
+        self.channel.emit(Stopped(step=self.state.step) if stopped else Finished(step=self.state.step))
+        self.channel.flush(wait=True)
 
     def run(self) -> None:
+        """Restore, then train until the run ends, the driver stops it, or this group hands over
+        to one of another size (a resize); see ``docs/architecture.md``."""
         built = time.time()
         resumed = self.restore()
         if resumed is None or self.state.finished:
             return  # a resize called off before this group took over, or nothing left to do
-        self.reporter.event("phase_start", phase=self.runtime.phase, workers=self.world, step=self.state.step,
-                            resumed=resumed, threads=torch.get_num_threads(),
-                            entered=getattr(self, "entered", built), built=built)
-        # Throughput windows run flush to flush on the wall clock (so the cost of pushing
-        # metrics counts), minus validation and checkpoint time.
-        window_samples, window_start, window_side = 0, time.perf_counter(), 0.0
-        window_steps, self._next_flush = 0, self.state.step + self.cfg.train.log_every
-        first_step_done = False
+        self.channel.emit(PhaseStart(phase=self.runtime.phase, workers=self.world, step=self.state.step,
+                                     resumed=resumed, threads=torch.get_num_threads(),
+                                     entered=getattr(self, "entered", built), built=built))
+        meter = ThroughputMeter(self.cfg.train.log_every, self.cfg.train.push_every_s)
+        self._next_flush, self._stepped = self.state.step + self.cfg.train.log_every, False
         overlap_to = 0  # workers of a new group starting beside this one (an overlapping resize)
         if resumed and self.batch_policy.name != "fixed":
-            # the batch this group restored may already need more workers than it has
-            resize_to, overlap = self.ask_workers()
-            if resize_to and not overlap:
-                return self.hand_over(resize_to)
-            overlap_to = resize_to
+            need = self.ask_workers()  # the batch this group restored may already need more workers
+            if need.workers and not need.overlap:
+                return self.hand_over(need.workers)
+            overlap_to = need.workers
         while not self.finished():
             perm = epoch_permutation(self.cfg.train.seed, self.state.epoch, self.n)
             while self.state.cursor < self.n and not self.finished():
                 change = self.maybe_change_batch()
                 if change is not None:
-                    resize_to, overlap = self.on_batch_change(change[0])
-                    if resize_to and not overlap:  # the batch outgrew the group: end the phase now
-                        return self.hand_over(resize_to)
+                    need = self.on_batch_change(change[0])
+                    if need.workers and not need.overlap:  # the batch outgrew the group: end the phase now
+                        return self.hand_over(need.workers)
                     # overlap: go on at the new batch (more micro-batches) until the new group is ready
-                    overlap_to = resize_to or overlap_to
-                ids = global_batch(perm, self.state.cursor, self.B)
-                loss = self.train_step(ids)
-                self.state.step += 1
-                self.state.cursor += len(ids)
-                self.state.samples_seen += len(ids)
-                epoch_ended = self.state.cursor >= self.n
-                metrics = self.metrics_for_step(loss, len(ids))
-                if not first_step_done:
-                    self.reporter.event("first_step", step=self.state.step, phase=self.runtime.phase)
-                    first_step_done = True
-                if epoch_ended:
-                    self.state.epoch += 1
-                    self.state.cursor = 0
-                    self.epoch_end_checks()
-                if self.should_eval(epoch_ended) or self.finished():
-                    t_eval = time.perf_counter()
-                    metrics.update(self.evaluate())
-                    window_side += time.perf_counter() - t_eval
+                    overlap_to = need.workers or overlap_to
+                epoch_ended, metrics = self.advance(perm, meter)
                 flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
-                window_samples += len(ids)
-                window_steps += 1
-                interval = 0
-                if flush:
-                    now = time.perf_counter()
-                    busy = max(now - window_start - window_side, 1e-9)
-                    metrics["throughput/samples_per_s"] = window_samples / busy
-                    t = self.cfg.train
-                    interval = push_interval(t.log_every, t.push_every_s, window_steps, busy)
-                    window_samples, window_steps, window_start, window_side = 0, 0, now, 0.0
-                self.reporter.log(self.state.step, metrics)
-                # rank 0's decision, shared: 1 stop, 2 hand over to the new group, 0 go on;
-                # with the steps to the next push (rank 0's clock decides it for every rank)
-                code = 0
-                if flush:
-                    stop_now = self.reporter.flush()
-                    decision = 1 if stop_now else 2 if overlap_to and self.reporter.handover else 0
-                    code = self.agree(decision + 4 * interval)
-                    code, self._next_flush = code % 4, self.state.step + code // 4
-                stop = code == 1
-                if self.finished() or stop:
-                    self.save_checkpoint(finished=True)
-                    self.reporter.event("stopped" if stop and not self.finished() else "finished",
-                                        step=self.state.step)
-                    self.reporter.flush(wait=True)
-                    return
-                if code == 2:
+                decision = self.push(metrics, meter, flush, overlap=overlap_to > 0)
+                if self.finished() or decision.action == Action.STOP:
+                    return self.end(stopped=not self.finished())
+                if decision.action == Action.HAND_OVER:
                     return self.hand_over(overlap_to)
                 if self.should_checkpoint(epoch_ended):
-                    t_ckpt = time.perf_counter()
-                    self.save_checkpoint()
-                    window_side += time.perf_counter() - t_ckpt
+                    with meter.aside():
+                        self.save_checkpoint()
                 if epoch_ended:
                     break
-        self.reporter.flush(wait=True)
+        self.channel.flush(wait=True)
 
     def close(self) -> None:
         if self._sample_log is not None:

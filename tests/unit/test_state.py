@@ -26,7 +26,7 @@ def test_train_state_refuses_unknown_keys():
 
 
 def test_push_interval_follows_the_step_pace_but_never_below_log_every():
-    from trainers.loop import push_interval
+    from trainers.meter import push_interval
 
     assert push_interval(10, 0.25, steps=10, seconds=0.02) == 125  # 500 steps/s -> a push per 0.25 s
     assert push_interval(10, 0.25, steps=10, seconds=5.0) == 10    # slow steps: every log_every steps

@@ -93,18 +93,19 @@ def test_a_series_that_bends_every_step_keeps_every_step(tmp_path, values):
 
 def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     """The driver dies holding the tail of a segment; the checkpoint's newest record (kept by the
-    reporter even once acknowledged) gives the resumed tracker the point where training goes on."""
-    from trainers.report import Reporter
+    channel even once acknowledged) gives the resumed tracker the point where training goes on."""
+    from trainers.link.channel import Channel
+    from trainers.link.messages import PushAnswer
 
     seen = _samples_seen([64] * 9 + [30] + [64] * 5)  # bends at step 10 (an epoch tail)
     records = [(s, {"samples_seen": v, "train/loss": 1.0}, 1.7e9 + s) for s, v in enumerate(seen, start=1)]
     tr, uri = _tracker(tmp_path)
-    rep = Reporter(None, None, enabled=False)
+    rep = Channel(None, None, enabled=False)
     rep._handle = object()  # a monitor is there: records are kept until acknowledged
     for r in records[:9]:
         rep.log(*r)
     tr.log_metrics(records[:9], flush=True)
-    rep._answer({"acked": tr.written_upto})
+    rep.receive(PushAnswer(acked=tr.written_upto))
     pending = rep.pending()  # what the checkpoint at step 9 carries
     assert pending == [[9, records[8][1], records[8][2]]]
     # The driver is killed: steps 2..9 were held, never logged.  The resumed run restores step 9.
@@ -114,7 +115,7 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     again.end()
     assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))
     # a checkpoint written before records carried their time still replays
-    old = Reporter(None, None, enabled=False)
+    old = Channel(None, None, enabled=False)
     old._handle = object()
     old.replay([[9, records[8][1]]])
     assert old.pending()[0][:2] == [9, records[8][1]] and old.pending()[0][2] > 1.7e9 + 100
@@ -146,11 +147,12 @@ def test_rows_carry_the_time_their_step_ran(tmp_path):
 def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp_path, monkeypatch):
     """Rows wait in the driver up to FLUSH_S; the ack (``written_upto``) covers only what MLflow
     holds, so records of a driver killed with rows in its buffer are sent again on resume."""
-    from trainers.report import Reporter
+    from trainers.link.channel import Channel
+    from trainers.link.messages import PushAnswer
 
     monkeypatch.setattr(tracking, "FLUSH_S", 3600.0)
     tr, uri = _tracker(tmp_path)
-    rep = Reporter(None, None, enabled=False)
+    rep = Channel(None, None, enabled=False)
     rep._handle = object()
     records = [(s, {"train/loss": 1.0 / s, "workers": 1.0}) for s in range(1, 13)]
     for r in records[:4]:
@@ -163,12 +165,12 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
         rep.log(*r)
     assert [s for s, _ in metric_series(uri, tr.run_id, "train/loss")] == list(range(1, 7))
     assert tr.written_upto == 6
-    rep._answer({"acked": tr.written_upto})
+    rep.receive(PushAnswer(acked=tr.written_upto))
     monkeypatch.setattr(tracking, "FLUSH_S", 3600.0)
     for r in records[6:9]:
         rep.log(*r)
     tr.log_metrics(records[6:9])  # buffered, then the driver dies
-    rep._answer({"acked": tr.written_upto})
+    rep.receive(PushAnswer(acked=tr.written_upto))
     assert [r[0] for r in rep.pending()] == [7, 8, 9]  # unwritten: they ride in the next checkpoint
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
     again = RunTracker(cfg, run_id=tr.run_id)

@@ -1,10 +1,10 @@
-"""The driver's live channel to a running training run: one small named Ray actor per run.
+"""The driver's side of the link: one small named Ray actor per training run (the monitor).
 
-Rank 0 pushes (step, metrics, time) records and events; the driver drains them to log
-to MLflow and move the progress bar, and may ask the run to stop (the answer to
-rank 0's next push).  It needs no CPU of its own.
+Rank 0 pushes ``(step, metrics, time)`` records and events (trainers/link/channel.py); the
+driver drains them to log to MLflow and move the progress bar, and may ask the run to stop
+(the answer to rank 0's next push).  It needs no CPU of its own.
 
-It also coordinates a resize (DESIGN.md section 4).  Two modes:
+It also coordinates a resize (``docs/architecture.md``, resizes).  Two modes:
 
 * ``restart`` (break before make): the old group checkpoints at once and ends;
   the driver then starts the next phase, which restores that checkpoint.
@@ -21,9 +21,12 @@ If the new group cannot start, the driver turns an overlap into a restart.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
+
+from trainers.link.messages import (Event, HandoverAnswer, NewGroupReady, PushAnswer, Record, Resize,
+                                    ResizeAnswer, ResizeDecided)
 
 
 def has_room(available: dict[str, float], per_worker: dict[str, float], workers: int) -> bool:
@@ -32,55 +35,57 @@ def has_room(available: dict[str, float], per_worker: dict[str, float], workers:
 
 
 class MonitorState:
-    """The monitor's logic, plain Python (unit-tested without Ray); :data:`Monitor` is the actor."""
+    """The monitor's logic, plain Python (unit-tested without Ray); :data:`Monitor` is the actor.
+
+    ``resize_policy.decide(batch, max_local_batch, workers, min_workers, max_workers)`` gives the
+    workers a batch needs (orchestrator/resize.py); ``overlap_resources``: the per-worker
+    resources when overlapping resizes are allowed (None: always restart)."""
 
     def __init__(self, resize_policy: Any = None, max_local_batch: int = 1, min_workers: int = 1,
                  max_workers: int = 1, overlap_resources: dict[str, float] | None = None,
-                 available: Any = None) -> None:
+                 available: Callable[[], dict[str, float]] | None = None) -> None:
         self._available = available or ray.available_resources  # the cluster's free resources now
         self._resize = resize_policy
         self._limits = (max_local_batch, min_workers, max_workers)
-        self._overlap = overlap_resources  # per-worker resources when overlap is allowed, else None
-        self._records: list[tuple[int, dict[str, float], float]] = []  # (step, metrics, time)
-        self._events: list[dict[str, Any]] = []
+        self._overlap = overlap_resources
+        self._records: list[Record] = []
+        self._events: list[Event] = []
         self._stop = False
         self._acked = -1
-        self.resize: dict[str, Any] | None = None  # the resize of the current phase, once decided
+        self.resize: Resize | None = None  # the resize of the current phase, once decided
         self._handover_paths: dict[int, str | None] = {}  # new phase -> checkpoint path (None: cancelled)
-        self._done: list[dict[str, Any]] = []
+        self._done: list[Resize] = []
 
     # -- rank 0 of the running group -----------------------------------------------------
 
-    def push(self, records: list, events: list) -> dict[str, Any]:
+    def push(self, records: list[Record], events: list[Event]) -> PushAnswer:
         self._records.extend(records)
         self._events.extend(events)
         r = self.resize
-        return {"stop": self._stop, "acked": self._acked,
-                "handover": bool(r and r["ready"] and r["path"] is None)}
+        return PushAnswer(stop=self._stop, acked=self._acked, handover=bool(r and r.ready and r.path is None))
 
-    def on_batch_change(self, step: int, batch_size: int, workers: int) -> dict[str, Any]:
-        """Rank 0 reports its global batch; answer ``{"workers": W', "mode": ...}`` (W' 0 = keep)."""
+    def on_batch_change(self, step: int, batch_size: int, workers: int) -> ResizeAnswer:
+        """Rank 0 reports its global batch; answer the workers it needs now (0 = keep) and how."""
         if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
-            return {"workers": self.resize["to"], "mode": self.resize["mode"]}
+            return ResizeAnswer(self.resize.to, self.resize.mode)
         if self._resize is None:
-            return {"workers": 0, "mode": ""}
+            return ResizeAnswer()
         max_local, lo, hi = self._limits
         d = self._resize.decide(batch_size, max_local, workers, lo, hi)
         mode = ""
         if d:
             mode = "overlap" if self._overlap is not None and has_room(
                 self._available(), self._overlap, d.workers) else "restart"
-            self.resize = {"from": workers, "to": d.workers, "mode": mode, "step": step, "time": time.time(),
-                           "ready": mode == "restart", "path": None, "handover_step": None,
-                           "handover_time": None}
-        self._events.append({"kind": "resize_decision", "step": step, "batch": batch_size, "time": time.time(),
-                             "workers": getattr(d, "workers", workers), "reason": d.reason, "mode": mode})
-        return {"workers": d.workers if d else 0, "mode": mode}
+            self.resize = Resize(from_workers=workers, to=d.workers, mode=mode, step=step, time=time.time(),
+                                 ready=mode == "restart")
+        self._events.append(ResizeDecided(step=step, batch=batch_size, workers=getattr(d, "workers", workers),
+                                          reason=d.reason, mode=mode))
+        return ResizeAnswer(d.workers if d else 0, mode)
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """The old group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
         if self.resize is not None:
-            self.resize.update(path=path, handover_step=step, handover_time=time.time())
+            self.resize.path, self.resize.handover_step, self.resize.handover_time = path, step, time.time()
             self._handover_paths[phase + 1] = path
             self._done.append(self.resize)
             self.resize = None  # the new group decides its own next resize
@@ -90,19 +95,19 @@ class MonitorState:
     def ready(self, phase: int) -> None:
         """The new group of ``phase`` is set up and waits for the old group's last checkpoint."""
         if self.resize is not None and phase not in self._handover_paths:
-            self.resize["ready"] = True
-            self._events.append({"kind": "new_group_ready", "phase": phase, "time": time.time()})
+            self.resize.ready = True
+            self._events.append(NewGroupReady(phase=phase))
 
-    def handover(self, phase: int) -> dict[str, Any]:
-        """``{"path": p}`` to restore from, ``{"cancel": True}``, or ``{}`` (not yet)."""
+    def handover(self, phase: int) -> HandoverAnswer:
+        """The checkpoint the group of ``phase`` restores, a cancel, or nothing yet."""
         if phase in self._handover_paths:
             path = self._handover_paths[phase]
-            return {"cancel": True} if path is None else {"path": path}
-        return {}
+            return HandoverAnswer(cancel=True) if path is None else HandoverAnswer(path=path)
+        return HandoverAnswer()
 
     # -- the driver --------------------------------------------------------------------------
 
-    def drain(self, acked: int = -1) -> tuple[list, list]:
+    def drain(self, acked: int = -1) -> tuple[list[Record], list[Event]]:
         """The records and events pushed since the last drain; ``acked``: the driver has logged
         every record up to that step (rank 0 may drop them from its checkpoints)."""
         self._acked = max(self._acked, acked)
@@ -110,7 +115,7 @@ class MonitorState:
         self._records, self._events = [], []
         return records, events
 
-    def take_handovers(self) -> list[dict[str, Any]]:
+    def take_handovers(self) -> list[Resize]:
         """The resizes handed over since the last call (the driver starts or switches phases)."""
         done, self._done = self._done, []
         return done
@@ -122,8 +127,8 @@ class MonitorState:
 
     def fall_back_to_restart(self) -> None:
         """The new group could not start: the old group checkpoints at its next step and ends."""
-        if self.resize is not None and self.resize["path"] is None:
-            self.resize.update(mode="restart", ready=True)
+        if self.resize is not None and self.resize.path is None:
+            self.resize.mode, self.resize.ready = "restart", True
         self._overlap = None
 
     def request_stop(self) -> None:

@@ -1,0 +1,103 @@
+"""Listeners: what the driver does with a run's records and events, one concern each
+(MLflow, the progress bar, a caller's callback).  The phase runner (orchestrator/phases.py)
+only dispatches; each listener matches the event types it cares about.  The pattern is
+Ray Train V2's controller callbacks; see ``docs/architecture.md``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
+from orchestrator.progress import Progress
+from orchestrator.tracking import RunTracker
+from trainers.link import metrics as M
+from trainers.link.messages import AutoWarmupEnd, BatchChange, Event, PhaseStart, Record, WorkerWarning
+
+
+class RunListener:
+    """Hooks with nothing to do by default; override the ones a listener needs."""
+
+    def on_records(self, records: list[Record]) -> None:
+        """Step records drained from the monitor (never empty)."""
+
+    def on_event(self, event: Event) -> None:
+        """A worker's event (trainers/link/messages.py) or the driver's (orchestrator/events.py)."""
+
+    def close(self) -> None:
+        """The run is over (whatever its outcome)."""
+
+
+class TrackingListener(RunListener):
+    """Everything MLflow holds about a run's progress: step metrics, ``restarts``, ``resize/*``
+    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``."""
+
+    def __init__(self, tracker: RunTracker) -> None:
+        self.tracker = tracker
+        self.warnings: list[str] = []
+
+    def on_records(self, records: list[Record]) -> None:
+        self.tracker.log_metrics(records)
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        self.tracker.set_tags({"elastic.warnings": "\n".join(self.warnings)[-5000:]})
+
+    def on_event(self, event: Event) -> None:
+        match event:
+            case PhaseStart(threads=threads):
+                self.tracker.set_tags({"elastic.worker_threads": threads})
+            case GroupRestarted(step=step, restarts=n):
+                self.tracker.log_metrics([(step, {M.RESTARTS: float(n)})], flush=True)
+                self.tracker.set_tags({"elastic.restarts": n})
+            case WorkerWarning(message=message):
+                self._warn(message)
+            case OverlapFellBack(error=err):
+                self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])
+            case ResizeMeasured(resize=r):
+                self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
+                                                    M.RESIZE_LATENCY_S: r.latency_s,
+                                                    **{M.resize_part(k): v for k, v in r.parts.items()}})],
+                                         flush=True)
+
+
+class ProgressListener(RunListener):
+    """The progress bar, and a line for each thing a person watching should know."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def on_records(self, records: list[Record]) -> None:
+        self.progress.update(records)
+
+    def on_event(self, event: Event) -> None:
+        write = self.progress.write
+        match event:
+            case BatchChange(step=step, old=old, new=new):
+                write(f"batch: {old} -> {new} at step {step}")
+            case AutoWarmupEnd(step=step, peak_lr=peak, reason=reason):
+                write(f"auto warmup ended at step {step}: peak lr {peak:.4g} ({reason})")
+            case GroupRestarted(step=step, workers=workers, restarts=n):
+                write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
+            case WorkerWarning(message=message):
+                write(f"warning: {message}")
+            case OverlapFellBack(workers=workers, error=err):
+                write(f"warning: the new group of {workers} workers did not start "
+                      f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
+            case ResizeCalledOff(workers=workers):
+                write(f"resize to {workers} workers called off: training ended before the new group was ready")
+            case ResizeHandedOver(resize=r):
+                how = "the new group took over" if r.mode == "overlap" else "restarting the group"
+                write(f"resize: {r.from_workers} -> {r.to} workers at step {r.step} ({how})")
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+class RecordsCallback(RunListener):
+    """A caller's function on each batch of records (a search trial's pruner, a test's stop)."""
+
+    def __init__(self, fn: Callable[[list[Record]], None]) -> None:
+        self.fn = fn
+
+    def on_records(self, records: list[Record]) -> None:
+        self.fn(records)

@@ -1,0 +1,197 @@
+"""The driver's phase states (orchestrator/phases.py) without Ray: a fake monitor (the real
+:class:`MonitorState`, called directly) and fake ``fit()`` phases that play a worker group's part."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from orchestrator.phases import Failed, Finished, PhaseRunner
+from trainers.resize import WorkersForBatch
+from tests.helpers import make_config
+from trainers.link.messages import FirstStep, PhaseStart
+from trainers.link.monitor import MonitorState
+
+
+class _Remote:
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.remote = fn
+
+
+class FakeMonitor:
+    """A :class:`MonitorState` whose methods answer ``.remote(...)`` at once (``ray.get`` is identity)."""
+
+    def __init__(self, state: MonitorState) -> None:
+        self.state = state
+
+    def __getattr__(self, name: str) -> _Remote:
+        return _Remote(getattr(self.state, name))
+
+
+class FakeTracker:
+    run_id, uri, written_upto = "abc", "mem://", -1
+
+    def __init__(self) -> None:
+        self.metrics: list = []
+        self.tags: dict[str, Any] = {}
+
+    def log_metrics(self, records, flush: bool = False) -> None:
+        self.metrics.extend(records)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self.tags.update(tags)
+
+    def last_value(self, key: str, default: float = 0.0) -> float:
+        return default
+
+
+class FakeFit:
+    """``fit()`` of a phase: runs ``play(monitor, phase)`` in the phase's thread."""
+
+    def __init__(self, play: Callable[[MonitorState, int], Any], monitor: MonitorState, phase: int) -> None:
+        self.play, self.monitor, self.phase = play, monitor, phase
+
+    def fit(self) -> Any:
+        return self.play(self.monitor, self.phase)
+
+
+def _runner(tmp_path, monkeypatch, plays: dict[int, Callable[[MonitorState, int], Any]], resize_mode: str,
+            free_cpus: float = 8.0) -> tuple[PhaseRunner, FakeTracker, list[tuple[int, int, bool]]]:
+    import ray
+
+    cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32},
+                      scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5,
+                               "resize_mode": resize_mode})
+    tracker = FakeTracker()
+    monkeypatch.setattr(ray, "get", lambda x: x)
+    monkeypatch.setattr(ray, "kill", lambda x: None)
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free_cpus})
+    runner = PhaseRunner(cfg, tracker, progress=False)  # type: ignore[arg-type]
+    runner.poll_s = 0.01
+    state = MonitorState(WorkersForBatch(), 32, 1, 4, overlap_resources={"CPU": 0.5} if resize_mode == "overlap"
+                         else None, available=lambda: {"CPU": free_cpus})
+    started: list[tuple[int, int, bool]] = []
+
+    def make_monitor() -> None:
+        runner.monitor = FakeMonitor(state)
+
+    def trainer(workers: int, phase: int, handover: bool) -> FakeFit:
+        started.append((phase, workers, handover))
+        return FakeFit(plays[phase], state, phase)
+
+    monkeypatch.setattr(runner, "make_monitor", make_monitor)
+    monkeypatch.setattr(runner, "_trainer", trainer)
+    return runner, tracker, started
+
+
+def _group(m: MonitorState, phase: int, workers: int, step: int) -> None:
+    m.push([(step + 1, {"workers": float(workers)}, 1.0)],
+           [PhaseStart(phase=phase, workers=workers, step=step, resumed=phase > 0, threads=1, entered=1.0,
+                       built=1.0), FirstStep(step=step + 1, phase=phase)])
+
+
+def test_a_restart_resize_starts_the_next_phase_after_the_old_one_ends(tmp_path, monkeypatch):
+    def old(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        assert m.on_batch_change(10, 64, 1).mode == "restart"
+        m.handed_over(phase, 10, "/store/checkpoint_step00000010_resize")
+        return "old"
+
+    def new(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 2, 10)
+        return "done"
+
+    runner, tracker, started = _runner(tmp_path, monkeypatch, {0: old, 1: new}, "restart")
+    assert runner.run() == "done"
+    assert isinstance(runner.state, Finished) and runner.monitor is None
+    assert started == [(0, 1, False), (1, 2, False)]
+    (r,) = runner.resizes
+    assert (r["mode"], r["from"], r["to"], r["step"], r["phase"]) == ("restart", 1, 2, 10, 1)
+    assert r["latency_s"] is not None and r["overlap_s"] == 0.0
+    logged = [r[1] for r in tracker.metrics if "resize/from" in r[1]]
+    assert logged == [{"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": r["latency_s"],
+                       **{f"resize/{k}": r[k] for k in ("overlap_s", "teardown_s", "start_s", "setup_s")}}]
+    assert runner.called_off == 0 and runner.first_step_s() is not None
+
+
+def test_an_overlap_starts_the_new_group_beside_the_old_one_and_hands_over(tmp_path, monkeypatch):
+    go = threading.Event()
+
+    def old(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        assert m.on_batch_change(10, 64, 1).mode == "overlap"
+        while not m.push([], []).handover:  # trains on until the new group is ready
+            go.wait(0.005)
+        m.handed_over(phase, 14, "/store/checkpoint_step00000014_resize")
+        return "old"
+
+    def new(m: MonitorState, phase: int) -> str:
+        m.ready(phase)
+        while not m.handover(phase).decided:
+            go.wait(0.005)
+        assert m.handover(phase).path.endswith("14_resize")
+        _group(m, phase, 2, 14)
+        return "done"
+
+    runner, _, started = _runner(tmp_path, monkeypatch, {0: old, 1: new}, "overlap")
+    assert runner.run() == "done"
+    assert started == [(0, 1, False), (1, 2, True)]
+    (r,) = runner.resizes
+    assert (r["mode"], r["from"], r["to"], r["step"]) == ("overlap", 1, 2, 14)
+
+
+def test_an_overlap_is_called_off_when_training_ends_first(tmp_path, monkeypatch):
+    def old(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        assert m.on_batch_change(10, 64, 1).mode == "overlap"
+        while not m.resize.ready:  # the new group is ready; the old one finishes anyway
+            threading.Event().wait(0.005)
+        return "finished"
+
+    def new(m: MonitorState, phase: int) -> None:
+        m.ready(phase)
+        while not m.handover(phase).decided:
+            threading.Event().wait(0.005)
+        assert m.handover(phase).cancel
+
+    runner, _, started = _runner(tmp_path, monkeypatch, {0: old, 1: new}, "overlap")
+    assert runner.run() == "finished"
+    assert runner.resizes == [] and runner.called_off == 1 and len(started) == 2
+
+
+def test_a_restarted_group_counts_and_a_failed_fit_raises(tmp_path, monkeypatch):
+    def flaky(m: MonitorState, phase: int) -> None:
+        _group(m, phase, 1, 0)
+        _group(m, phase, 1, 5)  # Ray Train restarted the group after a failure
+        raise RuntimeError("out of failures")
+
+    runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: flaky}, "restart")
+    with pytest.raises(RuntimeError, match="out of failures"):
+        runner.run()
+    assert isinstance(runner.state, Failed) and runner.restarts == 1
+    assert (5, {"restarts": 1.0}) in tracker.metrics and tracker.tags["elastic.restarts"] == 1
+def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeypatch):
+    def old(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        assert m.on_batch_change(10, 64, 1).mode == "overlap"
+        while not m.push([], []).handover:  # handover once the driver fell back to a restart
+            threading.Event().wait(0.005)
+        m.handed_over(phase, 12, "/store/checkpoint_step00000012_resize")
+        return "old"
+
+    def broken(m: MonitorState, phase: int) -> None:
+        raise RuntimeError("no room after all")
+
+    def new(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 2, 12)
+        return "done"
+
+    runner, tracker, started = _runner(tmp_path, monkeypatch, {0: old, 1: broken, 2: new}, "overlap")
+    assert runner.run() == "done"
+    assert started == [(0, 1, False), (1, 2, True), (2, 2, False)]  # the failed start keeps its index
+    assert [r["mode"] for r in runner.resizes] == ["restart"]
+    assert "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
+
+

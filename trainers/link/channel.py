@@ -1,0 +1,132 @@
+"""Rank 0's side of the link to the driver's monitor (trainers/link/monitor.py).
+
+Rank 0 buffers ``(step, metrics, time)`` records and events and pushes them about every
+``train.push_every_s``; the push answers with the driver's :class:`PushAnswer`, which rank 0
+reads at the next flush, so the training loop never waits on the driver.  Other ranks do not
+talk to the monitor; the loop broadcasts rank 0's decisions to them (trainers/link/agreement.py).
+Records the driver has not yet confirmed it logged ride in each checkpoint (:meth:`Channel.state_dict`),
+so a driver killed before logging them gets them again on resume.  See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from trainers.link.messages import Event, HandoverAnswer, PushAnswer, Record, ResizeAnswer, record_from_list
+
+
+class Channel:
+    """Rank 0's buffered channel; on other ranks (or without a monitor) every call is a no-op
+    (``flush`` returns False, ``ask_resize`` keeps the group)."""
+
+    def __init__(self, monitor_name: str | None, namespace: str | None, enabled: bool) -> None:
+        self._handle: Any = None
+        if enabled and monitor_name:
+            import ray
+
+            self._handle = ray.get_actor(monitor_name, namespace=namespace)
+        self._records: list[Record] = []
+        # Unconfirmed records (and always the newest one): they ride in each checkpoint.
+        self._unacked: list[Record] = []
+        self._events: list[Event] = []
+        self._pending: Any = None  # the ObjectRef of the push in flight
+        self._stop = False
+        self._handover = False
+
+    # -- records and events -------------------------------------------------------------------
+
+    def log(self, step: int, metrics: dict[str, float], when: float | None = None) -> None:
+        """Buffer a step's metrics; ``when`` (default: now) becomes the rows' MLflow timestamp."""
+        if self._handle is not None:
+            record = (step, metrics, time.time() if when is None else when)
+            self._records.append(record)
+            self._unacked.append(record)
+
+    def emit(self, event: Event) -> None:
+        """Buffer an event for the next push."""
+        if self._handle is not None:
+            self._events.append(event)
+
+    # -- checkpoint state ---------------------------------------------------------------------
+
+    def pending(self) -> list[list]:
+        """Unconfirmed records as plain lists ``[step, metrics, time]`` (checkpoint-safe)."""
+        return [[s, dict(m), t] for s, m, t in self._unacked]
+
+    def replay(self, records: Sequence[Sequence[Any]]) -> None:
+        """Send records restored from a checkpoint again; the driver drops what it already has.
+        Records of checkpoints written before records carried their time (``[step, metrics]``)
+        get the time of the replay."""
+        for row in records:
+            self.log(*record_from_list(row))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's share of the channel: the records the driver has not confirmed."""
+        return {"pending_metrics": self.pending()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.replay(state.get("pending_metrics", []))
+
+    # -- answers --------------------------------------------------------------------------------
+
+    def receive(self, answer: PushAnswer) -> None:
+        """Take in the monitor's answer to a push (a stop is never taken back)."""
+        self._stop = answer.stop or self._stop
+        self._handover = answer.handover
+        if self._unacked and answer.acked >= 0:
+            # The newest record stays even once logged: restored with a checkpoint, it gives the
+            # driver's piecewise metrics (orchestrator/tracking.py) the point where training resumes.
+            self._unacked = [r for r in self._unacked if r[0] > answer.acked] or self._unacked[-1:]
+
+    @property
+    def handover(self) -> bool:
+        """The new group is ready: checkpoint and end this one (an overlapping resize)."""
+        return self._handover
+
+    def flush(self, wait: bool = False) -> bool:
+        """Send what is buffered; return the latest stop decision known to rank 0."""
+        if self._handle is None:
+            return False
+        import ray
+
+        if self._pending is not None:
+            self.receive(ray.get(self._pending))
+            self._pending = None
+        if self._records or self._events or wait:
+            self._pending = self._handle.push.remote(self._records, self._events)
+            self._records, self._events = [], []
+            if wait:
+                self.receive(ray.get(self._pending))
+                self._pending = None
+        return self._stop
+
+    # -- resizes ----------------------------------------------------------------------------------
+
+    def ask_resize(self, step: int, batch_size: int, workers: int) -> ResizeAnswer:
+        """The batch changed: the workers the driver wants now (0 = keep the group), and how."""
+        if self._handle is None:
+            return ResizeAnswer()
+        import ray
+
+        self.flush()
+        return ray.get(self._handle.on_batch_change.remote(step, batch_size, workers))
+
+    def handed_over(self, phase: int, step: int, path: str) -> None:
+        """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
+        if self._handle is not None:
+            import ray
+
+            ray.get(self._handle.handed_over.remote(phase, step, path))
+
+    def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
+        """A new group started early: say it is ready, then wait for the old group's last
+        checkpoint; its path, or None when the resize was called off."""
+        import ray
+
+        ray.get(self._handle.ready.remote(phase))
+        while True:
+            answer: HandoverAnswer = ray.get(self._handle.handover.remote(phase))
+            if answer.decided:
+                return answer.path
+            time.sleep(poll_s)

@@ -1,0 +1,211 @@
+"""What crosses between rank 0 of a worker group and the driver's monitor actor.
+
+Three kinds of message, all plain frozen dataclasses (Ray pickles them as they are; both
+sides import this module, so no tag or schema is needed on the wire):
+
+* **records**: ``(step, metrics, time)`` tuples, one per optimizer step, pushed in batches;
+* **events**: one :class:`Event` subclass per thing that happened (a phase started, the batch
+  changed, a checkpoint was written...); the driver dispatches on the type;
+* **answers**: what the monitor replies to rank 0 (:class:`PushAnswer`, :class:`ResizeAnswer`,
+  :class:`HandoverAnswer`).
+
+The monitor's record of a resize in progress (:class:`Resize`) is handed to the driver
+when the old group has written its last checkpoint.  The whole protocol, with a diagram:
+``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Sequence
+
+Record = tuple[int, dict[str, float], float]  # (step, metrics, wall time the step ended)
+ResizeMode = Literal["", "overlap", "restart"]  # "": keep the group
+
+
+def record_from_list(row: Sequence[Any], now: float | None = None) -> Record:
+    """A record restored from a checkpoint: ``[step, metrics, time]``, or ``[step, metrics]`` as
+    checkpoints written before records carried their time hold them (then the time is ``now``)."""
+    step, metrics, *when = row
+    t = float(when[0]) if when else (time.time() if now is None else now)
+    return int(step), {k: float(v) for k, v in metrics.items()}, t
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Something rank 0 (or the monitor) saw, with the wall time it happened.  ``kind`` names the
+    type in logs and tests (the wire carries the object itself)."""
+
+    kind: ClassVar[str] = "event"
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseStart(Event):
+    """A worker group entered its loop and restored its state (once per group start: the same
+    ``phase`` twice means Ray Train restarted the group after a failure)."""
+
+    kind: ClassVar[str] = "phase_start"
+    phase: int
+    workers: int
+    step: int
+    resumed: bool
+    threads: int
+    entered: float  # when rank 0 entered ``train_loop_per_worker``
+    built: float  # when the trainer (data, model, process group) was built
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstStep(Event):
+    """A group finished its first optimizer step."""
+
+    kind: ClassVar[str] = "first_step"
+    step: int
+    phase: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchChange(Event):
+    """The batch policy changed the global batch ``old`` -> ``new`` before step ``step + 1``."""
+
+    kind: ClassVar[str] = "batch_change"
+    step: int
+    old: int
+    new: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResizeDecided(Event):
+    """The monitor's answer to a batch change (sent by the monitor itself): ``workers`` the batch
+    needs, ``mode`` "" when the group stays as it is."""
+
+    kind: ClassVar[str] = "resize_decision"
+    step: int
+    batch: int
+    workers: int
+    reason: str
+    mode: ResizeMode
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewGroupReady(Event):
+    """A group started early (overlapping resize) is set up and waits for the handover."""
+
+    kind: ClassVar[str] = "new_group_ready"
+    phase: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSaved(Event):
+    """Rank 0 wrote a checkpoint (``resize_to`` > 0: the last one before a resize)."""
+
+    kind: ClassVar[str] = "checkpoint"
+    step: int
+    resize_to: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResizeCheckpoint(Event):
+    """The group ended at its last checkpoint, for the group of ``resize_to`` workers."""
+
+    kind: ClassVar[str] = "resize_checkpoint"
+    step: int
+    resize_to: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoWarmupEnd(Event):
+    """The automatic warmup stopped growing the learning rate (trainers/schedules.py)."""
+
+    kind: ClassVar[str] = "auto_warmup_end"
+    step: int
+    peak_lr: float
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerWarning(Event):
+    """Something the user should know (a corrupt checkpoint skipped, an older one used)."""
+
+    kind: ClassVar[str] = "warning"
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished(Event):
+    """Training reached ``train.epochs``."""
+
+    kind: ClassVar[str] = "finished"
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stopped(Event):
+    """The driver asked the run to stop; it did, at a checkpoint."""
+
+    kind: ClassVar[str] = "stopped"
+    step: int
+
+
+# --------------------------------------------------------------------------- answers
+
+
+@dataclass(frozen=True)
+class PushAnswer:
+    """The monitor's answer to a push: ``stop`` the run; every record up to step ``acked`` is in
+    MLflow (-1: none yet); ``handover``: the new group is ready, checkpoint and end this one."""
+
+    stop: bool = False
+    acked: int = -1
+    handover: bool = False
+
+
+@dataclass(frozen=True)
+class ResizeAnswer:
+    """The monitor's answer to a batch change: the workers the group must have now (0: keep it)
+    and how to get there."""
+
+    workers: int = 0
+    mode: ResizeMode = ""
+
+    @property
+    def overlap(self) -> bool:
+        return self.mode == "overlap"
+
+
+@dataclass(frozen=True)
+class HandoverAnswer:
+    """For a group started early: restore ``path`` (the old group's last checkpoint), give up
+    (``cancel``: the resize was called off), or neither yet (keep waiting)."""
+
+    path: str | None = None
+    cancel: bool = False
+
+    @property
+    def decided(self) -> bool:
+        return self.cancel or self.path is not None
+
+
+# --------------------------------------------------------------------------- the monitor's resize
+
+
+@dataclass
+class Resize:
+    """A resize the monitor decided for the running group, from the decision to the handover.
+
+    ``step``/``time``: when it was decided; ``ready``: the new group may take over (at once with a
+    restart); ``path``/``handover_step``/``handover_time``: the old group's last checkpoint."""
+
+    from_workers: int
+    to: int
+    mode: ResizeMode
+    step: int
+    time: float
+    ready: bool
+    path: str | None = None
+    handover_step: int | None = None
+    handover_time: float | None = None

@@ -1,0 +1,20 @@
+"""What the driver tells every worker of a phase besides the config (``train_loop_config
+["runtime"]``): where the monitor actor is, which phase this is, where checkpoints go.
+See ``docs/architecture.md`` (the driver <-> worker link)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class Runtime(BaseModel):
+    """What the driver tells the workers besides the config."""
+
+    monitor_name: str | None = None  # the run's monitor actor (trainers/link/monitor.py); None: no driver
+    namespace: str | None = None
+    phase: int = 0
+    workers: int = 1  # what the phase asked for (Ray may run fewer after a failure)
+    handover: bool = False  # started early (an overlapping resize): restore the old group's last checkpoint
+    storage: str = ""  # checkpoint storage and the training run's folder prefix there (all phases)
+    run_prefix: str = ""
+    run_name: str = ""  # this phase's Ray Train run (a folder under ``storage``)
