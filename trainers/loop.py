@@ -214,33 +214,12 @@ class Trainer:
     # -- one optimizer step ---------------------------------------------------------------
 
     def train_step(self, ids: np.ndarray) -> float:
-        """Forward/backward this rank's slice of global batch ``ids`` in micro-batches, then step."""
+        """Forward/backward this rank's slice of global batch ``ids`` in micro-batches, then step.
+        Returns the global batch's mean loss (the same on every rank)."""
         bsz = len(ids)
         lo, hi = slice_bounds(bsz, self.rank, self.world)
         mine = ids[lo:hi]
-        mlb = self.cfg.batch.max_local_batch
-        micros = micro_batches(mine, self.noise.micro_batch_size(len(mine), mlb) if self.noise else mlb)
-        if not self.model.training:
-            self.model.train()
-        scale = self.world / bsz
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # over the micro-batches
-        if self.noise is not None:
-            self.noise.begin_step()
-        if not micros:
-            # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
-            x = self.data.train_x[ids[:1]].to(self.device)
-            (self.model(x).sum() * 0.0).backward()
-        for i, mb in enumerate(micros):
-            sync = i == len(micros) - 1
-            ctx = self.model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
-            with ctx:
-                x = self.data.train_x[mb].to(self.device, non_blocking=True)
-                y = self.data.train_y[mb].to(self.device, non_blocking=True)
-                loss = F.cross_entropy(self.model(x), y, reduction="sum")
-                (loss * scale).backward()
-            loss_sum = loss_sum + loss.detach().double()
-            if self.noise is not None:
-                self.noise.after_micro_batch(bsz, len(mb))
+        loss_sum = self.accumulate(ids, mine)
         small = self.noise.finish(bsz, len(mine)) if self.noise is not None else None
         s = self.policies.settings(self.epoch_float, self.B, self.world, self.gns, samples=bsz)
         self.policies.apply(self.opt, s, first=self.state.step == 0)
@@ -259,6 +238,35 @@ class Trainer:
         if self._sample_log is not None:
             self._log_samples(mine)
         return loss_mean
+
+    def accumulate(self, ids: np.ndarray, mine: np.ndarray) -> torch.Tensor:
+        """Gradients of this rank's slice ``mine`` of the global batch ``ids``, micro-batch by
+        micro-batch (DDP all-reduces only after the last), each loss summed and scaled by
+        ``W / B`` (DDP averages over W: the result is the global batch's mean gradient).
+        Returns this rank's loss sum (float64)."""
+        bsz, mlb = len(ids), self.cfg.batch.max_local_batch
+        micros = micro_batches(mine, self.noise.micro_batch_size(len(mine), mlb) if self.noise else mlb)
+        if not self.model.training:
+            self.model.train()
+        scale = self.world / bsz
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.noise is not None:
+            self.noise.begin_step()
+        if not micros:
+            # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
+            x = self.data.train_x[ids[:1]].to(self.device)
+            (self.model(x).sum() * 0.0).backward()
+        for i, mb in enumerate(micros):
+            last = i == len(micros) - 1
+            with self.model.no_sync() if (self.world > 1 and not last) else contextlib.nullcontext():
+                x = self.data.train_x[mb].to(self.device, non_blocking=True)
+                y = self.data.train_y[mb].to(self.device, non_blocking=True)
+                loss = F.cross_entropy(self.model(x), y, reduction="sum")
+                (loss * scale).backward()
+            loss_sum = loss_sum + loss.detach().double()
+            if self.noise is not None:
+                self.noise.after_micro_batch(bsz, len(mb))
+        return loss_sum
 
     def _log_samples(self, mine: np.ndarray) -> None:
         """Debug (``train.sample_log_dir``): append the ids this rank trained on in this step."""
