@@ -12,6 +12,7 @@ import time
 
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError, load_config
 from orchestrator.ui import open_hint
+from orchestrator.uris import redact_uri
 
 EXIT_BAD_INPUT = 2
 
@@ -69,7 +70,7 @@ def _summary(s, cfg) -> str:
             lines.append(f"  {key:<14} {s.final[key]:.4f}")
     lines += [
         f"  MLflow run id  {s.run_id}",
-        f"  tracking URI   {s.tracking_uri}",
+        f"  tracking URI   {redact_uri(s.tracking_uri)}",
         f"  experiment     {cfg.tracking.experiment} (id {s.experiment_id})",
         f"  checkpoints    {os.path.join(s.storage_path, s.train_run_name)}",
         open_hint(s.tracking_uri, s.experiment_id, s.run_id),
@@ -115,11 +116,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.config import validate
     from orchestrator.runner import find_run, run_training
 
+    from orchestrator.run_info import DriverLock, check_resumable, run_folder
+
     run_id, uri, raw = find_run(args.run, args.tracking_uri)
     raw.setdefault("tracking", {})["uri"] = uri
     cfg = validate(raw)
+    name = f"elastic-{run_id}"
+    check_resumable(run_id, uri, cfg.checkpoint.storage_path, name)  # never a silent fresh start
+    lock = DriverLock(run_folder(cfg.checkpoint.storage_path, name)).acquire(run_id)
     summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
-                           resume_run_id=run_id)
+                           resume_run_id=run_id, driver_lock=lock)
     print(_summary(summary, cfg))
     return 0 if summary.status == "FINISHED" else 1
 

@@ -206,5 +206,16 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def public_config(cfg: RootConfig) -> dict[str, Any]:
+    """The resolved config as plain data with credentials in ``tracking.uri`` replaced by ``***``:
+    what is printed, logged to MLflow and written beside the checkpoints."""
+    from orchestrator.uris import redact_uri
+
+    d = cfg.model_dump(mode="json")
+    if d.get("tracking", {}).get("uri"):
+        d["tracking"]["uri"] = redact_uri(d["tracking"]["uri"])
+    return d
+
+
 def to_yaml(cfg: RootConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

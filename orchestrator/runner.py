@@ -18,7 +18,7 @@ from typing import Any, Callable
 from orchestrator.config import RootConfig
 from orchestrator.phases import POLL_S, PhaseRunner
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
-from orchestrator.run_info import RUN_INFO, find_run, write_run_info
+from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 
@@ -70,7 +70,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                  on_start: Callable[[PhaseRunner], None] | None = None,
                  on_records: Callable[[list], None] | None = None,
-                 t_invoked: float | None = None, resume_run_id: str | None = None) -> RunSummary:
+                 t_invoked: float | None = None, resume_run_id: str | None = None,
+                 driver_lock: DriverLock | None = None) -> RunSummary:
     """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated.
 
     With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
@@ -83,19 +84,22 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     started_ray = ensure_ray(verbose)
     warm.join()
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
-    runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
-    runner.t_start = t0
-    tracker.set_tags({"elastic.train_run_name": runner.train_run_name, "elastic.storage_path": runner.storage_path})
-    if resume_run_id:
-        tracker.set_running()
-        before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
-        runner.resumes = int(before) + 1
-        tracker.set_tags({"elastic.resumes": runner.resumes})
-    write_run_info(runner, cfg)
-    if on_start:
-        on_start(runner)
-    status = "FAILED"
-    try:
+    status, lock, runner = "FAILED", driver_lock, None
+    try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
+        runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
+        runner.t_start = t0
+        tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
+                          "elastic.storage_path": runner.storage_path})
+        if resume_run_id:
+            tracker.set_running()
+            before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
+            runner.resumes = int(before) + 1
+            tracker.set_tags({"elastic.resumes": runner.resumes})
+        # One driver per run at a time (a resume acquired it before Ray started: see cli.cmd_resume)
+        lock = lock or DriverLock(run_folder(runner.storage_path, runner.train_run_name)).acquire(tracker.run_id)
+        write_run_info(runner, cfg)
+        if on_start:
+            on_start(runner)
         runner.run()
         status = "FINISHED"
         tracker.release_held()
@@ -113,6 +117,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         raise
     finally:
         tracker.end(status)
+        if lock is not None:
+            lock.release()
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
             import ray
 

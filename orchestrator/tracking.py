@@ -9,7 +9,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from orchestrator.config import RootConfig, flatten, to_yaml
+import yaml
+
+from orchestrator.config import RootConfig, flatten, public_config
 from orchestrator.ui import mark_experiment
 from trainers.link import metrics as M
 
@@ -105,11 +107,11 @@ class RunTracker:
     def log_config(self, cfg: RootConfig) -> None:
         from mlflow.entities import Param
 
-        flat = flatten(cfg.model_dump(mode="json"))
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
+        resolved = public_config(cfg)  # credentials in the tracking URI are never logged
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(resolved).items())]
         for i in range(0, len(params), 90):
             self.client.log_batch(self.run_id, params=params[i:i + 90])
-        self.log_text(to_yaml(cfg), "config.yaml")
+        self.log_text(yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
 
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
@@ -235,7 +237,7 @@ class RunTracker:
         with tempfile.TemporaryDirectory() as d:
             torch.save(model_state, os.path.join(d, "model.pt"))
             with open(os.path.join(d, "config.yaml"), "w") as f:
-                f.write(to_yaml(cfg))
+                f.write(yaml.safe_dump(public_config(cfg), sort_keys=False))
             self.client.log_artifacts(self.run_id, d, "model")
 
     def last_value(self, key: str, default: float = 0.0) -> float:

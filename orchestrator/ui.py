@@ -49,6 +49,9 @@ def ui_base(tracking_uri: str, port: int = DEFAULT_PORT) -> str:
 
 def open_hint(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """The line an end-of-run summary prints: the direct link, and how to serve it for a local store."""
+    from orchestrator.uris import redact_uri
+
+    tracking_uri = redact_uri(tracking_uri)
     url = run_url(ui_base(tracking_uri), experiment_id, run_id)
     if is_server_uri(tracking_uri):
         return f"open the run:    {url}"

@@ -98,6 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_summary(s, storage_arg: str) -> str:
     from orchestrator.ui import open_hint
+    from orchestrator.uris import redact_uri
     from search.tracking import trial_values
 
     c, p, f = s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL")
@@ -114,7 +115,7 @@ def _run_summary(s, storage_arg: str) -> str:
     lines += [
         f"  storage        {s.storage}",
         f"  MLflow parent  {s.parent_run_id} (experiment id {s.experiment_id})",
-        f"  tracking URI   {s.tracking_uri}",
+        f"  tracking URI   {redact_uri(s.tracking_uri)}",
         f"show it:         python -m search show {s.study_name} --storage {store}",
         open_hint(s.tracking_uri, s.experiment_id, s.parent_run_id),
     ]

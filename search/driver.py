@@ -32,7 +32,8 @@ from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutco
 from search.space import SearchSpace
 from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
-from search.tracking import PARENT_RUN_ATTR, StudyTracker, absolute_tracking_uri, best_trials
+from orchestrator.uris import absolute_tracking_uri, redact_uri
+from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -133,7 +134,7 @@ class SearchDriver:
                                     self.storage_desc, self.space,
                                     existing_run_id=self.study.user_attrs.get(PARENT_RUN_ATTR))
         self.study.set_user_attr(PARENT_RUN_ATTR, self.tracker.run_id)
-        self.study.set_user_attr("tracking_uri", self.tracking_uri)
+        self.study.set_user_attr("tracking_uri", redact_uri(self.tracking_uri))  # never credentials
         self.study.set_user_attr("base_config", self.space.base)
         self.study.set_user_attr("space", self.space.summary())
         self.bar = ProgressBar(n_trials, self.opts.progress)

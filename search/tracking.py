@@ -29,19 +29,6 @@ RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
 
 
-def absolute_tracking_uri(uri: str) -> str:
-    """Trials run in other processes (other folders, other nodes): pin relative local stores to absolute paths."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        rest = uri[len("sqlite:///"):]
-        if rest and rest != ":memory:":
-            return "sqlite:///" + os.path.abspath(rest)
-    if uri.startswith("file:") and not uri.startswith("file:/"):
-        return "file:" + os.path.abspath(uri[len("file:"):])
-    if "://" not in uri and not uri.startswith(("file:", "databricks", "sqlite:")):
-        return os.path.abspath(uri)
-    return uri
-
-
 def _client(uri: str) -> Any:
     import mlflow
     from mlflow.tracking import MlflowClient

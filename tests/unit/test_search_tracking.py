@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from search.tracking import absolute_tracking_uri
+from orchestrator.uris import absolute_tracking_uri
 
 
 def test_relative_local_stores_are_pinned_to_absolute_paths(tmp_path, monkeypatch):
