@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     if a.quick:
         a.batch, a.steps, a.warmup, a.rounds, a.size = min(a.batch, 4), 2, 1, 1, min(a.size, 32)
-    print(f"device: {device_name(a.device)}; {'3x8x8' if a.quick else '3x32x32'} synthetic, B={a.batch}, {a.precision}, "
+    print(f"device: {device_name(a.device)}; {'3x8x8' if a.quick else '3x32x32'} synthetic, B={a.batch}, "
+          f"{a.precision}, "
           f"{'NCHW' if a.no_channels_last else 'channels_last'}, data on {a.data}, "
           f"compile={'on' if a.compile else 'off'}, augment={a.augment or 'none'}; "
           f"{a.warmup} warm-up + {a.steps} timed steps, {a.rounds} round(s)", flush=True)

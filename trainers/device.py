@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 __all__ = [
-    "CompileConfig", "DataDeviceConfig", "DeviceData", "LayoutConfig", "Prefetcher", "check_channels_last", "check_data_device",
+    "CompileConfig", "DataDeviceConfig", "DeviceData", "LayoutConfig", "Prefetcher", "check_channels_last",
+    "check_data_device", "check_fast_path",
     "clean_state_dict", "compile_model", "load_clean_state_dict", "strip_prefixes", "to_channels_last",
     "unwrap_model",
 ]
@@ -82,6 +83,17 @@ def check_channels_last(enabled: bool, input_shape: Sequence[int]) -> None:
     if enabled and len(input_shape) != 3:
         raise ValueError(f"model.channels_last: needs 4-D image batches (inputs shaped [C, H, W]); this "
                          f"dataset's inputs are shaped {list(input_shape)}; set model.channels_last: false")
+
+
+def check_fast_path(*, precision: str, data_device: str, channels_last: bool, input_shape: Sequence[int],
+                    use_gpu: bool) -> None:
+    """Every check of issue #20's options in one call for the driver (before Ray starts): the first
+    problem as a ``ValueError`` whose one-line message starts with the field."""
+    from trainers.precision import check_precision
+
+    check_precision(precision, "cuda" if use_gpu else "cpu")
+    check_data_device(data_device, use_gpu)
+    check_channels_last(channels_last, input_shape)
 
 
 # --------------------------------------------------------------------------- model

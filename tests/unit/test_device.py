@@ -4,7 +4,8 @@ from torch import nn
 
 from trainers.augment import Augment
 from trainers.data import CIFAR_MEAN, CIFAR_STD, DatasetInfo
-from trainers.device import (DeviceData, Prefetcher, check_channels_last, check_data_device, clean_state_dict,
+from trainers.device import (DeviceData, Prefetcher, check_channels_last, check_data_device, check_fast_path,
+                             clean_state_dict,
                              compile_model, load_clean_state_dict, strip_prefixes, to_channels_last, unwrap_model)
 from trainers.models import ModelConfig, build_model
 
@@ -115,3 +116,18 @@ def test_prefetcher_yields_every_batch_in_order_on_the_device():
     assert [int(y) for _, y in out] == [0, 1, 2, 3]
     assert all(torch.equal(a, b[0]) for (a, _), b in zip(out, batches))
     assert list(Prefetcher([], "cpu")) == []
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"precision": "fp16"}, "train.precision"),
+    ({"data_device": "accelerator"}, "data.device"),
+    ({"channels_last": True, "input_shape": [10]}, "model.channels_last"),
+])
+def test_check_fast_path_names_the_field_on_cpu(kw, field):
+    args = {"precision": "bf16", "data_device": "host", "channels_last": False, "input_shape": [3, 8, 8],
+            "use_gpu": False, **kw}
+    with pytest.raises(ValueError) as e:
+        check_fast_path(**args)
+    msg = str(e.value)
+    assert msg.startswith(field + ":") and "\n" not in msg
+    check_fast_path(**{**args, **kw, "use_gpu": True, "channels_last": False})
