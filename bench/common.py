@@ -49,9 +49,11 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any]) -> argparse.Namespace:
+def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any],
+               argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the benchmark's arguments, adding ``--quick``: the same code path on a small problem
-    (seconds to a minute on a 2-core machine), for CI (tests/integration/test_benches.py).
+    (seconds to a minute on a 2-core machine), for CI (tests/integration/test_benches.py);
+    ``argv``: the arguments (default: the command line's).
 
     ``quick`` maps argument names (``dest``) to the values ``--quick`` gives them; an argument
     given on the command line keeps its value either way.  The full form is the one whose
@@ -62,8 +64,8 @@ def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any]) -> argparse.N
     shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in quick.items())
     ap.add_argument("--quick", action="store_true",
                     help=f"short form for CI, the same code path on a small problem: {shown}")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.quick:
         ap.set_defaults(**quick)
-        args = ap.parse_args()
+        args = ap.parse_args(argv)
     return args
