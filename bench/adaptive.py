@@ -5,7 +5,10 @@ McCandlish et al.'s prediction: training near the critical batch (~B_simple) nee
 steps than a small batch and not many more samples than it; a batch far above it wastes
 samples.  Everything else is equal (model, data order, sqrt LR scaling from the same eta0 at B0).
 
-    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6]
+    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6] [--quick]
+
+``--quick`` (CI): 2 epochs, target 0.8.  Last line: ``steps_ratio=<noise_scale's steps to the
+target / fixed B0's> samples_ratio=<the same for samples>`` (nan where a row missed the target).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import table, temp_config  # noqa: E402
+from bench.common import parse_args, table, temp_config  # noqa: E402
 
 B0 = 32
 
@@ -56,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--epochs", type=float, default=6)
-    a = ap.parse_args()
+    a = parse_args(ap, quick={"epochs": 2, "target": 0.8})
     os.environ["ELASTIC_KEEP_RAY"] = "1"
     rows = [
         run(f"fixed B0={B0}", {"size": B0}, a.epochs, a.target),
@@ -68,6 +71,12 @@ def main() -> None:
           f"{a.target}; validation every 5 steps")
     print(table(rows, ("policy", "steps", "samples", "wall s (incl. start)", "final val acc", "max B",
                        "max workers")))
+    (_, b0_steps, b0_samples, *_), (_, ns_steps, ns_samples, *_) = rows[0], rows[2]
+
+    def ratio(x, y) -> float:
+        return x / y if isinstance(x, int) and isinstance(y, int) and y else float("nan")
+
+    print(f"steps_ratio={ratio(ns_steps, b0_steps):.3f} samples_ratio={ratio(ns_samples, b0_samples):.3f}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,10 @@ of its tree) used during its slices; ``first step`` and ``whole run``: the time 
 invocation to its first step and to its exit, counting only the time it ran.
 
     .venv/bin/python bench/overhead.py [--steps 12000] [--slice 2] [--size 200000] [--model cnn]
-        [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator] [--set KEY=VALUE ...]
+        [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator] [--set KEY=VALUE ...] [--quick]
+
+``--quick`` (CI): every row, 1000 steps a loop on 20,000 samples, 1 s slices (its ratios are
+rough: few pairs).
 
 Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).  Linux only (signals, /proc).
 """
@@ -49,7 +52,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import median, scratch_dir, table, temp_config  # noqa: E402
+from bench.common import median, parse_args, scratch_dir, table, temp_config  # noqa: E402
 from trainers.data import epoch_permutation, load_data  # noqa: E402
 from trainers.models import build_model  # noqa: E402
 from trainers.optim import build_optimizer  # noqa: E402
@@ -330,7 +333,7 @@ def main() -> None:
     ap.add_argument("--child", choices=("plain", "local", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = parse_args(ap, quick={"steps": 1000, "size": 20000, "slice": 1.0})
     if a.child:
         with open(a.child_config) as f:
             cfg_json = json.load(f)

@@ -10,6 +10,10 @@ steps.  Wall time is reported but on one small machine it is dominated by each t
 (a Ray Train worker group starting and stopping, ~20 s), which pruning does not remove.
 
     .venv/bin/python bench/search.py [--trials 8] [--parallel 2] [--pruners median,hyperband]
+        [--space full] [--epochs 4] [--quick]
+
+``--quick`` (CI): the 2-point space (lr 0.03 or 0.3; momentum 0.9, B=32), 1 epoch, 2 trials
+of the median-pruned TPE search.
 
 Last line: ``steps_ratio=<best pruned search's steps / grid's steps> gap_points=<grid best - its best>``.
 """
@@ -23,16 +27,28 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import scratch_dir, table  # noqa: E402
+from bench.common import parse_args, scratch_dir, table  # noqa: E402
 
-PARAMS = {
-    "optimizer.lr": {"choices": [0.003, 0.03, 0.3, 3.0]},
-    "optimizer.mf": {"choices": [0.0, 0.9]},
-    "batch.size": {"choices": [32, 128]},
+SPACES = {
+    "full": {
+        "optimizer.lr": {"choices": [0.003, 0.03, 0.3, 3.0]},
+        "optimizer.mf": {"choices": [0.0, 0.9]},
+        "batch.size": {"choices": [32, 128]},
+    },
+    "small": {  # --quick: one round of trials with --parallel 2
+        "optimizer.lr": {"choices": [0.03, 0.3]},
+    },
 }
 
 
-def base_config(tmp: str) -> dict:
+def points(params: dict) -> int:
+    n = 1
+    for spec in params.values():
+        n *= len(spec["choices"])
+    return n
+
+
+def base_config(tmp: str, epochs: float) -> dict:
     return {
         "data": {"name": "digits"},
         "model": {"name": "mlp", "norm": "none", "hidden": 64},
@@ -40,7 +56,7 @@ def base_config(tmp: str) -> dict:
         "batch": {"size": 32, "max_local_batch": 32},
         "schedule": {"scaling_rule": "none"},
         "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5, "max_failures": 0},
-        "train": {"epochs": 4, "seed": 0, "log_every": 5, "eval_every": 10},
+        "train": {"epochs": epochs, "seed": 0, "log_every": 5, "eval_every": 10},
         "checkpoint": {"storage_path": os.path.join(tmp, "ray_runs")},
         "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "bench-search"},
     }
@@ -52,12 +68,14 @@ PRUNERS = {
 }
 
 
-def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: int | None, parallel: int):
+def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: int | None, parallel: int,
+              params: dict, epochs: float):
     from search.space import parse_space
     from search.driver import SearchOptions, run_search
 
-    space = parse_space({"base": base_config(tmp), "objective": {"metric": "val/accuracy", "direction": "maximize"},
-                         "sampler": sampler, "pruner": pruner, "params": PARAMS}, source=f"bench:{name}")
+    space = parse_space({"base": base_config(tmp, epochs),
+                         "objective": {"metric": "val/accuracy", "direction": "maximize"},
+                         "sampler": sampler, "pruner": pruner, "params": params}, source=f"bench:{name}")
     t0 = time.time()
     summary = run_search(space, SearchOptions(trials=trials, parallel=parallel, study_name=name,
                                               storage=os.path.join(tmp, "optuna.journal"), progress=False))
@@ -72,11 +90,15 @@ def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=8, help="trials of each pruned search (the grid runs all 16)")
+    p.add_argument("--trials", type=int, default=8, help="trials of each pruned search (the grid runs every point)")
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--pruners", default="median,hyperband", help="comma-separated: median, hyperband")
     p.add_argument("--seed", type=int, default=0, help="the TPE sampler's seed")
-    args = p.parse_args()
+    p.add_argument("--space", choices=sorted(SPACES), default="full",
+                   help="full: 16 points (lr x momentum x batch); small: 2 points (lr)")
+    p.add_argument("--epochs", type=float, default=4, help="epochs of digits a trial trains")
+    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median"})
+    params = SPACES[args.space]
     os.environ["ELASTIC_KEEP_RAY"] = "1"  # one Ray for every study of the benchmark
     from orchestrator.runner import ensure_ray
 
@@ -84,14 +106,14 @@ def main() -> None:
     import ray
 
     tmp = scratch_dir("elastic-bench-search-")
-    described = ", ".join(f"{k} {v['choices']}" for k, v in PARAMS.items())
-    print(f"space: {described}  (16 points); "
-          f"4 epochs of digits, MLP; {args.parallel} trials at a time", file=sys.stderr)
-    results = [run_study("grid", tmp, {"name": "grid", "seed": 0}, "none", None, args.parallel)]
+    described = ", ".join(f"{k} {v['choices']}" for k, v in params.items())
+    print(f"space: {described}  ({points(params)} points); "
+          f"{args.epochs:g} epochs of digits, MLP; {args.parallel} trials at a time", file=sys.stderr)
+    results = [run_study("grid", tmp, {"name": "grid", "seed": 0}, "none", None, args.parallel, params, args.epochs)]
     for name in [n.strip() for n in args.pruners.split(",") if n.strip()]:
         results.append(run_study(f"tpe+{name}", tmp, {"name": "tpe", "seed": args.seed, "n_startup_trials": 3,
                                                              "constant_liar": True},
-                                 PRUNERS[name], args.trials, args.parallel))
+                                 PRUNERS[name], args.trials, args.parallel, params, args.epochs))
     ray.shutdown()
 
     grid = results[0]

@@ -1,0 +1,118 @@
+"""Every benchmark in bench/ runs in its short form (``--quick``), so a change that breaks a
+benchmark fails CI instead of the next person who measures with it.
+
+One test per ``bench/*.py`` (found at collection time: a new benchmark is covered without
+editing this file; ``common.py`` and ``__init__.py`` are helpers).  Each runs as a subprocess
+that starts its own local Ray, exits 0, and prints its summary line(s) ``key=<number>`` with a
+finite number.  The figures of a quick run are not checked against any aim: on a small
+problem and a shared machine they only show that the benchmark still measures something.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+HELPERS = {"__init__", "common"}
+BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
+
+# bench -> the summary keys it prints (a bench not listed here must end with at least one).
+SUMMARY = {
+    "adaptive": ("steps_ratio", "samples_ratio"),
+    "checkpoint": ("save_ratio", "restore_ratio"),
+    "overhead": ("ratio",),
+    "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
+    "search": ("steps_ratio", "gap_points"),
+}
+TIMEOUT_S = {"checkpoint": 120}  # the rest start Ray Train worker groups (about 15 s each here)
+DEFAULT_TIMEOUT_S = 300
+PAIR = re.compile(r"(?<![\w.])([A-Za-z_]\w*)=(\S+)")  # key=value, the key not part of a longer name
+
+
+def summary_values(stdout: str) -> dict[str, str]:
+    """Every ``key=value`` printed on stdout, the last one of each key winning."""
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        for key, value in PAIR.findall(line):
+            out[key] = value.rstrip(",;")
+    return out
+
+
+def last_line_keys(stdout: str) -> list[str]:
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    return [k for k, _ in PAIR.findall(lines[-1])] if lines else []
+
+
+def finite(value: str) -> float | None:
+    try:
+        x = float(value)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def test_summary_parsing():
+    out = "table\nrestart (x) ratio=1.06\nsteps_ratio=0.500 gap_points=-0.25\nratio=nan\n"
+    values = summary_values(out)
+    assert values == {"ratio": "nan", "steps_ratio": "0.500", "gap_points": "-0.25"}
+    assert finite(values["gap_points"]) == -0.25 and finite(values["ratio"]) is None
+    assert last_line_keys(out) == ["ratio"]
+    assert summary_values("restart_ratio=2.0") == {"restart_ratio": "2.0"}  # not "ratio"
+    assert summary_values("lr=0.3 and x.ratio=5") == {"lr": "0.3"}
+
+
+def test_every_bench_is_found():
+    assert {"overhead", "resize", "adaptive", "search", "checkpoint"} <= set(BENCHES)
+    assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
+
+
+def run_bench(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str, str]:
+    """(exit status or None when it ran over ``timeout_s``, stdout, stderr).  A bench that runs
+    over gets SIGINT (it shuts its Ray down), then its whole process group SIGKILL."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+        return None, out, err
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # anything of its group still there (Ray's processes)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("name", [pytest.param(b, marks=pytest.mark.timeout(TIMEOUT_S.get(b, DEFAULT_TIMEOUT_S) + 60))
+                                  for b in BENCHES])
+def test_bench_runs_quick(name: str):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("RAY_ADDRESS", None)  # its own local Ray, never a cluster this shell may point at
+    env.pop("ELASTIC_BENCH_KEEP", None)  # its scratch folders are removed at its exit
+    limit = TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S)
+    rc, out, err = run_bench([sys.executable, str(BENCH / f"{name}.py"), "--quick"], env, limit)
+    where = f"bench/{name}.py --quick (exit {rc})\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    assert rc is not None, f"ran over {limit} s: {where}"
+    assert rc == 0, where
+    values = summary_values(out)
+    expected = SUMMARY.get(name) or last_line_keys(out)
+    assert expected, f"no summary line (key=<number>) at the end of stdout: {where}"
+    for key in expected:
+        assert key in values, f"summary {key}=... not printed: {where}"
+        assert finite(values[key]) is not None, f"{key}={values[key]} is not a finite number: {where}"
