@@ -51,7 +51,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from orchestrator.config import ConfigError, RootConfig, parse_override, read_yaml, validate
+from orchestrator.config import (ConfigError, DuplicateKeyError, RootConfig, load_yaml_text, parse_override, read_yaml,
+                                 validate)
 from search.registry import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS, AlgorithmSpec, Grid, check_options
 
 
@@ -702,7 +703,9 @@ def load_space(path: str) -> SearchSpace:
     except OSError as e:
         raise SpaceError(f"space: cannot read {path!r} ({e.strerror})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml_text(text)
+    except DuplicateKeyError as e:
+        raise SpaceError(e.one_line(repr(path))) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

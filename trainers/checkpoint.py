@@ -45,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from trainers.section import Section
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class CorruptCheckpoint(RuntimeError):
     unknown format: the caller falls back to an older one."""
 
 
-class CheckpointConfig(BaseModel):
+class CheckpointConfig(Section):
     """The ``checkpoint`` section."""
 
     model_config = ConfigDict(extra="forbid")
