@@ -11,12 +11,13 @@ import os
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from trainers.section import Section
 
 from trainers.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+MAX_EXPERIMENT_NAME_LENGTH = 500  # MLflow's limit
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,17 @@ class TrackingConfig(Section):
                                                       f"or {DEFAULT_TRACKING_URI}")
     experiment: str = "elastic-large-batch"
     run_name: str | None = None
+
+    @field_validator("experiment")
+    @classmethod
+    def _mlflow_accepts(cls, v: str) -> str:
+        # MLflow refuses an empty name and one over 500 characters (mlflow.utils.validation)
+        if not v.strip():
+            raise ValueError("tracking.experiment: empty; give a name, e.g. elastic-large-batch")
+        if len(v) > MAX_EXPERIMENT_NAME_LENGTH:
+            raise ValueError(f"tracking.experiment: {len(v)} characters, MLflow allows at most "
+                             f"{MAX_EXPERIMENT_NAME_LENGTH}; shorten it")
+        return v
 
     def resolved_uri(self) -> str:
         return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
@@ -238,6 +250,9 @@ def validate(raw: dict[str, Any]) -> RootConfig:
 def load_config(path: str | None, overrides: list[str] | None = None) -> RootConfig:
     raw = read_yaml(path) if path else {}
     cfg = validate(apply_overrides(raw, overrides or []))
+    from orchestrator.preflight import check_config
+
+    check_config(cfg)
     cfg.check_resources()
     return cfg
 

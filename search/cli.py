@@ -79,6 +79,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = args.study_name if args.study_name is not None else os.path.splitext(os.path.basename(args.space))[0]
     if not name.strip():
         raise ConfigError("--study-name: empty; give a name")
+    from search.storage import check_storage
+
+    check_storage(args.storage)  # the right kind of string, before anything starts
     space = load_space(args.space)  # raises SpaceError before anything starts
 
     from search.driver import SearchOptions, run_search

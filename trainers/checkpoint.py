@@ -87,6 +87,9 @@ class CheckpointConfig(Section):
     @field_validator("storage_path")
     @classmethod
     def _a_directory(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("checkpoint.storage_path: empty; give a folder, e.g. ray_runs (on a cluster: a shared "
+                             "filesystem mount)")
         if "://" in v:
             raise ValueError(f"URIs are not supported (got {v!r}); give a directory path (on a cluster: "
                              "a shared filesystem such as NFS mounted at the same path on every node)")
