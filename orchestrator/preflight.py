@@ -12,8 +12,8 @@ Two groups, both raising :class:`~orchestrator.config.ConfigError` with one line
   writable, and the experiment must not be a deleted one.  The train command runs it right
   before ``run_training``.
 
-"The user gave" is pydantic's ``model_fields_set`` of each section: a field left at its default
-is never reported.  So these checks belong on the driver, on the config validated from the
+"The user gave" is pydantic's ``model_fields_set`` of each section, and a value other than the
+field's default: a field left at its default, or written out at its default, is never reported.  So these checks belong on the driver, on the config validated from the
 user's own YAML; a worker re-validates a full dump in which every field looks set.
 """
 
@@ -118,10 +118,18 @@ def _user_set(cfg: "RootConfig", dotted: str) -> bool:
     return section in cfg.model_fields_set and key in getattr(cfg, section).model_fields_set
 
 
+def _differs_from_default(cfg: "RootConfig", dotted: str) -> bool:
+    section, key = dotted.split(".", 1)
+    sec = getattr(cfg, section)
+    return getattr(sec, key) != type(sec).model_fields[key].get_default(call_default_factory=True)
+
+
 def check_ignored(cfg: "RootConfig") -> None:
-    """Refuse a field the user set that :data:`IGNORED_UNLESS` says has no effect here."""
+    """Refuse a field the user set, to a value other than its default, that :data:`IGNORED_UNLESS`
+    says has no effect here.  A default written out (a full dump such as the ``config.yaml`` a run
+    logs, or ``search show --full``) is not refused: it changes nothing either way."""
     for rule in IGNORED_UNLESS:
-        if _user_set(cfg, rule.field) and not rule.holds(cfg):
+        if _user_set(cfg, rule.field) and _differs_from_default(cfg, rule.field) and not rule.holds(cfg):
             raise ConfigError(f"{rule.field}: has no effect unless {rule.unless}; remove it or set {rule.fix}")
 
 

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from orchestrator.cli import main
-from orchestrator.config import RootConfig, read_yaml, validate
+from orchestrator.config import RootConfig, read_yaml, to_yaml, validate
 from orchestrator.preflight import IGNORED_UNLESS, check_config, check_environment, train_samples
 from trainers.section import _options
 
@@ -302,10 +302,11 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "optimizer.eps": (1e-6, {"optimizer.name": "lamb"}, {}),
     "model.hidden": (32, {"model.name": "mlp"}, {"model.name": "resnet18"}),
     "model.zero_init_residual": (True, {"model.name": "resnet18", "model.norm": "batch"}, {"model.name": "resnet18"}),
-    "model.sync_bn": (False, {"model.norm": "batch"}, {"model.norm": "group"}),
+    "model.sync_bn": (True, {"model.norm": "batch", "scaling.use_gpu": True},
+                      {"model.norm": "group", "scaling.use_gpu": True}),
     "data.root": ("/data", {"data.name": "cifar10"}, {"data.name": "synthetic"}),
     "data.size": (500, {"data.name": "synthetic"}, {}),
-    "data.shape": ([1, 8, 8], {"data.name": "synthetic"}, {}),
+    "data.shape": ([2, 4, 4], {"data.name": "synthetic"}, {}),
     "data.num_classes": (3, {"data.name": "synthetic"}, {}),
     "scaling.gpus_per_worker": (0.5, {"scaling.use_gpu": True}, {}),
 }
@@ -351,7 +352,16 @@ def test_defaults_are_never_reported():
 
 @pytest.mark.parametrize("path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml"])
 def test_shipped_configs_pass(path):
-    check_config(validate(read_yaml(os.path.join(ROOT, path))))
+    cfg = validate(read_yaml(os.path.join(ROOT, path)))
+    check_config(cfg)
+    # and so does their full dump (the config.yaml a run logs; `search show --full`): every field is
+    # written, the inactive ones at their defaults
+    check_config(validate(read_yaml_text(to_yaml(cfg))))
+
+
+def test_a_default_written_out_is_not_refused():
+    check_config(validate(_raw({"schedule.poly_power": 2.0, "optimizer.trust_coefficient": 0.001,
+                                "data.shape": [1, 8, 8], "scaling.gpus_per_worker": 1.0})))
 
 
 # --------------------------------------------------------------------------- model input shapes
