@@ -70,6 +70,19 @@ def _positive(name: str, value: float | None) -> None:
 # --------------------------------------------------------------------------- run
 
 
+def _check_environment(base: dict, tracking_uri: str | None) -> None:
+    """The base config's checkpoint folder and the tracking store, read only (as ``train`` does)."""
+    import copy
+
+    from orchestrator.config import validate
+    from orchestrator.preflight import check_environment
+
+    raw = copy.deepcopy(base)
+    if tracking_uri:
+        raw.setdefault("tracking", {})["uri"] = tracking_uri
+    check_environment(validate(raw))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from search.space import load_space
 
@@ -83,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_storage(args.storage)  # the right kind of string, before anything starts
     space = load_space(args.space)  # raises SpaceError before anything starts
+    _check_environment(space.base, args.tracking_uri)
 
     from search.driver import SearchOptions, run_search
 

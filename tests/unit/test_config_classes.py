@@ -413,3 +413,13 @@ def test_search_storage_of_the_wrong_kind(tmp_path, monkeypatch, capsys, storage
     err = capsys.readouterr().err.strip()
     assert_one_line(rc, err, "--storage:", fragment)
     assert sorted(os.listdir(tmp_path)) == before, "something was created"
+
+
+def test_search_checks_the_tracking_store_and_folders(tmp_path, monkeypatch, capsys):
+    from search.cli import main as search_main
+
+    monkeypatch.chdir(tmp_path)
+    rc = search_main(["run", os.path.join(ROOT, "configs/search_quickstart.yaml"), "--storage",
+                      str(tmp_path / "j.journal"), "--tracking-uri", f"sqlite:///{tmp_path}/missing/mlflow.db"])
+    assert_one_line(rc, capsys.readouterr().err.strip(), "tracking.uri:", "does not exist")
+    assert os.listdir(tmp_path) == []
