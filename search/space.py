@@ -483,8 +483,13 @@ class SearchSpace:
         return raw
 
     def config(self, values: dict[str, Any]) -> RootConfig:
-        """The validated training config for ``values`` (``ConfigError`` if they do not fit together)."""
-        return validate(self.raw_config(values))
+        """The validated training config for ``values`` (``ConfigError`` if they do not fit together,
+        or if its batch is more than the training set holds)."""
+        from orchestrator.preflight import check_samples
+
+        cfg = validate(self.raw_config(values))
+        check_samples(cfg)
+        return cfg
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able record of the space (kept in the study's user attributes)."""
@@ -648,6 +653,8 @@ def _apply_overrides(base: dict[str, Any], raw: Any) -> dict[str, Any]:
 
 def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: str | None = None) -> SearchSpace:
     """Parse and check a space (the YAML mapping); raises ``SpaceError`` naming the field."""
+    from orchestrator.preflight import check_model_input, check_samples
+
     if not isinstance(raw, dict):
         raise SpaceError(f"space: expected a mapping with keys {', '.join(TOP_KEYS)} (got {type(raw).__name__})")
     unknown = [k for k in raw if k not in TOP_KEYS]
@@ -656,6 +663,8 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
     base = _apply_overrides(_load_base(raw.get("base"), base_dir), raw.get("overrides"))
     try:
         cfg = validate(base)
+        check_samples(cfg)
+        check_model_input(cfg)
         cfg.check_resources()
     except ConfigError as e:
         raise SpaceError(_prefix_config_error(str(e), "base")) from None

@@ -423,3 +423,15 @@ def test_search_checks_the_tracking_store_and_folders(tmp_path, monkeypatch, cap
                       str(tmp_path / "j.journal"), "--tracking-uri", f"sqlite:///{tmp_path}/missing/mlflow.db"])
     assert_one_line(rc, capsys.readouterr().err.strip(), "tracking.uri:", "does not exist")
     assert os.listdir(tmp_path) == []
+
+
+def test_search_refuses_a_batch_the_training_set_cannot_fill(tmp_path, capsys):
+    from search.cli import main as search_main
+
+    space = tmp_path / "space.yaml"
+    space.write_text(f"base: {ROOT}/configs/quickstart.yaml\nparams:\n  batch.size: {{choices: [64, 4096]}}\n")
+    rc = search_main(["run", str(space), "--storage", str(tmp_path / "j.journal")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: params.batch.size"), err
+    assert "4096 is above the 1438 training samples" in err and "\n" not in err
+    assert not os.path.exists(tmp_path / "j.journal")
