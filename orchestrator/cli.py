@@ -84,6 +84,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.tracking_uri:
         overrides.append(f"tracking.uri={args.tracking_uri}")
     cfg = load_config(args.config, overrides)  # raises ConfigError before anything starts
+    from orchestrator.preflight import check_environment
+
+    check_environment(cfg)  # folders and the tracking store, read only
 
     from orchestrator.runner import run_training
 

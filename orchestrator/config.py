@@ -11,18 +11,20 @@ import os
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from trainers.section import Section
 
 from trainers.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+MAX_EXPERIMENT_NAME_LENGTH = 500  # MLflow's limit
 
 
 class ConfigError(ValueError):
     """Bad user input: the message is one line naming the field and the fix."""
 
 
-class ScalingConfig(BaseModel):
+class ScalingConfig(Section):
     """The ``scaling`` section: resources only, never the training math."""
 
     model_config = ConfigDict(extra="forbid")
@@ -46,7 +48,7 @@ class ScalingConfig(BaseModel):
         return self
 
 
-class TrackingConfig(BaseModel):
+class TrackingConfig(Section):
     """The ``tracking`` section (MLflow)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -55,6 +57,17 @@ class TrackingConfig(BaseModel):
                                                       f"or {DEFAULT_TRACKING_URI}")
     experiment: str = "elastic-large-batch"
     run_name: str | None = None
+
+    @field_validator("experiment")
+    @classmethod
+    def _mlflow_accepts(cls, v: str) -> str:
+        # MLflow refuses an empty name and one over 500 characters (mlflow.utils.validation)
+        if not v.strip():
+            raise ValueError("tracking.experiment: empty; give a name, e.g. elastic-large-batch")
+        if len(v) > MAX_EXPERIMENT_NAME_LENGTH:
+            raise ValueError(f"tracking.experiment: {len(v)} characters, MLflow allows at most "
+                             f"{MAX_EXPERIMENT_NAME_LENGTH}; shorten it")
+        return v
 
     def resolved_uri(self) -> str:
         return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
@@ -126,6 +139,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel] = RootC
         return f"{field}: must be {ops[kind]} {bound} (got {got!r})"
     if kind == "missing":
         return f"{field}: required but missing"
+    if kind == "finite_number":
+        return f"{field}: must be a finite number (got {got!r}); .inf and .nan are not allowed, write a plain number"
     return f"{field}: {e['msg'].lower()} (got {got!r})"
 
 
@@ -161,14 +176,58 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping names the same key twice (``yaml.safe_load`` would keep the last silently)."""
+
+    def __init__(self, key: str, first: yaml.Mark, again: yaml.Mark) -> None:
+        super().__init__(None, None, f"duplicate key {key!r}", again)
+        self.key, self.first_line, self.line = key, first.line + 1, again.line + 1
+
+    def one_line(self, source: str) -> str:
+        return (f"{self.key}: given twice in {source} (lines {self.first_line} and {self.line}); "
+                f"keep one of them")
+
+
+def _refuse_duplicates(node: yaml.Node, path: list[str]) -> None:
+    """Walk the composed node tree; the first key given twice in one mapping raises, named by its path."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, yaml.Mark] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None:
+                if key in seen:
+                    raise DuplicateKeyError(".".join([*path, key]), seen[key], key_node.start_mark)
+                seen[key] = key_node.start_mark
+            _refuse_duplicates(value_node, [*path, key or "?"])
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicates(item, [*path[:-1], f"{path[-1]}[{i}]"] if path else [f"[{i}]"])
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML like ``yaml.safe_load``, but a key given twice in one mapping raises
+    :class:`DuplicateKeyError` naming the key's path and both lines."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicates(node, [])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = load_yaml_text(f.read())
     except FileNotFoundError:
         raise ConfigError(f"config: file {path!r} not found; pass a YAML file such as configs/quickstart.yaml") from None
     except OSError as e:
         raise ConfigError(f"config: cannot read {path!r} ({e.strerror})") from None
+    except DuplicateKeyError as e:
+        raise ConfigError(e.one_line(repr(path))) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -191,6 +250,9 @@ def validate(raw: dict[str, Any]) -> RootConfig:
 def load_config(path: str | None, overrides: list[str] | None = None) -> RootConfig:
     raw = read_yaml(path) if path else {}
     cfg = validate(apply_overrides(raw, overrides or []))
+    from orchestrator.preflight import check_config
+
+    check_config(cfg)
     cfg.check_resources()
     return cfg
 

@@ -70,6 +70,19 @@ def _positive(name: str, value: float | None) -> None:
 # --------------------------------------------------------------------------- run
 
 
+def _check_environment(base: dict, tracking_uri: str | None) -> None:
+    """The base config's checkpoint folder and the tracking store, read only (as ``train`` does)."""
+    import copy
+
+    from orchestrator.config import validate
+    from orchestrator.preflight import check_environment
+
+    raw = copy.deepcopy(base)
+    if tracking_uri:
+        raw.setdefault("tracking", {})["uri"] = tracking_uri
+    check_environment(validate(raw))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from search.space import load_space
 
@@ -79,7 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = args.study_name if args.study_name is not None else os.path.splitext(os.path.basename(args.space))[0]
     if not name.strip():
         raise ConfigError("--study-name: empty; give a name")
+    from search.storage import check_storage
+
+    check_storage(args.storage)  # the right kind of string, before anything starts
     space = load_space(args.space)  # raises SpaceError before anything starts
+    _check_environment(space.base, args.tracking_uri)
 
     from search.driver import SearchOptions, run_search
 

@@ -51,7 +51,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from orchestrator.config import ConfigError, RootConfig, parse_override, read_yaml, validate
+from orchestrator.config import (ConfigError, DuplicateKeyError, RootConfig, load_yaml_text, parse_override, read_yaml,
+                                 validate)
 from search.registry import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS, AlgorithmSpec, Grid, check_options
 from trainers.link.metrics import STEP_METRICS as _STEP_METRICS
 
@@ -481,8 +482,13 @@ class SearchSpace:
         return raw
 
     def config(self, values: dict[str, Any]) -> RootConfig:
-        """The validated training config for ``values`` (``ConfigError`` if they do not fit together)."""
-        return validate(self.raw_config(values))
+        """The validated training config for ``values`` (``ConfigError`` if they do not fit together,
+        or if its batch is more than the training set holds)."""
+        from orchestrator.preflight import check_samples
+
+        cfg = validate(self.raw_config(values))
+        check_samples(cfg)
+        return cfg
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able record of the space (kept in the study's user attributes)."""
@@ -646,6 +652,8 @@ def _apply_overrides(base: dict[str, Any], raw: Any) -> dict[str, Any]:
 
 def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: str | None = None) -> SearchSpace:
     """Parse and check a space (the YAML mapping); raises ``SpaceError`` naming the field."""
+    from orchestrator.preflight import check_model_input, check_samples
+
     if not isinstance(raw, dict):
         raise SpaceError(f"space: expected a mapping with keys {', '.join(TOP_KEYS)} (got {type(raw).__name__})")
     unknown = [k for k in raw if k not in TOP_KEYS]
@@ -654,6 +662,8 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
     base = _apply_overrides(_load_base(raw.get("base"), base_dir), raw.get("overrides"))
     try:
         cfg = validate(base)
+        check_samples(cfg)
+        check_model_input(cfg)
         cfg.check_resources()
     except ConfigError as e:
         raise SpaceError(_prefix_config_error(str(e), "base")) from None
@@ -701,7 +711,9 @@ def load_space(path: str) -> SearchSpace:
     except OSError as e:
         raise SpaceError(f"space: cannot read {path!r} ({e.strerror})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml_text(text)
+    except DuplicateKeyError as e:
+        raise SpaceError(e.one_line(repr(path))) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

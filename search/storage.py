@@ -37,6 +37,67 @@ def describe_storage(storage: str) -> str:
         return storage.split("@")[-1] if "@" in storage else storage
 
 
+NOT_OPTUNA_SCHEMES = ("http", "https", "file", "databricks", "mlflow-artifacts", "runs", "models", "s3", "gs", "wasbs")
+"""URL schemes of MLflow stores, tracking servers and object stores: never an Optuna storage."""
+
+
+def _is_mlflow_sqlite(path: str) -> bool:
+    """Whether the existing sqlite file ``path`` is an MLflow tracking database (read-only look)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return {"experiments", "runs", "metrics"} <= tables
+
+
+def check_storage(storage: str) -> None:
+    """Refuse a storage string of the wrong kind before anything starts, creating nothing:
+    an MLflow URI or database, an http(s) URL, a folder, a journal file under a missing folder.
+    ``ConfigError`` names ``--storage`` and what to pass instead."""
+    example = f"pass a journal file path (e.g. {DEFAULT_STORAGE}) or a database URL (sqlite:///optuna.db)"
+    if not storage.strip():
+        raise ConfigError(f"--storage: empty; {example}")
+    if is_rdb_url(storage):
+        scheme = storage.split("://", 1)[0].lower()
+        shown = describe_storage(storage)
+        if scheme.split("+")[0] in NOT_OPTUNA_SCHEMES:
+            what = "a server URL" if scheme.startswith("http") else "not a database URL"
+            raise ConfigError(f"--storage: {shown!r} is {what} (an MLflow tracking URI goes to --tracking-uri); "
+                              f"{example}")
+        try:
+            from sqlalchemy.engine import make_url
+
+            url = make_url(storage)
+        except Exception:
+            raise ConfigError(f"--storage: {shown!r} is not a database URL; {example}") from None
+        if url.get_backend_name() == "sqlite" and url.database:
+            db = os.path.abspath(os.path.expanduser(url.database))
+            if os.path.isdir(db):
+                raise ConfigError(f"--storage: {db!r} is a folder; {example}")
+            if os.path.isfile(db) and _is_mlflow_sqlite(db):
+                raise ConfigError(f"--storage: {db!r} is an MLflow tracking database (pass it as --tracking-uri); "
+                                  f"give Optuna a file of its own, e.g. sqlite:///optuna.db or {DEFAULT_STORAGE}")
+            if not os.path.isdir(os.path.dirname(db)):
+                raise ConfigError(f"--storage: folder {os.path.dirname(db)!r} does not exist; create it or pass "
+                                  f"another database file")
+        return
+    path = os.path.abspath(os.path.expanduser(storage))
+    if os.path.isdir(path):
+        raise ConfigError(f"--storage: {path!r} is a folder; pass a journal file path (e.g. {DEFAULT_STORAGE})")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--storage: folder {folder!r} does not exist; create it or pass another journal file")
+    if os.path.isfile(path) and _is_mlflow_sqlite(path):
+        raise ConfigError(f"--storage: {path!r} is an MLflow tracking database; give Optuna a file of its own, "
+                          f"e.g. {DEFAULT_STORAGE}")
+
+
 def open_storage(storage: str) -> BaseStorage:
     """An Optuna storage: a journal file (a path) or an RDB (a URL).  ``ConfigError`` if it cannot open."""
     import optuna

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from trainers.section import Section
 
 from trainers.decisions import BatchDecision, NoopDecision
 
@@ -49,7 +50,7 @@ BatchPolicyName = Literal["fixed", "schedule", "noise_scale", "norm_test"]
 EPOCH_EPS = 1e-9  # tolerance when comparing a step's starting epoch to a listed epoch
 
 
-class BatchConfig(BaseModel):
+class BatchConfig(Section):
     """The ``batch`` section.  ``size`` is the global batch B: the training math."""
 
     model_config = ConfigDict(extra="forbid")

@@ -45,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from trainers.section import Section
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class CorruptCheckpoint(RuntimeError):
     unknown format: the caller falls back to an older one."""
 
 
-class CheckpointConfig(BaseModel):
+class CheckpointConfig(Section):
     """The ``checkpoint`` section."""
 
     model_config = ConfigDict(extra="forbid")
@@ -86,6 +87,9 @@ class CheckpointConfig(BaseModel):
     @field_validator("storage_path")
     @classmethod
     def _a_directory(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("checkpoint.storage_path: empty; give a folder, e.g. ray_runs (on a cluster: a shared "
+                             "filesystem mount)")
         if "://" in v:
             raise ValueError(f"URIs are not supported (got {v!r}); give a directory path (on a cluster: "
                              "a shared filesystem such as NFS mounted at the same path on every node)")

@@ -9,6 +9,7 @@ worker loop, not Ray.  The driver's root config (``orchestrator/config.py``) ext
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from trainers.section import Section
 
 from trainers.batching import BatchConfig
 from trainers.checkpoint import CheckpointConfig
@@ -18,7 +19,7 @@ from trainers.optim import OptimizerConfig
 from trainers.schedules import ScheduleConfig
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(Section):
     """The ``train`` section."""
 
     model_config = ConfigDict(extra="forbid")
@@ -32,7 +33,7 @@ class TrainConfig(BaseModel):
     sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
 
 
-class LoopConfig(BaseModel):
+class LoopConfig(Section):
     """The sections a worker needs; the orchestrator's root config extends this."""
 
     model_config = ConfigDict(extra="forbid")

@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from trainers.section import Section
 
 DATASETS = ("digits", "synthetic", "cifar10")
 
@@ -29,7 +30,7 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
-class DataConfig(BaseModel):
+class DataConfig(Section):
     """The ``data`` section."""
 
     model_config = ConfigDict(extra="forbid")

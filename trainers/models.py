@@ -13,6 +13,7 @@ from typing import Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from trainers.section import Section
 from torch import nn
 
 from trainers.data import DatasetInfo
@@ -20,7 +21,7 @@ from trainers.data import DatasetInfo
 Norm = Literal["batch", "group", "none"]
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(Section):
     """The ``model`` section."""
 
     model_config = ConfigDict(extra="forbid")

@@ -58,12 +58,13 @@ from typing import Any, Callable, ClassVar, Iterable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from trainers.section import Section
 
 OptimizerName = Literal["sgd", "nesterov", "adam", "adamw", "lars", "lamb"]
 MFRuleName = Literal["fixed", "per_worker_batch"]
 
 
-class OptimizerConfig(BaseModel):
+class OptimizerConfig(Section):
     """The ``optimizer`` section."""
 
     model_config = ConfigDict(extra="forbid")

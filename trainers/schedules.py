@@ -53,13 +53,14 @@ from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from trainers.section import Section
 
 ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]
 WarmupName = Literal["none", "constant", "gradual", "legw", "auto"]
 DecayName = Literal["cosine", "step", "poly", "linear", "none"]
 
 
-class ScheduleConfig(BaseModel):
+class ScheduleConfig(Section):
     """The ``schedule`` section."""
 
     model_config = ConfigDict(extra="forbid")

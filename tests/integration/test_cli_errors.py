@@ -22,7 +22,7 @@ GOOD = textwrap.dedent("""
 CASES = {
     "unknown_key": (None, ["batch.sizee=3"], "batch.sizee: unknown key; allowed keys here: size, max_local_batch"),
     "unknown_section": (None, ["optimiser.lr=1"], "optimiser: unknown key"),
-    "wrong_type": (None, ["batch.size=abc"], "batch.size: input should be a valid integer"),
+    "wrong_type": (None, ["batch.size=abc"], "batch.size: expects an integer, got the string"),
     "zero_batch": (None, ["batch.size=0"], "batch.size: must be > 0 (got 0)"),
     "negative_batch": (None, ["batch.size=-4"], "batch.size: must be > 0 (got -4)"),
     "max_local_above_batch": (None, ["batch.max_local_batch=64"],
@@ -42,6 +42,18 @@ CASES = {
     "storage_uri": (None, ["checkpoint.storage_path=s3://bucket/runs"],
                     "checkpoint.storage_path: URIs are not supported (got 's3://bucket/runs'); give a directory path"),
     "keep_one": (None, ["checkpoint.keep=1"], "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
+    # issue #18 item 7: one of each class (all fields of each: tests/unit/test_config_classes.py)
+    "non_finite": (None, ["optimizer.lr=.inf"], "optimizer.lr: must be a finite number"),
+    "bool_for_int": (None, ["batch.size=true"], "batch.size: expects an integer, got the boolean true"),
+    "int_for_bool": (None, ["scaling.use_gpu=1"], "scaling.use_gpu: expects true or false"),
+    "duplicate_key": (GOOD + "batch: {size: 64}\n", [], "batch: given twice"),
+    "batch_above_dataset": (None, ["data.val_fraction=0.99"], "batch.size: 32 is above the 18 training samples"),
+    "no_effect": (None, ["schedule.poly_power=3"], "schedule.poly_power: has no effect unless schedule.decay is poly"),
+    "bad_shape": (None, ["data.name=synthetic", "data.shape=[64]", "model.name=cnn"],
+                  "data.shape: model cnn cannot take inputs of shape [64]"),
+    "empty_storage": (None, ["checkpoint.storage_path=''"], "checkpoint.storage_path: empty"),
+    "missing_tracking_folder": (None, ["tracking.uri=sqlite:///nowhere/mlflow.db"], "tracking.uri: sqlite:///nowhere"),
+    "empty_experiment": (None, ["tracking.experiment=''"], "tracking.experiment: empty"),
 }
 
 

@@ -1,0 +1,327 @@
+"""Checks of a validated config that need more than one field, before anything starts.
+
+Two groups, both raising :class:`~orchestrator.config.ConfigError` with one line
+``field: problem; fix`` (the CLI prints ``error: ...`` and exits 2):
+
+- :func:`check_config` is pure (no filesystem, no Ray, no MLflow): settings the user gave that
+  have no effect in combination with others (:data:`IGNORED_UNLESS`), a batch that the training
+  set cannot fill, and an input shape the model cannot take (a forward pass on the ``meta``
+  device: shapes only, no memory, no compute).  ``load_config`` runs it.
+- :func:`check_environment` reads the filesystem and an existing tracking store, never creating
+  anything: the checkpoint folder and the tracking store's folder must be creatable and
+  writable, and the experiment must not be a deleted one.  The train command runs it right
+  before ``run_training``.
+
+"The user gave" is pydantic's ``model_fields_set`` of each section, and a value other than the
+field's default: a field left at its default, or written out at its default, is never reported.  So these checks belong on the driver, on the config validated from the
+user's own YAML; a worker re-validates a full dump in which every field looks set.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sqlite3
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from orchestrator.config import ConfigError
+
+if TYPE_CHECKING:
+    from orchestrator.config import RootConfig
+
+# --------------------------------------------------------------------------- silently ignored settings
+
+
+@dataclass(frozen=True)
+class Needs:
+    """``field`` (``section.key``) only acts when ``holds(cfg)``; ``unless`` says when, ``fix`` what to set."""
+
+    field: str
+    holds: Callable[["RootConfig"], bool]
+    unless: str
+    fix: str
+
+
+def _decay(*names: str) -> Callable[["RootConfig"], bool]:
+    return lambda c: c.schedule.decay in names
+
+
+def _warmup(*names: str) -> Callable[["RootConfig"], bool]:
+    return lambda c: c.schedule.warmup in names
+
+
+def _policy(*names: str) -> Callable[["RootConfig"], bool]:
+    return lambda c: c.batch.policy in names
+
+
+def _optimizer(*names: str) -> Callable[["RootConfig"], bool]:
+    return lambda c: c.optimizer.name in names
+
+
+def _dataset(*names: str) -> Callable[["RootConfig"], bool]:
+    return lambda c: c.data.name in names
+
+
+_ADAPTIVE = ("noise_scale", "norm_test")
+_AUTO_FIELDS = ("auto_init_lr", "auto_growth", "auto_max_lr", "auto_patience", "auto_confidence",
+                "auto_min_steps", "auto_max_points", "auto_seed")
+
+IGNORED_UNLESS: tuple[Needs, ...] = (
+    # schedule (trainers/schedules.py: DECAYS, WARMUPS, AutoWarmup)
+    Needs("schedule.milestones", _decay("step"), "schedule.decay is step", "schedule.decay: step"),
+    Needs("schedule.decay_factor", _decay("step"), "schedule.decay is step", "schedule.decay: step"),
+    Needs("schedule.poly_power", _decay("poly"), "schedule.decay is poly", "schedule.decay: poly"),
+    Needs("schedule.min_lr", lambda c: c.schedule.decay != "none", "schedule.decay is not none",
+          "schedule.decay: cosine (or step, poly, linear)"),
+    Needs("schedule.warmup_epochs", _warmup("constant", "gradual", "legw"),
+          "schedule.warmup is constant, gradual or legw (auto finds its own length)", "schedule.warmup: gradual"),
+    *(Needs(f"schedule.{f}", _warmup("auto"), "schedule.warmup is auto", "schedule.warmup: auto")
+      for f in _AUTO_FIELDS),
+    # batch (trainers/batching.py: the policies)
+    Needs("batch.max_size", lambda c: c.batch.policy != "fixed", "batch.policy changes the batch",
+          "batch.policy: noise_scale (or norm_test, schedule)"),
+    Needs("batch.noise_scale_factor", _policy("noise_scale"), "batch.policy is noise_scale",
+          "batch.policy: noise_scale"),
+    Needs("batch.norm_test_eta", _policy("norm_test"), "batch.policy is norm_test", "batch.policy: norm_test"),
+    *(Needs(f"batch.{f}", _policy(*_ADAPTIVE), "batch.policy is noise_scale or norm_test",
+            "batch.policy: noise_scale (or norm_test)") for f in ("check_every", "min_growth", "round_to")),
+    # optimizer (trainers/optim.py: OPTIMIZERS, MF rules)
+    Needs("optimizer.mf_ref_batch", lambda c: c.optimizer.mf_rule == "per_worker_batch",
+          "optimizer.mf_rule is per_worker_batch", "optimizer.mf_rule: per_worker_batch"),
+    Needs("optimizer.trust_coefficient", _optimizer("lars"), "optimizer.name is lars", "optimizer.name: lars"),
+    Needs("optimizer.beta2", _optimizer("adam", "adamw", "lamb"), "optimizer.name is adam, adamw or lamb",
+          "optimizer.name: adamw"),
+    Needs("optimizer.eps", _optimizer("adam", "adamw", "lamb"), "optimizer.name is adam, adamw or lamb",
+          "optimizer.name: adamw"),
+    # model (trainers/models.py: MODELS)
+    Needs("model.hidden", lambda c: c.model.name in ("mlp", "cnn"), "model.name is mlp or cnn",
+          "model.name: cnn"),
+    Needs("model.zero_init_residual", lambda c: c.model.name.startswith("resnet") and c.model.norm == "batch",
+          "model.name is a resnet with model.norm: batch", "model.name: resnet18 and model.norm: batch"),
+    Needs("model.sync_bn", lambda c: c.model.norm == "batch", "model.norm is batch", "model.norm: batch"),
+    # data (trainers/data.py: the loaders)
+    Needs("data.root", _dataset("cifar10"), "data.name is cifar10 (the others need no files)",
+          "data.name: cifar10"),
+    *(Needs(f"data.{f}", _dataset("synthetic"), "data.name is synthetic", "data.name: synthetic")
+      for f in ("size", "shape", "num_classes")),
+    # scaling (orchestrator/runner.py: ScalingConfig -> Ray Train)
+    Needs("scaling.gpus_per_worker", lambda c: c.scaling.use_gpu, "scaling.use_gpu is true",
+          "scaling.use_gpu: true"),
+)
+"""Every field that silently does nothing unless another field has some value.  Refused (not
+warned) when the user set it: a setting that does not act is a mistake about what runs."""
+
+
+def _user_set(cfg: "RootConfig", dotted: str) -> bool:
+    section, key = dotted.split(".", 1)
+    return section in cfg.model_fields_set and key in getattr(cfg, section).model_fields_set
+
+
+def _differs_from_default(cfg: "RootConfig", dotted: str) -> bool:
+    section, key = dotted.split(".", 1)
+    sec = getattr(cfg, section)
+    return getattr(sec, key) != type(sec).model_fields[key].get_default(call_default_factory=True)
+
+
+def check_ignored(cfg: "RootConfig") -> None:
+    """Refuse a field the user set, to a value other than its default, that :data:`IGNORED_UNLESS`
+    says has no effect here.  A default written out (a full dump such as the ``config.yaml`` a run
+    logs, or ``search show --full``) is not refused: it changes nothing either way."""
+    for rule in IGNORED_UNLESS:
+        if _user_set(cfg, rule.field) and _differs_from_default(cfg, rule.field) and not rule.holds(cfg):
+            raise ConfigError(f"{rule.field}: has no effect unless {rule.unless}; remove it or set {rule.fix}")
+
+
+# --------------------------------------------------------------------------- samples vs batch
+
+DATASET_SIZES = {"digits": 1797, "cifar10": 50000}
+"""Samples of the fixed datasets (scikit-learn's digits; CIFAR-10's training batches)."""
+
+
+def train_samples(cfg: "RootConfig") -> tuple[int, str]:
+    """The training samples after the validation split, as ``trainers.data.load_data`` cuts them,
+    and how that number comes about (for messages)."""
+    d = cfg.data
+    n = d.size if d.name == "synthetic" else DATASET_SIZES[d.name]
+    n_val = max(1, int(round(n * d.val_fraction)))
+    total = "data.size" if d.name == "synthetic" else d.name
+    return n - n_val, f"{total} {n} minus {n_val} held out by data.val_fraction {d.val_fraction:g}"
+
+
+def check_samples(cfg: "RootConfig") -> None:
+    """The training set must fill every batch the config asks for."""
+    n, how = train_samples(cfg)
+    split_fix = " or lower data.val_fraction" if _user_set(cfg, "data.val_fraction") else ""
+    if n < 1:
+        raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction:g} leaves no training sample ({how}); "
+                          f"lower it")
+    b = cfg.batch
+    if b.size > n:
+        raise ConfigError(f"batch.size: {b.size} is above the {n} training samples ({how}); lower batch.size to "
+                          f"at most {n}{split_fix}")
+    if _user_set(cfg, "batch.max_local_batch") and b.max_local_batch > n:
+        raise ConfigError(f"batch.max_local_batch: {b.max_local_batch} is above the {n} training samples ({how}); "
+                          f"lower it to at most {n}{split_fix}")
+    for i, (_, size) in enumerate(b.schedule):
+        if size > n:
+            raise ConfigError(f"batch.schedule[{i}]: batch {size} is above the {n} training samples ({how}) and "
+                              f"would be cut to {n}; lower it to at most {n}{split_fix}")
+    if b.max_size is not None and b.policy != "fixed" and b.max_size > n:
+        raise ConfigError(f"batch.max_size: {b.max_size} is above the {n} training samples ({how}), which cap the "
+                          f"batch anyway; lower it to at most {n} or remove it")
+
+
+# --------------------------------------------------------------------------- model input
+
+
+def check_model_input(cfg: "RootConfig") -> None:
+    """Build the model on PyTorch's ``meta`` device and run one sample through it: the shapes are
+    checked without allocating weights or computing anything."""
+    import torch
+
+    from trainers.data import dataset_info
+    from trainers.models import build_model
+
+    info = dataset_info(cfg.data)
+    try:
+        with torch.device("meta"):
+            model = build_model(info, cfg.model.model_copy(update={"sync_bn": False})).eval()
+            out = model(torch.zeros((2, *info.shape)))
+        if tuple(out.shape) != (2, info.num_classes):
+            raise RuntimeError(f"output shape {tuple(out.shape)}, expected (2, {info.num_classes})")
+    except Exception as e:  # noqa: BLE001 - any failure here is a shape the model cannot take
+        field = "data.shape" if cfg.data.name == "synthetic" else "model.name"
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = ("cnn and resnet* take [channels, height, width], e.g. [1, 8, 8]; mlp takes any shape"
+                if cfg.model.name != "mlp" else "give a shape of positive sizes")
+        raise ConfigError(f"{field}: model {cfg.model.name} cannot take inputs of shape {list(info.shape)} "
+                          f"({detail[:160]}); {hint}") from None
+
+
+def check_config(cfg: "RootConfig") -> None:
+    """The pure cross-field checks, in the order a user fixes them."""
+    check_ignored(cfg)
+    check_samples(cfg)
+    check_model_input(cfg)
+
+
+# --------------------------------------------------------------------------- filesystem and tracking store
+
+
+def _nearest_existing(path: str) -> str:
+    cur = path
+    while not os.path.exists(cur):
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    return cur
+
+
+def folder_problem(path: str, create: bool = True) -> str | None:
+    """Why the folder ``path`` cannot be used for writing (``None`` if it can), touching nothing.
+
+    ``create``: the folder may be missing and made later (its nearest existing ancestor must then be
+    a writable folder); otherwise it must exist.
+    """
+    if not path.strip():
+        return "is empty"
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full):
+        if not os.path.isdir(full):
+            return f"{full!r} is a file, not a folder"
+        base = full
+    else:
+        if not create:
+            return f"folder {full!r} does not exist"
+        base = _nearest_existing(full)
+        if not os.path.isdir(base):
+            return f"{full!r} is under the file {base!r}"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"cannot write in {base!r}"
+    return None
+
+
+def local_store(uri: str) -> tuple[str, str] | None:
+    """``(kind, path)`` of a local tracking store: ``("sqlite", file)`` or ``("file", folder)``;
+    ``None`` for a tracking server or a database server."""
+    if uri.startswith("sqlite:///"):
+        return "sqlite", uri[len("sqlite:///"):]
+    if uri.startswith("sqlite://"):
+        return None  # in-memory
+    if uri.startswith("file://"):
+        return "file", uri[len("file://"):]
+    if "://" in uri or uri.startswith("databricks"):
+        return None
+    return "file", uri
+
+
+def store_problem(uri: str) -> str | None:
+    """Why MLflow cannot write the local tracking store ``uri`` (``None`` if it can)."""
+    store = local_store(uri)
+    if store is None:
+        return None
+    kind, path = store
+    if kind == "file":
+        why = folder_problem(path)
+        return None if why is None else f"{uri}: {why}"
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+        return f"{uri}: {full!r} is a folder, not a database file"
+    if os.path.exists(full):
+        return None if os.access(full, os.R_OK | os.W_OK) else f"{uri}: cannot write {full!r}"
+    why = folder_problem(os.path.dirname(full), create=False)
+    return None if why is None else f"{uri}: {why}"
+
+
+def deleted_experiment(uri: str, name: str) -> bool:
+    """Whether the local tracking store ``uri`` holds a deleted experiment called ``name``.
+
+    Read only when the store already exists (an sqlite file opened read-only, or a file store's
+    ``.trash``); nothing is created.  A store this cannot read counts as not holding one.
+    """
+    store = local_store(uri)
+    if store is None:
+        return False
+    kind, path = store
+    full = os.path.abspath(os.path.expanduser(path))
+    if kind == "sqlite":
+        if not os.path.isfile(full):
+            return False
+        try:
+            con = sqlite3.connect(f"file:{full}?mode=ro", uri=True)
+            try:
+                row = con.execute("SELECT lifecycle_stage FROM experiments WHERE name = ?", (name,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return False
+        return row is not None and row[0] == "deleted"
+    import yaml
+
+    for meta in glob.glob(os.path.join(full, ".trash", "*", "meta.yaml")):
+        try:
+            with open(meta) as f:
+                if (yaml.safe_load(f) or {}).get("name") == name:
+                    return True
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+    return False
+
+
+def check_environment(cfg: "RootConfig") -> None:
+    """Filesystem and tracking-store checks (reads only): run before Ray starts."""
+    why = folder_problem(cfg.checkpoint.storage_path)
+    if why is not None:
+        raise ConfigError(f"checkpoint.storage_path: {why}; give a folder you can write (on a cluster: a shared "
+                          f"mount), e.g. ray_runs")
+    uri = cfg.tracking.resolved_uri()
+    why = store_problem(uri)
+    if why is not None:
+        raise ConfigError(f"tracking.uri: {why}; create the folder or point tracking.uri (--tracking-uri) at a "
+                          f"writable place")
+    name = cfg.tracking.experiment
+    if deleted_experiment(uri, name):
+        raise ConfigError(f"tracking.experiment: {name!r} was deleted in {uri} and MLflow will not log to it; "
+                          f"choose another name or restore it (mlflow experiments restore)")
