@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from orchestrator.config import RootConfig
+from orchestrator.config import ConfigError, RootConfig
 from orchestrator.phases import POLL_S, PhaseRunner
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
@@ -66,6 +66,16 @@ def _open_tracking_store(uri: str) -> None:
         pass
 
 
+def _infeasible(cfg: RootConfig) -> str | None:
+    """What the cluster can never give this run (GPUs, workers x CPUs), counting what an
+    autoscaling cluster can grow to; None when it fits."""
+    import ray
+
+    from orchestrator.feasibility import autoscaler_max_resources, check_feasible
+
+    return check_feasible(cfg, ray.cluster_resources(), autoscaler_max_resources())
+
+
 def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                  on_start: Callable[[PhaseRunner], None] | None = None,
@@ -83,6 +93,13 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     warm.start()
     started_ray = ensure_ray(verbose)
     warm.join()
+    why = _infeasible(cfg)
+    if why:  # before any MLflow run exists: Ray Train would wait for these resources forever
+        if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
+            import ray
+
+            ray.shutdown()
+        raise ConfigError(why)
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
     status, lock, runner = "FAILED", driver_lock, None
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)

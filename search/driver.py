@@ -129,7 +129,10 @@ class SearchDriver:
         for a continued study), the study's user attributes ``show`` needs, and the bar."""
         import ray
 
-        self.capacity = Capacity(ray.cluster_resources())
+        # what the cluster can ever hold: an autoscaling cluster may start with no workers at all
+        from orchestrator.feasibility import autoscaler_max_resources, capacity
+
+        self.capacity = Capacity(capacity(ray.cluster_resources(), autoscaler_max_resources()))
         self.tracker = StudyTracker(self.tracking_uri, self.experiment, self.study.study_name,
                                     self.storage_desc, self.space,
                                     existing_run_id=self.study.user_attrs.get(PARENT_RUN_ATTR))

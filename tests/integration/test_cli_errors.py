@@ -105,3 +105,30 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
     assert out.stderr.strip() == "error: batch.size: must be > 0 (got 0)"
 
 
+
+
+@pytest.mark.parametrize("override, start", [
+    ("scaling.use_gpu=true", "error: scaling.use_gpu:"),
+    ("scaling.cpus_per_worker=64", "error: scaling.max_workers x cpus_per_worker:"),
+])
+def test_impossible_resources_fail_fast_with_no_run(tmp_path, override, start):
+    """Ray Train would wait forever for resources this local cluster can never have: the driver
+    checks once Ray is up and stops with exit 2 before any MLflow run or checkpoint exists."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    config = os.path.join(root, "configs", "quickstart.yaml")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "train", config, "--no-progress", "--set", override,
+                          "--set", f"checkpoint.storage_path={tmp_path}/ray_runs",
+                          "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                         env={**env, "PYTHONPATH": root})
+    assert out.returncode == 2, out.stderr[-2000:]
+    err = out.stderr.strip()
+    assert err.startswith(start) and "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "ray_runs").exists()
+    if (tmp_path / "mlflow.db").exists():  # opened early (while Ray started): it must hold no run
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+        exps = [e.experiment_id for e in client.search_experiments()]
+        assert not exps or not client.search_runs(exps)
