@@ -36,7 +36,7 @@ from orchestrator.config import RootConfig
 from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured,
                                  ResizeRecord)
 from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
-from orchestrator.progress import Progress, estimate_total_steps
+from orchestrator.progress import Progress, total_samples
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
@@ -203,7 +203,7 @@ class PhaseRunner:
     def __init__(self, cfg: RootConfig, tracker: RunTracker, verbose: bool = False, progress: bool = True,
                  on_records: Callable[[list[Record]], None] | None = None):
         self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
-        self.progress = Progress(estimate_total_steps(cfg), enabled=progress)
+        self.progress = Progress(total_samples(cfg), enabled=progress)
         self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
         if on_records is not None:
             self.listeners.append(RecordsCallback(on_records))
@@ -366,15 +366,25 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         import ray
 
         records, events = ray.get(self.monitor.drain.remote(self.tracker.written_upto))
-        if records:
-            for listener in self.listeners:
-                listener.on_records(records)
         for ev in events:
+            # in step order: the records up to an event's step reach the listeners before it (a
+            # progress bar prints "batch: 16 -> 72 at step 20" when it shows step 20, not later)
+            step = getattr(ev, "step", None)
+            if step is not None and records and records[0][0] <= step:
+                upto = next((i for i, r in enumerate(records) if r[0] > step), len(records))
+                self._deliver(records[:upto])
+                records = records[upto:]
             self.events.append(ev)
             self._observe(ev)
             self.emit(ev)
             if isinstance(ev, FirstStep):
                 self.maybe_measure_resize()
+        self._deliver(records)
+
+    def _deliver(self, records: list[Record]) -> None:
+        if records:
+            for listener in self.listeners:
+                listener.on_records(records)
 
     def emit(self, event: Event) -> None:
         for listener in self.listeners:

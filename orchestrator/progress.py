@@ -1,4 +1,10 @@
-"""The driver's progress bar (tqdm on stderr): step, epoch, loss, batch, workers."""
+"""The driver's progress bar (tqdm on stderr).
+
+It counts training samples, not steps: the total (``train.epochs`` x the training set) is known
+before the run and stays right when the batch grows (a step count at the initial batch would end
+far short of its total).  The postfix shows the step, epoch, loss, the batch the policy has in
+force (``B``), the workers actually training (``W``) and the latest validation accuracy.
+"""
 
 from __future__ import annotations
 
@@ -10,43 +16,42 @@ from trainers.link import metrics as M
 from trainers.link.messages import Record
 
 
-def estimate_total_steps(cfg: RootConfig) -> int:
-    """Steps of ``train.epochs`` at the initial batch (the bar's total; it grows if a run goes on longer)."""
+def total_samples(cfg: RootConfig) -> int:
+    """Samples a run of ``train.epochs`` trains on (the bar's total)."""
     from trainers.data import load_data
 
-    n = load_data(cfg.data, cfg.train.seed).num_train
-    per_epoch = math.ceil(n / cfg.batch.size)
-    whole = int(cfg.train.epochs)
-    frac = cfg.train.epochs - whole
-    return whole * per_epoch + math.ceil(frac * n / cfg.batch.size)
+    return math.ceil(cfg.train.epochs * load_data(cfg.data, cfg.train.seed).num_train)
 
 
 class Progress:
-    """A tqdm bar on the driver: step, epoch, loss, batch, workers."""
+    """A tqdm bar on the driver: samples trained of the run's total, with step, epoch, loss, B, W."""
 
     def __init__(self, total: int, enabled: bool):
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr,
+            self.bar = tqdm(total=total, unit="sample", unit_scale=True, dynamic_ncols=True, file=sys.stderr,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
             self.bar.set_description("starting workers")
         self.last: dict[str, float] = {}
+        self.step = 0
 
     def update(self, records: list[Record]) -> None:
         if not records:
             return
         for _, m, *_ in records:
             self.last.update(m)
-        step = records[-1][0]
+        self.step = records[-1][0]
         if self.bar is None:
             return
-        if step > self.bar.total:
-            self.bar.total = step
-        self.bar.n = step
+        seen = int(self.last.get(M.SAMPLES_SEEN, 0))
+        if seen > self.bar.total:
+            self.bar.total = seen
+        self.bar.n = seen
         self.bar.set_description("training")
-        post = {"epoch": f"{self.last.get(M.EPOCH, 0):.2f}", "loss": f"{self.last.get(M.TRAIN_LOSS, float('nan')):.4f}",
+        post = {"step": self.step, "epoch": f"{self.last.get(M.EPOCH, 0):.2f}",
+                "loss": f"{self.last.get(M.TRAIN_LOSS, float('nan')):.4f}",
                 "B": int(self.last.get(M.BATCH_GLOBAL, 0)), "W": int(self.last.get(M.WORKERS, 0))}
         if M.VAL_ACCURACY in self.last:
             post["val_acc"] = f"{self.last[M.VAL_ACCURACY]:.3f}"

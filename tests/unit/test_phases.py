@@ -195,3 +195,42 @@ def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeyp
     assert "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
 
 
+
+
+def test_the_progress_bar_counts_samples_and_shows_the_policy_batch(capsys):
+    from orchestrator.progress import Progress
+
+    p = Progress(total=1000, enabled=True)
+    p.update([(1, {"samples_seen": 16.0, "batch/global": 16.0, "workers": 1.0, "epoch": 0.016}, 0.0)])
+    p.update([(30, {"samples_seen": 800.0, "batch/global": 64.0, "workers": 2.0, "epoch": 0.8}, 0.0)])
+    assert (p.bar.n, p.bar.total) == (800, 1000) and p.step == 30
+    p.close()
+    err = capsys.readouterr().err
+    assert "B=64" in err and "W=2" in err and "step=30" in err
+
+
+def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
+    """An event at step s reaches the listeners after the records up to s and before later ones."""
+    import ray
+
+    from orchestrator.listeners import RunListener
+    from trainers.link.messages import BatchChange
+
+    seen: list = []
+
+    class Recorder(RunListener):
+        def on_records(self, records):
+            seen.extend(("record", r[0]) for r in records)
+
+        def on_event(self, event):
+            seen.append(("event", getattr(event, "step", None)))
+
+    cfg = make_config(tmp_path, "mem://")
+    monkeypatch.setattr(ray, "get", lambda x: x)
+    runner = PhaseRunner(cfg, FakeTracker(), progress=False)  # type: ignore[arg-type]
+    runner.listeners = [Recorder()]
+    state = MonitorState(WorkersForBatch(), 32, 1, 1)
+    state.push([(s, {"train/loss": 1.0}, 0.0) for s in range(18, 23)], [BatchChange(step=20, old=16, new=32)])
+    runner.monitor = FakeMonitor(state)
+    runner.pump()
+    assert seen == [("record", 18), ("record", 19), ("record", 20), ("event", 20), ("record", 21), ("record", 22)]
