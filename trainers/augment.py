@@ -11,7 +11,7 @@ hash (in the spirit of Salmon et al. 2011, "Parallel random numbers: as easy as 
 where the sample id is the row of the training set (not its position in a batch) and the
 stream tells the draws apart (crop row, crop column, flip).  So a sample is augmented the same
 way in a given epoch whatever the world size, the micro-batch cut, the rank that draws it or a
-resume in between: resume stays exact (DESIGN.md section 3), and nothing needs checkpointing.
+resume in between: resume stays exact (docs/architecture.md), and nothing needs checkpointing.
 
 The hash is ``lowbias32``-style integer mixing (xor-shift, multiply, xor-shift, ...) on 32-bit
 values held in int64 with odd multipliers below 2^31, so every product stays below 2^63 and the
