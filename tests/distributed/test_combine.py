@@ -185,6 +185,8 @@ def _local_sgd_worker(rank: int, world: int, port: int, out: dict, steps: int, s
         loc = LocalSGD(CombineConfig(method="local_sgd", local_steps=3))
         step = 0
         if start is not None:
+            # tensors that came through the Manager live in shared memory, the same on both ranks: copy
+            start = copy.deepcopy(start)
             model.load_state_dict(start["model"])
             opt.load_state_dict(start["opt"])
             loc.load_state_dict(start["local"])
