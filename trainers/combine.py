@@ -53,8 +53,8 @@ adaptive summation", MLSys 2021)
     *LR rule*: no linear scaling by W.  Adasum of W parallel gradients is their mean, of W
     orthogonal ones their sum, so it already adapts its step between 1x and Wx.  The LR is the
     one tuned for one worker's batch ``b = B / W``: set ``optimizer.base_batch_size`` to the
-    per-worker batch and ``schedule.scaling_rule: none`` (what Horovod recommends: "scale the
-    LR by the number of workers only on the local batch, not with Adasum").
+    per-worker batch and ``schedule.scaling_rule: none`` (Horovod's Adasum guidance likewise keeps
+    the single-worker LR rather than scaling it by the number of workers).
     :func:`check_combination` enforces the scaling rule.
 
     *Resize*: the result depends on the number of inputs W, by design.  A changing W (a growing
@@ -236,7 +236,7 @@ def _coef(dot: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
 
 
 def adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b`` for one layer (Maleki et al. 2020, eq. 6).
+    """``(1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b`` for one layer (Maleki et al. 2020).
 
     Dot product and norms in float64, the result in the inputs' dtype; a zero-norm input is the
     identity (``adasum_pair(0, b) == b``)."""
