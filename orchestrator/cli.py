@@ -65,6 +65,8 @@ def _summary(s, cfg) -> str:
         "",
         f"run {s.status.lower()}: {s.steps} steps in {s.wall_s:.1f} s",
     ]
+    if s.error:
+        lines.append(f"  error          {s.error}")
     for key in ("train/loss", "val/loss", "val/accuracy"):
         if key in s.final:
             lines.append(f"  {key:<14} {s.final[key]:.4f}")

@@ -11,7 +11,7 @@ from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff
 from orchestrator.progress import Progress
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import AutoWarmupEnd, BatchChange, Event, PhaseStart, Record, WorkerWarning
+from trainers.link.messages import AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, WorkerWarning
 
 
 class RunListener:
@@ -78,6 +78,8 @@ class ProgressListener(RunListener):
                 write(f"auto warmup ended at step {step}: peak lr {peak:.4g} ({reason})")
             case GroupRestarted(step=step, workers=workers, restarts=n):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
+            case Diverged():
+                write(f"error: {event.message}")
             case WorkerWarning(message=message):
                 write(f"warning: {message}")
             case OverlapFellBack(workers=workers, error=err):

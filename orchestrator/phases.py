@@ -39,7 +39,7 @@ from orchestrator.listeners import ProgressListener, RecordsCallback, RunListene
 from orchestrator.progress import Progress, total_samples
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
+from trainers.link.messages import Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
 from trainers.link.runtime import Runtime
 
 POLL_S = 0.5
@@ -211,6 +211,7 @@ class PhaseRunner:
         self.train_run_name = f"elastic-{tracker.run_id}"  # all phases and resumes share it
         self.storage_path = os.path.abspath(os.path.expanduser(cfg.checkpoint.storage_path))
         self.events: list[Event] = []
+        self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
         self.monitor: Any = None
         self.monitor_name, self.namespace = "", None
         self.t_start = time.time()
@@ -392,7 +393,9 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
 
     def _observe(self, ev: Event) -> None:
         """The runner's own bookkeeping of the workers' events."""
-        if isinstance(ev, FirstStep):
+        if isinstance(ev, Diverged):
+            self.diverged = ev
+        elif isinstance(ev, FirstStep):
             self._first_step.setdefault(ev.phase, ev.time)
         elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
             self._overlap_wanted = ev.workers

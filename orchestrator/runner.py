@@ -43,6 +43,7 @@ class RunSummary:
     first_step_s: float | None = None
     resizes: list[dict[str, Any]] = field(default_factory=list)
     resizes_called_off: int = 0
+    error: str | None = None  # why a FAILED run failed (one line)
 
 
 def final_metrics(tracker: RunTracker) -> dict[str, float]:
@@ -118,8 +119,12 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         if on_start:
             on_start(runner)
         runner.run()
-        status = "FINISHED"
         tracker.release_held()
+        if runner.diverged is not None:  # FAILED, the diverged model not logged, the good checkpoint kept
+            error = runner.diverged.message
+            tracker.set_tags({"elastic.failure": error})
+            return _summary(tracker, runner, "FAILED", t0, error)
+        status = "FINISHED"
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
                           "elastic.resizes": len(runner.resizes)})
         tracker.log_plots()
@@ -140,9 +145,13 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             import ray
 
             ray.shutdown()
+    return _summary(tracker, runner, status, t0)
+
+
+def _summary(tracker: RunTracker, runner: PhaseRunner, status: str, t0: float, error: str | None = None) -> RunSummary:
     steps = max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
     return RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
                       status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
                       storage_path=runner.storage_path, train_run_name=runner.train_run_name,
                       first_step_s=runner.first_step_s(), resizes=runner.resizes,
-                      resizes_called_off=runner.called_off)
+                      resizes_called_off=runner.called_off, error=error)

@@ -121,6 +121,7 @@ class TrialActor:
             summary = run_training(cfg, progress=False, parent_run_id=parent_run_id, tags=tags,
                                    on_start=self._on_start, on_records=self._on_records)
             result.status, result.steps = summary.status, summary.steps
+            result.error = summary.error  # a diverged run is a FAIL with its reason
             folder = (summary.storage_path, summary.train_run_name)
         except BaseException as e:  # a failed trial is a result, not a crash of the search
             result.error = short_error(e)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from trainers.link import agreement
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, PushDecision, WorkersNeeded
 from trainers.link.channel import Channel
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Finished, FirstStep, PhaseStart,
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Diverged, Finished, FirstStep, PhaseStart,
                                     ResizeCheckpoint, Stopped, WorkerWarning)
 from trainers.link.runtime import Runtime
 from trainers.meter import ThroughputMeter
@@ -68,6 +69,14 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+
+
+class NonFiniteLoss(RuntimeError):
+    """The global batch's loss at ``step`` is ``value`` (inf or nan): the run stops (see ``Trainer.run``)."""
+
+    def __init__(self, step: int, value: float):
+        super().__init__(f"non-finite loss {value} at step {step}")
+        self.step, self.value = step, value
 
 
 class Trainer:
@@ -221,16 +230,19 @@ class Trainer:
         mine = ids[lo:hi]
         loss_sum = self.accumulate(ids, mine)
         small = self.noise.finish(bsz, len(mine)) if self.noise is not None else None
+        # one all-reduce per step: the loss sum and the noise statistics ride together; before the
+        # optimizer step, so a non-finite loss (the same on every rank) never reaches the weights
+        reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
+        if self.world > 1:
+            dist.all_reduce(reduced)
+        v = reduced.tolist()
+        if not math.isfinite(v[0]):
+            raise NonFiniteLoss(self.state.step + 1, v[0] / bsz)
         s = self.policies.settings(self.epoch_float, self.B, self.world, self.gns, samples=bsz)
         self.policies.apply(self.opt, s, first=self.state.step == 0)
         self.lr, self.mf = s.lr, s.mf
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        # one all-reduce per step: the loss sum and the noise statistics ride together
-        reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
-        if self.world > 1:
-            dist.all_reduce(reduced)
-        v = reduced.tolist()
         if self.noise is not None:
             self.noise.update(v[1:], bsz)
         loss_mean = v[0] / bsz
@@ -399,6 +411,16 @@ class Trainer:
         self.channel.flush(wait=True)
 
     def run(self) -> None:
+        """Train (:meth:`train`); a non-finite loss ends the run at once, with no checkpoint of
+        the diverged state, and tells the driver which checkpoint holds the last finite one."""
+        try:
+            self.train()
+        except NonFiniteLoss as e:
+            kept = self.checkpoints.checkpoints()
+            self.channel.emit(Diverged(step=e.step, value=e.value, checkpoint=kept[0] if kept else None))
+            self.channel.flush(wait=True)
+
+    def train(self) -> None:
         """Restore, then train until the run ends, the driver stops it, or this group hands over
         to one of another size (a resize); see ``docs/architecture.md``."""
         built = time.time()

@@ -151,6 +151,24 @@ class Stopped(Event):
     step: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class Diverged(Event):
+    """The global batch's loss at ``step`` was not finite (every rank saw the same all-reduced
+    value): the group stopped before the optimizer step, so the newest checkpoint (``checkpoint``,
+    None if there is none) holds the last finite state."""
+
+    kind: ClassVar[str] = "diverged"
+    step: int
+    value: float
+    checkpoint: str | None = None
+
+    @property
+    def message(self) -> str:
+        kept = f"the last finite checkpoint is {self.checkpoint}" if self.checkpoint else "no checkpoint was written yet"
+        return (f"training diverged at step {self.step}: train/loss = {self.value}; {kept}; lower optimizer.lr "
+                f"or lengthen the warmup")
+
+
 # --------------------------------------------------------------------------- answers
 
 
