@@ -34,6 +34,7 @@ class TrackingListener(RunListener):
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
         self.warnings: list[str] = []
+        self.called_off = 0
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -53,6 +54,12 @@ class TrackingListener(RunListener):
                 self._warn(message)
             case OverlapFellBack(error=err):
                 self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])
+            case ResizeCalledOff(workers=workers):  # a resize that paid for a group it never used
+                self.called_off += 1
+                self.tracker.set_tags({"elastic.resizes_called_off": self.called_off,
+                                       "elastic.resize_called_off_reason":
+                                           f"resize to {workers} workers called off: training ended before "
+                                           "the new group was ready"})
             case ResizeMeasured(resize=r):
                 self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
                                                     M.RESIZE_LATENCY_S: r.latency_s,

@@ -19,7 +19,7 @@ from orchestrator.config import RootConfig
 from trainers.data import load_data
 from trainers.policy import PolicySet
 
-COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps"]
+COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps", "batch_samples"]
 
 
 @dataclass
@@ -75,8 +75,8 @@ def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
         last = epoch + cursor / n >= cfg.train.epochs - 1e-12
         if step == 1 or epoch_end or changed or last or (every and step % every == 0):
             rows.append({"step": step, "epoch": epoch + cursor / n, "lr": st.lr, "mf": st.mf,
-                         "batch_global": st.samples, "workers": W, "batch_local": st.local,
-                         "accum_steps": st.accum})
+                         "batch_global": st.batch, "workers": W, "batch_local": st.local,
+                         "accum_steps": st.accum, "batch_samples": st.samples})
     return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=step)
 
 
@@ -90,10 +90,10 @@ def to_csv(plan: Plan) -> str:
 
 
 def to_table(plan: Plan) -> str:
-    header = ["step", "epoch", "lr", "mf", "B", "W", "b/worker", "accum"]
+    header = ["step", "epoch", "lr", "mf", "B", "W", "b/worker", "accum", "samples"]
     cells = [header] + [[f"{int(r['step'])}", f"{r['epoch']:.3f}", f"{r['lr']:.5g}", f"{r['mf']:.4f}",
                          f"{int(r['batch_global'])}", f"{int(r['workers'])}", f"{int(r['batch_local'])}",
-                         f"{int(r['accum_steps'])}"] for r in plan.rows]
+                         f"{int(r['accum_steps'])}", f"{int(r['batch_samples'])}"] for r in plan.rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -328,14 +328,18 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
 
     def metrics_for_step(self, loss: float, bsz: int) -> dict[str, float]:
-        lo, hi = slice_bounds(bsz, 0, self.world)
+        """The step's metrics.  ``batch/*`` describe the batch the policy has in force (B, rank
+        0's share, its micro-batches); ``batch/samples`` is what this step took (an epoch's
+        short last batch is smaller than B)."""
+        lo, hi = slice_bounds(self.B, 0, self.world)
         m = {
             M.TRAIN_LOSS: loss,
             M.LR: self.lr,
             M.MF: self.mf,
-            M.BATCH_GLOBAL: float(bsz),
+            M.BATCH_GLOBAL: float(self.B),
+            M.BATCH_SAMPLES: float(bsz),
             M.BATCH_LOCAL: float(hi - lo),
-            M.BATCH_ACCUM_STEPS: float(accum_steps(bsz, self.world, self.cfg.batch.max_local_batch)),
+            M.BATCH_ACCUM_STEPS: float(accum_steps(self.B, self.world, self.cfg.batch.max_local_batch)),
             M.WORKERS: float(self.world),
             M.SAMPLES_SEEN: float(self.state.samples_seen),
             M.EPOCH: self.epoch_float,

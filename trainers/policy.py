@@ -59,8 +59,9 @@ class StepSettings:
     """What one optimizer step runs with.
 
     ``batch`` is the global batch B in force (the policies' B), ``samples`` the samples
-    this step actually takes (fewer than B for an epoch's short last batch), ``local``
-    rank 0's share of them and ``accum`` its micro-batches; ``workers`` is W.
+    this step actually takes (fewer than B for an epoch's short last batch); ``local`` and
+    ``accum`` are rank 0's share of B and its micro-batches (they describe the policy's batch,
+    not the short tail); ``workers`` is W.
     """
 
     lr: float
@@ -143,10 +144,10 @@ class PolicySet:
         """Everything a step at ``epoch`` with global batch B on W workers runs with (see the module
         docstring); ``samples`` is the step's sample count (default B)."""
         n = batch_size if samples is None else samples
-        lo, hi = slice_bounds(n, 0, workers)
+        lo, hi = slice_bounds(batch_size, 0, workers)
         return StepSettings(lr=self.lr(epoch, batch_size, noise), mf=self.mf(batch_size, workers),
                             batch=batch_size, workers=workers, samples=n, local=hi - lo,
-                            accum=accum_steps(n, workers, self.batch_cfg.max_local_batch))
+                            accum=accum_steps(batch_size, workers, self.batch_cfg.max_local_batch))
 
     @staticmethod
     def apply(opt: torch.optim.Optimizer, settings: StepSettings, first: bool) -> None:

@@ -33,7 +33,8 @@ def test_plan_matches_what_the_run_logs(ray_cluster, tmp_path):
     run = run_training(cfg, progress=False)
     assert run.status == "FINISHED"
     assert [(r["from"], r["to"], r["mode"]) for r in run.resizes] == [(1, 2, "restart")]
-    for key, col in (("lr", "lr"), ("mf", "mf"), ("batch/global", "batch_global"), ("workers", "workers")):
+    for key, col in (("lr", "lr"), ("mf", "mf"), ("batch/global", "batch_global"), ("workers", "workers"),
+                     ("batch/samples", "batch_samples")):
         logged = dense_series(uri, run.run_id, key)
         assert [s for s, _ in logged] == [int(r["step"]) for r in plan.rows], key
         np.testing.assert_allclose([v for _, v in logged], [float(r[col]) for r in plan.rows], rtol=0, atol=1e-9,
@@ -41,5 +42,6 @@ def test_plan_matches_what_the_run_logs(ray_cluster, tmp_path):
     # the run really went through warmup, decay, the batch change and the resize
     rows = {int(r["step"]): r for r in plan.rows}
     assert rows[steps1]["workers"] == 1 and rows[steps1 + 1]["workers"] == 2
-    assert rows[steps1]["batch_global"] == N - 32 * (steps1 - 1) and rows[steps1 + 1]["batch_global"] == 64
+    assert rows[steps1]["batch_global"] == 32 and rows[steps1 + 1]["batch_global"] == 64  # the policy's B
+    assert rows[steps1]["batch_samples"] == N - 32 * (steps1 - 1)  # the epoch's short last batch
     assert rows[1]["lr"] < rows[steps1 // 2]["lr"] and rows[plan.total_steps]["lr"] < rows[steps1 + 1]["lr"]

@@ -28,7 +28,8 @@ def test_schedule_policy_grows_batch_and_workers_at_epoch_boundaries():
     e2 = e1 + -(-N // 64)
     rows = {int(r["step"]): r for r in plan.rows}
     assert plan.total_steps == -(-N // 32) + -(-N // 64) + -(-N // 128)
-    assert rows[e1]["batch_global"] == N - 32 * (e1 - 1) and rows[e1]["workers"] == 1
+    assert rows[e1]["batch_global"] == 32 and rows[e1]["workers"] == 1  # the policy's B, also at the tail
+    assert rows[e1]["batch_samples"] == N - 32 * (e1 - 1) and rows[e1 - 1]["batch_samples"] == 32
     assert rows[e1 + 1]["batch_global"] == 64 and rows[e1 + 1]["workers"] == 2
     assert rows[e2 + 1]["batch_global"] == 128 and rows[e2 + 1]["workers"] == 4
     assert rows[e1 + 1]["lr"] == pytest.approx(0.2) and rows[e2 + 1]["lr"] == pytest.approx(0.4)  # linear rule
@@ -60,7 +61,7 @@ def test_adaptive_parts_are_named():
 def test_csv_columns_and_cli(tmp_path, capsys):
     rows = list(csv.DictReader(io.StringIO(to_csv(make_plan(_cfg(), every=10)))))
     assert list(rows[0]) == COLUMNS == ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local",
-                                        "accum_steps"]
+                                        "accum_steps", "batch_samples"]
     p = tmp_path / "c.yaml"
     p.write_text("data: {name: digits}\nbatch: {size: 64, max_local_batch: 32}\nscaling: {max_workers: 2}\n")
     png = tmp_path / "plan.png"

@@ -45,8 +45,9 @@ def test_settings_mf_rule_local_slice_and_accum() -> None:
     assert s.lr == pytest.approx(0.1 * 2.0)  # sqrt(128/32)
     assert s.mf == pytest.approx(0.9 ** 4)  # b = 64 = 4 x 16
     assert (s.local, s.accum) == (64, 3)  # ceil(64 / 24)
-    short = p.settings(0.9, 128, 3, samples=37)  # an epoch's short last batch: 13 + 12 + 12
-    assert (short.batch, short.samples, short.local, short.accum) == (128, 37, 13, 1)
+    short = p.settings(0.9, 128, 3, samples=37)  # an epoch's short last batch (13 + 12 + 12 samples)
+    # local and accum describe the policy's batch (128 over 3: 43, in 2 micro-batches), not the tail
+    assert (short.batch, short.samples, short.local, short.accum) == (128, 37, 43, 2)
     assert short.mf == pytest.approx(0.9 ** (128 / 3 / 16))  # the MF follows B, not the short batch
 
 

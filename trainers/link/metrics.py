@@ -11,7 +11,8 @@ VAL_LOSS = "val/loss"
 VAL_ACCURACY = "val/accuracy"
 LR = "lr"
 MF = "mf"
-BATCH_GLOBAL = "batch/global"
+BATCH_GLOBAL = "batch/global"  # the global batch the policy has in force
+BATCH_SAMPLES = "batch/samples"  # the samples a step took (an epoch's short last batch: fewer than B)
 BATCH_LOCAL = "batch/local"
 BATCH_ACCUM_STEPS = "batch/accum_steps"
 WORKERS = "workers"
@@ -36,5 +37,5 @@ def resize_part(part: str) -> str:
 
 
 # Metrics every step row may carry (in the order the search layer lists them).
-STEP_METRICS = (VAL_ACCURACY, VAL_LOSS, TRAIN_LOSS, LR, MF, BATCH_GLOBAL, BATCH_LOCAL, BATCH_ACCUM_STEPS, WORKERS,
+STEP_METRICS = (VAL_ACCURACY, VAL_LOSS, TRAIN_LOSS, LR, MF, BATCH_GLOBAL, BATCH_SAMPLES, BATCH_LOCAL, BATCH_ACCUM_STEPS, WORKERS,
                 SAMPLES_SEEN, EPOCH, THROUGHPUT, GNS_B_SIMPLE)
