@@ -12,9 +12,9 @@ from trainers.link.messages import Record
 
 def estimate_total_steps(cfg: RootConfig) -> int:
     """Steps of ``train.epochs`` at the initial batch (the bar's total; it grows if a run goes on longer)."""
-    from trainers.data import load_data
+    from trainers.workload import train_size
 
-    n = load_data(cfg.data, cfg.train.seed).num_train
+    n = train_size(cfg)
     per_epoch = math.ceil(n / cfg.batch.size)
     whole = int(cfg.train.epochs)
     frac = cfg.train.epochs - whole

@@ -47,7 +47,7 @@ class RunSummary:
 
 def final_metrics(tracker: RunTracker) -> dict[str, float]:
     out = {}
-    for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.SAMPLES_SEEN, M.EPOCH):
+    for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
         pts = tracker.history.get(key)
         if pts:
             out[key] = max(pts)[1]
