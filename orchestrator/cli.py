@@ -116,6 +116,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.runner import find_run, run_training
 
     run_id, uri, raw = find_run(args.run, args.tracking_uri)
+    from orchestrator.api import resume_hint
+
+    hint = resume_hint(run_id, raw)  # functions sent by value from Python: resume there
+    if hint:
+        raise ConfigError(hint)
     raw.setdefault("tracking", {})["uri"] = uri
     cfg = validate(raw)
     summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,

@@ -10,11 +10,11 @@ from trainers.link import metrics as M
 from trainers.link.messages import Record
 
 
-def estimate_total_steps(cfg: RootConfig) -> int:
+def estimate_total_steps(cfg: RootConfig, functions: dict | None = None) -> int:
     """Steps of ``train.epochs`` at the initial batch (the bar's total; it grows if a run goes on longer)."""
     from trainers.workload import train_size
 
-    n = train_size(cfg)
+    n = train_size(cfg, functions)
     per_epoch = math.ceil(n / cfg.batch.size)
     whole = int(cfg.train.epochs)
     frac = cfg.train.epochs - whole

@@ -70,8 +70,13 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  parent_run_id: str | None = None, tags: dict[str, str] | None = None,
                  on_start: Callable[[PhaseRunner], None] | None = None,
                  on_records: Callable[[list], None] | None = None,
-                 t_invoked: float | None = None, resume_run_id: str | None = None) -> RunSummary:
+                 t_invoked: float | None = None, resume_run_id: str | None = None,
+                 functions: dict[str, Callable[..., Any]] | None = None) -> RunSummary:
     """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated.
+
+    ``functions``: factories sent by value (``fit()`` with a lambda or a ``__main__`` function;
+    trainers/workload.py), passed to the workers in their payload.  Factories' packages that are
+    not installed are shipped to the workers (orchestrator/code.py).
 
     With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
     steps continue, nothing already logged is logged again."""
@@ -80,10 +85,13 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     # while Ray starts; the run itself is created once Ray is up.
     warm = threading.Thread(target=_open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
     warm.start()
-    started_ray = ensure_ray(verbose)
+    from orchestrator.code import runtime_env
+
+    started_ray = ensure_ray(verbose, runtime_env=runtime_env(cfg))
     warm.join()
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
-    runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
+    runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
+                         functions=functions)
     runner.t_start = t0
     tracker.set_tags({"elastic.train_run_name": runner.train_run_name, "elastic.storage_path": runner.storage_path})
     if resume_run_id:

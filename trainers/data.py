@@ -75,6 +75,9 @@ class DataConfig(BaseModel):
 
     def check_available(self) -> None:
         """Raise ``ValueError`` if the data cannot be loaded (called before Ray starts)."""
+        if self.name == "text" and self.path and not os.path.isfile(os.path.expanduser(self.path)):
+            raise ValueError(f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
+                             "unset for the corpus of Python's own standard library")
         if self.name == "cifar10":
             if not self.root:
                 raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")

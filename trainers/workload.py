@@ -143,9 +143,11 @@ def probe_config(cfg: Any, functions: Functions | None = None) -> str | None:
     data, model = cfg.data, cfg.model
     if data.in_memory and model.factory is None and not model.loss:
         return None
+    from trainers.factory import probe, resolve
+
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
+    resolve(data_fn, "data.factory")  # the data's import errors first
     model_fn, model_params = model_factory(model, data, functions)
-    from trainers.factory import probe
 
     check_size = not data.in_memory
     return probe(model_fn, data_fn, model.loss_name(), model_params=model_params, data_params=data_params,
