@@ -182,3 +182,26 @@ def test_code_modules_ship_packages_that_are_not_installed(tmp_path, monkeypatch
                     "code": {"py_modules": [str(extra)]}})
     assert code_modules(cfg) == [str(extra), str(pkg.resolve())]
     assert code_modules(validate({"data": {"factory": "shipme_pkg17.data:f"}, "code": {"auto": False}})) == []
+
+
+def test_noise_scale_policy_with_a_language_model(tmp_path, monkeypatch):
+    """The noise-scale estimate from per-sequence loss sums (no extra backward) works for the GPT."""
+    monkeypatch.setenv("ELASTIC_CACHE_DIR", str(tmp_path))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the value is {i * 7 % 13}\n" for i in range(600)))
+    raw = {"data": {"name": "text", "path": str(corpus), "context": 16},
+           "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
+           "optimizer": {"name": "adamw", "lr": 0.01},
+           "batch": {"size": 16, "max_local_batch": 16, "policy": "noise_scale", "max_size": 64, "check_every": 2}}
+    t = _trainer(raw)
+    assert t.noise is not None
+    for _ in range(4):
+        b = t.batches.next(t.state.epoch, t.state.cursor, t.B)
+        assert [len(m) for m in b.micro_ids] == [8, 8]  # W = 1: the slice is cut in two small batches
+        t.train_step(b)
+        t.state.cursor += len(b.ids)
+        t.state.step += 1
+    assert t.gns.b_simple is not None and math.isfinite(t.gns.b_simple)
+    m = t.metrics_for_step(1.0, 16)
+    assert M.GNS_B_SIMPLE in m
+    t.close()
