@@ -106,7 +106,7 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
             if fn is not None:
                 from trainers.factory import qualified_name
 
-                recorded = (raw.get(section) or {}).get("factory")
+                recorded = (raw.get(section) or {}).get("factory") or ""
                 if qualified_name(fn) is None or recorded.startswith("python:"):
                     functions[section] = fn
         missing = [f for f in by_value_fields(raw) if f.split(".")[0] not in functions]

@@ -226,9 +226,9 @@ class Trainer:
         its ids), then step.  Returns the global batch's mean loss (the same on every rank)."""
         if not isinstance(batch, StepBatch):
             batch = self.batches.batch(np.asarray(batch))
-        bsz, mine = len(batch.ids), batch.mine
+        bsz = len(batch.ids)
         loss_sum = self.accumulate(batch)
-        small = self.noise.finish(bsz, len(mine)) if self.noise is not None else None
+        small = self.noise.finish(bsz, batch.mine_len) if self.noise is not None else None
         s = self.policies.settings(self.epoch_float, self.B, self.world, self.gns, samples=bsz)
         self.policies.apply(self.opt, s, first=self.state.step == 0)
         self.lr, self.mf = s.lr, s.mf
@@ -244,7 +244,7 @@ class Trainer:
         loss_mean = v[0] / bsz
         self.policies.after_step(self.lr, loss_mean)
         if self._sample_log is not None:
-            self._log_samples(mine)
+            self._log_samples(batch.mine)
         return loss_mean
 
     def accumulate(self, batch: StepBatch) -> torch.Tensor:

@@ -264,6 +264,10 @@ class StepBatch:
     micro: list[Any] = field(default_factory=list)  # collated (inputs, targets) per micro-batch
 
     @property
+    def mine_len(self) -> int:
+        return int(sum(len(m) for m in self.micro_ids))
+
+    @property
     def mine(self) -> np.ndarray:
         return np.concatenate(self.micro_ids) if self.micro_ids else self.ids[:0]
 
