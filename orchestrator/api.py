@@ -36,6 +36,11 @@ class FitResult:
     experiment_id: str = ""
     checkpoint_dir: str = ""
 
+    @property
+    def final(self) -> dict[str, float]:
+        """The final metrics (the same as :attr:`metrics`; the name ``RunSummary`` uses)."""
+        return self.metrics
+
 
 def _record(section: str, fn: Callable[..., Any], raw: dict[str, Any],
             functions: dict[str, Callable[..., Any]]) -> None:
