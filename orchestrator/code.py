@@ -8,6 +8,13 @@ source folder on ``PYTHONPATH``, a folder put on ``sys.path`` by a notebook or s
 install) is shipped with Ray's runtime environment ``py_modules`` (Ray uploads the folder once per
 content hash and puts it on the workers' path).  ``code.py_modules`` lists more folders explicitly.
 Under ``ray job submit --working-dir .`` the working directory is already on every worker.
+
+Ray uploads local folders only for a job's runtime environment (``ray.init(runtime_env=...)``), not
+for one actor group's: so the folders are given to the ``ray.init`` of a local cluster that a run or a
+search starts itself (orchestrator/ray_env.py), and every actor of that job (train workers, trial
+actors) inherits them.  A driver that joins a running cluster (``RAY_ADDRESS``, an already
+initialised Ray) relies on that cluster's job environment: ``--working-dir`` or ``py_modules`` of
+``ray job submit``, or the package installed on the nodes.
 """
 
 from __future__ import annotations

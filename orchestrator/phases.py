@@ -302,8 +302,6 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         runtime = Runtime(monitor_name=self.monitor_name, namespace=self.namespace, phase=phase, workers=workers,
                           handover=handover, storage=self.storage_path, run_prefix=self.train_run_name,
                           run_name=self.phase_run_name(phase))
-        from orchestrator.code import runtime_env
-
         payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
         if self.functions:
             payload["functions"] = dict(self.functions)  # cloudpickled by Ray
@@ -316,7 +314,6 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
                 failure_config=FailureConfig(max_failures=s.max_failures),
-                worker_runtime_env=runtime_env(self.cfg),  # the user's code (orchestrator/code.py)
             ),
         )
 
