@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SRC = os.path.join(ROOT, "examples", "user_project", "src")
-SMALL = ["data.params.n_train=2048", "data.params.n_val=512", "train.epochs=2", "scaling.cpus_per_worker=0.5"]
+SMALL = ["data.params.n_train=2048", "data.params.n_val=512", "train.epochs=2", "scaling.cpus_per_worker=0.5",
+         "batch.size=128", "batch.max_local_batch=64", "optimizer.lr=0.05"]  # 32 steps, lr 0.1 at B = 128
 
 
 def _env(**extra):
@@ -27,7 +28,7 @@ def _env(**extra):
 
 def test_cli_with_factories_named_by_set(tmp_path):
     sets = ["data.factory=my_workload.data:rings", "data.params.classes=3", "model.factory=my_workload.model:ring_net",
-            "model.params.width=64", "batch.size=256", "batch.max_local_batch=128", *SMALL,
+            "model.params.width=64", *SMALL,
             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"checkpoint.storage_path={tmp_path}/runs"]
     cmd = [sys.executable, "-m", "orchestrator", "train", os.path.join(ROOT, "configs", "quickstart.yaml"),
            "--no-progress"] + [a for s in sets for a in ("--set", s)]

@@ -26,7 +26,7 @@ def test_lm_quickstart_perplexity_falls(ray_cluster, tmp_path):
     uri = s.tracking_uri
     ppl = [v for _, v in metric_series(uri, s.run_id, "val/perplexity")]
     loss = [v for _, v in metric_series(uri, s.run_id, "val/loss")]
-    assert len(ppl) >= 3 and ppl[-1] < 0.6 * ppl[0], ppl
+    assert len(ppl) >= 3 and all(b < a for a, b in zip(ppl, ppl[1:])) and ppl[-1] < 0.9 * ppl[0], ppl
     np.testing.assert_allclose(ppl, np.exp(loss), rtol=1e-6)
     train = [v for _, v in metric_series(uri, s.run_id, "train/loss")]
     assert np.mean(train[-5:]) < np.mean(train[:5])
