@@ -124,6 +124,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.run_info import DriverLock, check_resumable, run_folder
 
     run_id, uri, raw = find_run(args.run, args.tracking_uri)
+    from orchestrator.api import resume_hint
+
+    hint = resume_hint(run_id, raw)  # functions sent by value from Python: resume there
+    if hint:
+        raise ConfigError(hint)
     raw.setdefault("tracking", {})["uri"] = uri
     cfg = validate(raw)
     name = f"elastic-{run_id}"

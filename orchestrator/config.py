@@ -8,12 +8,15 @@ Everything is validated here, before Ray starts or an MLflow run is created.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from trainers.section import Section
 
+from orchestrator.code import CodeConfig
 from trainers.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -78,6 +81,7 @@ class RootConfig(LoopConfig):
 
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    code: CodeConfig = Field(default_factory=CodeConfig)
 
     @model_validator(mode="after")
     def _root_checks(self) -> "RootConfig":
@@ -95,6 +99,18 @@ class RootConfig(LoopConfig):
         try:
             self.data.check_available()
         except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def check_workload(self, functions: Mapping[str, Callable[..., Any]] | None = None) -> str | None:
+        """Probe a workload that is not all built-in (trainers/workload.py :func:`probe_config`): build,
+        forward and loss on two samples, backward, state-dict round trip, and a training set that holds
+        the global batch.  Returns the probe's warning (BatchNorm) or None; a failure is a ConfigError."""
+        from trainers.factory import FactoryError
+        from trainers.workload import probe_config
+
+        try:
+            return probe_config(self, functions)
+        except (FactoryError, FileNotFoundError) as e:
             raise ConfigError(str(e)) from None
 
 
@@ -247,13 +263,39 @@ def validate(raw: dict[str, Any]) -> RootConfig:
         raise ConfigError(format_validation_error(e)) from None
 
 
-def load_config(path: str | None, overrides: list[str] | None = None) -> RootConfig:
-    raw = read_yaml(path) if path else {}
+CHOICES = {"name": "factory", "factory": "name"}  # a section names a built-in or a factory
+
+
+def drop_replaced_choice(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``--set data.factory=...`` replaces the file's ``data.name`` (and ``name`` the ``factory``), so a
+    config's built-in workload can be swapped from the command line; the same file giving both is
+    still an error."""
+    for item in overrides:
+        path, _ = parse_override(item)
+        if len(path) == 2 and path[0] in ("data", "model") and path[1] in CHOICES:
+            section = raw.get(path[0])
+            if isinstance(section, dict):
+                section.pop(CHOICES[path[1]], None)
+    return raw
+
+
+def load_config(path: str | dict[str, Any] | None, overrides: list[str] | None = None, *,
+                functions: Mapping[str, Callable[..., Any]] | None = None) -> RootConfig:
+    """Read (a YAML path, or a dict of sections), override, validate, check data and probe the
+    workload: every error is a one-line ConfigError before anything starts.  A probe's warning
+    (a BatchNorm model) is printed once to stderr."""
+    import copy
+
+    raw = read_yaml(path) if isinstance(path, str) else copy.deepcopy(path or {})
+    raw = drop_replaced_choice(raw, overrides or [])
     cfg = validate(apply_overrides(raw, overrides or []))
     from orchestrator.preflight import check_config
 
     check_config(cfg)
     cfg.check_resources()
+    warning = cfg.check_workload(functions)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     return cfg
 
 

@@ -201,9 +201,11 @@ class PhaseRunner:
     """Runs one training run as a sequence of ``fit()`` phases (the context the states act on)."""
 
     def __init__(self, cfg: RootConfig, tracker: RunTracker, verbose: bool = False, progress: bool = True,
-                 on_records: Callable[[list[Record]], None] | None = None):
+                 on_records: Callable[[list[Record]], None] | None = None,
+                 functions: dict[str, Callable[..., Any]] | None = None):
         self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
-        self.progress = Progress(total_samples(cfg), enabled=progress)
+        self.functions = functions  # factories sent by value (trainers/workload.py), in the payload
+        self.progress = Progress(total_samples(cfg, functions), enabled=progress)
         self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
         if on_records is not None:
             self.listeners.append(RecordsCallback(on_records))
@@ -301,9 +303,12 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         runtime = Runtime(monitor_name=self.monitor_name, namespace=self.namespace, phase=phase, workers=workers,
                           handover=handover, storage=self.storage_path, run_prefix=self.train_run_name,
                           run_name=self.phase_run_name(phase))
+        payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
+        if self.functions:
+            payload["functions"] = dict(self.functions)  # cloudpickled by Ray
         return TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()},
+            train_loop_config=payload,
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=self.resources()),
             run_config=RunConfig(

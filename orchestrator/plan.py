@@ -16,7 +16,7 @@ import io
 from dataclasses import dataclass, field
 
 from orchestrator.config import RootConfig
-from trainers.data import load_data
+from trainers.workload import train_size
 from trainers.policy import PolicySet
 
 COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps", "batch_samples"]
@@ -51,7 +51,7 @@ def adaptive_notes(cfg: RootConfig) -> list[str]:
 
 def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
     """Rows at step 1, every ``every`` steps (0 = none), each epoch end, each batch change and the last step."""
-    n = load_data(cfg.data, cfg.train.seed).num_train
+    n = train_size(cfg)
     policies = PolicySet.from_config(cfg, dataset_size=n)
     W, B = policies.initial_workers(), cfg.batch.size
     step, epoch, cursor = 0, 0, 0

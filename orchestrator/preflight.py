@@ -202,8 +202,11 @@ def check_model_input(cfg: "RootConfig") -> None:
 def check_config(cfg: "RootConfig") -> None:
     """The pure cross-field checks, in the order a user fixes them."""
     check_ignored(cfg)
-    check_samples(cfg)
-    check_model_input(cfg)
+    builtin_data = cfg.data.factory is None and (cfg.data.name == "synthetic" or cfg.data.name in DATASET_SIZES)
+    if builtin_data:  # a factory's or a text corpus's size is checked by the workload probe
+        check_samples(cfg)
+    if builtin_data and cfg.model.factory is None and cfg.model.name in ("mlp", "cnn", "resnet18", "resnet50"):
+        check_model_input(cfg)
 
 
 # --------------------------------------------------------------------------- filesystem and tracking store

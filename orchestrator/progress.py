@@ -16,11 +16,11 @@ from trainers.link import metrics as M
 from trainers.link.messages import Record
 
 
-def total_samples(cfg: RootConfig) -> int:
+def total_samples(cfg: RootConfig, functions: dict | None = None) -> int:
     """Samples a run of ``train.epochs`` trains on (the bar's total)."""
-    from trainers.data import load_data
+    from trainers.workload import train_size
 
-    return math.ceil(cfg.train.epochs * load_data(cfg.data, cfg.train.seed).num_train)
+    return math.ceil(cfg.train.epochs * train_size(cfg, functions))
 
 
 class Progress:

@@ -19,9 +19,12 @@ def quiet_ray_env(verbose: bool) -> None:
         os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
 
 
-def ensure_ray(verbose: bool = False, num_cpus: int | None = None) -> bool:
+def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
+               runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the cluster in ``RAY_ADDRESS`` (e.g. under ``ray job submit``) or start a local one.
 
+    ``runtime_env`` (the user's code, orchestrator/code.py) becomes the job's runtime environment
+    of a local cluster started here, so every actor (a search's trial actors too) inherits it.
     Returns True when this call started Ray (so the caller should shut it down)."""
     quiet_ray_env(verbose)
     import ray
@@ -44,6 +47,8 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None) -> bool:
             # machine after 6 runs).  Worker logs are not streamed to us here: list every 5 s.
             os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
             os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
+        if runtime_env:
+            kwargs["runtime_env"] = runtime_env
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
     if not verbose:
         for name in ("ray", "ray.train", "ray.tune", "ray.data"):

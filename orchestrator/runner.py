@@ -48,7 +48,7 @@ class RunSummary:
 
 def final_metrics(tracker: RunTracker) -> dict[str, float]:
     out = {}
-    for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.SAMPLES_SEEN, M.EPOCH):
+    for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
         pts = tracker.history.get(key)
         if pts:
             out[key] = max(pts)[1]
@@ -82,8 +82,13 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  on_start: Callable[[PhaseRunner], None] | None = None,
                  on_records: Callable[[list], None] | None = None,
                  t_invoked: float | None = None, resume_run_id: str | None = None,
-                 driver_lock: DriverLock | None = None) -> RunSummary:
+                 driver_lock: DriverLock | None = None,
+                 functions: dict[str, Callable[..., Any]] | None = None) -> RunSummary:
     """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated.
+
+    ``functions``: factories sent by value (``fit()`` with a lambda or a ``__main__`` function;
+    trainers/workload.py), passed to the workers in their payload.  Factories' packages that are
+    not installed are shipped to the workers (orchestrator/code.py).
 
     With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
     steps continue, nothing already logged is logged again."""
@@ -92,7 +97,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     # while Ray starts; the run itself is created once Ray is up.
     warm = threading.Thread(target=_open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
     warm.start()
-    started_ray = ensure_ray(verbose)
+    from orchestrator.code import runtime_env
+
+    started_ray = ensure_ray(verbose, runtime_env=runtime_env(cfg))
     warm.join()
     why = _infeasible(cfg)
     if why:  # before any MLflow run exists: Ray Train would wait for these resources forever
@@ -104,7 +111,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
     status, lock, runner = "FAILED", driver_lock, None
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
-        runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records)
+        runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
+                             functions=functions)
         runner.t_start = t0
         tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
                           "elastic.storage_path": runner.storage_path})

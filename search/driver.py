@@ -74,6 +74,9 @@ class SearchDriver:
         base_cfg = validate(space.base)
         self.tracking_uri = absolute_tracking_uri(options.tracking_uri or base_cfg.tracking.resolved_uri())
         self.experiment = base_cfg.tracking.experiment
+        from orchestrator.code import runtime_env
+
+        self.runtime_env = runtime_env(base_cfg)  # the user's code, for the trial actors (orchestrator/code.py)
         self.storage_path = os.path.abspath(os.path.expanduser(base_cfg.checkpoint.storage_path))
         self.objectives = [o.metric for o in space.objectives]
         self.metrics = [o.metric for o in space.objectives if o.per_step]  # what trial actors relay per step
@@ -95,7 +98,7 @@ class SearchDriver:
 
         t0 = time.time()
         n_trials = self._trials_to_run()
-        started_ray = ensure_ray(self.opts.verbose)
+        started_ray = ensure_ray(self.opts.verbose, runtime_env=self.runtime_env)
         status = "FAILED"
         try:
             self._open(n_trials)

@@ -665,6 +665,7 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
         check_samples(cfg)
         check_model_input(cfg)
         cfg.check_resources()
+        cfg.check_workload()  # a factory or built-in workload probed once, on the base config
     except ConfigError as e:
         raise SpaceError(_prefix_config_error(str(e), "base")) from None
     objectives = parse_objectives(raw.get("objective"))

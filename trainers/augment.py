@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+from trainers.section import Section
 
 __all__ = ["AUGMENTS", "Augment", "AugmentConfig", "hflip", "parse_augment", "random_bits", "random_crop",
            "uniform_ints"]
@@ -108,7 +109,7 @@ def parse_augment(names: Sequence[str] | None) -> list[str]:
     return out
 
 
-class AugmentConfig(BaseModel):
+class AugmentConfig(Section):
     """The augmentation fields of the ``data`` section (``DataConfig`` takes them as a base class)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -112,9 +112,10 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from trainers.noise import NormTestResult, norm_test
+from trainers.section import Section
 
 __all__ = [
     "AdasumCombiner",
@@ -137,7 +138,7 @@ COMBINE_METHODS: tuple[str, ...] = ("mean", "adasum", "local_sgd")
 # --------------------------------------------------------------------------- config
 
 
-class CombineConfig(BaseModel):
+class CombineConfig(Section):
     """The ``combine`` section: how the workers' gradients (or models) are combined."""
 
     model_config = ConfigDict(extra="forbid")

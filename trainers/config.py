@@ -8,7 +8,7 @@ worker loop, not Ray.  The driver's root config (``orchestrator/config.py``) ext
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
 from trainers.batching import BatchConfig

@@ -17,14 +17,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
 from trainers.section import Section
 
 DATASETS = ("digits", "synthetic", "cifar10")
+IN_MEMORY = DATASETS  # held as tensors and indexed directly; every other source goes through a DataLoader
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -35,9 +37,17 @@ class DataConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["digits", "synthetic", "cifar10"] = "digits"
+    name: Literal["digits", "synthetic", "cifar10", "text"] | None = Field(
+        default=None, description="a built-in dataset (default digits when no factory is given)")
+    factory: str | None = Field(default=None, description="'package.module:function' returning (train, val) "
+                                                          "map-style datasets; exclusive with name")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
+    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="the DataLoader of map-style data")
     root: str | None = Field(default=None, description="dataset directory (cifar10)")
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    # text only: byte-level tokens of a local text (default: Python's own standard library sources)
+    path: str | None = Field(default=None, description="text: a text file (default: stdlib sources)")
+    context: int = Field(default=128, gt=0, description="text: tokens per sequence (T)")
     # synthetic only: a classification set labelled by a fixed random teacher network
     size: int = Field(default=4096, gt=1)
     shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
@@ -51,8 +61,25 @@ class DataConfig(Section):
             raise ValueError(f"must be a non-empty list of positive ints like [1, 8, 8], got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _name_or_factory(self) -> "DataConfig":
+        from trainers.factory import check_name_or_factory
+
+        check_name_or_factory("data", self.name, self.factory)
+        if self.name is None and self.factory is None:
+            self.name = "digits"
+        return self
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the training set is held as tensors (the fast indexing path)."""
+        return self.factory is None and self.name in IN_MEMORY
+
     def check_available(self) -> None:
         """Raise ``ValueError`` if the data cannot be loaded (called before Ray starts)."""
+        if self.name == "text" and self.path and not os.path.isfile(os.path.expanduser(self.path)):
+            raise ValueError(f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
+                             "unset for the corpus of Python's own standard library")
         if self.name == "cifar10":
             if not self.root:
                 raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")
@@ -72,6 +99,7 @@ class DatasetInfo:
 
 
 def dataset_info(cfg: DataConfig) -> DatasetInfo:
+    """Input shape and classes of a built-in in-memory dataset."""
     if cfg.name == "digits":
         return DatasetInfo((1, 8, 8), 10)
     if cfg.name == "cifar10":
@@ -216,3 +244,10 @@ def accum_steps(batch_size: int, world: int, max_local_batch: int) -> int:
     formula for accumulation steps: the loop's ``batch/accum_steps`` and ``plan`` use it.
     """
     return max(1, math.ceil(math.ceil(batch_size / world) / max_local_batch))
+
+
+# The loader's config lives beside its code (trainers/sampler.py), which itself uses the data-order
+# functions above: imported last, then the section's annotation is resolved.
+from trainers.sampler import LoaderConfig  # noqa: E402
+
+DataConfig.model_rebuild()

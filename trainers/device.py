@@ -29,8 +29,9 @@ from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import nn
+from trainers.section import Section
 
 __all__ = [
     "CompileConfig", "DataDeviceConfig", "DeviceData", "LayoutConfig", "Prefetcher", "check_channels_last",
@@ -43,7 +44,7 @@ DataDevice = Literal["host", "accelerator"]
 _PREFIXES = ("_orig_mod.", "module.")
 
 
-class LayoutConfig(BaseModel):
+class LayoutConfig(Section):
     """The layout fields of the ``model`` section (``ModelConfig`` takes them as a base class)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -51,7 +52,7 @@ class LayoutConfig(BaseModel):
     channels_last: bool = Field(default=False, description="NHWC memory format (4-D image models only)")
 
 
-class DataDeviceConfig(BaseModel):
+class DataDeviceConfig(Section):
     """The placement field of the ``data`` section (``DataConfig`` takes it as a base class)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -60,7 +61,7 @@ class DataDeviceConfig(BaseModel):
                                "(needs scaling.use_gpu)")
 
 
-class CompileConfig(BaseModel):
+class CompileConfig(Section):
     """The compile field of the ``train`` section."""
 
     model_config = ConfigDict(extra="forbid")

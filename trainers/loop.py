@@ -25,11 +25,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.config import LoopConfig
-from trainers.data import InMemoryData, accum_steps, epoch_permutation, global_batch, load_data, micro_batches, slice_bounds
+from trainers.data import accum_steps, slice_bounds
 from trainers.link import agreement
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, PushDecision, WorkersNeeded
@@ -38,11 +37,12 @@ from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved,
                                     ResizeCheckpoint, Stopped, WorkerWarning)
 from trainers.link.runtime import Runtime
 from trainers.meter import ThroughputMeter
-from trainers.models import build_model
 from trainers.noise import NoiseProbe
 from trainers.optim import build_optimizer
 from trainers.policy import PolicySet
 from trainers.state import TrainState
+from trainers.workload import (Functions, StepBatch, batch_len, build_workload, correct, make_batches, perplexity,
+                               summed_loss, to_device)
 
 R = TypeVar("R")
 
@@ -83,8 +83,9 @@ class Trainer:
     """One worker's training state and the named steps of the loop."""
 
     def __init__(self, cfg: LoopConfig, runtime: Runtime, rank: int | None = None, world: int | None = None,
-                 device: torch.device | None = None):
-        """Rank, world and device come from Ray Train's context unless given (gloo tests)."""
+                 device: torch.device | None = None, functions: Functions | None = None):
+        """Rank, world and device come from Ray Train's context unless given (gloo tests);
+        ``functions``: factories sent by value (trainers/workload.py)."""
         self.cfg, self.runtime = cfg, runtime
         if rank is None or world is None:
             import ray.train
@@ -94,15 +95,17 @@ class Trainer:
         self.rank, self.world = rank, world
         self.device = device if device is not None else _device()
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-        self.data: InMemoryData = load_data(cfg.data, cfg.train.seed)
-        self.n = self.data.num_train
+        # The workload: datasets, then the model (same initial weights on every rank), the per-sample loss.
+        self.work = build_workload(cfg, functions)
+        self.n = self.work.num_train
+        self.tokens = self.work.tokens_per_sample  # T of a language model, else None
         # Policies: pure functions of (epoch, batch, world) plus small explicit state, in one set.
         self.policies = PolicySet.from_config(cfg, dataset_size=self.n)
         self.batch_policy, self.auto = self.policies.batch_policy, self.policies.auto  # checkpointed parts
         self.B = cfg.batch.size
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
         self._stepped = False  # this group made its first step (see advance)
-        base = build_model(self.data.info, cfg.model).to(self.device)
+        base = self.work.model.to(self.device)
         self.model = _wrap_ddp(base, self.device, self.world)
         self.params = [p for p in base.parameters() if p.requires_grad]
         # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
@@ -110,6 +113,11 @@ class Trainer:
             if self.policies.needs_noise else None
         if self.noise is not None:
             self.noise.attach(self.model)
+        # This rank's micro-batches of the global order: tensor indexing for built-in in-memory sets, a
+        # DataLoader for map-style datasets; the same ids either way (the noise probe's W = 1 split too).
+        self.batches = make_batches(self.work, seed=cfg.train.seed, rank=self.rank, world=self.world,
+                                    max_local_batch=cfg.batch.max_local_batch, split_single=self.noise is not None,
+                                    loader=cfg.data.loader)
         self.gns = self.noise.gns if self.noise is not None else None  # the estimator (checkpointed)
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
@@ -222,14 +230,14 @@ class Trainer:
 
     # -- one optimizer step ---------------------------------------------------------------
 
-    def train_step(self, ids: np.ndarray) -> float:
-        """Forward/backward this rank's slice of global batch ``ids`` in micro-batches, then step.
-        Returns the global batch's mean loss (the same on every rank)."""
-        bsz = len(ids)
-        lo, hi = slice_bounds(bsz, self.rank, self.world)
-        mine = ids[lo:hi]
-        loss_sum = self.accumulate(ids, mine)
-        small = self.noise.finish(bsz, len(mine)) if self.noise is not None else None
+    def train_step(self, batch: StepBatch | np.ndarray) -> float:
+        """Forward/backward this rank's micro-batches of a global batch (a :class:`StepBatch`, or
+        its ids), then step.  Returns the global batch's mean loss (the same on every rank)."""
+        if not isinstance(batch, StepBatch):
+            batch = self.batches.batch(np.asarray(batch))
+        bsz = len(batch.ids)
+        loss_sum = self.accumulate(batch)
+        small = self.noise.finish(bsz, batch.mine_len) if self.noise is not None else None
         # one all-reduce per step: the loss sum and the noise statistics ride together; before the
         # optimizer step, so a non-finite loss (the same on every rank) never reaches the weights
         reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
@@ -248,16 +256,14 @@ class Trainer:
         loss_mean = v[0] / bsz
         self.policies.after_step(self.lr, loss_mean)
         if self._sample_log is not None:
-            self._log_samples(mine)
+            self._log_samples(batch.mine)
         return loss_mean
 
-    def accumulate(self, ids: np.ndarray, mine: np.ndarray) -> torch.Tensor:
-        """Gradients of this rank's slice ``mine`` of the global batch ``ids``, micro-batch by
-        micro-batch (DDP all-reduces only after the last), each loss summed and scaled by
-        ``W / B`` (DDP averages over W: the result is the global batch's mean gradient).
-        Returns this rank's loss sum (float64)."""
-        bsz, mlb = len(ids), self.cfg.batch.max_local_batch
-        micros = micro_batches(mine, self.noise.micro_batch_size(len(mine), mlb) if self.noise else mlb)
+    def accumulate(self, batch: StepBatch) -> torch.Tensor:
+        """Gradients of this rank's micro-batches of the global batch, one by one (DDP all-reduces
+        only after the last), each per-sample loss summed and scaled by ``W / B`` (DDP averages
+        over W: the result is the global batch's mean gradient).  Returns this rank's loss sum (float64)."""
+        bsz, micros = len(batch.ids), batch.micro
         if not self.model.training:
             self.model.train()
         scale = self.world / bsz
@@ -266,18 +272,17 @@ class Trainer:
             self.noise.begin_step()
         if not micros:
             # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
-            x = self.data.train_x[ids[:1]].to(self.device)
+            x = to_device(self.batches.one_input(batch.ids), self.device)
             (self.model(x).sum() * 0.0).backward()
-        for i, mb in enumerate(micros):
+        for i, (x, y) in enumerate(micros):
             last = i == len(micros) - 1
             with self.model.no_sync() if (self.world > 1 and not last) else contextlib.nullcontext():
-                x = self.data.train_x[mb].to(self.device, non_blocking=True)
-                y = self.data.train_y[mb].to(self.device, non_blocking=True)
-                loss = F.cross_entropy(self.model(x), y, reduction="sum")
+                x, y = to_device(x, self.device), to_device(y, self.device)
+                loss = summed_loss(self.work.loss_fn, self.model(x), y)
                 (loss * scale).backward()
             loss_sum = loss_sum + loss.detach().double()
             if self.noise is not None:
-                self.noise.after_micro_batch(bsz, len(mb))
+                self.noise.after_micro_batch(bsz, len(batch.micro_ids[i]))
         return loss_sum
 
     def _log_samples(self, mine: np.ndarray) -> None:
@@ -288,21 +293,29 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Each rank scores a strided share of the validation set; sums are all-reduced."""
+        """Each rank scores a strided share of the validation set with the training loss (and
+        accuracy where the output is classes or tokens); sums are all-reduced.  A language model
+        adds ``val/perplexity = exp(val/loss)``."""
         self.model.eval()
-        x_all, y_all = self.data.val_x[self.rank::self.world], self.data.val_y[self.rank::self.world]
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
-        chunk = max(256, self.cfg.batch.max_local_batch)
-        for s in range(0, len(y_all), chunk):
-            x = x_all[s:s + chunk].to(self.device)
-            y = y_all[s:s + chunk].to(self.device)
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, hits, samples, scored
+        chunk = max(256, self.cfg.batch.max_local_batch) if self.tokens is None else self.cfg.batch.max_local_batch
+        for x, y in self.batches.val_batches(chunk):
+            x, y = to_device(x, self.device), to_device(y, self.device)
             out = _unwrap(self.model)(x)
-            totals[0] += F.cross_entropy(out, y, reduction="sum").double()
-            totals[1] += (out.argmax(1) == y).sum().double()
-            totals[2] += len(y)
+            totals[0] += summed_loss(self.work.loss_fn, out, y).double()
+            hits = correct(out, y)
+            if hits is not None:
+                totals[1] += hits
+                totals[3] += batch_len(x)
+            totals[2] += batch_len(x)
         if self.world > 1:
             dist.all_reduce(totals)
-        return {M.VAL_LOSS: float(totals[0] / totals[2]), M.VAL_ACCURACY: float(totals[1] / totals[2])}
+        m = {M.VAL_LOSS: float(totals[0] / totals[2])}
+        if totals[3] > 0:
+            m[M.VAL_ACCURACY] = float(totals[1] / totals[3])
+        if self.tokens is not None:
+            m[M.VAL_PERPLEXITY] = perplexity(m[M.VAL_LOSS])
+        return m
 
     # -- predicates ---------------------------------------------------------------------------
 
@@ -344,6 +357,9 @@ class Trainer:
             M.SAMPLES_SEEN: float(self.state.samples_seen),
             M.EPOCH: self.epoch_float,
         }
+        if self.tokens is not None:
+            m[M.BATCH_GLOBAL_TOKENS] = float(self.B * self.tokens)
+            m[M.TOKENS_SEEN] = float(self.state.samples_seen * self.tokens)
         if self.gns is not None and self.gns.b_simple is not None:
             m[M.GNS_B_SIMPLE] = self.gns.b_simple
             m[M.GNS_G_SQ] = self.gns.g_sq
@@ -369,11 +385,12 @@ class Trainer:
         if d is not None and d.stopped_now:
             self.channel.emit(AutoWarmupEnd(step=self.state.step, peak_lr=d.peak_lr, reason=d.reason))
 
-    def advance(self, perm: np.ndarray, meter: ThroughputMeter) -> tuple[bool, dict[str, float]]:
-        """One optimizer step on the next global batch of ``perm``, validated when due (time the
-        meter sets aside).  Returns whether the epoch ended and the step's metrics."""
-        ids = global_batch(perm, self.state.cursor, self.B)
-        loss = self.train_step(ids)
+    def advance(self, meter: ThroughputMeter) -> tuple[bool, dict[str, float]]:
+        """One optimizer step on the next global batch of the data order, validated when due (time
+        the meter sets aside).  Returns whether the epoch ended and the step's metrics."""
+        batch = self.batches.next(self.state.epoch, self.state.cursor, self.B)
+        ids = batch.ids
+        loss = self.train_step(batch)
         self.state.step += 1
         self.state.cursor += len(ids)
         self.state.samples_seen += len(ids)
@@ -401,6 +418,8 @@ class Trainer:
             return PushDecision(Action.GO, 0)
         reading = meter.read()
         metrics[M.THROUGHPUT] = reading.samples_per_s
+        if self.tokens is not None:
+            metrics[M.THROUGHPUT_TOKENS] = reading.samples_per_s * self.tokens
         self.channel.log(self.state.step, metrics)
         stop = self.channel.flush()
         action = Action.STOP if stop else Action.HAND_OVER if overlap and self.channel.handover else Action.GO
@@ -443,7 +462,6 @@ class Trainer:
                 return self.hand_over(need.workers)
             overlap_to = need.workers
         while not self.finished():
-            perm = epoch_permutation(self.cfg.train.seed, self.state.epoch, self.n)
             while self.state.cursor < self.n and not self.finished():
                 change = self.maybe_change_batch()
                 if change is not None:
@@ -452,7 +470,7 @@ class Trainer:
                         return self.hand_over(need.workers)
                     # overlap: go on at the new batch (more micro-batches) until the new group is ready
                     overlap_to = need.workers or overlap_to
-                epoch_ended, metrics = self.advance(perm, meter)
+                epoch_ended, metrics = self.advance(meter)
                 flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
                 decision = self.push(metrics, meter, flush, overlap=overlap_to > 0)
                 if self.finished() or decision.action == Action.STOP:
@@ -467,6 +485,7 @@ class Trainer:
         self.channel.flush(wait=True)
 
     def close(self) -> None:
+        self.batches.close()
         if self._sample_log is not None:
             self._sample_log.close()
 
@@ -475,7 +494,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     entered = time.time()
     cfg = LoopConfig.model_validate(payload["config"])
     runtime = Runtime.model_validate(payload.get("runtime", {}))
-    trainer = Trainer(cfg, runtime)
+    trainer = Trainer(cfg, runtime, functions=payload.get("functions"))
     trainer.entered = entered
     try:
         trainer.run()

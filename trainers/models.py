@@ -9,10 +9,11 @@ is what exactness tests across world sizes need.
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
+
 from trainers.section import Section
 from torch import nn
 
@@ -26,11 +27,39 @@ class ModelConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["mlp", "cnn", "resnet18", "resnet50"] = "cnn"
+    name: Literal["mlp", "cnn", "resnet18", "resnet50", "gpt", "lstm"] | None = Field(
+        default=None, description="a built-in model (default cnn when no factory is given)")
+    factory: str | None = Field(default=None, description="'package.module:function' returning a "
+                                                          "torch.nn.Module; exclusive with name")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory "
+                                                                     "(and of gpt/lstm)")
+    loss: str | None = Field(default=None, description="cross_entropy | token_cross_entropy | "
+                             "'package.module:function' (one loss per sample); default: token_cross_entropy "
+                             "for gpt/lstm, else cross_entropy")
     norm: Norm = "batch"
     hidden: int = Field(default=128, gt=0, description="mlp hidden width / cnn channels")
     sync_bn: bool = False
     zero_init_residual: bool = False
+
+    @model_validator(mode="after")
+    def _name_or_factory(self) -> "ModelConfig":
+        from trainers.factory import check_name_or_factory
+
+        check_name_or_factory("model", self.name, self.factory)
+        if self.name is None and self.factory is None:
+            self.name = "cnn"
+        return self
+
+    @property
+    def language_model(self) -> bool:
+        return self.name in LM_NAMES
+
+    def loss_name(self) -> str:
+        """The loss this section names (its default depends on the model)."""
+        return self.loss or ("token_cross_entropy" if self.language_model else "cross_entropy")
+
+
+LM_NAMES = ("gpt", "lstm")
 
 
 def norm_layer(kind: Norm, channels: int) -> nn.Module:

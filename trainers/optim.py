@@ -57,7 +57,7 @@ import math
 from typing import Any, Callable, ClassVar, Iterable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from trainers.section import Section
 
 OptimizerName = Literal["sgd", "nesterov", "adam", "adamw", "lars", "lamb"]

@@ -44,7 +44,8 @@ import contextlib
 from typing import Any, ContextManager, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+from trainers.section import Section
 
 __all__ = ["PRECISIONS", "LossScaler", "Precision", "PrecisionConfig", "PrecisionName", "check_precision"]
 
@@ -54,7 +55,7 @@ PrecisionName = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class PrecisionConfig(BaseModel):
+class PrecisionConfig(Section):
     """The precision fields of the ``train`` section (``TrainConfig`` takes them as a base class)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -36,14 +36,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from trainers.data import epoch_permutation, global_batch, micro_batches, slice_bounds
+from trainers.section import Section
 
 
-class LoaderConfig(BaseModel):
+class LoaderConfig(Section):
     """The ``data.loader`` section: how the ``DataLoader`` of a map-style dataset runs.
 
     ``workers`` loader processes (0: load in the training process), ``pin_memory`` for faster

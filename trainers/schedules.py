@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
 ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]

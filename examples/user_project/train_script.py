@@ -1,4 +1,4 @@
-"""Train the example workload from a script with the Python API (intended interface, issue #17)."""
+"""Train the example workload from a script with the Python API: ``cd examples/user_project && PYTHONPATH=src python train_script.py``."""
 
 from orchestrator import fit
 
@@ -7,4 +7,4 @@ from my_workload.model import ring_net
 
 if __name__ == "__main__":
     result = fit("config.yaml", model_fn=ring_net, data_fn=rings, overrides=["train.epochs=2"])
-    print(result.run_id, result.metrics)
+    print(result.run_id, result.status, result.metrics)

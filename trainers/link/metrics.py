@@ -22,6 +22,11 @@ THROUGHPUT = "throughput/samples_per_s"
 GNS_B_SIMPLE = "gns/b_simple"
 GNS_G_SQ = "gns/g_sq"
 GNS_TRACE_SIGMA = "gns/trace_sigma"
+# language models (the batch counts sequences of T tokens; these count tokens)
+VAL_PERPLEXITY = "val/perplexity"  # exp(val/loss), val/loss a per-sequence mean of token losses
+BATCH_GLOBAL_TOKENS = "batch/global_tokens"
+TOKENS_SEEN = "tokens_seen"
+THROUGHPUT_TOKENS = "throughput/tokens_per_s"
 
 # -- logged by the driver ------------------------------------------------------------------------
 RESTARTS = "restarts"
@@ -37,5 +42,6 @@ def resize_part(part: str) -> str:
 
 
 # Metrics every step row may carry (in the order the search layer lists them).
-STEP_METRICS = (VAL_ACCURACY, VAL_LOSS, TRAIN_LOSS, LR, MF, BATCH_GLOBAL, BATCH_SAMPLES, BATCH_LOCAL, BATCH_ACCUM_STEPS, WORKERS,
-                SAMPLES_SEEN, EPOCH, THROUGHPUT, GNS_B_SIMPLE)
+STEP_METRICS = (VAL_ACCURACY, VAL_LOSS, TRAIN_LOSS, LR, MF, BATCH_GLOBAL, BATCH_SAMPLES, BATCH_LOCAL, BATCH_ACCUM_STEPS,
+                WORKERS, SAMPLES_SEEN, EPOCH, THROUGHPUT, GNS_B_SIMPLE, VAL_PERPLEXITY, BATCH_GLOBAL_TOKENS, TOKENS_SEEN,
+                THROUGHPUT_TOKENS)

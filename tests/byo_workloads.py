@@ -1,0 +1,45 @@
+"""Factories for the tests of issue #17 (importable as ``tests.byo_workloads:...`` by the Ray workers
+too, which get the repository root on their path)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from trainers.data import DataConfig, load_data
+
+
+class DigitsMap(torch.utils.data.Dataset):
+    """scikit-learn's digits as a map-style dataset, split exactly as the in-memory path splits them."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batched: bool) -> None:
+        self.x, self.y, self.batched = x, y, batched
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+    def __getattr__(self, name: str):
+        if name == "__getitems__" and self.__dict__.get("batched"):
+            return self._getitems
+        raise AttributeError(name)
+
+    def _getitems(self, indices: Sequence[int]):
+        idx = torch.as_tensor(list(indices), dtype=torch.long)
+        return self.x[idx], self.y[idx]
+
+
+def digits(seed: int = 0, batched: bool = True):
+    """``(train, val)`` of the built-in digits split by ``seed`` (the in-memory path's ``train.seed``)."""
+    d = load_data(DataConfig(name="digits"), seed)
+    return DigitsMap(d.train_x, d.train_y, batched), DigitsMap(d.val_x, d.val_y, batched)
+
+
+def mlp(hidden: int = 32) -> nn.Module:
+    """The built-in ``mlp`` with ``norm: none`` on 8x8 digits, as a factory."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 10))
