@@ -224,6 +224,8 @@ def report(setup: Setup, results: dict[str, list[Measurement]]) -> str:
              f"{m.samples_per_s / base.samples_per_s:.3f}" if base else "-",
              f"{m.peak_memory_bytes / 2 ** 20:,.0f} MiB", len(results[r])) for r, m in summ.items()]
     lines = [table(rows, ("loop", "samples/s", "of plain", "peak memory", "rounds"))]
+    if base:
+        lines.append(f"plain_samples_per_s={base.samples_per_s:.1f}")
     if base and "ray" in summ:
         lines.append(f"ratio_ray={summ['ray'].samples_per_s / base.samples_per_s:.3f}")
     if base and "orchestrator" in summ:
