@@ -264,6 +264,9 @@ def validate(raw: dict[str, Any]) -> RootConfig:
 
 
 CHOICES = {"name": "factory", "factory": "name"}  # a section names a built-in or a factory
+# what only a built-in workload reads: dropped from the file with its name when --set swaps in a factory
+BUILTIN_ONLY = {"model": ("hidden", "norm", "zero_init_residual"),
+                "data": ("root", "size", "shape", "num_classes", "seed", "val_fraction", "path", "context")}
 
 
 def drop_replaced_choice(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -276,6 +279,9 @@ def drop_replaced_choice(raw: dict[str, Any], overrides: list[str]) -> dict[str,
             section = raw.get(path[0])
             if isinstance(section, dict):
                 section.pop(CHOICES[path[1]], None)
+                if path[1] == "factory":
+                    for key in BUILTIN_ONLY[path[0]]:
+                        section.pop(key, None)
     return raw
 
 
