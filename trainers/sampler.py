@@ -40,7 +40,6 @@ from pydantic import ConfigDict, Field
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from trainers.data import epoch_permutation, global_batch, micro_batches, slice_bounds
 from trainers.section import Section
 
 
@@ -57,6 +56,10 @@ class LoaderConfig(Section):
     workers: int = Field(default=0, ge=0)
     pin_memory: bool = False
     prefetch: int = Field(default=2, ge=1)
+
+
+# after LoaderConfig: trainers/data.py imports it back (its DataConfig.loader field)
+from trainers.data import epoch_permutation, global_batch, micro_batches, slice_bounds  # noqa: E402
 
 
 def rank_micro_batches(ids: np.ndarray, rank: int, world: int, max_local_batch: int,

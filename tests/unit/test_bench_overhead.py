@@ -1,30 +1,12 @@
-"""bench/overhead.py's time slicing (no Ray): the two process trees never run at the same time,
-and a slice's rate counts only the steps that ran wholly inside it."""
+"""bench/overhead.py's arithmetic (no processes): which step gaps count, and slice rates and pairs.
+The slicer itself, on real process trees, is tested in tests/integration/test_bench_slicer.py."""
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from bench.overhead import Slices, orchestrator_cmd, paired, slice_rate, step_gaps
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-# A "loop" whose steps are 2 ms sleeps: it records when each step ended, in a child process of its
-# own (as the bench's loops do); with an argument it runs that many steps, else until SIGTERM.
-LOOP = """
-import json, signal, sys, time
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-times, steps = [], int(sys.argv[2])
-while not stop and (steps == 0 or len(times) < steps):
-    time.sleep(0.002)
-    times.append(time.time())
-json.dump(times, open(sys.argv[1], "w"))
-"""
+from bench.overhead import paired, slice_rate, step_gaps
 
 
 def test_step_gaps_leave_out_epoch_ends_and_the_steps_after_them():

@@ -1,97 +1,15 @@
-"""``python -m search`` end to end on a real local Ray (2 CPUs): parallel trials, pruning that stops
-multi-worker runs, failed trials, continuing a study, MLflow parent/child runs; and bad space files
-that stop before anything starts.
-
-Trials are tiny (digits, an MLP of width 32, 1-2 workers of 0.5 CPU): what a trial costs here is
-mostly Ray Train starting and stopping its worker group (~20 s), so each test runs its trials in
-one to three rounds of two."""
+"""``python -m search``'s bad input, in-process: bad space files and CLI values stop with exit 2 and
+one line before any study, MLflow run or Ray exists (the end-to-end search tests are in
+tests/integration/test_search_e2e.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
-import optuna
 import pytest
-import yaml
-from mlflow.tracking import MlflowClient
 
 from search.cli import main
-from search.storage import open_storage
-from tests.helpers import metric_series
+from tests.search_helpers import base_config, write_space
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def base_config(tmp, **sections) -> dict:
-    raw = {
-        "data": {"name": "digits"},
-        "model": {"name": "mlp", "norm": "none", "hidden": 32},
-        "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 32},
-        "batch": {"size": 32, "max_local_batch": 32},
-        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5, "max_failures": 0},
-        "train": {"epochs": 1, "seed": 0, "log_every": 5, "eval_every": 10},
-        "checkpoint": {"storage_path": str(tmp / "ray_runs")},
-        "tracking": {"experiment": "search-tests"},
-    }
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    return raw
-
-
-def write_space(tmp, name: str, **space) -> str:
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(space, sort_keys=False))
-    return str(path)
-
-
-def run_cli(space: str, storage: str, uri: str, *extra: str) -> int:
-    return main(["run", space, "--storage", storage, "--tracking-uri", uri, "--no-progress", *extra])
-
-
-def load(storage: str, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=open_storage(storage))
-
-
-def runs_of(uri: str, parent_id: str) -> list:
-    client = MlflowClient(uri)
-    parent = client.get_run(parent_id)
-    return client.search_runs([parent.info.experiment_id],
-                              filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'")
-
-
-# --------------------------------------------------------------------------- (a) + (d): parallel trials, continue
-
-
-@pytest.fixture(scope="module")
-def study_a(ray_cluster, tmp_path_factory):
-    """6 trials, 2 at a time, then the same command again with --trials 2."""
-    tmp = tmp_path_factory.mktemp("study_a")
-    uri, storage = f"sqlite:///{tmp}/mlflow.db", str(tmp / "optuna.journal")
-    space = write_space(tmp, "study_a", base=base_config(tmp),
-                        objective={"metric": "val/accuracy", "direction": "maximize"},
-                        sampler={"name": "random", "seed": 0}, pruner="none",
-                        params={"optimizer.lr": {"low": 0.02, "high": 0.3, "log": True},
-                                "optimizer.mf": {"low": 0.5, "high": 0.95},
-                                "batch.size": {"choices": [32, 64]}})
-    first = run_cli(space, storage, uri, "--trials", "6", "--parallel", "2")
-    after_first = [t.number for t in load(storage, "study_a").trials]
-    parent_first = load(storage, "study_a").user_attrs["mlflow_parent_run_id"]
-    second = run_cli(space, storage, uri, "--trials", "2", "--parallel", "2")
-    return {"tmp": tmp, "uri": uri, "storage": storage, "rc": (first, second), "after_first": after_first,
-            "parent_first": parent_first}
-
-
-# --------------------------------------------------------------------------- (b) pruning stops hopeless trials
-
-
-# Long enough that the stop's way (the pruner's value reaches the driver at a push, the stop goes
-# back at the next push: ~2 x train.push_every_s, hundreds of fast steps here) is a small part.
-FULL_STEPS = 20 * 45  # 20 epochs of 1438 samples at B = 32
-
-
-# --------------------------------------------------------------------------- (c) failed trials
 
 
 # --------------------------------------------------------------------------- (e) bad space files: exit 2, nothing started

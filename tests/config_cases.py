@@ -1,0 +1,55 @@
+"""Bad configs, one of each kind, shared by the in-process CLI tests (tests/unit/test_config.py)
+and the fresh-interpreter ones (tests/integration/test_cli_errors.py)."""
+
+import textwrap
+
+GOOD = textwrap.dedent("""
+    data: {name: digits}
+    model: {name: mlp, norm: none}
+    batch: {size: 32, max_local_batch: 16}
+    scaling: {min_workers: 1, max_workers: 2}
+""")
+
+# (yaml text or None for GOOD, overrides, expected message fragment)
+CASES = {
+    "unknown_key": (None, ["batch.sizee=3"], "batch.sizee: unknown key; allowed keys here: size, max_local_batch"),
+    "unknown_section": (None, ["optimiser.lr=1"], "optimiser: unknown key"),
+    "wrong_type": (None, ["batch.size=abc"], "batch.size: expects an integer, got the string"),
+    "zero_batch": (None, ["batch.size=0"], "batch.size: must be > 0 (got 0)"),
+    "negative_batch": (None, ["batch.size=-4"], "batch.size: must be > 0 (got -4)"),
+    "max_local_above_batch": (None, ["batch.max_local_batch=64"],
+                              "batch.max_local_batch: 64 is above batch.size 32"),
+    "min_above_max_workers": (None, ["scaling.min_workers=3"],
+                              "scaling.min_workers: 3 is above scaling.max_workers 2"),
+    "unknown_model": (None, ["model.name=vgg"], "model.name: unknown 'vgg'; expected one of mlp, cnn, resnet18, resnet50"),
+    "unknown_dataset": (None, ["data.name=mnist"], "data.name: unknown 'mnist'; expected one of digits, synthetic, cifar10"),
+    "unknown_optimizer": (None, ["optimizer.name=rmsprop"], "optimizer.name: unknown 'rmsprop'"),
+    "missing_cifar_root": (None, ["data.name=cifar10", "data.root=/nonexistent/cifar"],
+                           "data.root: no CIFAR-10 at '/nonexistent/cifar/cifar-10-batches-py'"),
+    "cifar_without_root": (None, ["data.name=cifar10"], "data.root: required for cifar10"),
+    "unreadable_yaml": ("data: {name: digits\nmodel: [", [], "is not valid YAML at line"),
+    "not_a_mapping": ("- 1\n- 2\n", [], "must be a mapping of sections"),
+    "sync_bn_on_cpu": (None, ["model.sync_bn=true"], "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only"),
+    "bad_override_syntax": (None, ["batch.size"], "--set batch.size: expected section.key=value"),
+    "storage_uri": (None, ["checkpoint.storage_path=s3://bucket/runs"],
+                    "checkpoint.storage_path: URIs are not supported (got 's3://bucket/runs'); give a directory path"),
+    "keep_one": (None, ["checkpoint.keep=1"], "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
+    # issue #18 item 7: one of each class (all fields of each: tests/unit/test_config_classes.py)
+    "non_finite": (None, ["optimizer.lr=.inf"], "optimizer.lr: must be a finite number"),
+    "bool_for_int": (None, ["batch.size=true"], "batch.size: expects an integer, got the boolean true"),
+    "int_for_bool": (None, ["scaling.use_gpu=1"], "scaling.use_gpu: expects true or false"),
+    "duplicate_key": (GOOD + "batch: {size: 64}\n", [], "batch: given twice"),
+    "batch_above_dataset": (None, ["data.val_fraction=0.99"], "batch.size: 32 is above the 18 training samples"),
+    "no_effect": (None, ["schedule.poly_power=3"], "schedule.poly_power: has no effect unless schedule.decay is poly"),
+    "bad_shape": (None, ["data.name=synthetic", "data.shape=[64]", "model.name=cnn"],
+                  "data.shape: model cnn cannot take inputs of shape [64]"),
+    "empty_storage": (None, ["checkpoint.storage_path=''"], "checkpoint.storage_path: empty"),
+    "missing_tracking_folder": (None, ["tracking.uri=sqlite:///nowhere/mlflow.db"], "tracking.uri: sqlite:///nowhere"),
+    "empty_experiment": (None, ["tracking.experiment=''"], "tracking.experiment: empty"),
+}
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "cfg.yaml"
+    p.write_text(GOOD if text is None else text)
+    return str(p)
