@@ -42,6 +42,11 @@ class ScalingConfig(Section):
         default="overlap", description="overlap: start the bigger group while the old one trains on and "
                                        "hand over at a checkpoint (when the cluster has room for both); "
                                        "restart: stop the old group, then start the new one")
+    resize_when: Literal["pays", "always"] = Field(
+        default="pays", description="pays: grow the group only when the time it saves over the rest of "
+                                    "training (at the ideal speed-up) is more than its pause (overlap) or a "
+                                    "group's start (restart), both measured on this cluster; always: whenever "
+                                    "the batch needs more workers")
 
     @model_validator(mode="after")
     def _order(self) -> "ScalingConfig":

@@ -11,7 +11,8 @@ from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff
 from orchestrator.progress import Progress
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, WorkerWarning
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, ResizeSkipped,
+                                    WorkerWarning)
 
 
 class RunListener:
@@ -35,6 +36,7 @@ class TrackingListener(RunListener):
         self.tracker = tracker
         self.warnings: list[str] = []
         self.called_off = 0
+        self.skipped = 0
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -60,6 +62,12 @@ class TrackingListener(RunListener):
                                        "elastic.resize_called_off_reason":
                                            f"resize to {workers} workers called off: training ended before "
                                            "the new group was ready"})
+            case ResizeSkipped(step=step, gain_s=gain, cost_s=cost, reason=reason):
+                self.skipped += 1
+                self.tracker.log_metrics([(step, {M.RESIZE_SKIPPED_GAIN_S: gain, M.RESIZE_SKIPPED_COST_S: cost})],
+                                         flush=True)
+                self.tracker.set_tags({"elastic.resizes_skipped": self.skipped,
+                                       "elastic.resize_skipped_reason": reason})
             case ResizeMeasured(resize=r):
                 self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
                                                     M.RESIZE_LATENCY_S: r.latency_s,
@@ -92,6 +100,8 @@ class ProgressListener(RunListener):
             case OverlapFellBack(workers=workers, error=err):
                 write(f"warning: the new group of {workers} workers did not start "
                       f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
+            case ResizeSkipped(step=step, wanted=wanted, reason=reason):
+                write(f"resize to {wanted} workers skipped at step {step}: {reason}")
             case ResizeCalledOff(workers=workers):
                 write(f"resize to {workers} workers called off: training ended before the new group was ready")
             case ResizeHandedOver(resize=r):

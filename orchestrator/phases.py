@@ -321,6 +321,8 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
     def start_phase(self, workers: int, idx: int, handover: bool) -> _Phase:
         """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
         ph = _Phase(idx, workers, self._trainer(workers, idx, handover))
+        if not handover and self.monitor is not None:  # a cold start: what a resize's new group costs here
+            self.monitor.starting.remote(idx, time.time())
         self.last_idx = max(self.last_idx, idx)  # a failed early start keeps its index (and run name)
         ph.thread.start()
         return ph
@@ -359,7 +361,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         overlap = self.resources() if s.resize_mode == "overlap" else None
         self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace).remote(
             self.resize_policy, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers,
-            overlap_resources=overlap)
+            overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
 
     def poll(self, ph: _Phase) -> None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump."""
@@ -459,5 +461,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
             return
         self._unmeasured = None
         r.measure(entered=self._entered.get(r.phase, r.fit_called), first=self._first_step[r.phase])
+        if r.mode == "overlap" and self.monitor is not None and r.latency_s is not None:
+            self.monitor.set_costs.remote(pause_s=r.latency_s)
         self.emit(ResizeMeasured(resize=r))
         self.resizes.append(r.as_dict())

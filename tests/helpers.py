@@ -18,7 +18,8 @@ def make_config(tmp_path, tracking_uri: str, **sections: dict[str, Any]) -> Root
         "model": {"name": "mlp", "norm": "none", "hidden": 32},
         "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 50},
         "batch": {"size": 50, "max_local_batch": 16},
-        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+        # tests of resizes need them on short runs, where a resize cannot pay for itself
+        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5, "resize_when": "always"},
         "train": {"epochs": 1, "seed": 0},
         "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
         "tracking": {"uri": tracking_uri, "experiment": "tests"},

@@ -82,6 +82,8 @@ class NonFiniteLoss(RuntimeError):
 class Trainer:
     """One worker's training state and the named steps of the loop."""
 
+    _samples_per_s: float | None = None  # the last push window's throughput (resize economics)
+
     def __init__(self, cfg: LoopConfig, runtime: Runtime, rank: int | None = None, world: int | None = None,
                  device: torch.device | None = None, functions: Functions | None = None):
         """Rank, world and device come from Ray Train's context unless given (gloo tests);
@@ -376,7 +378,9 @@ class Trainer:
         this one: rank 0 asks the driver, every rank agrees."""
         mine = WorkersNeeded()
         if self.rank == 0:
-            answer = self.channel.ask_resize(self.state.step, self.B, self.runtime.workers)
+            remaining = (self.cfg.train.epochs - self.epoch_float) * self.n
+            answer = self.channel.ask_resize(self.state.step, self.B, self.runtime.workers, remaining,
+                                             self._samples_per_s)
             mine = WorkersNeeded(answer.workers, answer.overlap)
         return self.agree(mine)
 
@@ -417,6 +421,7 @@ class Trainer:
             self.channel.log(self.state.step, metrics)
             return PushDecision(Action.GO, 0)
         reading = meter.read()
+        self._samples_per_s = reading.samples_per_s
         metrics[M.THROUGHPUT] = reading.samples_per_s
         if self.tokens is not None:
             metrics[M.THROUGHPUT_TOKENS] = reading.samples_per_s * self.tokens

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from trainers.decisions import NoopDecision, ResizeDecision
 
-__all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizePolicy", "WorkersForBatch",
-           "build_resize_policy", "workers_for_batch"]
+__all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkersForBatch",
+           "build_resize_policy", "resize_pays", "workers_for_batch"]
 
 
 def workers_for_batch(batch_size: int, max_local_batch: int, min_workers: int, max_workers: int) -> int:
@@ -112,3 +113,52 @@ def build_resize_policy(name: str = "workers_for_batch") -> ResizePolicy:
         return RESIZE_POLICIES[name]()
     except KeyError:
         raise ValueError(f"resize policy: unknown {name!r}; expected one of {', '.join(RESIZE_POLICIES)}") from None
+
+
+# --------------------------------------------------------------------------- does it pay?
+
+
+@dataclass(frozen=True)
+class ResizeEconomics:
+    """What a resize would gain and cost, in seconds of the run's remaining wall time."""
+
+    pays: bool
+    gain_s: float
+    cost_s: float
+    reason: str
+
+
+def resize_pays(remaining_samples: float, samples_per_s: float, workers: int, to: int, start_s: float,
+                pause_s: float, overlap: bool) -> ResizeEconomics:
+    """Whether growing the group from ``workers`` to ``to`` can pay for itself before training ends.
+
+    ``T = remaining_samples / samples_per_s`` is the time training has left at the measured
+    throughput.  The new group is assumed to run ``to / workers`` times as fast: the ideal
+    speed-up, an upper bound, so a resize refused here could not have paid even at best.
+
+    * ``overlap``: the old group trains on while the new one starts (``start_s``, the start of a
+      group measured on this cluster); the new group then trains the rest, ``T - start_s``, at
+      the higher rate, after a pause of ``pause_s``.  Gain ``(T - start_s) (1 - workers / to)``,
+      cost ``pause_s``; when ``T <= start_s`` the new group would never take over.
+    * restart: training stands still while the new group starts: gain ``T (1 - workers / to)``,
+      cost ``start_s``.
+
+    The resize pays when the gain is larger than the cost.
+    """
+    if samples_per_s <= 0 or to <= workers:
+        raise ValueError(f"resize_pays: needs samples_per_s > 0 and to > workers, got {samples_per_s}, {workers} -> {to}")
+    left = max(remaining_samples, 0.0) / samples_per_s
+    speedup = 1.0 - workers / to
+    if overlap:
+        gain, cost = max(left - start_s, 0.0) * speedup, pause_s
+    else:
+        gain, cost = left * speedup, start_s
+    pays = gain > cost
+    verdict = "growing" if pays else "keeping the group"
+    if overlap and left <= start_s:
+        why = (f"training ends in ~{left:.0f} s, before a new group could start (~{start_s:.0f} s here); "
+               f"{verdict}")
+    else:
+        why = (f"{workers} -> {to} workers would save ~{gain:.1f} s of the ~{left:.0f} s left at best, "
+               f"for a {'pause' if overlap else 'restart'} of ~{cost:.1f} s; {verdict}")
+    return ResizeEconomics(pays, gain, cost, why)

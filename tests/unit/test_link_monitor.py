@@ -86,3 +86,56 @@ def test_stop_and_acks():
     assert m.push([], []) == PushAnswer(stop=True, acked=1, handover=False)
     m.drain(acked=0)  # an ack never goes back
     assert m.push([], []).acked == 1
+
+
+# -- a resize only when it pays (trainers/resize.py resize_pays) ------------------------------
+
+
+def test_resize_pays_formula():
+    from trainers.resize import resize_pays
+
+    # 100 s left at 1 -> 2 workers; a restart stands still for the 20 s start: gain 50 > 20
+    e = resize_pays(10_000, 100.0, 1, 2, start_s=20.0, pause_s=0.5, overlap=False)
+    assert e.pays and e.gain_s == 50.0 and e.cost_s == 20.0
+    # 30 s left: the ideal gain 15 s is below the 20 s start
+    e = resize_pays(3_000, 100.0, 1, 2, start_s=20.0, pause_s=0.5, overlap=False)
+    assert not e.pays and e.gain_s == 15.0 and "keeping the group" in e.reason
+    # overlap: the old group trains on through the start; only (T - start) runs faster
+    e = resize_pays(3_000, 100.0, 1, 4, start_s=20.0, pause_s=0.5, overlap=True)
+    assert e.pays and e.gain_s == 7.5 and e.cost_s == 0.5
+    # ... and a group that could never take over before training ends is not started
+    e = resize_pays(1_000, 100.0, 1, 2, start_s=20.0, pause_s=0.5, overlap=True)
+    assert not e.pays and e.gain_s == 0.0 and "before a new group could start" in e.reason
+
+
+def test_a_resize_that_cannot_pay_is_skipped_and_says_why():
+    from trainers.link.messages import FirstStep, ResizeSkipped
+
+    m = monitor(free=None, only_if_pays=True)
+    # nothing measured yet (no start time, no throughput): the resize goes ahead as before
+    assert m.on_batch_change(45, 64, 1, remaining_samples=1000, samples_per_s=None) == ResizeAnswer(2, "restart")
+    m = monitor(free=None, only_if_pays=True)
+    # the first group was started cold at t=100 and made its first step at t=115: a start costs 15 s here
+    m.starting(0, 100.0)
+    m.push([], [FirstStep(step=1, phase=0, time=115.0)])
+    assert m.on_batch_change(45, 64, 1, remaining_samples=1000, samples_per_s=100.0) == ResizeAnswer(0, "")
+    (_, ev) = m.drain()[1]
+    assert isinstance(ev, ResizeSkipped) and (ev.workers, ev.wanted, ev.gain_s, ev.cost_s) == (1, 2, 5.0, 15.0)
+    assert m.take_handovers() == [] and m.push([], []).handover is False
+    # a long way to go: the same batch change grows the group
+    assert m.on_batch_change(46, 64, 1, remaining_samples=100_000, samples_per_s=100.0) == ResizeAnswer(2, "restart")
+
+
+def test_resize_always_ignores_the_economics():
+    m = monitor(free=None)  # only_if_pays off (scaling.resize_when: always)
+    m.set_costs(start_s=15.0)
+    assert m.on_batch_change(45, 64, 1, remaining_samples=10, samples_per_s=100.0) == ResizeAnswer(2, "restart")
+
+
+def test_the_overlap_pause_measured_here_prices_the_next_resize():
+    m = monitor(free=1.5, only_if_pays=True)
+    m.set_costs(start_s=10.0, pause_s=30.0)  # a slow handover measured before
+    # 40 s left: (40 - 10) * (1 - 1/2) = 15 s saved < 30 s pause
+    assert m.on_batch_change(45, 64, 1, remaining_samples=4000, samples_per_s=100.0) == ResizeAnswer(0, "")
+    m.set_costs(pause_s=0.2)
+    assert m.on_batch_change(46, 64, 1, remaining_samples=4000, samples_per_s=100.0) == ResizeAnswer(2, "overlap")

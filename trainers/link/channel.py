@@ -103,14 +103,18 @@ class Channel:
 
     # -- resizes ----------------------------------------------------------------------------------
 
-    def ask_resize(self, step: int, batch_size: int, workers: int) -> ResizeAnswer:
-        """The batch changed: the workers the driver wants now (0 = keep the group), and how."""
+    def ask_resize(self, step: int, batch_size: int, workers: int, remaining_samples: float | None = None,
+                   samples_per_s: float | None = None) -> ResizeAnswer:
+        """The batch changed: the workers the driver wants now (0 = keep the group), and how;
+        the samples training has left and its measured throughput let the driver judge whether a
+        resize pays."""
         if self._handle is None:
             return ResizeAnswer()
         import ray
 
         self.flush()
-        return ray.get(self._handle.on_batch_change.remote(step, batch_size, workers))
+        return ray.get(self._handle.on_batch_change.remote(step, batch_size, workers, remaining_samples,
+                                                           samples_per_s))
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""

@@ -92,6 +92,21 @@ class ResizeDecided(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ResizeSkipped(Event):
+    """The batch wanted ``wanted`` workers, but the resize could not pay for itself before the end
+    of training (trainers/resize.py ``resize_pays``): the group of ``workers`` stays."""
+
+    kind: ClassVar[str] = "resize_skipped"
+    step: int
+    batch: int
+    workers: int
+    wanted: int
+    gain_s: float
+    cost_s: float
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class NewGroupReady(Event):
     """A group started early (overlapping resize) is set up and waits for the handover."""
 

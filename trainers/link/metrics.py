@@ -33,6 +33,9 @@ RESTARTS = "restarts"
 RESIZE_FROM = "resize/from"
 RESIZE_TO = "resize/to"
 RESIZE_LATENCY_S = "resize/latency_s"
+# a resize that could not pay for itself (trainers/resize.py resize_pays): its best-case gain and its cost
+RESIZE_SKIPPED_GAIN_S = "resize/skipped_gain_s"
+RESIZE_SKIPPED_COST_S = "resize/skipped_cost_s"
 
 
 def resize_part(part: str) -> str:
