@@ -31,6 +31,8 @@ invocation to its first step and to its exit, counting only the time it ran.
 ``--quick`` (CI): the step-code and orchestrator rows (the bare Ray row's code is the plain
 loop's), 600 steps a loop on 20,000 samples, 1 s slices (its ratios are rough: few pairs).
 
+With the ``ray`` and ``orchestrator`` rows: ``first_step_ratio=<orchestrator's invocation to
+first step / the bare Ray Train worker's>`` (both start their own local Ray; goal <= 1.1).
 Last line: ``ratio=<orchestrator/plain>`` (goal: >= 0.95).  Linux only (signals, /proc).
 """
 
@@ -384,7 +386,7 @@ def main() -> None:
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
     print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, "
           f"{a.slice:g} s slices", flush=True)
-    results, orch = {}, None
+    results, orch, ray_first = {}, None, None
     for row in rows:
         a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
         if row == "orchestrator":
@@ -404,6 +406,8 @@ def main() -> None:
         else:
             with open(a_out) as f:
                 a_times = json.load(f)
+            if row == "ray" and a_times:  # a bare TorchTrainer's cold start: invocation -> first step
+                ray_first = run.ran_for(a_times[0])
         with open(b_out) as f:
             b_times = json.load(f)
         results[row] = r = paired(run, step_gaps(a_times, n_train, a.batch), step_gaps(b_times, n_train, a.batch))
@@ -415,6 +419,9 @@ def main() -> None:
     if orch is not None:
         print(f"time from train invocation to first step: {orch[0]:.1f} s; whole run {orch[1]:.1f} s "
               f"for {orch[2]} steps (time it ran)")
+        if ray_first:
+            print(f"bare Ray Train worker, invocation (Ray start, TorchTrainer) to first step: {ray_first:.1f} s")
+            print(f"first_step_ratio={orch[0] / ray_first:.3f}")
     if "orchestrator" in results:
         r = results["orchestrator"]
         print(f"ratio={r['a'] / r['b']:.3f}")
