@@ -36,7 +36,7 @@ from search.liveness import (DEFAULT_HEARTBEAT_S, INVOCATION_ATTR, LOST_ERROR, H
                              grace_s, request_key, requeue, start_invocation, wait_for_verdict)
 from search.pool import ActorPool
 from search.progress import ProgressBar, best_text, trial_line, write_line
-from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
+from search.records import PendingTrial, ReportUnit, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
 from search.space import SearchSpace
 from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
@@ -91,6 +91,10 @@ class SearchDriver:
         self.metrics = [o.metric for o in space.objectives if o.per_step]  # what trial actors relay per step
         # Intermediate values reach the pruner only for a single objective reported per step.
         self.reports = not space.multi_objective and bool(self.metrics) and self.metrics[0] == self.objectives[0]
+        # ... at equal work (samples, or tokens, in base steps) unless the space asks for global steps
+        stored = study.user_attrs.get("report_unit") or {}
+        self.unit = ReportUnit(space.report_against, float(base_cfg.batch.size),
+                               stored.get("tokens_per_step") if space.report_against == "samples" else None)
         self.parallel = max(1, options.parallel)
         self.tracker: StudyTracker | None = None
         self.capacity: Capacity | None = None
@@ -381,10 +385,23 @@ class SearchDriver:
             r.run_id = info["run_id"] or r.run_id
             if not self.reports:
                 continue
-            r.report(info["values"])
-            if self.space.prunes and r.pruned_at is None and r.last_step >= 0 and r.trial.should_prune():
+            self._learn_tokens(info["values"])
+            r.report(info["values"], self.unit)
+            if self.space.prunes and r.pruned_at is None and r.reported >= 0 and r.trial.should_prune():
                 r.pruned_at = r.last_step
                 r.actor.stop.remote(n)
+
+    def _learn_tokens(self, values: list[tuple[Any, ...]]) -> None:
+        """A language model reports tokens: the tokens of one base step (``B_base`` sequences of the
+        first reporting trial's ``T``) become the unit for good, kept in the study."""
+        if self.unit.by != "samples" or self.unit.tokens_per_step is not None:
+            return
+        for _step, _key, _value, *work in values:
+            samples, tokens = (list(work) + [None, None])[:2]
+            if tokens and samples:
+                self.unit.tokens_per_step = self.unit.samples_per_step * tokens / samples
+                self.study.set_user_attr("report_unit", {"by": "tokens", "tokens_per_step": self.unit.tokens_per_step})
+                return
 
     def _finish(self, r: RunningTrial) -> None:
         """Called by ``_watch`` when a trial's run returned (or its actor died): free its actor and
