@@ -37,7 +37,7 @@ def _study(storage: str) -> optuna.Study | None:
 def test_rerun_after_sigkill_finishes_the_dead_drivers_trials(ray_cluster, tmp_path):
     uri, storage = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "optuna.journal")
     space = write_space(tmp_path, "killed",
-                        base=base_config(tmp_path, train={"epochs": 6, "seed": 0, "log_every": 5, "eval_every": 20},
+                        base=base_config(tmp_path, train={"epochs": 2, "seed": 0, "log_every": 5, "eval_every": 20},
                                          checkpoint={"every_steps": 10}),
                         objective={"metric": "val/accuracy", "direction": "maximize"},
                         sampler={"name": "grid", "seed": 0}, pruner="none",
@@ -66,7 +66,8 @@ def test_rerun_after_sigkill_finishes_the_dead_drivers_trials(ray_cluster, tmp_p
 
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "queued again" in out.stdout and "continuing the same command" in out.stdout, out.stdout
+    said = out.stdout + out.stderr
+    assert "queued again" in said and "continuing the same command" in said, said
 
     study = _study(storage)
     states = {t.number: t.state.name for t in study.trials}
