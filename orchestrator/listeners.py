@@ -11,7 +11,8 @@ from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff
 from orchestrator.progress import Progress
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, WorkerWarning
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, RolledBack,
+                                    WorkerWarning)
 
 
 class RunListener:
@@ -52,6 +53,9 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.restarts": n})
             case WorkerWarning(message=message):
                 self._warn(message)
+            case RolledBack(step=step, rollbacks=n, lr_factor=factor):
+                self.tracker.log_metrics([(step, {M.ROLLBACKS: float(n), M.LR_FACTOR: factor})], flush=True)
+                self.tracker.set_tags({"elastic.rollbacks": n, f"elastic.rollback.{n}": event.message[:5000]})
             case OverlapFellBack(error=err):
                 self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])
             case ResizeCalledOff(workers=workers):  # a resize that paid for a group it never used
@@ -87,6 +91,8 @@ class ProgressListener(RunListener):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
             case Diverged():
                 write(f"error: {event.message}")
+            case RolledBack():
+                write(f"warning: {event.message}")
             case WorkerWarning(message=message):
                 write(f"warning: {message}")
             case OverlapFellBack(workers=workers, error=err):
