@@ -1,10 +1,11 @@
 """What the loop does on a non-finite loss: stop (the default), or roll back and go on more gently.
 
 ``train.on_nonfinite: rollback``: the step whose all-reduced loss is inf/nan never reaches the
-weights (``trainers/loop.py`` checks before the optimizer step); the group reloads the newest
-checkpoint (the last finite state: the diverged one is never saved), halves the learning rate for
-the rest of the run and goes on, replaying the same batches (the data cursor comes back with the
-checkpoint).  At most ``train.max_rollbacks`` times; past that, or with no checkpoint to go back
+weights (``trainers/loop.py`` checks before the optimizer step).  The loss of step ``k`` is
+computed from the weights step ``k - 1`` made, so a checkpoint of step ``k - 1`` holds finite
+weights that already give a non-finite loss: the group reloads the newest checkpoint *before* step
+``k - 1``, halves the learning rate for the rest of the run and goes on, replaying the same batches
+(the data cursor comes back with the checkpoint; the replay writes over the later checkpoints).  At most ``train.max_rollbacks`` times; past that, or with no checkpoint to go back
 to, the run stops as with ``stop`` (``Diverged``: MLflow FAILED, the last finite checkpoint named).
 
 Halving is the usual remedy for a loss spike at a learning rate near the edge of stability: the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from trainers.checkpoint import CorruptCheckpoint, checkpoint_step
 from trainers.link.messages import RolledBack
 
 if TYPE_CHECKING:
@@ -51,20 +53,27 @@ class RollbackPolicy:
         return self.on_nonfinite == "rollback" and self.rollbacks < self.max_rollbacks
 
     def recover(self, trainer: Any, step: int, value: float) -> bool:
-        """After a non-finite loss at ``step``: if a rollback is allowed and a checkpoint exists,
-        reload it into every component, halve the learning rate, tell the driver (``RolledBack``)
-        and return ``True`` (the loop goes on from the checkpoint's step); else ``False`` (stop).
-        Every rank takes the same branch: the loss and the checkpoint folder are the same on all."""
+        """After a non-finite loss at ``step``: if a rollback is allowed and an intact checkpoint of a
+        step before ``step - 1`` exists, reload it into every component, halve the learning rate,
+        tell the driver (``RolledBack``) and return ``True`` (the loop goes on from the checkpoint's
+        step); else ``False`` (stop).  Every rank takes the same branch: the loss and the checkpoint
+        folder are the same on all."""
         if not self.allowed():
             return False
-        kept = trainer.checkpoints.checkpoints()
-        if not kept:
+        good = [p for p in trainer.checkpoints.checkpoints() if (checkpoint_step(p) or 0) < step - 1]
+        for path in good:
+            before = self.rollbacks
+            self.rollbacks += 1
+            try:
+                trainer.checkpoints.load_path(path)  # every component; this one keeps the larger count
+            except CorruptCheckpoint:
+                self.rollbacks = before
+                continue
+            trainer.opt.zero_grad(set_to_none=True)  # the diverged step's gradients are not finite
+            break
+        else:
             return False
-        self.rollbacks += 1
-        trainer.opt.zero_grad(set_to_none=True)  # the diverged step's gradients are not finite
-        if not trainer.checkpoints.load():
-            return False
-        trainer.channel.emit(RolledBack(step=step, value=value, checkpoint=kept[0], to_step=trainer.state.step,
+        trainer.channel.emit(RolledBack(step=step, value=value, checkpoint=path, to_step=trainer.state.step,
                                         rollbacks=self.rollbacks, lr_factor=self.lr_factor))
         trainer.channel.flush(wait=True)
         return True

@@ -111,13 +111,25 @@ def test_rollback_reloads_the_last_checkpoint_halves_the_lr_and_finishes(tmp_pat
 def test_rollbacks_past_the_limit_stop_the_run_as_stop_does(tmp_path):
     from trainers.link.messages import RolledBack
 
-    t, _ = _poisoned_trainer(tmp_path, lambda n: n >= 8, on_nonfinite="rollback", max_rollbacks=2)
+    # steps 8 and then (after going back to 5) 9 are not finite; one rollback allowed
+    t, _ = _poisoned_trainer(tmp_path, lambda n: n in (8, 12), on_nonfinite="rollback", max_rollbacks=1)
     t.run()
     rolled = [e for e in t.channel.events if isinstance(e, RolledBack)]
     diverged = [e for e in t.channel.events if isinstance(e, Diverged)]
-    assert [e.rollbacks for e in rolled] == [1, 2] and [e.lr_factor for e in rolled] == [0.5, 0.25]
-    assert len(diverged) == 1 and diverged[0].rollbacks == 2 and "after 2 rollback(s)" in diverged[0].message
-    assert diverged[0].checkpoint.endswith("checkpoint_step00000005") and not t.state.finished
+    assert [(e.step, e.to_step, e.rollbacks) for e in rolled] == [(8, 5, 1)]
+    assert len(diverged) == 1 and diverged[0].step == 9 and diverged[0].rollbacks == 1
+    assert "after 1 rollback(s)" in diverged[0].message and not t.state.finished
+
+
+def test_the_checkpoint_of_the_step_before_the_bad_loss_is_not_a_good_one(tmp_path):
+    """The loss of step 11 comes from the weights of step 10: its checkpoint is passed over for step 5's."""
+    from trainers.link.messages import RolledBack
+
+    t, _ = _poisoned_trainer(tmp_path, lambda n: n == 11, on_nonfinite="rollback", epochs=1)
+    t.run()
+    (rolled,) = [e for e in t.channel.events if isinstance(e, RolledBack)]
+    assert (rolled.step, rolled.to_step) == (11, 5) and rolled.checkpoint.endswith("checkpoint_step00000005")
+    assert t.state.finished and t.state.step == 23
 
 
 def test_stop_is_the_default_and_a_rollback_needs_a_checkpoint(tmp_path):
