@@ -37,8 +37,8 @@ def _study(storage: str) -> optuna.Study | None:
 def test_rerun_after_sigkill_finishes_the_dead_drivers_trials(ray_cluster, tmp_path):
     uri, storage = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "optuna.journal")
     space = write_space(tmp_path, "killed",
-                        base=base_config(tmp_path, train={"epochs": 2, "seed": 0, "log_every": 5, "eval_every": 20},
-                                         checkpoint={"every_steps": 10}),
+                        base=base_config(tmp_path, train={"epochs": 1, "seed": 0, "log_every": 5, "eval_every": 20},
+                                         checkpoint={"every_steps": 5}),
                         objective={"metric": "val/accuracy", "direction": "maximize"},
                         sampler={"name": "grid", "seed": 0}, pruner="none",
                         params={"optimizer.lr": {"choices": [0.05, 0.1, 0.2]}})
