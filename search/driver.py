@@ -122,6 +122,8 @@ class SearchDriver:
             started_ray = ensure_ray(self.opts.verbose, runtime_env=self.runtime_env)
         except BaseException:
             self.heartbeat.stop()
+            if self.invocation is not None:
+                self.invocation.beat(stopped=True)  # a re-run of the command takes it over at once
             raise
         try:
             self._open(n_trials)
