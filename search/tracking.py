@@ -240,6 +240,8 @@ def close_lost_child(uri: str, parent_run_id: str | None, study_name: str, numbe
     status KILLED (only a run still RUNNING is touched).  The run is ``run_id`` or, when the driver
     died before it learnt the id, the child of ``parent_run_id`` tagged with the trial's number.
     Returns the run's id (``None`` if there is none)."""
+    if not run_id and not parent_run_id:
+        return None
     client = _client(uri)
     run = None
     if run_id:
