@@ -1,11 +1,11 @@
 """``python -m search``: Optuna searches over training configs, trials run on Ray, tracked in MLflow.
 
     python -m search run SPACE.yaml [--trials N] [--parallel P] [--storage URL] [--study-name NAME]
-                                    [--timeout S] [--tracking-uri URI] [--verbose] [--no-progress]
+                                    [--timeout S] [--tracking-uri URI] [--heartbeat S] [--verbose] [--no-progress]
     python -m search show NAME [--storage URL] [--trial N] [--output FILE]
 
 Exit status: 0 done, 1 no trial of this invocation completed or was pruned (all failed),
-2 bad input (nothing was started), 130 interrupted.
+2 bad input (nothing was started), 130 interrupted (Ctrl-C or SIGTERM: running trials FAIL, queued again).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "storage continues the study (adds trials).")
     r.add_argument("space", help="search space YAML, e.g. configs/search_quickstart.yaml")
     r.add_argument("--trials", type=int, metavar="N",
-                   help=f"trials to run now (default {DEFAULT_TRIALS}; with the grid sampler, the grid points "
-                        f"not yet tried)")
+                   help=f"trials this command evaluates (default {DEFAULT_TRIALS}; with the grid sampler, the grid "
+                        f"points not yet tried); the same command run again after its driver died evaluates only "
+                        f"what is left, the dead driver's trials first")
     r.add_argument("--parallel", type=int, default=1, metavar="P",
                    help="trials at once (default 1; never more than the cluster's resources fit)")
     r.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
