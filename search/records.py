@@ -32,10 +32,10 @@ class ReportUnit:
     Median and Hyperband pruning compare trials at equal ``step``.  At the global step, a trial with
     a batch 4x larger has seen 4x more samples at the same step, so small batches look worse and are
     pruned early.  ``by = "samples"`` (the default, space key ``report_against``) reports at the work
-    done instead, in *base steps*: ``floor(samples seen / B_base)`` with ``B_base`` the base config's
-    global batch (for a language model ``floor(tokens seen / (B_base T))``, ``T`` the tokens per
+    done instead, in *base steps*: ``round(samples seen / B_base)`` with ``B_base`` the base config's
+    global batch (for a language model ``round(tokens seen / (B_base T))``, ``T`` the tokens per
     sequence of the first trial that reported tokens), so a trial at the base batch reports at its
-    global step and a pruner's ``n_warmup_steps``/``min_resource`` keep their meaning for it.
+    global step (an epoch's short last batch aside) and a pruner's ``n_warmup_steps``/``min_resource`` keep their meaning for it.
     ``by = "steps"``: the global optimizer step (the behaviour before issue 18)."""
 
     by: str = "samples"
@@ -47,8 +47,8 @@ class ReportUnit:
         if self.by == "steps" or samples is None:
             return int(step)
         if tokens is not None and self.tokens_per_step:
-            return int(tokens // self.tokens_per_step)
-        return int(samples // self.samples_per_step)
+            return int(tokens / self.tokens_per_step + 0.5)
+        return int(samples / self.samples_per_step + 0.5)
 
 
 @dataclass
