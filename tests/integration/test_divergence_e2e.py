@@ -36,11 +36,13 @@ def test_a_diverged_run_ends_failed_and_keeps_its_last_finite_checkpoint(tmp_pat
         verify_checkpoint(path)
 
 
-def test_rollback_on_a_real_ray_goes_back_halves_the_lr_and_stops_past_the_limit(tmp_path):
-    """train.on_nonfinite: rollback through the whole stack: each rollback is a printed line, an
-    MLflow metric (rollbacks, lr_factor) and a tag; past train.max_rollbacks the run ends FAILED."""
+def test_rollback_on_a_real_ray_goes_back_halves_the_lr_and_stops_past_the_limit(ray_cluster, tmp_path):
+    """train.on_nonfinite: rollback through the whole stack (on the shared local Ray): each rollback
+    is a printed line, an MLflow metric (rollbacks, lr_factor) and a tag; past train.max_rollbacks
+    the run ends FAILED."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k != "ELASTIC_KEEP_RAY"}
+    env["RAY_ADDRESS"] = ray_cluster.get_runtime_context().gcs_address
     out = subprocess.run([sys.executable, "-m", "orchestrator", "train", os.path.join(ROOT, "configs", "quickstart.yaml"),
                           "--no-progress", "--tracking-uri", uri,
                           "--set", "optimizer.lr=1e6", "--set", "schedule.warmup=gradual",
