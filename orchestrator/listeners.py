@@ -54,7 +54,12 @@ class TrackingListener(RunListener):
             case WorkerWarning(message=message):
                 self._warn(message)
             case RolledBack(step=step, rollbacks=n, lr_factor=factor):
-                self.tracker.log_metrics([(step, {M.ROLLBACKS: float(n), M.LR_FACTOR: factor})], flush=True)
+                # straight to MLflow: two rollbacks at the same step are two points (log_metrics keeps one)
+                from mlflow.entities import Metric
+
+                ms = int(event.time * 1000)
+                self.tracker.client.log_batch(self.tracker.run_id, metrics=[
+                    Metric(M.ROLLBACKS, float(n), ms, step), Metric(M.LR_FACTOR, float(factor), ms, step)])
                 self.tracker.set_tags({"elastic.rollbacks": n, f"elastic.rollback.{n}": event.message[:5000]})
             case OverlapFellBack(error=err):
                 self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])
