@@ -138,3 +138,43 @@ def test_stop_is_the_default_and_a_rollback_needs_a_checkpoint(tmp_path):
     assert [type(e).__name__ for e in t.channel.events if type(e).__name__ in ("Diverged", "RolledBack")] == [
         "Diverged"]
     assert LoopConfig.model_validate(CFG).train.on_nonfinite == "stop"
+
+
+def test_each_rollback_is_an_mlflow_point_a_tag_and_a_printed_line():
+    from orchestrator.listeners import ProgressListener, TrackingListener
+    from trainers.link.messages import RolledBack
+
+    class Client:
+        def __init__(self):
+            self.points = []
+
+        def log_batch(self, run_id, metrics):
+            self.points += [(m.key, m.value, m.step) for m in metrics]
+
+    class Tracker:
+        run_id = "r"
+
+        def __init__(self):
+            self.client, self.tags = Client(), {}
+
+        def set_tags(self, tags):
+            self.tags.update(tags)
+
+    class Progress:
+        def __init__(self):
+            self.lines = []
+
+        def write(self, line):
+            self.lines.append(line)
+
+    tracker, progress = Tracker(), Progress()
+    listeners = [TrackingListener(tracker), ProgressListener(progress)]
+    for n in (1, 2):  # two rollbacks at the same step are two points
+        ev = RolledBack(step=6, value=math.nan, checkpoint="/c/checkpoint_step00000004", to_step=4, rollbacks=n,
+                        lr_factor=0.5 ** n)
+        for listener in listeners:
+            listener.on_event(ev)
+    assert [p for p in tracker.client.points if p[0] == "rollbacks"] == [("rollbacks", 1.0, 6), ("rollbacks", 2.0, 6)]
+    assert [p[1] for p in tracker.client.points if p[0] == "lr_factor"] == [0.5, 0.25]
+    assert tracker.tags["elastic.rollbacks"] == 2 and "rolled back to step 4" in tracker.tags["elastic.rollback.2"]
+    assert len(progress.lines) == 2 and progress.lines[1].startswith("warning: non-finite loss nan at step 6")
