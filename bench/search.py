@@ -3,6 +3,11 @@
 * reference: the grid sampler over every point of a small space (16 points), no pruning;
 * searched: TPE with a pruner (median, and hyperband), a fixed budget of trials.
 
+Each pruned search runs twice with the same seed (``--report both``): intermediate values reported
+at the global step (``report_against: steps``, before issue 18) and at equal work (``samples``:
+samples seen in base steps, the default), so one run shows whether comparing trials at equal work
+keeps the best value at no more compute.
+
 Both run on a local Ray with the same parallelism.  For each: the best validation accuracy found,
 and the compute used: optimizer steps and training samples summed over all trials, and wall time.
 Aim: the pruned search within 1 accuracy point of the grid's best, at no more than 35% of its
@@ -10,10 +15,10 @@ steps.  Wall time is reported but on one small machine it is dominated by each t
 (a Ray Train worker group starting and stopping, ~20 s), which pruning does not remove.
 
     .venv/bin/python bench/search.py [--trials 8] [--parallel 2] [--pruners median,hyperband]
-        [--space full] [--epochs 4] [--quick]
+        [--space full] [--epochs 4] [--report both|samples|steps] [--quick]
 
 ``--quick`` (CI): the 2-point space (lr 0.03 or 0.3; momentum 0.9, B=32), 1 epoch, 2 trials
-of the median-pruned TPE search.
+of the median-pruned TPE search, before and after.
 
 Last line: ``steps_ratio=<best pruned search's steps / grid's steps> gap_points=<grid best - its best>``.
 """
@@ -69,13 +74,14 @@ PRUNERS = {
 
 
 def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: int | None, parallel: int,
-              params: dict, epochs: float):
+              params: dict, epochs: float, report_against: str = "samples"):
     from search.space import parse_space
     from search.driver import SearchOptions, run_search
 
     space = parse_space({"base": base_config(tmp, epochs),
                          "objective": {"metric": "val/accuracy", "direction": "maximize"},
-                         "sampler": sampler, "pruner": pruner, "params": params}, source=f"bench:{name}")
+                         "sampler": sampler, "pruner": pruner, "params": params,
+                         "report_against": report_against}, source=f"bench:{name}")
     t0 = time.time()
     summary = run_search(space, SearchOptions(trials=trials, parallel=parallel, study_name=name,
                                               storage=os.path.join(tmp, "optuna.journal"), progress=False))
@@ -97,6 +103,8 @@ def main() -> None:
     p.add_argument("--space", choices=sorted(SPACES), default="full",
                    help="full: 16 points (lr x momentum x batch); small: 2 points (lr)")
     p.add_argument("--epochs", type=float, default=4, help="epochs of digits a trial trains")
+    p.add_argument("--report", choices=("both", "samples", "steps"), default="both",
+                   help="where intermediate values go: both (before/after, default), samples (equal work), steps")
     args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median"})
     params = SPACES[args.space]
     os.environ["ELASTIC_KEEP_RAY"] = "1"  # one Ray for every study of the benchmark
@@ -110,10 +118,12 @@ def main() -> None:
     print(f"space: {described}  ({points(params)} points); "
           f"{args.epochs:g} epochs of digits, MLP; {args.parallel} trials at a time", file=sys.stderr)
     results = [run_study("grid", tmp, {"name": "grid", "seed": 0}, "none", None, args.parallel, params, args.epochs)]
+    reports = ("steps", "samples") if args.report == "both" else (args.report,)
     for name in [n.strip() for n in args.pruners.split(",") if n.strip()]:
-        results.append(run_study(f"tpe+{name}", tmp, {"name": "tpe", "seed": args.seed, "n_startup_trials": 3,
-                                                             "constant_liar": True},
-                                 PRUNERS[name], args.trials, args.parallel, params, args.epochs))
+        for against in reports:
+            results.append(run_study(f"tpe+{name}@{against}", tmp,
+                                     {"name": "tpe", "seed": args.seed, "n_startup_trials": 3, "constant_liar": True},
+                                     PRUNERS[name], args.trials, args.parallel, params, args.epochs, against))
     ray.shutdown()
 
     grid = results[0]
@@ -129,6 +139,14 @@ def main() -> None:
     print()
     for r in results:
         print(f"{r['name']:<16} best params: {r['best_params']}")
+    by_name = {r["name"]: r for r in results}
+    for name in [n.strip() for n in args.pruners.split(",") if n.strip()]:
+        before, after = by_name.get(f"tpe+{name}@steps"), by_name.get(f"tpe+{name}@samples")
+        if before and after:
+            ok = after["best"] >= before["best"] and after["samples"] <= before["samples"]
+            print(f"{name}: before (at global steps) best {before['best']:.4f} with {before['samples']} samples; "
+                  f"after (at equal samples) best {after['best']:.4f} with {after['samples']} samples: "
+                  f"{'unchanged or better at no more compute' if ok else 'NOT unchanged-or-better at no more compute'}")
     searched = results[1:]
     if searched:
         pick = min(searched, key=lambda r: ((grid["best"] - r["best"]) * 100 > 1.0, r["steps"]))

@@ -12,7 +12,7 @@ from orchestrator.progress import Progress
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, ResizeSkipped,
-                                    WorkerWarning)
+                                    RolledBack, WorkerWarning)
 
 
 class RunListener:
@@ -54,6 +54,14 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.restarts": n})
             case WorkerWarning(message=message):
                 self._warn(message)
+            case RolledBack(step=step, rollbacks=n, lr_factor=factor):
+                # straight to MLflow: two rollbacks at the same step are two points (log_metrics keeps one)
+                from mlflow.entities import Metric
+
+                ms = int(event.time * 1000)
+                self.tracker.client.log_batch(self.tracker.run_id, metrics=[
+                    Metric(M.ROLLBACKS, float(n), ms, step), Metric(M.LR_FACTOR, float(factor), ms, step)])
+                self.tracker.set_tags({"elastic.rollbacks": n, f"elastic.rollback.{n}": event.message[:5000]})
             case OverlapFellBack(error=err):
                 self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])
             case ResizeCalledOff(workers=workers):  # a resize that paid for a group it never used
@@ -95,6 +103,8 @@ class ProgressListener(RunListener):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
             case Diverged():
                 write(f"error: {event.message}")
+            case RolledBack():
+                write(f"warning: {event.message}")
             case WorkerWarning(message=message):
                 write(f"warning: {message}")
             case OverlapFellBack(workers=workers, error=err):

@@ -1,11 +1,11 @@
 """``python -m search``: Optuna searches over training configs, trials run on Ray, tracked in MLflow.
 
     python -m search run SPACE.yaml [--trials N] [--parallel P] [--storage URL] [--study-name NAME]
-                                    [--timeout S] [--tracking-uri URI] [--verbose] [--no-progress]
+                                    [--timeout S] [--tracking-uri URI] [--heartbeat S] [--verbose] [--no-progress]
     python -m search show NAME [--storage URL] [--trial N] [--output FILE]
 
 Exit status: 0 done, 1 no trial of this invocation completed or was pruned (all failed),
-2 bad input (nothing was started), 130 interrupted.
+2 bad input (nothing was started), 130 interrupted (Ctrl-C or SIGTERM: running trials FAIL, queued again).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ EXIT_BAD_INPUT = 2
 
 def _parser() -> argparse.ArgumentParser:
     from search.driver import DEFAULT_TRIALS
+    from search.liveness import DEFAULT_HEARTBEAT_S, GRACE_BEATS
     from search.storage import DEFAULT_STORAGE
 
     p = argparse.ArgumentParser(prog="python -m search",
@@ -33,8 +34,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "storage continues the study (adds trials).")
     r.add_argument("space", help="search space YAML, e.g. configs/search_quickstart.yaml")
     r.add_argument("--trials", type=int, metavar="N",
-                   help=f"trials to run now (default {DEFAULT_TRIALS}; with the grid sampler, the grid points "
-                        f"not yet tried)")
+                   help=f"trials this command evaluates (default {DEFAULT_TRIALS}; with the grid sampler, the grid "
+                        f"points not yet tried); the same command run again after its driver died evaluates only "
+                        f"what is left, the dead driver's trials first")
     r.add_argument("--parallel", type=int, default=1, metavar="P",
                    help="trials at once (default 1; never more than the cluster's resources fit)")
     r.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
@@ -46,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--tracking-uri", metavar="URI",
                    help=f"MLflow tracking URI (default: the base config's tracking.uri, $MLFLOW_TRACKING_URI or "
                         f"{DEFAULT_TRACKING_URI})")
+    r.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT_S, metavar="S",
+                   help=f"the driver beats every S seconds for its trials (default {DEFAULT_HEARTBEAT_S}); a trial "
+                        f"without a beat for {GRACE_BEATS} x S seconds belongs to a dead driver: the next run of the "
+                        f"study fails it and queues its config again. Give every driver of a study the same S")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
 
@@ -89,6 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _positive("--trials", args.trials)
     _positive("--parallel", args.parallel)
     _positive("--timeout", args.timeout)
+    _positive("--heartbeat", args.heartbeat)
     name = args.study_name if args.study_name is not None else os.path.splitext(os.path.basename(args.space))[0]
     if not name.strip():
         raise ConfigError("--study-name: empty; give a name")
@@ -102,12 +109,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     opts = SearchOptions(trials=args.trials, parallel=args.parallel, timeout_s=args.timeout, study_name=name,
                          storage=args.storage, tracking_uri=args.tracking_uri, verbose=args.verbose,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, heartbeat_s=args.heartbeat)
+    import signal
+
+    def _terminated(signum, frame):  # ray job stop: SIGTERM first; stop as Ctrl-C does, cleanly
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _terminated)
     try:
         summary = run_search(space, opts)
     except KeyboardInterrupt:
-        print("\ninterrupted: running trials were stopped and recorded FAIL", file=sys.stderr)
+        print("\ninterrupted: running trials were stopped, recorded FAIL and queued again; run the same "
+              "command again to finish them", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
     print(_run_summary(summary, args.storage))
     ran = len(summary.records)
     return 0 if ran == 0 or summary.count("FAIL") < ran else 1
@@ -159,9 +175,12 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def trials_table(study) -> str:
+    from search.liveness import RETRY_ATTR
     from search.tracking import trial_values
 
     rows = []
+    retried = {int(t.user_attrs[RETRY_ATTR]): t.number for t in study.get_trials(deepcopy=False)
+               if RETRY_ATTR in t.user_attrs}
     for t in study.get_trials(deepcopy=False):
         values = ", ".join(f"{v:.4f}" for v in t.values) if t.values else "-"
         dur = f"{t.duration.total_seconds():.1f}" if t.duration is not None else "-"
@@ -170,6 +189,10 @@ def trials_table(study) -> str:
                                              if "pruned_at_step" in t.user_attrs else "")
         if "duplicate_of" in t.user_attrs:
             note = f"same config as trial {t.user_attrs['duplicate_of']} (not run again)"
+        if t.number in retried:
+            note = f"its driver died; run again as trial {retried[t.number]}"
+        if RETRY_ATTR in t.user_attrs:
+            note = f"again: trial {t.user_attrs[RETRY_ATTR]}'s config" + (f"; {note}" if note else "")
         rows.append([str(t.number), t.state.name, values, dur, _cell(t.user_attrs.get("steps")), params,
                      (note or "")[:120]])
     return format_table(rows, ["#", "state", "value", "duration_s", "steps", "params", "note"])

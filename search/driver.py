@@ -10,6 +10,10 @@
   (user attribute ``error``; tag ``search.error`` on its MLflow run); the study goes on.
 * A trial whose config equals a COMPLETE trial's (``skip_duplicates``) takes that trial's value and
   trains nothing; one equal to a running trial's waits for it.
+* The driver's death: it beats for every trial it has asked (``search.liveness``); at its start it
+  fails the trials of a dead driver (no beat for a grace period), closes their MLflow runs KILLED,
+  deletes their checkpoints and queues their configs again; a re-run of a command whose driver died
+  finishes that command's ``--trials``.
 
 Only this driver touches the study's storage (``search.storage``).  A trial's bookkeeping is in
 ``search.records``, what the driver shows in ``search.progress``.  See ``docs/architecture.md``
@@ -18,7 +22,9 @@ Only this driver touches the study's storage (``search.storage``).  A trial's bo
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,14 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, validate
 from search.capacity import Capacity, trial_needs
+from search.liveness import (DEFAULT_HEARTBEAT_S, INVOCATION_ATTR, LOST_ERROR, Heartbeat, Invocation, fail_stale,
+                             grace_s, request_key, requeue, start_invocation, wait_for_verdict)
 from search.pool import ActorPool
 from search.progress import ProgressBar, best_text, trial_line, write_line
-from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
+from search.records import PendingTrial, ReportUnit, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
 from search.space import SearchSpace
 from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
 from orchestrator.uris import absolute_tracking_uri, redact_uri
-from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials
+from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -57,6 +65,7 @@ class SearchOptions:
     tracking_uri: str | None = None
     verbose: bool = False
     progress: bool = True
+    heartbeat_s: int = DEFAULT_HEARTBEAT_S  # the driver's beat; a trial is stale after 3 missed beats
 
 
 class SearchDriver:
@@ -82,12 +91,19 @@ class SearchDriver:
         self.metrics = [o.metric for o in space.objectives if o.per_step]  # what trial actors relay per step
         # Intermediate values reach the pruner only for a single objective reported per step.
         self.reports = not space.multi_objective and bool(self.metrics) and self.metrics[0] == self.objectives[0]
+        # ... at equal work (samples, or tokens, in base steps) unless the space asks for global steps
+        stored = study.user_attrs.get("report_unit") or {}
+        self.unit = ReportUnit(space.report_against, float(base_cfg.batch.size),
+                               stored.get("tokens_per_step") if space.report_against == "samples" else None)
         self.parallel = max(1, options.parallel)
         self.tracker: StudyTracker | None = None
         self.capacity: Capacity | None = None
         self.bar: ProgressBar | None = None
         self.to_ask = 0                         # trials still to ask in this invocation
         self.pending: PendingTrial | None = None  # the asked trial waiting for a slot
+        self.heartbeat: Heartbeat | None = None   # beats for every asked, untold trial (search.liveness)
+        self.invocation: Invocation | None = None  # this command's request, kept in the study
+        self.last_recovery = time.time()
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -97,9 +113,18 @@ class SearchDriver:
         from orchestrator.runner import ensure_ray
 
         t0 = time.time()
+        self._recover(wait=True)  # the trials of a dead driver: FAIL, runs KILLED, configs queued again
         n_trials = self._trials_to_run()
-        started_ray = ensure_ray(self.opts.verbose, runtime_env=self.runtime_env)
+        self.heartbeat = Heartbeat(self.study, self.opts.heartbeat_s, self.invocation)
+        self.heartbeat.start()
         status = "FAILED"
+        try:
+            started_ray = ensure_ray(self.opts.verbose, runtime_env=self.runtime_env)
+        except BaseException:
+            self.heartbeat.stop()
+            if self.invocation is not None:
+                self.invocation.beat(stopped=True)  # a re-run of the command takes it over at once
+            raise
         try:
             self._open(n_trials)
             self._loop(n_trials, t0)
@@ -116,8 +141,10 @@ class SearchDriver:
         return self._summary(time.time() - t0)
 
     def _trials_to_run(self) -> int:
-        """Called first by ``run``: ``--trials`` (default ``DEFAULT_TRIALS``), and with the grid
-        sampler never more than the grid points the study has not tried."""
+        """Called by ``run`` after ``_recover``: ``--trials`` (default ``DEFAULT_TRIALS``), and with
+        the grid sampler never more than the grid points the study has not tried.  A re-run of a
+        command whose driver died takes its request over and runs only what is left of it
+        (``liveness.start_invocation``)."""
         n_trials = self.opts.trials
         remaining_grid = grid_remaining(self.study, self.space)
         if remaining_grid is not None:
@@ -125,7 +152,17 @@ class SearchDriver:
             if remaining_grid == 0:
                 self._write(f"the grid is done: all {self.space.grid_size()} points of study "
                             f"{self.study.study_name!r} have been tried")
-        return DEFAULT_TRIALS if n_trials is None else n_trials
+        n = DEFAULT_TRIALS if n_trials is None else n_trials
+        key = request_key(self.space.text, self.opts.trials)
+        self.invocation, taken = start_invocation(self.study, key, n, self.opts.heartbeat_s, say=self._write)
+        if taken is None:
+            return n
+        left = self.invocation.left()
+        if remaining_grid is not None:
+            left = min(left, remaining_grid)
+        self._write(f"continuing the same command of a driver that died: {self.invocation.total - left} of its "
+                    f"{self.invocation.total} trials were evaluated, {left} left")
+        return left
 
     def _open(self, n_trials: int) -> None:
         """Called by ``run`` once Ray is up: the cluster's capacity, the MLflow parent run (reopened
@@ -164,11 +201,19 @@ class SearchDriver:
             self._write(f"--timeout reached: {self.to_ask} trial(s) not started")
 
     def _close(self, status: str, wall_s: float, started_ray: bool) -> None:
-        """Called by ``run`` at the end, whatever happened: the bar, the actors, the parent run, Ray
-        (unless it was running before, or ``ELASTIC_KEEP_RAY`` is set)."""
+        """Called by ``run`` at the end, whatever happened: the bar, the actors, the heartbeat (the
+        request is done unless the driver failed or was interrupted), the parent run, Ray (unless it
+        was running before, or ``ELASTIC_KEEP_RAY`` is set)."""
         if self.bar is not None:
             self.bar.close()
         self.pool.close()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.invocation is not None:
+            try:  # an unfinished request (Ctrl-C, an error) is taken over at once by a re-run of the command
+                self.invocation.beat(done=status == "FINISHED", stopped=status != "FINISHED")
+            except Exception:
+                pass
         if self.tracker is not None:
             self._close_parent(status, wall_s)
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
@@ -238,6 +283,8 @@ class SearchDriver:
         self._poll()
         for n in [n for n, r in self.running.items() if r.ref in done]:
             self._finish(self.running.pop(n))
+        if time.time() - self.last_recovery > grace_s(self.opts.heartbeat_s):
+            self._recover(wait=False)  # another driver of the study may have died meanwhile
         self._refresh()
 
     # -- one trial ---------------------------------------------------------------------------------
@@ -255,7 +302,13 @@ class SearchDriver:
     def _ask(self) -> PendingTrial | None:
         """A new trial with its config, or ``None`` if it failed on the spot (told FAIL) or took a
         completed twin's value."""
-        trial = self.study.ask()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna warns that its heartbeat is meant for optimize()
+            trial = self.study.ask()
+        if self.heartbeat is not None:
+            self.heartbeat.watch(trial._trial_id)
+        if self.invocation is not None:
+            trial.set_user_attr(INVOCATION_ATTR, self.invocation.id)
         values: dict[str, Any] = {}
         try:
             values = self.space.sample(trial)
@@ -289,6 +342,7 @@ class SearchDriver:
             run_id = self.tracker.duplicate_child(trial.number, values, same, self.objectives,
                                                   run_name=self._run_name(trial.number))
             trial.set_user_attr("mlflow_run_id", run_id)
+        self._forget(trial)
         self.study.tell(trial, list(same.values) if self.space.multi_objective else same.value)
         self._record(TrialRecord(trial.number, "COMPLETE", list(same.values), values, run_id=run_id,
                                  duplicate_of=same.number))
@@ -302,6 +356,7 @@ class SearchDriver:
         if self.tracker is not None:
             run_id = self.tracker.failed_child(trial.number, values, error, run_name=self._run_name(trial.number))
             trial.set_user_attr("mlflow_run_id", run_id)
+        self._forget(trial)
         self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         self._record(TrialRecord(trial.number, "FAIL", None, values, error=error, run_id=run_id))
 
@@ -327,13 +382,28 @@ class SearchDriver:
                 info = ray.get(ref, timeout=30)
             except Exception:
                 continue  # the actor died: its run ref reports it
+            if info["run_id"] and info["run_id"] != r.run_id:
+                r.trial.set_user_attr("mlflow_run_id", info["run_id"])  # found again if this driver dies
             r.run_id = info["run_id"] or r.run_id
             if not self.reports:
                 continue
-            r.report(info["values"])
-            if self.space.prunes and r.pruned_at is None and r.last_step >= 0 and r.trial.should_prune():
+            self._learn_tokens(info["values"])
+            r.report(info["values"], self.unit)
+            if self.space.prunes and r.pruned_at is None and r.reported >= 0 and r.trial.should_prune():
                 r.pruned_at = r.last_step
                 r.actor.stop.remote(n)
+
+    def _learn_tokens(self, values: list[tuple[Any, ...]]) -> None:
+        """A language model reports tokens: the tokens of one base step (``B_base`` sequences of the
+        first reporting trial's ``T``) become the unit for good, kept in the study."""
+        if self.unit.by != "samples" or self.unit.tokens_per_step is not None:
+            return
+        for _step, _key, _value, *work in values:
+            samples, tokens = (list(work) + [None, None])[:2]
+            if tokens and samples:
+                self.unit.tokens_per_step = self.unit.samples_per_step * tokens / samples
+                self.study.set_user_attr("report_unit", {"by": "tokens", "tokens_per_step": self.unit.tokens_per_step})
+                return
 
     def _finish(self, r: RunningTrial) -> None:
         """Called by ``_watch`` when a trial's run returned (or its actor died): free its actor and
@@ -374,6 +444,7 @@ class SearchDriver:
                        ("pruned_at_step", r.pruned_at)):
             if v is not None:
                 t.set_user_attr(key, v)
+        self._forget(t)
         if out.state == "COMPLETE":
             assert out.values is not None
             self.study.tell(t, out.values if self.space.multi_objective else out.values[0])
@@ -392,19 +463,56 @@ class SearchDriver:
     # -- the end -----------------------------------------------------------------------------------
 
     def _abort(self, why: str) -> None:
-        """Fail the trials still running (the driver is going away)."""
+        """Fail the trials still running or pending (the driver is going away): their MLflow runs end
+        KILLED, their checkpoints go, their configs are queued again for the next ``run`` of the study
+        (the same command then finishes its ``--trials``)."""
         import optuna
 
-        for n, r in list(self.running.items()):
+        asked = [(n, r.trial, r.values, r.run_id) for n, r in self.running.items()]
+        if self.pending is not None:
+            asked.append((self.pending.trial.number, self.pending.trial, self.pending.values, None))
+        for n, trial, values, run_id in asked:
             try:
-                r.trial.set_user_attr("error", why)
-                self.study.tell(r.trial, state=optuna.trial.TrialState.FAIL)
-                if r.run_id and self.tracker is not None:
-                    self.tracker.finish_child(r.run_id, "FAIL", None, why)
+                trial.set_user_attr("error", why)
+                self._forget(trial)
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                self._bury(self.study._storage.get_trial(trial._trial_id), run_id, why)
             except Exception:
                 pass
-            self.records.append(TrialRecord(n, "FAIL", None, r.values, error=why, run_id=r.run_id))
+            self.records.append(TrialRecord(n, "FAIL", None, values, error=why, run_id=run_id))
         self.running.clear()
+        self.pending = None
+
+    # -- a dead driver's trials ----------------------------------------------------------------------
+
+    def _forget(self, trial: Trial) -> None:
+        """Stop beating for ``trial`` (just before its state is told)."""
+        if self.heartbeat is not None:
+            self.heartbeat.forget(trial._trial_id)
+
+    def _recover(self, wait: bool) -> None:
+        """Fail the trials of dead drivers (no beat for a grace period; with ``wait``, first give
+        fresh-looking ones a grace period to beat again), close their runs, queue them again."""
+        hb = self.opts.heartbeat_s
+        if wait:
+            wait_for_verdict(self.study, hb, self._write)
+        self.last_recovery = time.time()
+        for t in fail_stale(self.study, hb):
+            try:
+                self._bury(t, t.user_attrs.get("mlflow_run_id"), LOST_ERROR)
+            except Exception as e:  # MLflow or the disk: the trial is FAIL and queued again all the same
+                self._write(f"warning: trial {t.number}: {type(e).__name__}: {e}")
+            self._write(f"trial {t.number}: FAIL ({LOST_ERROR}); its config is queued again")
+
+    def _bury(self, t: FrozenTrial, run_id: str | None, why: str) -> None:
+        """A lost trial (told FAIL): queue its config again, close its MLflow run KILLED and delete
+        its checkpoints (unless the space keeps them)."""
+        requeue(self.study, t)
+        run_id = close_lost_child(self.tracking_uri, self.study.user_attrs.get(PARENT_RUN_ATTR),
+                                  self.study.study_name, t.number, run_id, why)
+        if run_id and not self.space.keep_checkpoints:
+            for folder in glob.glob(os.path.join(glob.escape(self.storage_path), f"elastic-{run_id}*")):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _close_parent(self, status: str, wall_s: float) -> None:
         """End the MLflow parent run with the study's figures and the best config; a failure is a warning."""
@@ -444,6 +552,6 @@ def run_search(space: SearchSpace, options: SearchOptions) -> SearchSummary:
     if not options.verbose:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    storage = open_storage(options.storage)
+    storage = open_storage(options.storage, heartbeat_s=options.heartbeat_s)
     study = create_or_load_study(space, options.study_name, storage)
     return SearchDriver(space, study, options, describe_storage(options.storage)).run()

@@ -26,6 +26,32 @@ TrialStateName = Literal["COMPLETE", "PRUNED", "FAIL"]
 
 
 @dataclass
+class ReportUnit:
+    """Where a trial's intermediate values are reported to the pruner (Optuna's ``step``).
+
+    Median and Hyperband pruning compare trials at equal ``step``.  At the global step, a trial with
+    a batch 4x larger has seen 4x more samples at the same step, so small batches look worse and are
+    pruned early.  ``by = "samples"`` (the default, space key ``report_against``) reports at the work
+    done instead, in *base steps*: ``round(samples seen / B_base)`` with ``B_base`` the base config's
+    global batch (for a language model ``round(tokens seen / (B_base T))``, ``T`` the tokens per
+    sequence of the first trial that reported tokens), so a trial at the base batch reports at its
+    global step (an epoch's short last batch aside) and a pruner's ``n_warmup_steps``/``min_resource`` keep their meaning for it.
+    ``by = "steps"``: the global optimizer step (the behaviour before issue 18)."""
+
+    by: str = "samples"
+    samples_per_step: float = 1.0
+    tokens_per_step: float | None = None
+
+    def step(self, step: int, samples: int | None, tokens: int | None) -> int:
+        """Optuna's step for a value measured at global ``step`` after ``samples`` (``tokens``)."""
+        if self.by == "steps" or samples is None:
+            return int(step)
+        if tokens is not None and self.tokens_per_step:
+            return int(tokens / self.tokens_per_step + 0.5)
+        return int(samples / self.samples_per_step + 0.5)
+
+
+@dataclass
 class PendingTrial:
     """An asked trial whose config is valid, waiting for a free slot and for the cluster to fit it."""
 
@@ -50,23 +76,32 @@ class RunningTrial:
     ref: Any                         # the ``ObjectRef`` of ``actor.run``
     t0: float                        # launch time (``time.time()``)
     run_id: str | None = None        # its MLflow run, once the actor knows it
-    last_step: int = -1              # the last step reported to the study
-    last_value: float | None = None  # the objective's value at ``last_step``
-    pruned_at: int | None = None     # the step at which the pruner stopped it
+    last_step: int = -1              # the global step of the last value relayed
+    last_value: float | None = None  # the last value reported to the study
+    pruned_at: int | None = None     # the global step at which the pruner stopped it
+    reported: int = -1               # the last Optuna step reported (``ReportUnit.step``)
 
     @classmethod
     def launched(cls, p: PendingTrial, actor: Any, ref: Any, t0: float) -> RunningTrial:
         """The running form of pending trial ``p``, started on ``actor`` at ``t0``."""
         return cls(p.trial, p.values, p.cfg, p.need, p.key, actor, ref, t0)
 
-    def report(self, values: Sequence[tuple[int, str, float]]) -> None:
-        """Report the objective's new ``(step, metric, value)`` triples to the study (``trial.report``);
-        steps at or before ``last_step`` were reported already and are skipped."""
-        for step, _key, value in values:
+    def report(self, values: Sequence[tuple[Any, ...]], unit: ReportUnit | None = None) -> None:
+        """Report the objective's new ``(step, metric, value[, samples, tokens])`` to the study
+        (``trial.report``) at ``unit.step(...)`` (the global step without a unit); global steps at
+        or before ``last_step`` were relayed already and are skipped, and of several values that
+        fall on one Optuna step the first is reported (Optuna keeps one per step)."""
+        unit = unit or ReportUnit(by="steps")
+        for step, _key, value, *work in values:
             if step <= self.last_step:
                 continue
-            self.trial.report(float(value), int(step))
-            self.last_step, self.last_value = step, float(value)
+            self.last_step = step
+            samples, tokens = (work + [None, None])[:2]
+            at = unit.step(int(step), samples, tokens)
+            if at <= self.reported:
+                continue
+            self.trial.report(float(value), at)
+            self.reported, self.last_value = at, float(value)
 
     def outcome(self, res: TrialResult, metrics: Sequence[str]) -> TrialOutcome:
         """The trial's final state from its run's result, in this order: the run raised -> FAIL;

@@ -26,7 +26,10 @@ joined with `` and ``.
 Two switches: ``keep_checkpoints`` (default false: a trial's checkpoints are deleted when its run
 ends; its final model is in MLflow anyway) and ``skip_duplicates`` (default true: a trial that
 draws exactly the config of a COMPLETE trial takes that trial's value without training again; the
-runs are deterministic for a given seed).
+runs are deterministic for a given seed).  ``report_against`` (default ``samples``): pruning
+compares trials at equal samples seen (tokens for a language model), counted in steps of the base
+config's batch; ``steps`` compares them at equal global steps, which favours large batches
+(``search.records.ReportUnit``).
 
 Everything is checked here, before a study, Ray or an MLflow run exists: each error is one line
 naming the field (``params.optimizer.lr.low: ...``).  Beyond the shape of the file, each value a
@@ -61,7 +64,9 @@ class SpaceError(ConfigError):
     """A bad search space file: one line naming the field and the fix."""
 
 
-TOP_KEYS = ("base", "overrides", "objective", "sampler", "pruner", "params", "keep_checkpoints", "skip_duplicates")
+TOP_KEYS = ("base", "overrides", "objective", "sampler", "pruner", "params", "keep_checkpoints", "skip_duplicates",
+            "report_against")
+REPORT_AGAINST = ("samples", "steps")
 PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 
 # Metrics the training run reports as it goes (intermediate values for pruning come from these),
@@ -421,6 +426,7 @@ class SearchSpace:
     params: tuple[Param, ...]
     keep_checkpoints: bool = False
     skip_duplicates: bool = True
+    report_against: str = "samples"  # where intermediate values go: samples seen (in base steps) or global steps
     _full: dict[str, Any] = field(default_factory=dict, repr=False)  # base with every default filled in
 
     @property
@@ -684,11 +690,15 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
     for k, v in flags.items():
         if not isinstance(v, bool):
             raise SpaceError(f"{k}: must be true or false (got {v!r})")
+    report_against = raw.get("report_against", "samples")
+    if report_against not in REPORT_AGAINST:
+        raise SpaceError(f"report_against: must be samples or steps (got {report_against!r}); samples compares "
+                         f"trials at equal work")
     full = cfg.model_dump(mode="json")
     _check_conditions(params, full)
     space = SearchSpace(source=source, text=text if text is not None else yaml.safe_dump(raw, sort_keys=False),
                         base=base, objectives=objectives, sampler=sampler, pruner=pruner,
-                        params=tuple(_order(params)), _full=full, **flags)
+                        params=tuple(_order(params)), _full=full, report_against=report_against, **flags)
     grid = space.grid()
     if sampler.entry.needs_grid and grid is None:
         p = next(p for p in space.params if p.grid_values() is None)

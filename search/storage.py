@@ -98,13 +98,23 @@ def check_storage(storage: str) -> None:
                           f"e.g. {DEFAULT_STORAGE}")
 
 
-def open_storage(storage: str) -> BaseStorage:
-    """An Optuna storage: a journal file (a path) or an RDB (a URL).  ``ConfigError`` if it cannot open."""
+def open_storage(storage: str, heartbeat_s: int | None = None) -> BaseStorage:
+    """An Optuna storage: a journal file (a path) or an RDB (a URL).  ``ConfigError`` if it cannot open.
+
+    ``heartbeat_s`` (the search driver's): an RDB storage gets Optuna's heartbeat with that interval,
+    a grace period of ``liveness.GRACE_BEATS`` intervals and a ``StaleCollector`` (``search.liveness``);
+    a journal file needs nothing (the driver beats in trial attributes)."""
     import optuna
 
     if is_rdb_url(storage):
+        kw = {}
+        if heartbeat_s is not None:
+            from search.liveness import GRACE_BEATS, StaleCollector
+
+            kw = dict(heartbeat_interval=int(heartbeat_s), grace_period=int(GRACE_BEATS * heartbeat_s),
+                      heartbeat_stale_trial_callback=StaleCollector())
         try:
-            return optuna.storages.RDBStorage(storage)
+            return optuna.storages.RDBStorage(storage, **kw)
         except Exception as e:
             raise ConfigError(f"--storage: cannot open {describe_storage(storage)!r} ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}); check the URL") from None

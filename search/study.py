@@ -70,12 +70,20 @@ def load_existing_study(name: str, storage_url: str) -> Study:
 
 
 def grid_remaining(study: Study, space: SearchSpace) -> int | None:
-    """Grid points this study has not started yet (``None`` unless the sampler is the grid)."""
+    """Grid points this study has not started yet (``None`` unless the sampler is the grid); the
+    points of trials lost with a dead driver, queued again, count as not started."""
     if not space.sampler.entry.needs_grid:
         return None
+    import optuna
+
+    from search.liveness import lost_numbers
+
     grid = space.grid() or {}
-    seen = {t.system_attrs["grid_id"] for t in study.get_trials(deepcopy=False)
-            if "grid_id" in t.system_attrs and set(t.system_attrs.get("search_space", {})) == set(grid)}
+    trials = study.get_trials(deepcopy=False)
+    lost = lost_numbers(trials)  # a dead driver's trials: their points are queued again (WAITING)
+    seen = {t.system_attrs["grid_id"] for t in trials
+            if "grid_id" in t.system_attrs and set(t.system_attrs.get("search_space", {})) == set(grid)
+            and t.state != optuna.trial.TrialState.WAITING and t.number not in lost}
     return max(0, (space.grid_size() or 0) - len(seen))
 
 

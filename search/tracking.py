@@ -234,6 +234,40 @@ class StudyTracker:
         return skipped
 
 
+def close_lost_child(uri: str, parent_run_id: str | None, study_name: str, number: int, run_id: str | None,
+                     error: str) -> str | None:
+    """Close the MLflow child run of a trial whose driver died: tag ``search.state`` FAIL, the error,
+    status KILLED (only a run still RUNNING is touched).  The run is ``run_id`` or, when the driver
+    died before it learnt the id, the child of ``parent_run_id`` tagged with the trial's number.
+    Returns the run's id (``None`` if there is none)."""
+    if not run_id and not parent_run_id:
+        return None
+    client = _client(uri)
+    run = None
+    if run_id:
+        try:
+            run = client.get_run(run_id)
+        except Exception:
+            run = None
+    if run is None and parent_run_id:
+        try:
+            parent = client.get_run(parent_run_id)
+        except Exception:
+            return None
+        name = study_name.replace("'", "\\'")
+        found = client.search_runs([parent.info.experiment_id], filter_string=(
+            f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`search.trial` = '{number}' "
+            f"and tags.`search.study_name` = '{name}'"), max_results=1)
+        run = found[0] if found else None
+    if run is None:
+        return None
+    if run.info.status == "RUNNING":
+        client.set_tag(run.info.run_id, STATE_TAG, "FAIL")
+        client.set_tag(run.info.run_id, "search.error", error[:5000])
+        client.set_terminated(run.info.run_id, status="KILLED")
+    return run.info.run_id
+
+
 def trial_values(trial: Any) -> dict[str, Any]:
     """The config values a trial used (decoded), from its user attributes or its Optuna params."""
     return dict(trial.user_attrs.get("config_values") or trial.params)

@@ -92,6 +92,7 @@ class TrialActor:
         self._last: dict[str, float] = {}
         self._step = 0
         self._samples = 0
+        self._tokens: int | None = None
         self._runner: Any = None
         self._run_id: str | None = None
         self._stop = False
@@ -140,8 +141,9 @@ class TrialActor:
         return asdict(result)
 
     def poll(self, token: int) -> dict[str, Any]:
-        """New (step, metric, value) triples of run ``token`` since the last poll, its MLflow run id
-        and its latest step."""
+        """New ``(step, metric, value, samples seen, tokens seen or None)`` of run ``token`` since the
+        last poll (the work done by that step: pruning compares trials at equal work), its MLflow
+        run id and its latest step."""
         with self._lock:
             if token != self._token:
                 return {"values": [], "run_id": None, "step": 0}
@@ -184,11 +186,14 @@ class TrialActor:
                     self._workers = float(m[M.WORKERS])
                 if M.SAMPLES_SEEN in m:
                     self._samples = max(self._samples, int(m[M.SAMPLES_SEEN]))
+                if M.TOKENS_SEEN in m:
+                    self._tokens = max(self._tokens or 0, int(m[M.TOKENS_SEEN]))
                 for key in self._metrics:
                     if key in m:
                         v = float(m[key])
                         self._last[key] = v
-                        self._values.append((int(step), key, v if math.isfinite(v) else float("nan")))
+                        self._values.append((int(step), key, v if math.isfinite(v) else float("nan"),
+                                             self._samples, self._tokens))
             stop, runner = self._stop, self._runner
         if stop and runner is not None:
             runner.request_stop()  # a new phase has a new monitor: ask it too

@@ -432,6 +432,11 @@ class CheckpointManager:
         """The training run's checkpoints, newest first (every phase's folder)."""
         return run_checkpoints(self.storage, self.run_prefix) if self.storage else []
 
+    def load_path(self, path: str) -> None:
+        """Restore the checkpoint at ``path`` into the components (``CorruptCheckpoint`` if it is not intact)."""
+        with _as_local(path) as d:
+            self.load_state_dict(read_checkpoint(d, map_location=self.map_location))
+
     def state_dict(self) -> dict[str, Any]:
         """``{name: component.state_dict()}``: what :meth:`save` writes."""
         return {name: obj.state_dict() for name, obj in self.states.items()}

@@ -8,6 +8,8 @@ worker loop, not Ray.  The driver's root config (``orchestrator/config.py``) ext
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
@@ -31,6 +33,10 @@ class TrainConfig(Section):
     push_every_s: float = Field(default=0.25, ge=0, description="seconds between pushes (at least log_every "
                                 "steps apart); 0 = every log_every steps")
     sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
+    on_nonfinite: Literal["stop", "rollback"] = Field(
+        default="stop", description="a non-finite loss: stop the run (FAILED), or reload the last checkpoint, halve "
+                                    "the learning rate and go on (trainers/rollback.py)")
+    max_rollbacks: int = Field(default=3, ge=0, description="rollbacks at most (on_nonfinite: rollback); then stop")
 
 
 class LoopConfig(Section):

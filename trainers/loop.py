@@ -39,6 +39,7 @@ from trainers.link.runtime import Runtime
 from trainers.meter import ThroughputMeter
 from trainers.noise import NoiseProbe
 from trainers.optim import build_optimizer
+from trainers.rollback import RollbackPolicy
 from trainers.policy import PolicySet
 from trainers.state import TrainState
 from trainers.workload import (Functions, StepBatch, batch_len, build_workload, correct, make_batches, perplexity,
@@ -105,6 +106,7 @@ class Trainer:
         self.policies = PolicySet.from_config(cfg, dataset_size=self.n)
         self.batch_policy, self.auto = self.policies.batch_policy, self.policies.auto  # checkpointed parts
         self.B = cfg.batch.size
+        self.rollback = RollbackPolicy(cfg.train.on_nonfinite, cfg.train.max_rollbacks)  # lr factor (checkpointed)
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
         self._stepped = False  # this group made its first step (see advance)
         base = self.work.model.to(self.device)
@@ -190,6 +192,7 @@ class Trainer:
         if self.auto is not None:
             states["auto_warmup"] = self.auto
         states["reporter"] = PendingRecords(self.channel)
+        states["rollback"] = self.rollback
         return states
 
     def _load_batch_state(self, state: dict[str, Any]) -> None:
@@ -249,6 +252,7 @@ class Trainer:
         if not math.isfinite(v[0]):
             raise NonFiniteLoss(self.state.step + 1, v[0] / bsz)
         s = self.policies.settings(self.epoch_float, self.B, self.world, self.gns, samples=bsz)
+        s = self.rollback.scale(s)  # lr x 0.5 per rollback (train.on_nonfinite: rollback)
         self.policies.apply(self.opt, s, first=self.state.step == 0)
         self.lr, self.mf = s.lr, s.mf
         self.opt.step()
@@ -445,7 +449,8 @@ class Trainer:
             self.train()
         except NonFiniteLoss as e:
             kept = self.checkpoints.checkpoints()
-            self.channel.emit(Diverged(step=e.step, value=e.value, checkpoint=kept[0] if kept else None))
+            self.channel.emit(Diverged(step=e.step, value=e.value, checkpoint=kept[0] if kept else None,
+                                       rollbacks=self.rollback.rollbacks))
             self.channel.flush(wait=True)
 
     def train(self) -> None:
@@ -475,7 +480,12 @@ class Trainer:
                         return self.hand_over(need.workers)
                     # overlap: go on at the new batch (more micro-batches) until the new group is ready
                     overlap_to = need.workers or overlap_to
-                epoch_ended, metrics = self.advance(meter)
+                try:
+                    epoch_ended, metrics = self.advance(meter)
+                except NonFiniteLoss as e:  # train.on_nonfinite: rollback reloads the last checkpoint
+                    if not self.rollback.recover(self, e.step, e.value):
+                        raise
+                    continue
                 flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
                 decision = self.push(metrics, meter, flush, overlap=overlap_to > 0)
                 if self.finished() or decision.action == Action.STOP:

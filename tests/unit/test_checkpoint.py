@@ -496,7 +496,7 @@ def _trained(tmp_path):
 def test_a_trainer_restores_what_a_trainer_saved(tmp_path, fmt):
     t = _trained(tmp_path)
     saved = t.checkpoints.state_dict()
-    assert set(saved) == {"model", "optimizer", "train", "rng", "batch", "noise", "auto_warmup", "reporter"}
+    assert set(saved) == {"model", "optimizer", "train", "rng", "batch", "noise", "auto_warmup", "reporter", "rollback"}
     if fmt == 2:
         t.save_checkpoint()
     else:  # the same state as the loop wrote it before components were registered

@@ -120,3 +120,22 @@ def test_a_pending_trial_that_cannot_fit_an_idle_cluster_is_a_bug():
     d.capacity.never_fits = lambda need: None  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="a trial does not fit an idle cluster"):
         run(d, 1)
+
+
+def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs_again():
+    """Ctrl-C / SIGTERM (issue 18 item 2): the running trials are FAIL and their configs WAITING
+    (user attribute retry_of), so the next run of the study evaluates them first."""
+
+    class Interrupted(FakeDriver):
+        def _watch(self) -> None:
+            raise KeyboardInterrupt
+
+    d = Interrupted([A, B], {}, parallel=2)
+    with pytest.raises(KeyboardInterrupt):
+        d._loop(2, time.time())
+    d._abort("interrupted (Ctrl-C)")
+    trials = d.study.trials
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert trials[0].user_attrs["error"] == "interrupted (Ctrl-C)"
+    assert {t.user_attrs["retry_of"]: t.params for t in trials[2:]} == {0: trials[0].params, 1: trials[1].params}
+    assert [r.state for r in d.records] == ["FAIL", "FAIL"] and not d.running

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from search.records import PendingTrial, RunningTrial, SearchSummary, TrialRecord
+from search.records import PendingTrial, ReportUnit, RunningTrial, SearchSummary, TrialRecord
 from search.trial import TrialResult
 
 
@@ -47,6 +47,29 @@ def test_report_skips_steps_already_reported():
     r.report([(10, "val/accuracy", 0.6), (15, "val/accuracy", 0.7)])
     assert r.trial.reported == [(0.5, 5), (0.6, 10), (0.7, 15)]
     assert (r.last_step, r.last_value) == (15, 0.7)
+
+
+def test_values_are_reported_at_equal_work_in_base_steps():
+    """Issue 18 item 3: a trial at B = 128 (base 32) reports its value of step 10 at base step 40,
+    where a B = 32 trial reports its step 40; with report_against: steps both report at 10."""
+    unit = ReportUnit("samples", 32.0)
+    small, large = running(), running()
+    small.report([(s, "val/accuracy", 0.1 * i, 32 * s, None) for i, s in enumerate((10, 20, 30, 40), 1)], unit)
+    large.report([(10, "val/accuracy", 0.7, 1280, None)], unit)
+    assert small.trial.reported == [(0.1, 10), (0.2, 20), pytest.approx((0.3, 30)), (0.4, 40)]
+    assert large.trial.reported == [(0.7, 40)] and large.reported == 40 and large.last_step == 10
+    by_steps = running()
+    by_steps.report([(10, "val/accuracy", 0.7, 1280, None)], ReportUnit("steps", 32.0))
+    assert by_steps.trial.reported == [(0.7, 10)]
+
+
+def test_language_models_report_at_tokens_and_one_value_per_optuna_step():
+    unit = ReportUnit("samples", 8.0, tokens_per_step=8 * 64.0)
+    r = running()
+    # T = 128 here: 2x the tokens of the unit's T = 64 per sequence
+    r.report([(1, "val/loss", 3.0, 8, 1024), (2, "val/loss", 2.9, 16, 2048), (3, "val/loss", 2.8, 17, 2100)], unit)
+    assert r.trial.reported == [(3.0, 2), (2.9, 4)]  # step 3 falls on base step 4 again: skipped
+    assert (r.last_step, r.last_value, r.reported) == (3, 2.9, 4)
 
 
 @pytest.mark.parametrize("r, res, expected", [

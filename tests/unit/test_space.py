@@ -363,3 +363,10 @@ def test_continued_study_must_keep_its_objective(tmp_path):
     create_or_load_study(parse_space(space()), "st", storage)
     with pytest.raises(SpaceError, match="objective: study 'st' already exists and optimizes maximize"):
         create_or_load_study(parse_space(space(objective={"metric": "val/loss"})), "st", storage)
+
+
+def test_report_against_defaults_to_samples_and_refuses_other_words():
+    assert parse_space(space()).report_against == "samples"
+    assert parse_space(space(report_against="steps")).report_against == "steps"
+    with pytest.raises(SpaceError, match=r"^report_against: must be samples or steps \(got 'epochs'\)"):
+        parse_space(space(report_against="epochs"))

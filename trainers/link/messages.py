@@ -176,12 +176,34 @@ class Diverged(Event):
     step: int
     value: float
     checkpoint: str | None = None
+    rollbacks: int = 0  # rollbacks done before this (train.on_nonfinite: rollback)
 
     @property
     def message(self) -> str:
         kept = f"the last finite checkpoint is {self.checkpoint}" if self.checkpoint else "no checkpoint was written yet"
-        return (f"training diverged at step {self.step}: train/loss = {self.value}; {kept}; lower optimizer.lr "
-                f"or lengthen the warmup")
+        after = f" after {self.rollbacks} rollback(s) (train.max_rollbacks)" if self.rollbacks else ""
+        return (f"training diverged at step {self.step}{after}: train/loss = {self.value}; {kept}; lower "
+                f"optimizer.lr or lengthen the warmup")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolledBack(Event):
+    """``train.on_nonfinite: rollback``: the loss at ``step`` was ``value`` (not finite); the group
+    reloaded ``checkpoint`` (step ``to_step``), the learning rate is now ``lr_factor`` times the
+    policies' (``trainers/rollback.py``), and training goes on.  ``rollbacks``: how many so far."""
+
+    kind: ClassVar[str] = "rolled_back"
+    step: int
+    value: float
+    checkpoint: str
+    to_step: int
+    rollbacks: int
+    lr_factor: float
+
+    @property
+    def message(self) -> str:
+        return (f"non-finite loss {self.value} at step {self.step}: rolled back to step {self.to_step} "
+                f"({self.checkpoint}), learning rate x{self.lr_factor:g} (rollback {self.rollbacks})")
 
 
 # --------------------------------------------------------------------------- answers

@@ -30,6 +30,8 @@ THROUGHPUT_TOKENS = "throughput/tokens_per_s"
 
 # -- logged by the driver ------------------------------------------------------------------------
 RESTARTS = "restarts"
+ROLLBACKS = "rollbacks"  # train.on_nonfinite: rollback, logged at the diverged step
+LR_FACTOR = "lr_factor"  # the learning-rate factor after a rollback (0.5 ** rollbacks)
 RESIZE_FROM = "resize/from"
 RESIZE_TO = "resize/to"
 RESIZE_LATENCY_S = "resize/latency_s"
