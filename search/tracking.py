@@ -37,6 +37,7 @@ PARENT_RUN_ATTR = "mlflow_parent_run_id"
 NOTE_TAG = "mlflow.note.content"          # the run's description in MLflow's UI (markdown)
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # where MlflowClient.log_table lists its tables
 INTERACTIVE_PLOTS = "interactive.html"
+NOTE_MAX = 7500  # MLflow keeps tag values up to 8000 characters
 
 
 def _client(uri: str) -> Any:
@@ -187,6 +188,7 @@ class StudyTracker:
         for t in trials:
             counts[t.state.name] = counts.get(t.state.name, 0) + 1
         note = best_note(self.study_name, self.experiment_id, metrics, self.space.directions, best, counts)
+        note = note if len(note) <= NOTE_MAX else note[:NOTE_MAX - 40] + "\n\n(cut: see trials.csv)"
         if note != self._note:
             tags[NOTE_TAG] = note
             self._note = note
@@ -265,7 +267,10 @@ class StudyTracker:
         the study), this invocation's wall time, plots; then end the parent run."""
         from mlflow.entities import Metric
 
-        self.sync(study, final=True)
+        try:
+            self.sync(study, final=True)
+        except Exception as e:  # the figures and the run's end matter more
+            self.client.set_tag(self.run_id, "search.view_error", _why(e)[:5000])
         trials = study.get_trials(deepcopy=False)
         n = len(trials)
         now = int(time.time() * 1000)
