@@ -147,8 +147,8 @@ class StudyTracker:
         return None
 
     def sync(self, study: Any, final: bool = False) -> None:
-        """Log what is new since the last call: ``objective/<metric>`` for each newly COMPLETE trial,
-        ``best/<metric>`` for the steps every earlier trial has settled (``final``: up to the last
+        """Log what is new since the last call: ``trials/<metric>`` for each newly COMPLETE trial,
+        ``trials/best_<metric>`` for the steps every earlier trial has settled (``final``: up to the last
         trial, whatever state the others are left in), the best trial's tags and link, the table."""
         from mlflow.entities import Metric
 

@@ -1,8 +1,10 @@
 """What a study's MLflow parent run shows of its trials, computed from the study alone (no MLflow).
 
-* **History**: each COMPLETE trial's objective value as metric ``objective/<metric>`` at
-  ``step = trial number``, and (one objective) the best value so far as ``best/<metric>`` at the
-  same steps, so MLflow draws the optimization history itself.  Best-so-far at step N is the best
+* **History**: each COMPLETE trial's objective value as metric ``trials/<metric>`` at
+  ``step = trial number``, and (one objective) the best value so far as ``trials/best_<metric>``
+  at the same steps, so MLflow draws the optimization history itself (``/`` in the metric's name
+  becomes ``_``: MLflow groups charts by the name up to its last ``/``, so both land in the
+  ``trials`` group beside the trial counts).  Best-so-far at step N is the best
   over the COMPLETE trials numbered <= N (Optuna's ``plot_optimization_history``); it is logged only
   once every trial numbered <= N has ended (``settled_upto``), since parallel trials end out of
   order and a metric point, once logged, cannot change.
@@ -35,12 +37,12 @@ def trial_run_name(number: int) -> str:
 
 def objective_key(metric: str) -> str:
     """The parent run's metric holding each trial's value of objective ``metric`` (step = trial number)."""
-    return f"objective/{metric}"
+    return f"trials/{metric.replace('/', '_')}"
 
 
 def best_key(metric: str) -> str:
     """The parent run's metric holding the best value of ``metric`` so far (step = trial number)."""
-    return f"best/{metric}"
+    return f"trials/best_{metric.replace('/', '_')}"
 
 
 def run_link(experiment_id: str, run_id: str) -> str:
@@ -77,7 +79,7 @@ def settled_upto(trials: Iterable[Any]) -> int:
 
 
 def objective_points(trials: Iterable[Any], metrics: Sequence[str], skip: set[int]) -> list[Point]:
-    """``objective/<metric>`` at step = number for each COMPLETE trial not in ``skip``."""
+    """``objective_key(metric)`` at step = number for each COMPLETE trial not in ``skip``."""
     points = []
     for t in sorted(trials, key=lambda t: t.number):
         if _state(t) != "COMPLETE" or t.number in skip or t.values is None:
@@ -89,7 +91,7 @@ def objective_points(trials: Iterable[Any], metrics: Sequence[str], skip: set[in
 
 
 def best_points(trials: Iterable[Any], metric: str, direction: str, after: int, upto: int) -> list[Point]:
-    """``best/<metric>`` at each trial number in ``(after, upto]``: the best value of the COMPLETE
+    """``best_key(metric)`` at each trial number in ``(after, upto]``: the best value of the COMPLETE
     trials numbered <= that step (``direction`` is ``maximize`` or ``minimize``); no point before
     the first COMPLETE trial."""
     better = max if direction == "maximize" else min
@@ -119,30 +121,27 @@ def best_note(study_name: str, experiment_id: str, metrics: Sequence[str], direc
     Pareto front) as links to their runs with values and params, the trial counts, and where the
     history, the table and the plots are."""
     objective = ", ".join(f"`{m}` ({d})" for m, d in zip(metrics, directions))
-    lines = [f"**Study `{study_name}`**: {objective}.", ""]
     total = sum(counts.values())
     state = ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
+    lines = []
     if not best:
         lines.append(f"No complete trial yet ({total} trials: {state or 'none ended'}).")
-    else:
-        title = "Best trial" if len(best) == 1 else f"Pareto front ({len(best)} trials)"
-        lines += [f"### {title}", ""]
-        for t in best:
-            run_id = t.user_attrs.get("mlflow_run_id")
-            name = trial_run_name(t.number)
-            link = f"[{name}]({run_link(experiment_id, run_id)})" if run_id else name
-            values = ", ".join(f"`{m}` = {v:.6g}" for m, v in zip(metrics, t.values))
-            lines.append(f"- **{link}**: {values}")
-        params = dict(best[0].user_attrs.get("config_values") or best[0].params)
-        if len(best) == 1 and params:
-            lines += ["", "| param | value |", "|---|---|"]
-            lines += [f"| `{k}` | {_cell(v)} |" for k, v in params.items()]
-        lines += ["", f"{total} trials ({state})."]
+    for t in best:
+        run_id = t.user_attrs.get("mlflow_run_id")
+        name = trial_run_name(t.number)
+        link = f"[{name}]({run_link(experiment_id, run_id)})" if run_id else name
+        values = ", ".join(f"`{m}` = {v:.6g}" for m, v in zip(metrics, t.values))
+        lines.append(f"**{'Best trial' if len(best) == 1 else 'Pareto front'}: {link}**, {values}  ")
+    lines += [f"Study `{study_name}`: {objective}" + (f"; {total} trials ({state})." if best else "."), ""]
+    params = dict(best[0].user_attrs.get("config_values") or best[0].params) if len(best) == 1 else {}
+    if params:
+        lines += ["| best trial's param | value |", "|---|---|"]
+        lines += [f"| `{k}` | {_cell(v)} |" for k, v in params.items()]
+        lines.append("")
     keys = ", ".join(f"`{objective_key(m)}`" for m in metrics)
     if len(metrics) == 1:
         keys += f" and `{best_key(metrics[0])}` (best so far)"
-    lines += ["", f"History: metrics {keys} at step = trial number. Every trial: `trials.csv`; "
-                  f"plots under `plots/`."]
+    lines.append(f"History: metrics {keys} at step = trial number. Every trial: `trials.csv`; plots under `plots/`.")
     return "\n".join(lines)
 
 

@@ -126,10 +126,10 @@ def test_the_parent_shows_the_history_the_best_trial_as_a_link_and_every_trial(s
     exp = parent.info.experiment_id
     assert sorted(r.info.run_name for r in runs_of(uri, parent_id)) == sorted(f"trial-{n}" for n in range(8))
     values = [t.value for t in study.trials]
-    history = metric_series(uri, parent_id, "objective/val/accuracy")
+    history = metric_series(uri, parent_id, "trials/val_accuracy")
     assert [s for s, _ in history] == list(range(8))
     assert [v for _, v in history] == pytest.approx(values)
-    best = metric_series(uri, parent_id, "best/val/accuracy")
+    best = metric_series(uri, parent_id, "trials/best_val_accuracy")
     assert [s for s, _ in best] == list(range(8))
     assert [v for _, v in best] == pytest.approx([max(values[:n + 1]) for n in range(8)])
     best_run = study.best_trial.user_attrs["mlflow_run_id"]
@@ -255,9 +255,9 @@ def test_failed_trials_are_recorded_and_the_study_finishes(ray_cluster, tmp_path
     assert [client.get_run(t.user_attrs["mlflow_run_id"]).info.run_name for t in trials] == [
         f"trial-{n}" for n in range(4)]
     parent = load(storage, "fail").user_attrs["mlflow_parent_run_id"]
-    assert metric_series(tracking_uri, parent, "objective/val/accuracy") == [(2, trials[2].value),
+    assert metric_series(tracking_uri, parent, "trials/val_accuracy") == [(2, trials[2].value),
                                                                              (3, trials[2].value)]
-    assert [s for s, _ in metric_series(tracking_uri, parent, "best/val/accuracy")] == [2, 3]
+    assert [s for s, _ in metric_series(tracking_uri, parent, "trials/best_val_accuracy")] == [2, 3]
     assert client.get_run(parent).data.tags["search.best_run_id"] == trials[2].user_attrs["mlflow_run_id"]
 
 

@@ -75,8 +75,8 @@ def test_the_parent_follows_trials_as_they_end(tracked):
     t1 = _ask(study, {"optimizer.lr": 0.2, "schedule.warmup": "none"})
     study.tell(t1, 0.8)
     assert tracker.trial_done(study) is None
-    assert _history(client, tracker.run_id, "objective/val/accuracy") == [(1, 0.8)]
-    assert _history(client, tracker.run_id, "best/val/accuracy") == []  # trial 0 may still beat it
+    assert _history(client, tracker.run_id, "trials/val_accuracy") == [(1, 0.8)]
+    assert _history(client, tracker.run_id, "trials/best_val_accuracy") == []  # trial 0 may still beat it
     tags = client.get_run(tracker.run_id).data.tags
     assert (tags["search.best_trial"], tags["search.best_run_id"]) == ("1", "run1")
     exp = tracker.experiment_id
@@ -84,13 +84,13 @@ def test_the_parent_follows_trials_as_they_end(tracked):
 
     study.tell(t0, 0.6)
     tracker.trial_done(study)
-    assert _history(client, tracker.run_id, "objective/val/accuracy") == [(0, 0.6), (1, 0.8)]
-    assert _history(client, tracker.run_id, "best/val/accuracy") == [(0, 0.6), (1, 0.8)]
+    assert _history(client, tracker.run_id, "trials/val_accuracy") == [(0, 0.6), (1, 0.8)]
+    assert _history(client, tracker.run_id, "trials/best_val_accuracy") == [(0, 0.6), (1, 0.8)]
 
     t2 = _ask(study, {"optimizer.lr": 0.3, "schedule.warmup": "constant", "schedule.warmup_epochs": 0.25})
     study.tell(t2, 0.9)
     tracker.trial_done(study)
-    assert _history(client, tracker.run_id, "best/val/accuracy") == [(0, 0.6), (1, 0.8), (2, 0.9)]
+    assert _history(client, tracker.run_id, "trials/best_val_accuracy") == [(0, 0.6), (1, 0.8), (2, 0.9)]
     tags = client.get_run(tracker.run_id).data.tags
     assert (tags["search.best_trial"], tags["search.best_run_id"]) == ("2", "run2")
     assert tags["best.schedule.warmup_epochs"] == "0.25" and tags["best.optimizer.lr"] == "0.3"
@@ -113,8 +113,8 @@ def test_the_parent_follows_trials_as_they_end(tracked):
     tracker.finish(study, "FINISHED", 1.0, None)
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["best/value"] == 0.95
-    assert _history(client, tracker.run_id, "objective/val/accuracy") == [(0, 0.6), (1, 0.8), (2, 0.9), (4, 0.95)]
-    assert _history(client, tracker.run_id, "best/val/accuracy")[-2:] == [(3, 0.9), (4, 0.95)]
+    assert _history(client, tracker.run_id, "trials/val_accuracy") == [(0, 0.6), (1, 0.8), (2, 0.9), (4, 0.95)]
+    assert _history(client, tracker.run_id, "trials/best_val_accuracy")[-2:] == [(3, 0.9), (4, 0.95)]
     arts = {a.path for a in client.list_artifacts(tracker.run_id)}
     arts |= {a.path for a in client.list_artifacts(tracker.run_id, "plots")}
     assert {"trials.csv", "trials.json", "plots/optimization_history.png"} <= arts
@@ -134,8 +134,8 @@ def test_a_continued_parent_logs_no_point_twice(tracked):
     study.tell(_ask(study, {"optimizer.lr": 0.3, "schedule.warmup": "none"}), 0.6)
     again.trial_done(study)
     again.sync(study, final=True)
-    assert _history(client, tracker.run_id, "objective/val/accuracy") == [(0, 0.5), (1, 0.7), (2, 0.6)]
-    assert _history(client, tracker.run_id, "best/val/accuracy") == [(0, 0.5), (1, 0.7), (2, 0.7)]
+    assert _history(client, tracker.run_id, "trials/val_accuracy") == [(0, 0.5), (1, 0.7), (2, 0.6)]
+    assert _history(client, tracker.run_id, "trials/best_val_accuracy") == [(0, 0.5), (1, 0.7), (2, 0.7)]
 
 
 class FakeFigure:

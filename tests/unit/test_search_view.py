@@ -46,8 +46,8 @@ def test_settled_upto_is_the_prefix_of_ended_trials():
 def test_objective_points_are_complete_trials_at_their_number():
     ts = [trial(0, value=0.5), trial(1, "PRUNED"), trial(2, "FAIL"), trial(3, value=0.7), trial(4, "RUNNING")]
     pts = objective_points(ts, ["val/accuracy"], skip=set())
-    assert [(p.key, p.step, p.value) for p in pts] == [("objective/val/accuracy", 0, 0.5),
-                                                       ("objective/val/accuracy", 3, 0.7)]
+    assert [(p.key, p.step, p.value) for p in pts] == [("trials/val_accuracy", 0, 0.5),
+                                                       ("trials/val_accuracy", 3, 0.7)]
     assert steps_values(objective_points(ts, ["val/accuracy"], skip={0})) == [(3, 0.7)]
 
 
@@ -58,7 +58,7 @@ def test_objective_points_are_complete_trials_at_their_number():
 def test_best_so_far_follows_trial_numbers_and_starts_at_the_first_complete_trial(direction, expected):
     ts = [trial(0, "FAIL"), trial(1, value=0.5), trial(2, "PRUNED"), trial(3, value=0.8), trial(4, value=0.2)]
     pts = best_points(ts, "loss", direction, after=-1, upto=4)
-    assert {p.key for p in pts} == {"best/loss"}
+    assert {p.key for p in pts} == {"trials/best_loss"}
     assert steps_values(pts) == expected
     assert steps_values(best_points(ts, "loss", direction, after=2, upto=3)) == expected[2:3]
 
@@ -77,10 +77,10 @@ def test_the_note_links_the_best_trial_to_its_run_with_its_values_and_params():
     best = trial(3, value=0.91234567, lr=0.05, mlflow_run_id="r3", config_values={"optimizer.lr": 0.05,
                                                                                     "schedule.warmup": "none"})
     note = best_note("s", "7", ["val/accuracy"], ["maximize"], [best], {"COMPLETE": 3, "PRUNED": 1})
-    assert "**[trial-3](#/experiments/7/runs/r3)**: `val/accuracy` = 0.912346" in note
+    assert note.startswith("**Best trial: [trial-3](#/experiments/7/runs/r3)**, `val/accuracy` = 0.912346")
     assert "| `optimizer.lr` | 0.05 |" in note and "| `schedule.warmup` | none |" in note
     assert "4 trials (3 complete, 1 pruned)" in note
-    assert "`objective/val/accuracy` and `best/val/accuracy`" in note
+    assert "`trials/val_accuracy` and `trials/best_val_accuracy`" in note
     empty = best_note("s", "7", ["val/accuracy"], ["maximize"], [], {"FAIL": 2})
     assert "No complete trial yet (2 trials: 2 fail)" in empty
 
@@ -91,8 +91,8 @@ def test_the_note_lists_a_pareto_front():
         study.add_trial(create_trial(values=[a, w], user_attrs={"mlflow_run_id": f"r{number}"}))
     note = best_note("s", "1", ["val/accuracy", "wall_s"], ["maximize", "minimize"], study.best_trials,
                      {"COMPLETE": 2})
-    assert "Pareto front (2 trials)" in note
-    assert "[trial-0](#/experiments/1/runs/r0)" in note and "[trial-1](#/experiments/1/runs/r1)" in note
+    assert "**Pareto front: [trial-0](#/experiments/1/runs/r0)**" in note
+    assert "**Pareto front: [trial-1](#/experiments/1/runs/r1)**" in note and "| best trial's param" not in note
 
 
 def test_the_table_has_a_row_per_trial_with_params_objective_and_run():
