@@ -42,6 +42,7 @@ from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
 from orchestrator.uris import absolute_tracking_uri, redact_uri
 from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
+from search.view import trial_run_name
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -290,7 +291,7 @@ class SearchDriver:
     # -- one trial ---------------------------------------------------------------------------------
 
     def _run_name(self, number: int) -> str:
-        return f"{self.study.study_name}-trial-{number}"
+        return trial_run_name(number)
 
     def _runtime(self, raw: dict[str, Any], number: int) -> dict[str, Any]:
         """Where a trial's results go: the study's MLflow experiment and the base config's checkpoint folder."""
@@ -537,6 +538,8 @@ class SearchDriver:
         """Keep a finished trial's record, write its line and redraw the bar."""
         self.records.append(rec)
         self._write(trial_line(rec, self.objectives))
+        if self.tracker is not None and (warning := self.tracker.trial_done(self.study)):
+            self._write(warning)  # the parent run's history, best-trial link and table (search.view)
         self._refresh()
 
     def _refresh(self) -> None:

@@ -2,7 +2,11 @@
 
 The parent holds the study's name, storage, sampler, pruner and objective (params on creation,
 tags always), the space file as an artifact, and at the end of each invocation the best value and
-params, trial counts, the best config as YAML and Optuna's plots.  Continuing a study (``run`` again
+params, trial counts, the best config as YAML and Optuna's plots (PNG, and interactive HTML when
+plotly is installed).  As each trial ends (``trial_done``) it gets the objective history as
+metrics at step = trial number, the best trial as a link to its run (tags and the run's
+description), and the table of every trial (``trials.csv``, ``trials.json``): ``search.view``
+computes them.  Continuing a study (``run`` again
 with the same name and storage) reopens the same parent: its id is kept in the study's user
 attributes, with a tag search (``search.study_name``, ``search.storage``) as a fallback.
 
@@ -13,6 +17,7 @@ itself for a trial that failed before training started (an invalid sampled confi
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -23,10 +28,16 @@ from typing import Any
 
 from orchestrator.ui import mark_experiment
 from search.space import SearchSpace
+from search.view import (best_key, best_note, best_points, objective_key, objective_points, settled_upto,
+                         table_csv, table_json, trials_table)
 
 STATE_TAG = "search.state"
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
+NOTE_TAG = "mlflow.note.content"          # the run's description in MLflow's UI (markdown)
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # where MlflowClient.log_table lists its tables
+INTERACTIVE_PLOTS = "interactive.html"
+NOTE_MAX = 7500  # MLflow keeps tag values up to 8000 characters
 
 
 def _client(uri: str) -> Any:
@@ -63,6 +74,7 @@ class StudyTracker:
                 self.client.set_tag(self.run_id, k, v)
         self.client.log_text(self.run_id, space.text, "space.yaml")
         self.client.log_text(self.run_id, json.dumps(space.summary(), indent=1, default=str), "space_resolved.json")
+        self._load_view_state()
 
     def _tags(self) -> dict[str, str]:
         s = self.space
@@ -102,6 +114,102 @@ class StudyTracker:
                            f"and tags.`search.storage` = '{storage}'"),
             max_results=1, order_by=["attributes.start_time DESC"])
         return runs[0].info.run_id if runs else None
+
+    # -- what the parent shows of the trials (search.view) -------------------------------
+
+    def _load_view_state(self) -> None:
+        """What the parent already holds (a continued study's parent): the trial numbers whose
+        objective is logged, the last step of the best-so-far series, the ``best.*`` tags."""
+        metrics = [o.metric for o in self.space.objectives]
+        self._logged: set[int] = set()
+        self._best_upto = -1
+        self._best_tags: set[str] = set()
+        self._note: str | None = None
+        self._table_tagged = False
+        if not self.resumed:
+            return
+        self._logged = {m.step for m in self.client.get_metric_history(self.run_id, objective_key(metrics[0]))}
+        if not self.space.multi_objective:
+            steps = [m.step for m in self.client.get_metric_history(self.run_id, best_key(metrics[0]))]
+            self._best_upto = max(steps, default=-1)
+        tags = self.client.get_run(self.run_id).data.tags
+        self._best_tags = {k for k in tags if k.startswith("best.")}
+        self._note = tags.get(NOTE_TAG)
+        self._table_tagged = "trials.json" in tags.get(LOGGED_ARTIFACTS_TAG, "")
+
+    def trial_done(self, study: Any) -> str | None:
+        """Called by the driver each time it records a trial: bring the parent's history, best trial
+        and table up to date (``sync``).  MLflow trouble is returned as a warning line, not raised."""
+        try:
+            self.sync(study)
+        except Exception as e:  # MLflow trouble must not stop the study
+            return f"warning: cannot update the MLflow parent run ({type(e).__name__}: {str(e)[:300]})"
+        return None
+
+    def sync(self, study: Any, final: bool = False) -> None:
+        """Log what is new since the last call: ``trials/<metric>`` for each newly COMPLETE trial,
+        ``trials/best_<metric>`` for the steps every earlier trial has settled (``final``: up to the last
+        trial, whatever state the others are left in), the best trial's tags and link, the table."""
+        from mlflow.entities import Metric
+
+        trials = study.get_trials(deepcopy=False)
+        metrics = [o.metric for o in self.space.objectives]
+        points = objective_points(trials, metrics, self._logged)
+        upto = self._best_upto
+        if not self.space.multi_objective and trials:
+            upto = max(t.number for t in trials) if final else settled_upto(trials)
+            points += best_points(trials, metrics[0], self.space.directions[0], self._best_upto, upto)
+        items = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points]
+        for i in range(0, len(items), 900):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 900])
+        self._logged |= {p.step for p in points if p.key == objective_key(metrics[0])}
+        self._best_upto = max(self._best_upto, upto)
+        self._show_best(study, trials, metrics)
+        self._log_table(trials, metrics)
+
+    def _show_best(self, study: Any, trials: list[Any], metrics: list[str]) -> None:
+        """The best trial (or Pareto front) as tags ``search.best_trial(s)``, ``search.best_run_id(s)``
+        and ``best.<path>``, and as links in the run's description."""
+        best = best_trials(study)
+        tags: dict[str, str] = {}
+        if best and not self.space.multi_objective:
+            t = best[0]
+            tags = {"search.best_trial": str(t.number)}
+            if t.user_attrs.get("mlflow_run_id"):
+                tags["search.best_run_id"] = str(t.user_attrs["mlflow_run_id"])
+            tags |= {f"best.{path}": _fmt(v)[:5000] for path, v in trial_values(t).items()}
+        elif best:
+            tags = {"search.best_trials": ", ".join(str(t.number) for t in best),
+                    "search.best_run_ids": ", ".join(str(t.user_attrs.get("mlflow_run_id", "")) for t in best)}
+        for k in self._best_tags - set(tags):  # a param the new best does not have (a `when` condition)
+            self.client.delete_tag(self.run_id, k)
+        self._best_tags = {k for k in tags if k.startswith("best.")}
+        counts: dict[str, int] = {}
+        for t in trials:
+            counts[t.state.name] = counts.get(t.state.name, 0) + 1
+        note = best_note(self.study_name, self.experiment_id, metrics, self.space.directions, best, counts)
+        note = note if len(note) <= NOTE_MAX else note[:NOTE_MAX - 40] + "\n\n(cut: see trials.csv)"
+        if note != self._note:
+            tags[NOTE_TAG] = note
+            self._note = note
+        from mlflow.entities import RunTag
+
+        if tags:
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def _log_table(self, trials: list[Any], metrics: list[str]) -> None:
+        """Every trial's number, state, objective, params and run id as ``trials.csv`` (MLflow's
+        artifact view shows it as a table) and ``trials.json`` (``MlflowClient.load_table`` reads it)."""
+        columns, rows = trials_table(trials, metrics)
+        self.client.log_text(self.run_id, table_csv(columns, rows), "trials.csv")
+        self.client.log_text(self.run_id, table_json(columns, rows), "trials.json")
+        if not self._table_tagged:
+            tags = self.client.get_run(self.run_id).data.tags
+            listed = json.loads(tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
+            entry = {"path": "trials.json", "type": "table"}
+            if entry not in listed:
+                self.client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, json.dumps([*listed, entry]))
+            self._table_tagged = True
 
     # -- children -------------------------------------------------------------------------
 
@@ -154,10 +262,15 @@ class StudyTracker:
     # -- the end of an invocation ----------------------------------------------------------
 
     def finish(self, study: Any, status: str, wall_s: float, best_yaml: str | None) -> None:
-        """Best value/params, the study's trial counts and optimizer steps (all invocations, logged at
-        step = trials in the study), this invocation's wall time, plots; then end the parent run."""
+        """The history, best trial and table brought up to date (``sync(final=True)``); best value,
+        the study's trial counts and optimizer steps (all invocations, logged at step = trials in
+        the study), this invocation's wall time, plots; then end the parent run."""
         from mlflow.entities import Metric
 
+        try:
+            self.sync(study, final=True)
+        except Exception as e:  # the figures and the run's end matter more
+            self.client.set_tag(self.run_id, "search.view_error", _why(e)[:5000])
         trials = study.get_trials(deepcopy=False)
         n = len(trials)
         now = int(time.time() * 1000)
@@ -170,13 +283,9 @@ class StudyTracker:
         if best:
             if not self.space.multi_objective:
                 metrics.append(Metric("best/value", float(best[0].value), now, n))
-                self.client.set_tag(self.run_id, "search.best_trial", str(best[0].number))
-                for path, v in trial_values(best[0]).items():
-                    self.client.set_tag(self.run_id, f"best.{path}", _fmt(v)[:5000])
-            else:
-                self.client.set_tag(self.run_id, "search.best_trials", ", ".join(str(t.number) for t in best))
             self.client.log_text(self.run_id, json.dumps(
-                [{"number": t.number, "values": t.values, "params": trial_values(t)} for t in best],
+                [{"number": t.number, "values": t.values, "params": trial_values(t),
+                  "run_id": t.user_attrs.get("mlflow_run_id")} for t in best],
                 indent=1, default=str), "best_trials.json")
         if best_yaml:
             self.client.log_text(self.run_id, best_yaml, "best_config.yaml")
@@ -186,37 +295,49 @@ class StudyTracker:
             self.client.set_tag(self.run_id, "search.plots_skipped", "; ".join(skipped)[:5000])
         self.client.set_terminated(self.run_id, status=status)
 
-    def log_plots(self, study: Any) -> list[str]:
-        """Optuna's plots as PNG artifacts under ``plots/``; returns why any were skipped."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import optuna
-        from optuna.visualization import matplotlib as ovm
-
+    def _plots(self, study: Any, module: Any) -> list[tuple[str, Any]]:
+        """Optuna's plots for this study from ``module`` (``optuna.visualization`` or its
+        ``matplotlib`` twin: same functions, same arguments), as ``(name, make)``."""
         multi = self.space.multi_objective
         first = self.space.objectives[0].metric
         target = (lambda t: t.values[0]) if multi else None
         kw = {"target": target, "target_name": first} if multi else {"target_name": first}
         plots: list[tuple[str, Any]] = [
-            ("optimization_history", lambda: ovm.plot_optimization_history(study, **kw)),
-            ("param_importances", lambda: ovm.plot_param_importances(study, **kw)),
-            ("parallel_coordinate", lambda: ovm.plot_parallel_coordinate(study, **kw)),
-            ("timeline", lambda: ovm.plot_timeline(study)),
+            ("optimization_history", lambda: module.plot_optimization_history(study, **kw)),
+            ("param_importances", lambda: module.plot_param_importances(study, **kw)),
+            ("parallel_coordinate", lambda: module.plot_parallel_coordinate(study, **kw)),
+            ("timeline", lambda: module.plot_timeline(study)),
         ]
         if not multi:
-            plots.append(("intermediate_values", lambda: ovm.plot_intermediate_values(study)))
+            plots.append(("intermediate_values", lambda: module.plot_intermediate_values(study)))
         else:
             names = [o.metric for o in self.space.objectives]
-            plots.append(("pareto_front", lambda: ovm.plot_pareto_front(study, target_names=names)))
+            plots.append(("pareto_front", lambda: module.plot_pareto_front(study, target_names=names)))
+        return plots
+
+    @staticmethod
+    def _too_few(name: str, study: Any) -> bool:
+        """Plots Optuna cannot draw yet: importances need 2 COMPLETE trials, history and parallel coordinates 1."""
+        import optuna
+
+        need = {"param_importances": 2, "parallel_coordinate": 1, "optimization_history": 1}.get(name, 0)
+        complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+        return complete < need
+
+    def log_plots(self, study: Any) -> list[str]:
+        """Optuna's plots as PNG artifacts under ``plots/``, and the same plots interactive in one
+        ``plots/interactive.html`` (``log_html_plots``); returns why any were skipped."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as ovm
+
         skipped = []
-        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for name, make in plots:
-                if name in ("param_importances", "parallel_coordinate", "optimization_history") and len(complete) < (
-                        2 if name == "param_importances" else 1):
+            for name, make in self._plots(study, ovm):
+                if self._too_few(name, study):
                     skipped.append(f"{name}: needs more complete trials")
                     continue
                 try:
@@ -228,9 +349,37 @@ class StudyTracker:
                     fig.savefig(path, dpi=100)
                     self.client.log_artifact(self.run_id, path, "plots")
                 except Exception as e:  # a plot Optuna cannot draw for this study (e.g. no varying param)
-                    skipped.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    skipped.append(f"{name}: {_why(e)}")
                 finally:
                     plt.close("all")
+        return skipped + self.log_html_plots(study)
+
+    def log_html_plots(self, study: Any) -> list[str]:
+        """Optuna's plotly plots in one self-contained page ``plots/interactive.html`` (plotly.js
+        embedded once, so it opens offline and in MLflow's artifact view); returns why any were
+        skipped.  Without plotly (not a dependency) nothing is written and the reason is returned."""
+        import optuna.visualization as ov
+
+        if not ov.is_available():
+            return [f"{INTERACTIVE_PLOTS}: plotly is not installed; pip install plotly to get the interactive plots"]
+        parts: list[str] = []
+        skipped = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name, make in self._plots(study, ov):
+                if self._too_few(name, study):
+                    continue  # reported once, with the PNGs
+                try:
+                    div = make().to_html(full_html=False, include_plotlyjs=not parts)
+                    parts.append(f"<h2>{html.escape(name.replace('_', ' '))}</h2>\n{div}")
+                except Exception as e:
+                    skipped.append(f"{name} (html): {_why(e)}")
+        if parts:
+            title = html.escape(f"study {self.study_name}: Optuna plots")
+            page = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+                    f"<body style=\"font-family: sans-serif\">\n<h1>{title}</h1>\n" + "\n".join(parts)
+                    + "\n</body></html>\n")
+            self.client.log_text(self.run_id, page, f"plots/{INTERACTIVE_PLOTS}")
         return skipped
 
 
@@ -266,6 +415,10 @@ def close_lost_child(uri: str, parent_run_id: str | None, study_name: str, numbe
         client.set_tag(run.info.run_id, "search.error", error[:5000])
         client.set_terminated(run.info.run_id, status="KILLED")
     return run.info.run_id
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def trial_values(trial: Any) -> dict[str, Any]:

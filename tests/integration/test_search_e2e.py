@@ -114,6 +114,44 @@ def test_mlflow_holds_parent_and_one_child_per_trial(study_a):
 
 
 @pytest.mark.integration
+def test_the_parent_shows_the_history_the_best_trial_as_a_link_and_every_trial(study_a):
+    """Over both invocations (6 trials two at a time, then 2 more): trials named trial-N, the
+    objective at step = trial number and the best so far (each step once), the best trial's run
+    as a tag and a link in the description, the table of trials, the plots."""
+    uri = study_a["uri"]
+    study = load(study_a["storage"], "study_a")
+    parent_id = study.user_attrs["mlflow_parent_run_id"]
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_id)
+    exp = parent.info.experiment_id
+    assert sorted(r.info.run_name for r in runs_of(uri, parent_id)) == sorted(f"trial-{n}" for n in range(8))
+    values = [t.value for t in study.trials]
+    history = metric_series(uri, parent_id, "trials/val_accuracy")
+    assert [s for s, _ in history] == list(range(8))
+    assert [v for _, v in history] == pytest.approx(values)
+    best = metric_series(uri, parent_id, "trials/best_val_accuracy")
+    assert [s for s, _ in best] == list(range(8))
+    assert [v for _, v in best] == pytest.approx([max(values[:n + 1]) for n in range(8)])
+    best_run = study.best_trial.user_attrs["mlflow_run_id"]
+    assert parent.data.tags["search.best_trial"] == str(study.best_trial.number)
+    assert parent.data.tags["search.best_run_id"] == best_run
+    assert client.get_run(best_run).info.run_name == f"trial-{study.best_trial.number}"
+    assert f"(#/experiments/{exp}/runs/{best_run})" in parent.data.tags["mlflow.note.content"]
+    table = client.load_table(exp, "trials.json", run_ids=[parent_id])
+    assert list(table["number"]) == list(range(8)) and set(table["state"]) == {"COMPLETE"}
+    assert list(table["run_id"]) == [t.user_attrs["mlflow_run_id"] for t in study.trials]
+    assert list(table["val/accuracy"]) == pytest.approx(values)
+    assert list(table["batch.size"]) == [t.params["batch.size"] for t in study.trials]
+    arts = {a.path for folder in (None, "plots") for a in client.list_artifacts(parent_id, folder)}
+    assert {"trials.csv", "trials.json", "best_trials.json", "plots/timeline.png"} <= arts, arts
+    assert "plots/interactive.html" in arts  # plotly is a dependency (pyproject.toml)
+    page = client.download_artifacts(parent_id, "plots/interactive.html")
+    with open(page) as f:
+        html = f.read()
+    assert "optimization history" in html and "plotly" in html.lower()
+
+
+@pytest.mark.integration
 def test_rerun_adds_trials_to_the_same_study_and_parent(study_a):
     study = load(study_a["storage"], "study_a")
     assert [t.number for t in study.trials] == list(range(8))
@@ -214,6 +252,14 @@ def test_failed_trials_are_recorded_and_the_study_finishes(ray_cluster, tmp_path
         assert run.info.status == "FAILED" and run.data.tags["search.state"] == "FAIL"
         assert run.data.tags["search.error"] == t.user_attrs["error"]
     assert client.get_run(trials[2].user_attrs["mlflow_run_id"]).data.tags["search.state"] == "COMPLETE"
+    # every trial's run is named by its number; the parent's history holds the two COMPLETE ones
+    assert [client.get_run(t.user_attrs["mlflow_run_id"]).info.run_name for t in trials] == [
+        f"trial-{n}" for n in range(4)]
+    parent = load(storage, "fail").user_attrs["mlflow_parent_run_id"]
+    assert metric_series(tracking_uri, parent, "trials/val_accuracy") == [(2, trials[2].value),
+                                                                             (3, trials[2].value)]
+    assert [s for s, _ in metric_series(tracking_uri, parent, "trials/best_val_accuracy")] == [2, 3]
+    assert client.get_run(parent).data.tags["search.best_run_id"] == trials[2].user_attrs["mlflow_run_id"]
 
 
 # --------------------------------------------------------------------------- (e) bad space files: exit 2, nothing started
