@@ -11,6 +11,8 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
+from trainers.device import CompileConfig
+from trainers.precision import PrecisionConfig
 from trainers.batching import BatchConfig
 from trainers.checkpoint import CheckpointConfig
 from trainers.data import DataConfig
@@ -19,8 +21,8 @@ from trainers.optim import OptimizerConfig
 from trainers.schedules import ScheduleConfig
 
 
-class TrainConfig(Section):
-    """The ``train`` section."""
+class TrainConfig(PrecisionConfig, CompileConfig):
+    """The ``train`` section (``precision``: trainers/precision.py; ``compile``: trainers/device.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
