@@ -37,7 +37,7 @@ __all__ = [
     "CompileConfig", "DataDeviceConfig", "DeviceData", "InputPipeline", "LayoutConfig", "NON_IMAGE_MODELS",
     "Prefetcher", "check_channels_last", "normalize_pixels", "on_device",
     "check_data_device", "check_fast_path",
-    "clean_state_dict", "compile_model", "load_clean_state_dict", "strip_prefixes", "to_channels_last",
+    "clean_state_dict", "compile_model", "input_pipeline", "load_clean_state_dict", "strip_prefixes", "to_channels_last",
     "unwrap_model",
 ]
 
@@ -298,6 +298,22 @@ class InputPipeline:
         if self.channels_last and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
         return x
+
+
+def input_pipeline(cfg: Any, work: Any, device: torch.device | str) -> InputPipeline | None:
+    """The worker loop's :class:`InputPipeline` for a ``LoopConfig`` and its ``Workload``; with
+    ``data.device: accelerator`` an in-memory set is moved to ``device`` here, once
+    (``work.tensors`` is replaced).  None when there is nothing to do."""
+    from trainers.augment import Augment
+
+    t = work.tensors
+    if t is not None and cfg.data.device == "accelerator":
+        work.tensors = t = on_device(t, device)
+    channels = int(t.train_x.shape[1]) if t is not None and t.train_x.dim() >= 2 else 1
+    return InputPipeline.build(device=device, mean=t.mean if t is not None else None,
+                               std=t.std if t is not None else None, channels=channels,
+                               channels_last=cfg.model.channels_last,
+                               augment=Augment.from_config(cfg.data, cfg.train.seed))
 
 
 def on_device(data: Any, device: torch.device | str) -> Any:
