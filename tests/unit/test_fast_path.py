@@ -21,7 +21,7 @@ from trainers.meter import ThroughputMeter
 from trainers.precision import LossScaler, Precision
 
 CNN = {"data": {"name": "synthetic", "size": 256, "shape": [3, 8, 8]},
-       "model": {"name": "cnn", "norm": "group", "hidden": 32},
+       "model": {"name": "cnn", "norm": "group", "hidden": 16},
        "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 32},
        "batch": {"size": 32, "max_local_batch": 16}, "train": {"epochs": 1, "seed": 3}}
 
@@ -55,7 +55,7 @@ def test_bf16_loss_within_2e2_of_fp32_through_the_loop():
     bf16 = _trainer(_with(CNN, train={"precision": "bf16"}))
     dtypes = []
     bf16.model.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
-    a, b = _steps(fp32, [32] * 5), _steps(bf16, [32] * 5)
+    a, b = _steps(fp32, [32] * 3), _steps(bf16, [32] * 3)
     assert dtypes and set(dtypes) == {torch.bfloat16}, "the forward ran under bf16 autocast"
     assert all(p.dtype == torch.float32 for p in bf16.params), "parameters stay fp32"
     np.testing.assert_allclose(b, a, atol=2e-2)
@@ -157,7 +157,7 @@ class Recorder:
 AUG = _with(MLP, data={"augment": ["random_crop", "hflip"], "crop_padding": 2},
             batch={"size": 100, "max_local_batch": 30, "policy": "fixed"},
             optimizer={"base_batch_size": 100},
-            train={"epochs": 2, "push_every_s": 0}, checkpoint={"every_steps": 4, "keep": 100})
+            train={"epochs": 2, "push_every_s": 0}, checkpoint={"every_steps": 8, "keep": 100})
 
 
 def test_augmentation_is_the_same_across_a_resume(tmp_path):
