@@ -356,7 +356,8 @@ def test_defaults_are_never_reported():
     assert validate(cfg.model_dump(mode="json")) == cfg
 
 
-@pytest.mark.parametrize("path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml"])
+@pytest.mark.parametrize("path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml",
+                                  "configs/cifar10_resnet50.yaml"])
 def test_shipped_configs_pass(path):
     cfg = validate(read_yaml(os.path.join(ROOT, path)))
     check_config(cfg)

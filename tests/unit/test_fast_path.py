@@ -208,3 +208,27 @@ def test_channels_last_loop_matches_nchw():
     conv = next(m for m in b.model.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     np.testing.assert_allclose(_steps(b, [32, 32]), _steps(a, [32, 32]), rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- the recipe
+
+
+def test_the_cifar10_resnet50_recipe_loads_and_asks_for_the_fast_path(tmp_path):
+    from orchestrator.config import flatten, load_config, public_config
+    from tests.unit.test_data import _write_tiny_cifar
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _write_tiny_cifar(str(tmp_path))
+    cfg = load_config(os.path.join(root, "configs", "cifar10_resnet50.yaml"), [f"data.root={tmp_path}"])
+    assert (cfg.model.name, cfg.model.norm, cfg.model.sync_bn, cfg.model.channels_last) == ("resnet50", "batch",
+                                                                                          False, True)
+    assert (cfg.optimizer.name, cfg.optimizer.mf) == ("sgd", 0.9)
+    assert (cfg.schedule.scaling_rule, cfg.schedule.warmup, cfg.schedule.decay) == ("linear", "gradual", "cosine")
+    assert (cfg.train.precision, cfg.data.device, cfg.data.augment, cfg.data.val_split) == (
+        "bf16", "accelerator", ["random_crop", "hflip"], "test")
+    assert (cfg.scaling.min_workers, cfg.scaling.max_workers, cfg.scaling.use_gpu) == (1, 8, True)
+    assert cfg.batch.size == 8 * cfg.batch.max_local_batch  # one micro-batch a GPU at 8, accumulation below
+    params = flatten(public_config(cfg))  # what MLflow logs as the run's params
+    for key in ("train.precision", "train.compile", "model.channels_last", "data.device", "data.augment",
+                "data.val_split"):
+        assert key in params
