@@ -29,6 +29,7 @@ BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 SUMMARY = {
     "adaptive": ("steps_ratio", "samples_ratio"),
     "checkpoint": ("save_ratio", "restore_ratio"),
+    "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
     "overhead": ("ratio",),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "search": ("steps_ratio", "gap_points"),
