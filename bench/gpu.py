@@ -19,8 +19,9 @@ process of its own), never together: every ``--slice`` seconds one process tree 
 wall times at which steps ended (the orchestrator's: its MLflow timestamps), leaving out the
 steps at and after an epoch end; each slice of the loop under test is paired with the plain
 slices beside it (``bench/overhead.py:paired``).  Compilation, cuDNN autotuning and Ray's start
-fall before the first paired slice.  Peak memory: the largest, over a loop's processes, of the
-GPU memory ``nvidia-smi`` shows for them (CUDA context included), or on CPU of their peak RSS.
+fall before the first paired slice.  Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` of
+the training process (the orchestrator's from its ``memory/peak_bytes`` metric); on CPU its peak
+RSS (the orchestrator's: the largest peak RSS among the processes it started, an upper bound).
 
 Prints, per model: the table, the device name, ``plain_samples_per_s=``, ``ratio_ray=<bare Ray
 Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95).
@@ -43,7 +44,6 @@ import pickle
 import resource
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -232,7 +232,7 @@ def run_plain(setup: Setup, root: str, steps: int, out: str, device: str | None 
     step, n = plain_step(setup, root, device)
     times = walk(step, n, setup, steps, lambda: bool(stop))
     with open(out, "w") as f:
-        json.dump(times, f)
+        json.dump({"times": times, "peak_bytes": peak_memory(device or setup.device)}, f)
 
 
 def run_in_ray_train(setup: Setup, root: str, steps: int, out: str) -> None:
@@ -302,21 +302,6 @@ def peak_memory(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def gpu_memory_by_pid() -> dict[int, int]:
-    """Bytes of GPU memory each process uses now (``nvidia-smi``; empty where there is none)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    usage: dict[int, int] = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            usage[int(parts[0])] = int(parts[1]) * 2 ** 20
-    return usage
-
-
 def peak_rss(pid: int) -> int:
     """A process's peak resident memory (``VmHWM``), 0 if it is gone."""
     try:
@@ -329,30 +314,25 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-class MemoryWatch:
-    """Samples, every ``every_s`` seconds while running, the largest memory any process of the trees
-    of ``roots`` holds (GPU memory on CUDA, peak RSS on CPU); :attr:`peak` by root."""
+class TreePeakRSS:
+    """While running, samples every ``every_s`` seconds the largest peak RSS among the processes
+    of ``root``'s tree (:attr:`peak`): a process's own peak survives the sampling gaps."""
 
-    def __init__(self, roots: dict[str, int], cuda: bool, every_s: float = 0.5):
-        from bench.overhead import tree
-
-        self._tree, self.roots, self.cuda, self.every_s = tree, roots, cuda, every_s
-        self.peak = {k: 0 for k in roots}
+    def __init__(self, root: int, every_s: float = 0.5):
+        self.root, self.every_s, self.peak = root, every_s, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
-        gpu = gpu_memory_by_pid() if self.cuda else {}
-        for name, root in self.roots.items():
-            pids = self._tree(root)
-            now = max((gpu.get(p, 0) if self.cuda else peak_rss(p) for p in pids), default=0)
-            self.peak[name] = max(self.peak[name], now)
+        from bench.overhead import tree
+
+        self.peak = max([self.peak, *(peak_rss(p) for p in tree(self.root))])
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self.sample()
 
-    def __enter__(self) -> "MemoryWatch":
+    def __enter__(self) -> "TreePeakRSS":
         self._thread.start()
         return self
 
@@ -393,6 +373,7 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
     """Each row of ``rows`` ("ray", "orchestrator") time-sliced against its own plain loop;
     the plain loop's measurement pools its slices beside every row."""
     from bench.overhead import Slices, orchestrator_cmd, paired, step_gaps
+    from trainers.link import metrics as M
     from orchestrator.config import to_yaml, validate
 
     n = load_data(data_config(root), setup.seed).num_train
@@ -410,26 +391,29 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
         else:
             cmd = _child(row, setup, root, steps, a_out)
         run = Slices(cmd, _child("plain", setup, root, 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"))
-        with MemoryWatch({"a": run.a.pid, "b": run.b.pid}, cuda) as mem:
+        with TreePeakRSS(run.a.pid) as rss:
             run.run(ROW_LABELS[row])
-            mem.sample()
         if row == "orchestrator":
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(cfg.tracking.uri)
             exp = client.get_experiment_by_name(cfg.tracking.experiment)
             run_id = client.search_runs([exp.experiment_id], max_results=1)[0].info.run_id
-            hist = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
+            hist = sorted(client.get_metric_history(run_id, M.TRAIN_LOSS), key=lambda m: m.step)
             a_times = [m.timestamp / 1000 for m in hist]
+            a_peak = max((m.value for m in client.get_metric_history(run_id, M.MEMORY_PEAK)), default=0) \
+                if cuda else rss.peak
         else:
             with open(a_out) as f:
-                a_times = json.load(f)
+                got = json.load(f)
+            a_times, a_peak = got["times"], got["peak_bytes"]
         with open(b_out) as f:
-            b_times = json.load(f)
+            got = json.load(f)
+        b_times, b_peak = got["times"], got["peak_bytes"]
         r = paired(run, step_gaps(a_times, n, setup.batch), step_gaps(b_times, n, setup.batch))
         label = {"ratio": r["a"] / r["b"], "pairs": float(r["pairs"]), "median_pair": r["median"]}
-        out[row] = [Measurement(row, setup.model, r["a"], len(a_times), 0.0, mem.peak["a"], label)]
-        out["plain"].append(Measurement("plain", setup.model, r["b"], len(b_times), 0.0, mem.peak["b"]))
+        out[row] = [Measurement(row, setup.model, r["a"], len(a_times), 0.0, int(a_peak), label)]
+        out["plain"].append(Measurement("plain", setup.model, r["b"], len(b_times), 0.0, int(b_peak)))
         print(f"  {ROW_LABELS[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)",
               file=sys.stderr, flush=True)
     return out

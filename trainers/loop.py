@@ -442,6 +442,8 @@ class Trainer:
             return PushDecision(Action.GO, 0)
         reading = meter.read()
         metrics[M.THROUGHPUT] = reading.samples_per_s
+        if self.device.type == "cuda":  # the GPU memory this process's tensors peaked at so far
+            metrics[M.MEMORY_PEAK] = float(torch.cuda.max_memory_allocated(self.device))
         if self.tokens is not None:
             metrics[M.THROUGHPUT_TOKENS] = reading.samples_per_s * self.tokens
         self.channel.log(self.state.step, metrics)
