@@ -25,7 +25,6 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from trainers.augment import AugmentConfig
 from trainers.device import DataDeviceConfig
-from trainers.section import Section
 
 DATASETS = ("digits", "synthetic", "cifar10")
 IN_MEMORY = DATASETS  # held as tensors and indexed directly; every other source goes through a DataLoader
