@@ -18,8 +18,8 @@ process of its own), never together: every ``--slice`` seconds one process tree 
 (SIGSTOP) and the other goes on, so both see the same machine (and GPU).  Rates come from the
 wall times at which steps ended (the orchestrator's: its MLflow timestamps), leaving out the
 steps at and after an epoch end; each slice of the loop under test is paired with the plain
-slices beside it (``bench/overhead.py:paired``).  Compilation, cuDNN autotuning and Ray's start
-fall before the first paired slice.  Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` of
+slices beside it (``bench/overhead.py:paired``).  The loop under test runs alone until its first
+step (Ray's start, compilation), and cuDNN autotuning falls before the first paired slice.  Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` of
 the training process (the orchestrator's from its ``memory/peak_bytes`` metric); on CPU its peak
 RSS (the orchestrator's: the largest peak RSS among the processes it started, an upper bound).
 
@@ -230,7 +230,14 @@ def run_plain(setup: Setup, root: str, steps: int, out: str, device: str | None 
     if steps == 0:
         signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     step, n = plain_step(setup, root, device)
-    times = walk(step, n, setup, steps, lambda: bool(stop))
+
+    def first(ids: np.ndarray, epoch: int) -> float:  # the first step marks the loop as started
+        loss = step(ids, epoch)
+        if not os.path.exists(out + ".started"):
+            open(out + ".started", "w").close()
+        return loss
+
+    times = walk(first, n, setup, steps, lambda: bool(stop))
     with open(out, "w") as f:
         json.dump({"times": times, "peak_bytes": peak_memory(device or setup.device)}, f)
 
@@ -372,7 +379,7 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
                    ) -> dict[str, list[Measurement]]:
     """Each row of ``rows`` ("ray", "orchestrator") time-sliced against its own plain loop;
     the plain loop's measurement pools its slices beside every row."""
-    from bench.overhead import Slices, orchestrator_cmd, paired, step_gaps
+    from bench.overhead import orchestrator_cmd, paired, step_gaps
     from trainers.link import metrics as M
     from orchestrator.config import to_yaml, validate
 
@@ -388,9 +395,13 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
             with open(cfg_yaml, "w") as f:
                 f.write(to_yaml(cfg))
             cmd = orchestrator_cmd(cfg_yaml, [])
+            db = cfg.tracking.uri[len("sqlite:///"):]
+            started = lambda: mlflow_has_steps(db)  # noqa: E731
         else:
             cmd = _child(row, setup, root, steps, a_out)
-        run = Slices(cmd, _child("plain", setup, root, 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"))
+            started = lambda: os.path.exists(a_out + ".started")  # noqa: E731
+        run = sliced_after_start(cmd, _child("plain", setup, root, 0, b_out), slice_s,
+                                 os.path.join(tmp, f"{row}.log"), started)
         with TreePeakRSS(run.a.pid) as rss:
             run.run(ROW_LABELS[row])
         if row == "orchestrator":
@@ -417,6 +428,41 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
         print(f"  {ROW_LABELS[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)",
               file=sys.stderr, flush=True)
     return out
+
+
+def mlflow_has_steps(db: str) -> bool:
+    """Whether the sqlite MLflow store ``db`` holds a ``train/loss`` row yet (read only)."""
+    import sqlite3
+
+    if not os.path.isfile(db):
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT 1 FROM metrics WHERE key = ? LIMIT 1", ("train/loss",)).fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
+def sliced_after_start(a: list[str], b: list[str], slice_s: float, log: str, started: Callable[[], bool],
+                       limit_s: float = 900.0):
+    """``bench/overhead.py``'s :class:`Slices`, with the loop under test running alone until
+    ``started()`` (its first step): Ray's own start has wall-clock timeouts (30 s for a raylet to
+    register) that a stopped process tree misses on a busy machine, and no slice before the
+    first step is measured anyway."""
+    from bench.overhead import Slices
+
+    class AfterStart(Slices):
+        def run(self, desc: str = "") -> "Slices":
+            os.kill(self.b.pid, signal.SIGSTOP)
+            deadline = time.time() + limit_s
+            while not started() and self.a.poll() is None and time.time() < deadline:
+                time.sleep(0.2)
+            return super().run(desc)
+
+    return AfterStart(a, b, slice_s, log)
 
 
 def summarize(ms: list[Measurement]) -> Measurement:
