@@ -93,7 +93,21 @@ class RootConfig(LoopConfig):
         if self.model.sync_bn and not self.scaling.use_gpu:
             raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
                              "or model.sync_bn: false (per-worker BatchNorm)")
+        self.check_fast_path()
         return self
+
+    def check_fast_path(self) -> None:
+        """Issue #20's options against the resources (trainers/device.py :func:`check_fast_path`):
+        fp16 and data on the accelerator need GPUs; channels_last and augmentation need an image
+        model and image inputs (known here for built-in data and models)."""
+        from trainers.data import dataset_info
+        from trainers.device import check_fast_path
+
+        d = self.data
+        shape = list(dataset_info(d).shape) if d.in_memory else [d.context] if d.name == "text" else None
+        check_fast_path(precision=self.train.precision, data_device=d.device, channels_last=self.model.channels_last,
+                        input_shape=shape, use_gpu=self.scaling.use_gpu, model_name=self.model.name,
+                        augment=d.augment)
 
     def loop_dict(self) -> dict[str, Any]:
         """The sections the workers need (the trainers' own config)."""

@@ -105,6 +105,14 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
           "data.name: cifar10"),
     *(Needs(f"data.{f}", _dataset("synthetic"), "data.name is synthetic", "data.name: synthetic")
       for f in ("size", "shape", "num_classes")),
+    Needs("data.val_fraction", lambda c: c.data.val_split == "fraction",
+          "data.val_split is fraction (test validates on the official test set)", "data.val_split: fraction"),
+    Needs("data.crop_padding", lambda c: "random_crop" in c.data.augment, "data.augment lists random_crop",
+          "data.augment: [random_crop, hflip]"),
+    # train (trainers/precision.py, trainers/device.py)
+    *(Needs(f"train.{f}", lambda c: c.train.precision == "fp16", "train.precision is fp16",
+            "train.precision: fp16") for f in ("loss_scale_init", "loss_scale_growth_interval")),
+    Needs("train.compile_backend", lambda c: c.train.compile, "train.compile is true", "train.compile: true"),
     # scaling (orchestrator/runner.py: ScalingConfig -> Ray Train)
     Needs("scaling.gpus_per_worker", lambda c: c.scaling.use_gpu, "scaling.use_gpu is true",
           "scaling.use_gpu: true"),
@@ -144,6 +152,8 @@ def train_samples(cfg: "RootConfig") -> tuple[int, str]:
     and how that number comes about (for messages)."""
     d = cfg.data
     n = d.size if d.name == "synthetic" else DATASET_SIZES[d.name]
+    if d.val_split == "test":
+        return n, f"{d.name} {n}, validated on its test set (data.val_split: test)"
     n_val = max(1, int(round(n * d.val_fraction)))
     total = "data.size" if d.name == "synthetic" else d.name
     return n - n_val, f"{total} {n} minus {n_val} held out by data.val_fraction {d.val_fraction:g}"

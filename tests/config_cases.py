@@ -46,6 +46,17 @@ CASES = {
     "empty_storage": (None, ["checkpoint.storage_path=''"], "checkpoint.storage_path: empty"),
     "missing_tracking_folder": (None, ["tracking.uri=sqlite:///nowhere/mlflow.db"], "tracking.uri: sqlite:///nowhere"),
     "empty_experiment": (None, ["tracking.experiment=''"], "tracking.experiment: empty"),
+    # issue #20: the fast path's options against the resources
+    "data_on_accelerator_without_gpu": (None, ["data.device=accelerator"],
+                                        "data.device: accelerator keeps the dataset on the GPU and needs "
+                                        "scaling.use_gpu: true"),
+    "channels_last_on_mlp": (None, ["model.channels_last=true"],
+                             "model.channels_last: mlp has no Conv2d layer (not a 4-D image model)"),
+    "fp16_on_cpu": (None, ["train.precision=fp16"], "train.precision: fp16 needs a CUDA GPU"),
+    "val_split_test_on_digits": (None, ["data.val_split=test"], "data.val_split: test needs a dataset with an "
+                                 "official test set (cifar10)"),
+    "augment_text": (None, ["data.name=text", "model.name=lstm", "data.augment=[hflip]"],
+                     "data.augment: hflip need image inputs shaped [C, H, W]"),
 }
 
 

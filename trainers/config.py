@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
+from trainers.device import CompileConfig
+from trainers.precision import PrecisionConfig
 from trainers.batching import BatchConfig
 from trainers.checkpoint import CheckpointConfig
 from trainers.data import DataConfig
@@ -21,8 +23,8 @@ from trainers.optim import OptimizerConfig
 from trainers.schedules import ScheduleConfig
 
 
-class TrainConfig(Section):
-    """The ``train`` section."""
+class TrainConfig(PrecisionConfig, CompileConfig):
+    """The ``train`` section (``precision``: trainers/precision.py; ``compile``: trainers/device.py)."""
 
     model_config = ConfigDict(extra="forbid")
 

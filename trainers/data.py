@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from trainers.section import Section
+from trainers.augment import AugmentConfig
+from trainers.device import DataDeviceConfig
 
 DATASETS = ("digits", "synthetic", "cifar10")
 IN_MEMORY = DATASETS  # held as tensors and indexed directly; every other source goes through a DataLoader
@@ -32,8 +33,8 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
-class DataConfig(Section):
-    """The ``data`` section."""
+class DataConfig(DataDeviceConfig, AugmentConfig):
+    """The ``data`` section (``device``: trainers/device.py; ``augment``: trainers/augment.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +46,9 @@ class DataConfig(Section):
     loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="the DataLoader of map-style data")
     root: str | None = Field(default=None, description="dataset directory (cifar10)")
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    val_split: Literal["fraction", "test"] = Field(
+        default="fraction", description="fraction: hold out val_fraction of the training set; test: validate "
+                                        "on the official test set (cifar10), train on the whole training set")
     # text only: byte-level tokens of a local text (default: Python's own standard library sources)
     path: str | None = Field(default=None, description="text: a text file (default: stdlib sources)")
     context: int = Field(default=128, gt=0, description="text: tokens per sequence (T)")
@@ -68,6 +72,9 @@ class DataConfig(Section):
         check_name_or_factory("data", self.name, self.factory)
         if self.name is None and self.factory is None:
             self.name = "digits"
+        if self.val_split == "test" and self.name != "cifar10":
+            raise ValueError(f"data.val_split: test needs a dataset with an official test set (cifar10), "
+                             f"not {self.factory or self.name!r}; set data.val_split: fraction")
         return self
 
     @property
@@ -109,13 +116,19 @@ def dataset_info(cfg: DataConfig) -> DatasetInfo:
 
 @dataclass
 class InMemoryData:
-    """Train and validation tensors with their sample ids (row numbers in the full set)."""
+    """Train and validation tensors with their sample ids (row numbers in the full set).
+
+    ``mean``/``std`` (per channel) are set when the inputs are raw uint8 pixels (``load_data(...,
+    raw=True)``): the consumer then normalises each batch, ``(x / 255 - mean) / std``
+    (trainers/device.py :class:`~trainers.device.InputPipeline`)."""
 
     train_x: torch.Tensor
     train_y: torch.Tensor
     val_x: torch.Tensor
     val_y: torch.Tensor
     info: DatasetInfo
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
 
     @property
     def num_train(self) -> int:
@@ -165,8 +178,9 @@ def _load_synthetic(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
 CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
 
 
-def _load_cifar10(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """CIFAR-10's training batches through torchvision's own loader, from a local root.
+def _load_cifar10(cfg: DataConfig, train: bool = True, raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-10's training batches (``train=False``: the official test batch) through torchvision's
+    own loader, from a local root; normalised float32 inputs, or the raw uint8 pixels when ``raw``.
 
     torchvision checks the md5 of each file against the official release; we check
     only that the files are there, so a small set in the same on-disk format (what
@@ -180,28 +194,47 @@ def _load_cifar10(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
         test_list = [[name, None] for name, _ in CIFAR10.test_list]
         meta = {**CIFAR10.meta, "md5": None}
 
-    ds = _LocalCIFAR10(root=os.path.expanduser(cfg.root or ""), train=True, download=False)
-    x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).float() / 255.0
+    ds = _LocalCIFAR10(root=os.path.expanduser(cfg.root or ""), train=train, download=False)
+    pixels = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2)
+    if raw:
+        return pixels.contiguous(), torch.tensor(ds.targets, dtype=torch.long)
+    x = pixels.float() / 255.0
     mean = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
     return (x - mean) / std, torch.tensor(ds.targets, dtype=torch.long)
 
 
-def load_data(cfg: DataConfig, split_seed: int) -> InMemoryData:
-    """Load the whole dataset and split it into train/validation by ``split_seed``."""
+def load_data(cfg: DataConfig, split_seed: int, raw: bool = False) -> InMemoryData:
+    """Load the whole dataset and split it into train/validation by ``split_seed`` (``data.val_split:
+    test``: the whole training set, and the official test set as validation).
+
+    ``raw``: CIFAR-10's inputs stay uint8 pixels, with the mean/std to normalise each batch by
+    (what the worker loop asks for: 4x less memory, augmentation on raw pixels); the other sets
+    are float already and come the same either way."""
     if cfg.name == "digits":
         x, y = _load_digits()
     elif cfg.name == "synthetic":
         x, y = _load_synthetic(cfg)
     else:
-        x, y = _load_cifar10(cfg)
+        x, y = _load_cifar10(cfg, raw=raw)
+        stats = (CIFAR_MEAN, CIFAR_STD) if raw else (None, None)
+        if cfg.val_split == "test":
+            vx, vy = _load_cifar10(cfg, train=False, raw=raw)
+            return InMemoryData(x, y, vx, vy, dataset_info(cfg), *stats)
+        return _split(x, y, cfg, split_seed, *stats)
+    return _split(x, y, cfg, split_seed)
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, cfg: DataConfig, split_seed: int, mean: Any = None,
+           std: Any = None) -> InMemoryData:
+    """Hold out ``round(n * val_fraction)`` samples (at least one), chosen by ``split_seed``."""
     n = int(y.shape[0])
     g = torch.Generator().manual_seed(split_seed)
     order = torch.randperm(n, generator=g)
     n_val = max(1, int(round(n * cfg.val_fraction)))
     val, train = order[:n_val], order[n_val:]
     return InMemoryData(x[train].contiguous(), y[train].contiguous(), x[val].contiguous(), y[val].contiguous(),
-                        dataset_info(cfg))
+                        dataset_info(cfg), mean, std)
 
 
 # --------------------------------------------------------------------------- data order

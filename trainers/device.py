@@ -34,9 +34,10 @@ from torch import nn
 from trainers.section import Section
 
 __all__ = [
-    "CompileConfig", "DataDeviceConfig", "DeviceData", "LayoutConfig", "Prefetcher", "check_channels_last",
+    "CompileConfig", "DataDeviceConfig", "DeviceData", "InputPipeline", "LayoutConfig", "NON_IMAGE_MODELS",
+    "Prefetcher", "check_channels_last", "normalize_pixels", "on_device",
     "check_data_device", "check_fast_path",
-    "clean_state_dict", "compile_model", "load_clean_state_dict", "strip_prefixes", "to_channels_last",
+    "clean_state_dict", "compile_model", "input_pipeline", "load_clean_state_dict", "strip_prefixes", "to_channels_last",
     "unwrap_model",
 ]
 
@@ -67,6 +68,9 @@ class CompileConfig(Section):
     model_config = ConfigDict(extra="forbid")
 
     compile: bool = Field(default=False, description="torch.compile the model (dynamic shapes)")
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = Field(
+        default="inductor", description="train.compile: torch.compile's backend (inductor: generated kernels; "
+                                        "aot_eager/eager: graph capture only, to debug or test)")
 
 
 # --------------------------------------------------------------------------- checks (driver, before Ray)
@@ -86,15 +90,30 @@ def check_channels_last(enabled: bool, input_shape: Sequence[int]) -> None:
                          f"dataset's inputs are shaped {list(input_shape)}; set model.channels_last: false")
 
 
-def check_fast_path(*, precision: str, data_device: str, channels_last: bool, input_shape: Sequence[int],
-                    use_gpu: bool) -> None:
+#: built-in models without a Conv2d layer (``model.channels_last`` would change nothing)
+NON_IMAGE_MODELS = ("mlp", "gpt", "lstm")
+
+
+def check_fast_path(*, precision: str, data_device: str, channels_last: bool, input_shape: Sequence[int] | None,
+                    use_gpu: bool, model_name: str | None = None, augment: Sequence[str] = ()) -> None:
     """Every check of issue #20's options in one call for the driver (before Ray starts): the first
-    problem as a ``ValueError`` whose one-line message starts with the field."""
+    problem as a ``ValueError`` whose one-line message starts with the field.
+
+    ``input_shape``: one sample's input shape where the driver knows it (built-in data), else
+    ``None``; ``model_name``: a built-in model's name (``None`` for a factory's, which the worker's
+    :func:`to_channels_last` checks once built)."""
     from trainers.precision import check_precision
 
     check_precision(precision, "cuda" if use_gpu else "cpu")
     check_data_device(data_device, use_gpu)
-    check_channels_last(channels_last, input_shape)
+    if channels_last and model_name in NON_IMAGE_MODELS:
+        raise ValueError(f"model.channels_last: {model_name} has no Conv2d layer (not a 4-D image model); set "
+                         "model.channels_last: false, or use cnn/resnet18/resnet50")
+    if input_shape is not None:
+        check_channels_last(channels_last, input_shape)
+        if augment and len(input_shape) != 3:
+            raise ValueError(f"data.augment: {', '.join(augment)} need image inputs shaped [C, H, W]; this "
+                             f"dataset's inputs are shaped {list(input_shape)}; remove data.augment")
 
 
 # --------------------------------------------------------------------------- model
@@ -212,16 +231,7 @@ class DeviceData:
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """Raw rows -> the model's float32 inputs: ``/255`` for uint8, then ``(x - mean) / std``."""
-        out = x.float()
-        if self.raw_uint8:
-            out = out / 255.0
-        if self.mean is not None:
-            out = out - self.mean
-        if self.std is not None:
-            out = out / self.std
-        if self.channels_last:
-            out = out.contiguous(memory_format=torch.channels_last)
-        return out
+        return normalize_pixels(x, self.mean, self.std, self.channels_last)
 
     def batch(self, ids: np.ndarray | Sequence[int] | torch.Tensor, augment: Any = None,
               epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,6 +242,88 @@ class DeviceData:
         if augment is not None:
             x = augment(x, idx, epoch)
         return self.normalize(x), y
+
+
+def normalize_pixels(x: torch.Tensor, mean: torch.Tensor | None, std: torch.Tensor | None,
+                     channels_last: bool = False) -> torch.Tensor:
+    """Raw rows -> float32 model inputs: ``/255`` for uint8, then ``(x - mean) / std`` where given,
+    then ``channels_last`` for a 4-D batch when asked."""
+    out = x.float()
+    if x.dtype == torch.uint8:
+        out = out / 255.0
+    if mean is not None:
+        out = out - mean
+    if std is not None:
+        out = out / std
+    if channels_last and out.dim() == 4:
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+class InputPipeline:
+    """What the worker loop does to a micro-batch's inputs once they are on the device, in order:
+    augment the raw rows (:class:`trainers.augment.Augment`, training only), turn uint8 pixels into
+    normalised float32 (:func:`normalize_pixels`), and lay 4-D batches out ``channels_last``.
+
+    The same steps as :meth:`DeviceData.batch`, for batches indexed by the loop's own data path
+    (on the host, or on the device with ``data.device: accelerator``: :func:`on_device`)."""
+
+    def __init__(self, device: torch.device | str, *, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, channels: int = 1, channels_last: bool = False,
+                 augment: Any = None):
+        self.device = torch.device(device)
+        self.mean = _stats(mean, channels, self.device)
+        self.std = _stats(std, channels, self.device)
+        self.channels_last, self.augment = channels_last, augment
+
+    @classmethod
+    def build(cls, *, device: torch.device | str, mean: Sequence[float] | None, std: Sequence[float] | None,
+              channels: int, channels_last: bool, augment: Any) -> "InputPipeline | None":
+        """None when there is nothing to do (float inputs, no augmentation, NCHW): the loop then
+        feeds its batches to the model as they are, as before these options existed."""
+        if mean is None and std is None and not channels_last and not augment:
+            return None
+        return cls(device, mean=mean, std=std, channels=channels, channels_last=channels_last,
+                   augment=augment or None)
+
+    def __call__(self, x: Any, ids: Any = None, epoch: int = 0) -> Any:
+        """``ids`` (the rows of the training set) and ``epoch`` seed the augmentation; ``ids=None``
+        (validation, the empty slice's dummy input) does not augment.  Non-tensor inputs pass through."""
+        if not isinstance(x, torch.Tensor):
+            return x
+        if self.augment is not None and ids is not None:
+            x = self.augment(x, ids, epoch)
+        if x.dtype == torch.uint8 or self.mean is not None or self.std is not None:
+            return normalize_pixels(x, self.mean, self.std, self.channels_last)
+        if self.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+
+def input_pipeline(cfg: Any, work: Any, device: torch.device | str) -> InputPipeline | None:
+    """The worker loop's :class:`InputPipeline` for a ``LoopConfig`` and its ``Workload``; with
+    ``data.device: accelerator`` an in-memory set is moved to ``device`` here, once
+    (``work.tensors`` is replaced).  None when there is nothing to do."""
+    from trainers.augment import Augment
+
+    t = work.tensors
+    if t is not None and cfg.data.device == "accelerator":
+        work.tensors = t = on_device(t, device)
+    channels = int(t.train_x.shape[1]) if t is not None and t.train_x.dim() >= 2 else 1
+    return InputPipeline.build(device=device, mean=t.mean if t is not None else None,
+                               std=t.std if t is not None else None, channels=channels,
+                               channels_last=cfg.model.channels_last,
+                               augment=Augment.from_config(cfg.data, cfg.train.seed))
+
+
+def on_device(data: Any, device: torch.device | str) -> Any:
+    """A :class:`trainers.data.InMemoryData` with its four tensors moved to ``device`` once
+    (``data.device: accelerator``): uint8 pixels stay uint8 (normalised per batch), the rest as it is."""
+    import dataclasses
+
+    dev = torch.device(device)
+    return dataclasses.replace(data, train_x=data.train_x.to(dev), train_y=data.train_y.to(dev),
+                               val_x=data.val_x.to(dev), val_y=data.val_y.to(dev))
 
 
 class Prefetcher:

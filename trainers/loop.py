@@ -29,6 +29,7 @@ import torch.distributed as dist
 from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.config import LoopConfig
 from trainers.data import accum_steps, slice_bounds
+from trainers.device import clean_state_dict, compile_model, input_pipeline, load_clean_state_dict, to_channels_last
 from trainers.link import agreement
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, PushDecision, WorkersNeeded
@@ -41,6 +42,7 @@ from trainers.noise import NoiseProbe
 from trainers.optim import build_optimizer
 from trainers.rollback import RollbackPolicy
 from trainers.policy import PolicySet
+from trainers.precision import Precision
 from trainers.state import TrainState
 from trainers.workload import (Functions, StepBatch, batch_len, build_workload, correct, make_batches, perplexity,
                                summed_loss, to_device)
@@ -99,7 +101,7 @@ class Trainer:
         self.device = device if device is not None else _device()
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         # The workload: datasets, then the model (same initial weights on every rank), the per-sample loss.
-        self.work = build_workload(cfg, functions)
+        self.work = build_workload(cfg, functions, raw_pixels=True)  # CIFAR as uint8: see self.inputs
         self.n = self.work.num_train
         self.tokens = self.work.tokens_per_sample  # T of a language model, else None
         # Policies: pure functions of (epoch, batch, world) plus small explicit state, in one set.
@@ -109,7 +111,7 @@ class Trainer:
         self.rollback = RollbackPolicy(cfg.train.on_nonfinite, cfg.train.max_rollbacks)  # lr factor (checkpointed)
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
         self._stepped = False  # this group made its first step (see advance)
-        base = self.work.model.to(self.device)
+        base = (to_channels_last(self.work.model) if cfg.model.channels_last else self.work.model).to(self.device)
         self.model = _wrap_ddp(base, self.device, self.world)
         self.params = [p for p in base.parameters() if p.requires_grad]
         # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
@@ -117,11 +119,19 @@ class Trainer:
             if self.policies.needs_noise else None
         if self.noise is not None:
             self.noise.attach(self.model)
+        if cfg.train.compile:  # after DDP and its hook; checkpoints keep the plain model's keys
+            self.model = compile_model(self.model, backend=cfg.train.compile_backend)
+        self.prec = Precision.from_config(cfg.train, self.device)  # autocast, fp16's loss scaling
+        self._skipped = False  # the last step was skipped (fp16: inf/NaN gradients)
+        # inputs on the device: augment raw pixels, normalise, channels_last (data.device: accelerator
+        # moves an in-memory set to the device once, here); None when there is nothing to do
+        self.inputs = input_pipeline(cfg, self.work, self.device)
         # This rank's micro-batches of the global order: tensor indexing for built-in in-memory sets, a
         # DataLoader for map-style datasets; the same ids either way (the noise probe's W = 1 split too).
         self.batches = make_batches(self.work, seed=cfg.train.seed, rank=self.rank, world=self.world,
                                     max_local_batch=cfg.batch.max_local_batch, split_single=self.noise is not None,
-                                    loader=cfg.data.loader)
+                                    loader=cfg.data.loader if cfg.data.device == "host" else
+                                    cfg.data.loader.model_copy(update={"pin_memory": True}))
         self.gns = self.noise.gns if self.noise is not None else None  # the estimator (checkpointed)
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
@@ -184,13 +194,16 @@ class Trainer:
     def checkpoint_states(self) -> dict[str, Stateful]:
         """What a checkpoint holds, by name (trainers/checkpoint.py); what this run lacks is left out."""
         states: dict[str, Stateful] = {
-            "model": _unwrap(self.model), "optimizer": self.opt, "train": self.state, "rng": RNGState(self.device),
+            "model": StateAdapter(lambda: clean_state_dict(self.model), lambda s: load_clean_state_dict(self.model, s)),
+            "optimizer": self.opt, "train": self.state, "rng": RNGState(self.device),
             "batch": StateAdapter(lambda: {"size": self.B, "policy": self.batch_policy.state_dict()},
                                   self._load_batch_state)}
         if self.gns is not None:
             states["noise"] = self.gns
         if self.auto is not None:
             states["auto_warmup"] = self.auto
+        if self.prec.scaler is not None:  # fp16: the loss scale and the skipped steps
+            states["precision"] = self.prec
         states["reporter"] = PendingRecords(self.channel)
         states["rollback"] = self.rollback
         return states
@@ -242,7 +255,8 @@ class Trainer:
             batch = self.batches.batch(np.asarray(batch))
         bsz = len(batch.ids)
         loss_sum = self.accumulate(batch)
-        small = self.noise.finish(bsz, batch.mine_len) if self.noise is not None else None
+        self.prec.unscale(self.opt)  # fp16: from here on .grad holds the true gradient
+        small = self.noise.finish(bsz, batch.mine_len, self.prec.grad_factor()) if self.noise is not None else None
         # one all-reduce per step: the loss sum and the noise statistics ride together; before the
         # optimizer step, so a non-finite loss (the same on every rank) never reaches the weights
         reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
@@ -255,9 +269,9 @@ class Trainer:
         s = self.rollback.scale(s)  # lr x 0.5 per rollback (train.on_nonfinite: rollback)
         self.policies.apply(self.opt, s, first=self.state.step == 0)
         self.lr, self.mf = s.lr, s.mf
-        self.opt.step()
+        self._skipped = self.prec.step(self.opt)  # fp16: skipped on inf/NaN gradients
         self.opt.zero_grad(set_to_none=True)
-        if self.noise is not None:
+        if self.noise is not None and not self._skipped:
             self.noise.update(v[1:], bsz)
         loss_mean = v[0] / bsz
         self.policies.after_step(self.lr, loss_mean)
@@ -276,19 +290,24 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.noise is not None:
             self.noise.begin_step()
+        self.prec.begin_step()
         if not micros:
             # An empty slice (B < W at an epoch's tail) still joins DDP's all-reduce with a zero gradient.
             x = to_device(self.batches.one_input(batch.ids), self.device)
+            x = self.inputs(x) if self.inputs is not None else x
             (self.model(x).sum() * 0.0).backward()
         for i, (x, y) in enumerate(micros):
             last = i == len(micros) - 1
             with self.model.no_sync() if (self.world > 1 and not last) else contextlib.nullcontext():
                 x, y = to_device(x, self.device), to_device(y, self.device)
-                loss = summed_loss(self.work.loss_fn, self.model(x), y)
-                (loss * scale).backward()
+                if self.inputs is not None:  # augmentation: a function of (seed, epoch, sample id)
+                    x = self.inputs(x, batch.micro_ids[i], self.state.epoch)
+                with self.prec.autocast():
+                    loss = summed_loss(self.work.loss_fn, self.model(x), y)  # an fp32 sum
+                self.prec.backward(loss * scale)
             loss_sum = loss_sum + loss.detach().double()
             if self.noise is not None:
-                self.noise.after_micro_batch(bsz, len(batch.micro_ids[i]))
+                self.noise.after_micro_batch(bsz, len(batch.micro_ids[i]), self.prec.grad_factor())
         return loss_sum
 
     def _log_samples(self, mine: np.ndarray) -> None:
@@ -307,8 +326,11 @@ class Trainer:
         chunk = max(256, self.cfg.batch.max_local_batch) if self.tokens is None else self.cfg.batch.max_local_batch
         for x, y in self.batches.val_batches(chunk):
             x, y = to_device(x, self.device), to_device(y, self.device)
-            out = _unwrap(self.model)(x)
-            totals[0] += summed_loss(self.work.loss_fn, out, y).double()
+            x = self.inputs(x) if self.inputs is not None else x
+            with self.prec.autocast():
+                out = _unwrap(self.model)(x)
+                loss = summed_loss(self.work.loss_fn, out, y)
+            totals[0] += loss.double()
             hits = correct(out, y)
             if hits is not None:
                 totals[1] += hits
@@ -366,6 +388,7 @@ class Trainer:
         if self.tokens is not None:
             m[M.BATCH_GLOBAL_TOKENS] = float(self.B * self.tokens)
             m[M.TOKENS_SEEN] = float(self.state.samples_seen * self.tokens)
+        m.update(self.prec.metrics())  # fp16: amp/skipped_steps, amp/loss_scale
         if self.gns is not None and self.gns.b_simple is not None:
             m[M.GNS_B_SIMPLE] = self.gns.b_simple
             m[M.GNS_G_SQ] = self.gns.g_sq
@@ -401,7 +424,8 @@ class Trainer:
         loss = self.train_step(batch)
         self.state.step += 1
         self.state.cursor += len(ids)
-        self.state.samples_seen += len(ids)
+        trained = 0 if self._skipped else len(ids)  # a skipped step (fp16) trained nothing
+        self.state.samples_seen += trained
         epoch_ended = self.state.cursor >= self.n
         metrics = self.metrics_for_step(loss, len(ids))
         if not self._stepped:
@@ -414,7 +438,7 @@ class Trainer:
         if self.should_eval(epoch_ended) or self.finished():
             with meter.aside():
                 metrics.update(self.evaluate())
-        meter.count(len(ids))
+        meter.count(trained)
         return epoch_ended, metrics
 
     def push(self, metrics: dict[str, float], meter: ThroughputMeter, flush: bool, overlap: bool) -> PushDecision:
@@ -427,6 +451,8 @@ class Trainer:
         reading = meter.read()
         self._samples_per_s = reading.samples_per_s
         metrics[M.THROUGHPUT] = reading.samples_per_s
+        if self.device.type == "cuda":  # the GPU memory this process's tensors peaked at so far
+            metrics[M.MEMORY_PEAK] = float(torch.cuda.max_memory_allocated(self.device))
         if self.tokens is not None:
             metrics[M.THROUGHPUT_TOKENS] = reading.samples_per_s * self.tokens
         self.channel.log(self.state.step, metrics)
@@ -466,6 +492,7 @@ class Trainer:
         meter = ThroughputMeter(self.cfg.train.log_every, self.cfg.train.push_every_s)
         self._next_flush, self._stepped = self.state.step + self.cfg.train.log_every, False
         overlap_to = 0  # workers of a new group starting beside this one (an overlapping resize)
+        first_step = self.state.step
         if resumed and self.batch_policy.name != "fixed":
             need = self.ask_workers()  # the batch this group restored may already need more workers
             if need.workers and not need.overlap:
@@ -488,6 +515,8 @@ class Trainer:
                     continue
                 flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
                 decision = self.push(metrics, meter, flush, overlap=overlap_to > 0)
+                if self.cfg.train.compile and self.state.step == first_step + 1:
+                    meter.read()  # the throughput window starts after compilation (the first step)
                 if self.finished() or decision.action == Action.STOP:
                     return self.end(stopped=not self.finished())
                 if decision.action == Action.HAND_OVER:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
-from trainers.section import Section
+from trainers.device import LayoutConfig
 from torch import nn
 
 from trainers.data import DatasetInfo
@@ -22,8 +22,8 @@ from trainers.data import DatasetInfo
 Norm = Literal["batch", "group", "none"]
 
 
-class ModelConfig(Section):
-    """The ``model`` section."""
+class ModelConfig(LayoutConfig):
+    """The ``model`` section (``channels_last``: trainers/device.py)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -380,16 +380,20 @@ class NoiseProbe:
     def _add(self, sq: torch.Tensor, b: int) -> None:
         self._small += torch.stack([sq, sq.new_tensor(1.0 / b), sq * b, sq.new_tensor(1.0)])
 
-    def after_micro_batch(self, batch_len: int, micro_len: int) -> None:
-        """After the backward of a micro-batch of ``micro_len`` samples of a global batch of ``batch_len``."""
+    def after_micro_batch(self, batch_len: int, micro_len: int, grad_factor: float = 1.0) -> None:
+        """After the backward of a micro-batch of ``micro_len`` samples of a global batch of ``batch_len``;
+        ``grad_factor`` turns what ``.grad`` holds into the true gradient (fp16 loss scaling: ``1/S``,
+        trainers/precision.py)."""
         if self._tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
-            self._add(self._tracker.after_backward(scale=batch_len / (self.world * micro_len)), micro_len)
+            self._add(self._tracker.after_backward(scale=grad_factor * batch_len / (self.world * micro_len)),
+                      micro_len)
 
-    def finish(self, batch_len: int, mine_len: int) -> torch.Tensor:
+    def finish(self, batch_len: int, mine_len: int, grad_factor: float = 1.0) -> torch.Tensor:
         """The step's small statistics (4 float64 values on the device) to all-reduce; reads
-        the big gradient's squared norm, so call it before the optimizer steps."""
+        the big gradient's squared norm, so call it before the optimizer steps and after the
+        gradients are unscaled (``grad_factor``: what the DDP hook's sums, read before, are scaled by)."""
         if self._local_sq is not None and mine_len > 0:  # this worker's mean gradient (DDP hook)
-            self._add(self._local_sq * (batch_len / (self.world * mine_len)) ** 2, mine_len)
+            self._add(self._local_sq * (grad_factor * batch_len / (self.world * mine_len)) ** 2, mine_len)
         self._big_sq = sq_norm_tensor(p.grad for p in self.params)
         return self._small
 

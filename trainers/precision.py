@@ -190,7 +190,9 @@ class Precision:
         """``amp/skipped_steps`` (and ``amp/loss_scale``) under fp16; nothing otherwise."""
         if self.scaler is None:
             return {}
-        return {"amp/skipped_steps": float(self.skipped_steps), "amp/loss_scale": self.scaler.get_scale()}
+        from trainers.link import metrics as M
+
+        return {M.AMP_SKIPPED_STEPS: float(self.skipped_steps), M.AMP_LOSS_SCALE: self.scaler.get_scale()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped_steps": self.skipped_steps, "scaler": self.scaler.state_dict() if self.scaler else {}}

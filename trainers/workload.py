@@ -179,12 +179,15 @@ class Workload:
         return self.tensors.num_train if self.tensors is not None else len(self.train)
 
 
-def build_workload(cfg: Any, functions: Functions | None = None) -> Workload:
-    """Datasets, then model (in that order after the caller's ``torch.manual_seed``), then loss."""
+def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: bool = False) -> Workload:
+    """Datasets, then model (in that order after the caller's ``torch.manual_seed``), then loss.
+
+    ``raw_pixels``: CIFAR-10's inputs stay uint8 with their mean/std (``load_data(raw=True)``) for a
+    caller that normalises each batch (the worker loop's :class:`trainers.device.InputPipeline`)."""
     data, model = cfg.data, cfg.model
     loss_fn = resolve_loss(model.loss_name())
     if data.in_memory:
-        tensors = load_data(data, cfg.train.seed)
+        tensors = load_data(data, cfg.train.seed, raw=raw_pixels)
         built = build_named_model(tensors.info, model) if model.factory is None else \
             build_factory_model(*model_factory(model, data, functions))
         return Workload(built, loss_fn, tensors=tensors)
@@ -212,10 +215,12 @@ def train_size(cfg: Any, functions: Functions | None = None) -> int:
 
 
 def summed_loss(loss_fn: LossFn, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The sum over the micro-batch of the per-sample losses (``reduction='sum'`` for the built-in CE)."""
+    """The sum over the micro-batch of the per-sample losses (``reduction='sum'`` for the built-in CE),
+    in fp32 whatever the precision of ``out`` (bf16/fp16 autocast: the per-sample loss is taken to
+    fp32 before summing, so the loss sum and the global-batch math do not change)."""
     if loss_fn is cross_entropy:
-        return F.cross_entropy(out, y, reduction="sum")
-    return loss_fn(out, y).sum()
+        return F.cross_entropy(out.float(), y, reduction="sum")
+    return loss_fn(out, y).float().sum()
 
 
 def correct(out: Any, y: Any) -> torch.Tensor | None:

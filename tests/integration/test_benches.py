@@ -30,6 +30,7 @@ SUMMARY = {
     "adaptive": ("steps_ratio", "samples_ratio"),
     "checkpoint": ("save_ratio", "restore_ratio"),
     "cpu": ("beside_worker",),
+    "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
     "overhead": ("ratio",),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "search": ("steps_ratio", "gap_points"),

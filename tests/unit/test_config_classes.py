@@ -309,6 +309,12 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "data.shape": ([2, 4, 4], {"data.name": "synthetic"}, {}),
     "data.num_classes": (3, {"data.name": "synthetic"}, {}),
     "scaling.gpus_per_worker": (0.5, {"scaling.use_gpu": True}, {}),
+    # issue #20
+    "data.val_fraction": (0.1, {}, {"data.name": "cifar10", "data.root": "/data", "data.val_split": "test"}),
+    "data.crop_padding": (2, {"data.augment": ["random_crop"]}, {"data.augment": ["hflip"]}),
+    "train.loss_scale_init": (1024.0, {"train.precision": "fp16", "scaling.use_gpu": True}, {}),
+    "train.loss_scale_growth_interval": (100, {"train.precision": "fp16", "scaling.use_gpu": True}, {}),
+    "train.compile_backend": ("aot_eager", {"train.compile": True}, {}),
 }
 
 
@@ -350,7 +356,8 @@ def test_defaults_are_never_reported():
     assert validate(cfg.model_dump(mode="json")) == cfg
 
 
-@pytest.mark.parametrize("path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml"])
+@pytest.mark.parametrize("path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml",
+                                  "configs/cifar10_resnet50.yaml"])
 def test_shipped_configs_pass(path):
     cfg = validate(read_yaml(os.path.join(ROOT, path)))
     check_config(cfg)

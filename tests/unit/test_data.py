@@ -1,10 +1,12 @@
 """The data order: one permutation per (seed, epoch), global batches, worker slices, micro-batches."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
-from trainers.data import (DataConfig, digits_arrays, epoch_permutation, global_batch, load_data, micro_batches,
+from trainers.data import (CIFAR_MEAN, CIFAR_STD, DataConfig, digits_arrays, epoch_permutation, global_batch, load_data, micro_batches,
                            slice_bounds)
 
 
@@ -95,3 +97,58 @@ def test_cifar10_missing_root_is_a_clear_error(tmp_path):
     cfg = DataConfig(name="cifar10", root=str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="data.root: no CIFAR-10"):
         cfg.check_available()
+
+
+def test_cifar10_val_split_test_validates_on_the_official_test_batch(tmp_path):
+    """data.val_split: test (issue #20): the whole training set trains, the test batch validates;
+    the worker loop's raw form keeps uint8 pixels and normalises them per batch to the same inputs."""
+    import pickle
+
+    folder = _write_tiny_cifar(str(tmp_path))
+    with open(os.path.join(folder, "test_batch"), "rb") as f:
+        test = pickle.load(f)
+    cfg = DataConfig(name="cifar10", root=str(tmp_path), val_split="test")
+    d = load_data(cfg, 0)
+    assert d.num_train == 30 and len(d.val_y) == 6
+    assert d.val_y.tolist() == test["labels"]
+    want = torch.from_numpy(test["data"].reshape(6, 3, 32, 32)).float() / 255.0
+    mean, std = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+    assert torch.allclose(d.val_x, (want - mean) / std)
+    raw = load_data(cfg, 0, raw=True)
+    assert raw.train_x.dtype == torch.uint8 and (raw.mean, raw.std) == (CIFAR_MEAN, CIFAR_STD)
+    from trainers.device import normalize_pixels
+
+    stats = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+    assert torch.equal(normalize_pixels(raw.train_x, *stats), d.train_x)
+    assert torch.equal(normalize_pixels(raw.val_x, *stats), d.val_x)
+    # the default stays a held-out fraction of the training batches
+    assert load_data(DataConfig(name="cifar10", root=str(tmp_path)), 0).num_train == 24
+
+
+def test_val_split_test_needs_cifar10():
+    with pytest.raises(ValueError, match=r"data\.val_split: test needs a dataset with an official test set"):
+        DataConfig(name="digits", val_split="test")
+
+
+def test_the_loop_trains_tiny_cifar_with_the_recipes_input_options(tmp_path):
+    """cifar10 with val_split test, augmentation, channels_last and bf16 through the real loop."""
+    from trainers.config import LoopConfig
+    from trainers.link.runtime import Runtime
+    from trainers.loop import Trainer
+
+    _write_tiny_cifar(str(tmp_path))
+    cfg = LoopConfig.model_validate({
+        "data": {"name": "cifar10", "root": str(tmp_path), "val_split": "test", "augment": ["random_crop", "hflip"]},
+        "model": {"name": "cnn", "norm": "batch", "hidden": 16, "channels_last": True},
+        "batch": {"size": 12, "max_local_batch": 6}, "optimizer": {"base_batch_size": 12},
+        "train": {"precision": "bf16", "epochs": 1}})
+    t = Trainer(cfg, Runtime(), rank=0, world=1, device=torch.device("cpu"))
+    assert t.work.tensors.train_x.dtype == torch.uint8 and t.n == 30
+    seen = []
+    t.model.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    loss = t.train_step(np.arange(12))
+    assert np.isfinite(loss) and seen[0].dtype == torch.float32
+    assert seen[0].is_contiguous(memory_format=torch.channels_last)
+    assert abs(float(seen[0].mean())) < 3.0  # normalised, not raw 0..255
+    m = t.evaluate()
+    assert 0.0 <= m["val/accuracy"] <= 1.0 and np.isfinite(m["val/loss"])

@@ -22,6 +22,9 @@ THROUGHPUT = "throughput/samples_per_s"
 GNS_B_SIMPLE = "gns/b_simple"
 GNS_G_SQ = "gns/g_sq"
 GNS_TRACE_SIGMA = "gns/trace_sigma"
+AMP_SKIPPED_STEPS = "amp/skipped_steps"  # fp16: optimizer steps skipped for inf/NaN gradients (trainers/precision.py)
+AMP_LOSS_SCALE = "amp/loss_scale"  # fp16: the loss scale S
+MEMORY_PEAK = "memory/peak_bytes"  # on a GPU, at each push: torch.cuda.max_memory_allocated of rank 0
 # language models (the batch counts sequences of T tokens; these count tokens)
 VAL_PERPLEXITY = "val/perplexity"  # exp(val/loss), val/loss a per-sequence mean of token losses
 BATCH_GLOBAL_TOKENS = "batch/global_tokens"
