@@ -28,6 +28,7 @@ BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 # bench -> the summary keys it prints (a bench not listed here must end with at least one).
 SUMMARY = {
     "adaptive": ("steps_ratio", "samples_ratio"),
+    "byo": ("map_ratio", "lm_ratio", "lm_plain_ratio"),
     "checkpoint": ("save_ratio", "restore_ratio"),
     "overhead": ("ratio",),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
@@ -71,7 +72,7 @@ def test_summary_parsing():
 
 
 def test_every_bench_is_found():
-    assert {"overhead", "resize", "adaptive", "search", "checkpoint"} <= set(BENCHES)
+    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo"} <= set(BENCHES)
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 
