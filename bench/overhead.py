@@ -243,7 +243,9 @@ class Slices:
         self.slice_s = slice_s
         self.log = log
 
-    def run(self, desc: str = "") -> "Slices":
+    def run(self, desc: str = "", lead_s: float = 0.0) -> "Slices":
+        """Slice until ``a`` ends; its first slice lasts ``lead_s`` when longer than a slice (Ray's
+        node start allows the raylet 30 s of wall time, which stopped slices would eat)."""
         from tqdm import tqdm
 
         send([self.b.pid], signal.SIGSTOP)
@@ -255,7 +257,7 @@ class Slices:
                 bar.update()
                 if who == "a":
                     try:
-                        self.a.wait(timeout=self.slice_s)
+                        self.a.wait(timeout=max(self.slice_s, lead_s) if not self.slices else self.slice_s)
                     except subprocess.TimeoutExpired:
                         pass
                 else:
@@ -364,11 +366,12 @@ def write_config(cfg, tmp: str) -> tuple[str, str]:
 
 
 def measure(rows: list[str], cfg, cfg_json: str, cfg_yaml: str, n_train: int, threads: int, steps: int,
-            slice_s: float, overrides: list[str], tmp: str, names: dict[str, str] | None = None
-            ) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
+            slice_s: float, overrides: list[str], tmp: str, names: dict[str, str] | None = None,
+            lead_s: float = 0.0) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
     """Each row's loop time-sliced against its own plain loop of ``cfg``: ``{row: paired(...)}`` and,
     for the orchestrator row, (time to its first step, whole run, steps) counting only the time it ran.
-    ``names``: the rows' labels (default :data:`ROWS`)."""
+    ``names``: the rows' labels (default :data:`ROWS`); ``lead_s``: the first slice of each row
+    (:meth:`Slices.run`)."""
     names = names or ROWS
     batch = cfg.batch.size
 
@@ -380,7 +383,7 @@ def measure(rows: list[str], cfg, cfg_json: str, cfg_yaml: str, n_train: int, th
     for row in rows:
         a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
         cmd = orchestrator_cmd(cfg_yaml, overrides) if row == "orchestrator" else child(row, steps, a_out)
-        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log")).run(names[row])
+        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log")).run(names[row], lead_s)
         if row == "orchestrator":
             from mlflow.tracking import MlflowClient
 
