@@ -86,9 +86,12 @@ def walk_steps(step, n: int, batch: int, seed: int, steps: int, stopped=lambda: 
 
 
 def plain_step(cfg, threads: int):
-    """The ceiling: one process, tensors indexed by the permutation slice, nothing else."""
+    """The ceiling: one process, tensors indexed by the permutation slice, nothing else (a
+    workload that is not a built-in image one: :func:`plain_workload_step`)."""
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.train.seed)
+    if not cfg.data.in_memory or cfg.model.factory is not None or cfg.model.loss:
+        return plain_workload_step(cfg)
     data = load_data(cfg.data, cfg.train.seed)
     model = build_model(data.info, cfg.model)
     opt = build_optimizer(model, cfg.optimizer)
@@ -102,6 +105,35 @@ def plain_step(cfg, threads: int):
         float(loss.detach())  # the orchestrator reads its loss every step too
 
     return step, data.num_train
+
+
+def plain_workload_step(cfg):
+    """A plain loop of any workload (a factory's, the language model): the model, loss and datasets
+    the orchestrator would build, each step's samples loaded in one ``__getitems__`` (or indexed
+    tensors), the mean of the per-sample loss, backward, step."""
+    from trainers.sampler import fetch
+    from trainers.workload import build_workload
+
+    work = build_workload(cfg)
+    model, loss_fn = work.model, work.loss_fn
+    opt = build_optimizer(model, cfg.optimizer)
+    model.train()
+    if work.tensors is not None:
+        def load(ids):
+            return work.tensors.train_x[ids], work.tensors.train_y[ids]
+    else:
+        def load(ids):
+            return fetch(work.train, ids.tolist())
+
+    def step(ids) -> None:
+        x, y = load(ids)
+        loss = loss_fn(model(x), y).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        float(loss.detach())
+
+    return step, work.num_train
 
 
 def local_step(cfg, threads: int):
@@ -213,7 +245,9 @@ class Slices:
         self.slice_s = slice_s
         self.log = log
 
-    def run(self, desc: str = "") -> "Slices":
+    def run(self, desc: str = "", lead_s: float = 0.0) -> "Slices":
+        """Slice until ``a`` ends; its first slice lasts ``lead_s`` when longer than a slice (Ray's
+        node start allows the raylet 30 s of wall time, which stopped slices would eat)."""
         from tqdm import tqdm
 
         send([self.b.pid], signal.SIGSTOP)
@@ -225,7 +259,7 @@ class Slices:
                 bar.update()
                 if who == "a":
                     try:
-                        self.a.wait(timeout=self.slice_s)
+                        self.a.wait(timeout=max(self.slice_s, lead_s) if not self.slices else self.slice_s)
                     except subprocess.TimeoutExpired:
                         pass
                 else:
@@ -321,6 +355,58 @@ def orchestrator_cmd(cfg_yaml: str, overrides: list[str]) -> list[str]:
             *[x for kv in overrides for x in ("--set", kv)]]
 
 
+def write_config(cfg, tmp: str) -> tuple[str, str]:
+    """The config as JSON (for the child loops) and YAML (for the ``train`` CLI) in ``tmp``."""
+    from orchestrator.config import to_yaml
+
+    cfg_json, cfg_yaml = os.path.join(tmp, "cfg.json"), os.path.join(tmp, "cfg.yaml")
+    with open(cfg_json, "w") as f:
+        json.dump(cfg.model_dump(mode="json"), f)
+    with open(cfg_yaml, "w") as f:
+        f.write(to_yaml(cfg))
+    return cfg_json, cfg_yaml
+
+
+def measure(rows: list[str], cfg, cfg_json: str, cfg_yaml: str, n_train: int, threads: int, steps: int,
+            slice_s: float, overrides: list[str], tmp: str, names: dict[str, str] | None = None,
+            lead_s: float = 0.0) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
+    """Each row's loop time-sliced against its own plain loop of ``cfg``: ``{row: paired(...)}`` and,
+    for the orchestrator row, (time to its first step, whole run, steps) counting only the time it ran.
+    ``names``: the rows' labels (default :data:`ROWS`); ``lead_s``: the first slice of each row
+    (:meth:`Slices.run`)."""
+    names = names or ROWS
+    batch = cfg.batch.size
+
+    def child(kind: str, n_steps: int, out: str) -> list[str]:
+        return [sys.executable, os.path.abspath(__file__), "--child", kind, "--child-config", cfg_json,
+                "--threads", str(threads), "--steps", str(n_steps), "--out", out]
+
+    results, orch = {}, None
+    for row in rows:
+        a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
+        cmd = orchestrator_cmd(cfg_yaml, overrides) if row == "orchestrator" else child(row, steps, a_out)
+        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log")).run(names[row], lead_s)
+        if row == "orchestrator":
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(cfg.tracking.uri)
+            exp = client.get_experiment_by_name(cfg.tracking.experiment)
+            run_id = client.search_runs([exp.experiment_id], max_results=1)[0].info.run_id
+            hist = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
+            a_times = [m.timestamp / 1000 for m in hist]
+            orch = (run.ran_for(a_times[0]), run.ran_for(run.slices[-1][2]), len(a_times))
+        else:
+            with open(a_out) as f:
+                a_times = json.load(f)
+        with open(b_out) as f:
+            b_times = json.load(f)
+        results[row] = r = paired(run, step_gaps(a_times, n_train, batch), step_gaps(b_times, n_train, batch))
+        r["first"] = run.ran_for(a_times[0]) if a_times else None  # invocation -> first step (time it ran)
+        print(f"  {names[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)", file=sys.stderr,
+              flush=True)
+    return results, orch
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12000, help="optimizer steps of each loop under test")
@@ -363,13 +449,7 @@ def main() -> None:
     )
     n_train = load_data(cfg.data, cfg.train.seed).num_train
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": a.steps * a.batch / n_train})})
-    from orchestrator.config import to_yaml
-
-    cfg_json, cfg_yaml = os.path.join(tmp, "cfg.json"), os.path.join(tmp, "cfg.yaml")
-    with open(cfg_json, "w") as f:
-        json.dump(cfg.model_dump(mode="json"), f)
-    with open(cfg_yaml, "w") as f:
-        f.write(to_yaml(cfg))
+    cfg_json, cfg_yaml = write_config(cfg, tmp)
     if a.overrides:  # a bad --set stops here, before any loop runs
         from orchestrator.config import ConfigError, load_config
 
@@ -379,46 +459,17 @@ def main() -> None:
             print(f"error: --set: {e}", file=sys.stderr)
             raise SystemExit(2)
 
-    def child(kind: str, steps: int, out: str) -> list[str]:
-        return [sys.executable, os.path.abspath(__file__), "--child", kind, "--child-config", cfg_json,
-                "--threads", str(a.threads), "--steps", str(steps), "--out", out]
-
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
     print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, "
           f"{a.slice:g} s slices", flush=True)
-    results, orch, ray_first = {}, None, None
-    for row in rows:
-        a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
-        if row == "orchestrator":
-            cmd = orchestrator_cmd(cfg_yaml, a.overrides)
-        else:
-            cmd = child(row, a.steps, a_out)
-        run = Slices(cmd, child("plain", 0, b_out), a.slice, os.path.join(tmp, f"{row}.log")).run(ROWS[row])
-        if row == "orchestrator":
-            from mlflow.tracking import MlflowClient
-
-            client = MlflowClient(cfg.tracking.uri)
-            exp = client.get_experiment_by_name(cfg.tracking.experiment)
-            run_id = client.search_runs([exp.experiment_id], max_results=1)[0].info.run_id
-            hist = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
-            a_times = [m.timestamp / 1000 for m in hist]
-            orch = (run.ran_for(a_times[0]), run.ran_for(run.slices[-1][2]), len(a_times))
-        else:
-            with open(a_out) as f:
-                a_times = json.load(f)
-            if row == "ray" and a_times:  # a bare TorchTrainer's cold start: invocation -> first step
-                ray_first = run.ran_for(a_times[0])
-        with open(b_out) as f:
-            b_times = json.load(f)
-        results[row] = r = paired(run, step_gaps(a_times, n_train, a.batch), step_gaps(b_times, n_train, a.batch))
-        print(f"  {ROWS[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)", file=sys.stderr,
-              flush=True)
+    results, orch = measure(rows, cfg, cfg_json, cfg_yaml, n_train, a.threads, a.steps, a.slice, a.overrides, tmp)
     print(table([(ROWS[k], f"{r['a']:,.0f}", f"{r['b']:,.0f}", f"{r['a'] / r['b']:.3f}", f"{r['median']:.3f}",
                   r["pairs"], f"{100 * r['beside']:.1f}%") for k, r in results.items()],
                 ("loop", "samples/s", "plain samples/s", "ratio", "median pair", "pairs", "CPU beside")))
     if orch is not None:
         print(f"time from train invocation to first step: {orch[0]:.1f} s; whole run {orch[1]:.1f} s "
               f"for {orch[2]} steps (time it ran)")
+        ray_first = results.get("ray", {}).get("first")
         if ray_first:
             print(f"bare Ray Train worker, invocation (Ray start, TorchTrainer) to first step: {ray_first:.1f} s")
             print(f"first_step_ratio={orch[0] / ray_first:.3f}")

@@ -28,6 +28,7 @@ BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 # bench -> the summary keys it prints (a bench not listed here must end with at least one).
 SUMMARY = {
     "adaptive": ("steps_ratio", "samples_ratio"),
+    "byo": ("map_ratio", "lm_ratio", "lm_plain_ratio"),
     "checkpoint": ("save_ratio", "restore_ratio"),
     "cpu": ("beside_worker",),
     "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
@@ -35,7 +36,7 @@ SUMMARY = {
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "search": ("steps_ratio", "gap_points"),
 }
-TIMEOUT_S = {"checkpoint": 120}  # the rest start Ray Train worker groups (about 15 s each here)
+TIMEOUT_S = {"checkpoint": 120, "byo": 480}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4)
 DEFAULT_TIMEOUT_S = 300
 PAIR = re.compile(r"(?<![\w.])([A-Za-z_]\w*)=(\S+)")  # key=value, the key not part of a longer name
 
@@ -73,7 +74,7 @@ def test_summary_parsing():
 
 
 def test_every_bench_is_found():
-    assert {"overhead", "resize", "adaptive", "search", "checkpoint"} <= set(BENCHES)
+    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo"} <= set(BENCHES)
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 

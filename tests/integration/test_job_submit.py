@@ -1,6 +1,9 @@
-"""`ray job submit` against a local head started with `ray start --head` on 127.0.0.1:
-the quickstart runs as a job, SUCCEEDED, and lands in the MLflow store the command names."""
+"""`ray job submit` against a local head started with `ray start --head` on 127.0.0.1 (token
+auth, as the README says): the quickstart from the repository root, and the example user project
+(examples/user_project) as the job's working directory, each run as a job, SUCCEEDED, and land
+FINISHED in the MLflow store the command names."""
 
+import json
 import os
 import re
 import shutil
@@ -22,7 +25,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_quickstart_via_ray_job_submit(tmp_path):
+@pytest.fixture(scope="module")
+def ray_head():
+    """A local head (`ray start --head`, token auth, its own ports and temp dir); stopped afterwards.
+    Yields (the `ray` executable, the dashboard port, the environment to submit with)."""
     import tempfile
 
     temp_dir = tempfile.mkdtemp(prefix="rayjob-", dir="/tmp")  # unix socket paths must stay short
@@ -43,33 +49,66 @@ def test_quickstart_via_ray_job_submit(tmp_path):
                            env=env, capture_output=True, text=True, timeout=180)
     assert start.returncode == 0, start.stdout + start.stderr
     try:
-        uri = f"sqlite:///{tmp_path}/mlflow.db"
-        for _ in range(20):  # the head's job agent may need a few seconds after `ray start` returns
-            out = _submit(ray_bin, dash, uri, tmp_path, env)
-            if "No available agent to submit job" not in out.stdout + out.stderr:
-                break
-            time.sleep(3)
-        log = out.stdout + out.stderr
-        assert out.returncode == 0, log
-        assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log
-        run_id = re.search(r"MLflow run id\s+(\w+)", log).group(1)
-        from mlflow.tracking import MlflowClient
-
-        run = MlflowClient(uri).get_run(run_id)
-        assert run.info.status == "FINISHED"
-        assert run.data.metrics["val/accuracy"] > 0.8 and run.data.metrics["workers"] == 2
+        yield ray_bin, dash, env
     finally:
         _stop_head(temp_dir, gcs)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _submit(ray_bin, dash, uri, tmp_path, env):
-    return subprocess.run(
-            [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ROOT, "--",
-             "python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
-             "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
-             "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
-            env=env, capture_output=True, text=True, timeout=600)
+def _submit(ray_bin, dash, env, working_dir, entrypoint, runtime_env=None):
+    """`ray job submit` of ``entrypoint``; retried while the head's job agent is not up yet."""
+    extra = ["--runtime-env-json", json.dumps(runtime_env)] if runtime_env else []
+    cmd = [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", working_dir,
+           *extra, "--", *entrypoint]
+    for _ in range(20):  # the head's job agent may need a few seconds after `ray start` returns
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if "No available agent to submit job" not in out.stdout + out.stderr:
+            break
+        time.sleep(3)
+    return out
+
+
+def _finished_run(out, uri):
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log
+    run_id = re.search(r"MLflow run id\s+(\w+)", log).group(1)
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED"
+    return run
+
+
+def test_quickstart_via_ray_job_submit(ray_head, tmp_path):
+    ray_bin, dash, env = ray_head
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = _submit(ray_bin, dash, env, ROOT,
+                  ["python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
+                   "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
+                   "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"])
+    run = _finished_run(out, uri)
+    assert run.data.metrics["val/accuracy"] > 0.8 and run.data.metrics["workers"] == 2
+
+
+def test_example_project_via_ray_job_submit(ray_head, tmp_path):
+    """examples/user_project as the job's working directory, its package on the path by the
+    runtime environment (the README's third way); the project itself is installed on the node
+    (here: on PYTHONPATH, which the head passes to its jobs)."""
+    ray_bin, dash, env = ray_head
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    pythonpath = os.pathsep.join(["src", ROOT])  # README: "src" (the project is pip-installed there)
+    out = _submit(ray_bin, dash, env, os.path.join("examples", "user_project"),
+                  ["python", "-m", "orchestrator", "train", "config.yaml", "--no-progress",
+                   "--set", "train.epochs=2", "--set", "data.params.n_train=2048", "--set", "data.params.n_val=512",
+                   "--set", "scaling.cpus_per_worker=0.5", "--set", "batch.size=128",
+                   "--set", "batch.max_local_batch=64", "--set", "optimizer.lr=0.05",  # 32 steps, lr 0.1
+                   "--set", f"tracking.uri={uri}", "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
+                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    run = _finished_run(out, uri)
+    assert run.data.params["data.factory"] == "my_workload.data:rings"
+    assert run.data.metrics["val/accuracy"] > 0.6 and run.data.metrics["workers"] == 2  # 3 rings: chance 1/3
+    assert run.data.metrics["train/loss"] < 1.0
 
 
 def _stop_head(temp_dir: str, gcs_port: int) -> None:
