@@ -68,6 +68,9 @@ def _submit(ray_bin, dash, uri, tmp_path, env):
             [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ROOT, "--",
              "python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
              "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
+             # a fixed batch of 64 on 2 workers from the start (the demo's growing batch is not the point here)
+             "--set", "batch.policy=fixed", "--set", "batch.max_size=null", "--set", "batch.size=64",
+             "--set", "batch.max_local_batch=32", "--set", "optimizer.mf_rule=fixed",
              "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
             env=env, capture_output=True, text=True, timeout=600)
 
