@@ -23,7 +23,7 @@ class SystemSampler:
     def __init__(self, every_s: float = EVERY_S, node_id: str | None = None) -> None:
         self.every_s = every_s
         self.prefix = f"system/{node_id or 'worker-' + socket.gethostname()}/"
-        self._last = time.monotonic()
+        self._last = -float("inf")  # the first push carries a sample (a short phase gets one too)
         try:
             import ray  # noqa: F401 - puts Ray's psutil on the path
             import psutil
