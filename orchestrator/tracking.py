@@ -338,10 +338,17 @@ class RunTracker:
         common = dict(name=MODEL_NAME, run_id=self.run_id, signature=signature, input_example=example,
                       pip_requirements=[f"torch=={importlib.metadata.version('torch')}"],
                       validate_serving_input=False)  # the example was just run through the model
+
+        def new_model() -> str:
+            # created here so that it belongs to the run's experiment (log_model alone would put it in
+            # the active experiment of this process, the Default one)
+            return self.client.create_logged_model(self.experiment_id, name=MODEL_NAME, source_run_id=self.run_id,
+                                                   model_type="pytorch").model_id
+
         try:
-            info = mlflow.pytorch.log_model(model, **common)
+            info = mlflow.pytorch.log_model(model, model_id=new_model(), **common)
         except Exception:  # noqa: BLE001 - torch.export could not trace it (data-dependent control flow)
-            info = mlflow.pytorch.log_model(model, serialization_format="pickle", **common)
+            info = mlflow.pytorch.log_model(model, model_id=new_model(), serialization_format="pickle", **common)
         version = None
         if register:
             mv = mlflow.register_model(info.model_uri, register)
