@@ -43,7 +43,7 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
 
     # the model: an MLflow PyTorch model with a signature, loadable, registered under the name given
     info = get_model_info(s.model_uri)
-    assert info.signature is not None and info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"] == [-1, 1, 8, 8]
+    assert info.signature is not None and tuple(info.signature.inputs.inputs[0].shape) == (-1, 1, 8, 8)
     model = mlflow.pytorch.load_model(s.model_uri)
     x = torch.from_numpy(np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32))
     assert tuple(model(x).shape) == (3, 10)
