@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                                           f"{DEFAULT_TRACKING_URI})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--verbose", action="store_true", help="show Ray's own logs")
+    t.add_argument("--register", metavar="NAME", help="register the final model in MLflow's model registry "
+                                                      "under NAME (a new version each run)")
 
     r = sub.add_parser("resume", help="continue a run whose driver was stopped or killed",
                        description="Continue a run from its latest checkpoint, in the same MLflow run.")
@@ -61,15 +63,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _summary(s, cfg) -> str:
+    from orchestrator.timeline import format_table
+
     lines = [
         "",
-        f"run {s.status.lower()}: {s.steps} steps in {s.wall_s:.1f} s",
+        f"run {s.status.lower()}: {s.steps} steps in {s.wall_s:.1f} s"
+        + (f" (first step after {s.first_step_s:.1f} s)" if s.first_step_s is not None else ""),
     ]
+    if s.phases:
+        lines += ["  " + line for line in format_table(s.phases).splitlines()]
+    if s.resizes_called_off:
+        lines.append(f"  resizes called off: {s.resizes_called_off} (training ended before the new group was ready)")
     if s.error:
         lines.append(f"  error          {s.error}")
     for key in ("train/loss", "val/loss", "val/accuracy"):
         if key in s.final:
             lines.append(f"  {key:<14} {s.final[key]:.4f}")
+    if s.model_uri:
+        lines.append(f"  model          {s.model_uri}" + (f" (registered {s.registered})" if s.registered else ""))
     lines += [
         f"  MLflow run id  {s.run_id}",
         f"  tracking URI   {redact_uri(s.tracking_uri)}",
@@ -83,6 +94,8 @@ def _summary(s, cfg) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     t_invoked = time.time()
     overrides = list(args.overrides)
+    if args.register is not None and not args.register.strip():
+        raise ConfigError("--register: empty model name; give the name to register the model under, e.g. --register digits-cnn")
     if args.tracking_uri:
         overrides.append(f"tracking.uri={args.tracking_uri}")
     cfg = load_config(args.config, overrides)  # raises ConfigError before anything starts
@@ -92,7 +105,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from orchestrator.runner import run_training
 
-    summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked)
+    summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
+                           register_model=args.register)
     print(_summary(summary, cfg))
     return 0 if summary.status == "FINISHED" else 1
 

@@ -9,6 +9,7 @@ from typing import Callable
 
 from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
 from orchestrator.progress import Progress
+from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, ResizeSkipped,
@@ -29,7 +30,8 @@ class RunListener:
 
 
 class TrackingListener(RunListener):
-    """Everything MLflow holds about a run's progress: step metrics, ``restarts``, ``resize/*``
+    """Everything MLflow holds about a run's progress: step metrics, ``restarts``, ``resize/from``,
+    ``resize/to``, ``resize/latency_s``
     and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``."""
 
     def __init__(self, tracker: RunTracker) -> None:
@@ -76,11 +78,9 @@ class TrackingListener(RunListener):
                                          flush=True)
                 self.tracker.set_tags({"elastic.resizes_skipped": self.skipped,
                                        "elastic.resize_skipped_reason": reason})
-            case ResizeMeasured(resize=r):
+            case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
                 self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
-                                                    M.RESIZE_LATENCY_S: r.latency_s,
-                                                    **{M.resize_part(k): v for k, v in r.parts.items()}})],
-                                         flush=True)
+                                                    M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
 
 
 class ProgressListener(RunListener):
@@ -120,6 +120,24 @@ class ProgressListener(RunListener):
 
     def close(self) -> None:
         self.progress.close()
+
+
+class TimelineListener(RunListener):
+    """The run's stretches of constant B and W and its resizes (orchestrator/timeline.py): the
+    summary table, and the timeline table and chart logged at the end of the run."""
+
+    def __init__(self, timeline: Timeline | None = None) -> None:
+        self.timeline = timeline or Timeline()
+
+    def on_records(self, records: list[Record]) -> None:
+        self.timeline.add_records(records)
+
+    def on_event(self, event: Event) -> None:
+        match event:
+            case ResizeMeasured(resize=r):
+                self.timeline.add_resize(r.as_dict())
+            case ResizeCalledOff(workers=workers):
+                self.timeline.called_off.append(workers)
 
 
 class RecordsCallback(RunListener):

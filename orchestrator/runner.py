@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from orchestrator.config import ConfigError, RootConfig
+from orchestrator.listeners import TimelineListener
 from orchestrator.phases import POLL_S, PhaseRunner
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
@@ -44,6 +45,9 @@ class RunSummary:
     resizes: list[dict[str, Any]] = field(default_factory=list)
     resizes_called_off: int = 0
     error: str | None = None  # why a FAILED run failed (one line)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # stretches of constant B and W (timeline.py)
+    model_uri: str | None = None  # the logged MLflow PyTorch model
+    registered: str | None = None  # "name/version" when registered (--register)
 
 
 def final_metrics(tracker: RunTracker) -> dict[str, float]:
@@ -83,7 +87,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                  on_records: Callable[[list], None] | None = None,
                  t_invoked: float | None = None, resume_run_id: str | None = None,
                  driver_lock: DriverLock | None = None,
-                 functions: dict[str, Callable[..., Any]] | None = None) -> RunSummary:
+                 functions: dict[str, Callable[..., Any]] | None = None,
+                 register_model: str | None = None) -> RunSummary:
     """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated.
 
     ``functions``: factories sent by value (``fit()`` with a lambda or a ``__main__`` function;
@@ -91,7 +96,10 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     not installed are shipped to the workers (orchestrator/code.py).
 
     With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
-    steps continue, nothing already logged is logged again."""
+    steps continue, nothing already logged is logged again.
+
+    The final model is logged as an MLflow PyTorch model; ``register_model`` also registers it under
+    that name in the model registry."""
     t0 = t_invoked or time.time()
     # Import MLflow and open its store (a fresh SQLite file takes seconds of schema migrations)
     # while Ray starts; the run itself is created once Ray is up.
@@ -110,14 +118,18 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         raise ConfigError(why)
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
     status, lock, runner = "FAILED", driver_lock, None
+    timeline = TimelineListener()
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
         runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
                              functions=functions)
+        runner.listeners.append(timeline)
+        if resume_run_id:
+            tracker.set_running()
+        tracker.start_system_metrics(resume=bool(resume_run_id))
         runner.t_start = t0
         tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
                           "elastic.storage_path": runner.storage_path})
         if resume_run_id:
-            tracker.set_running()
             before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
             runner.resumes = int(before) + 1
             tracker.set_tags({"elastic.resumes": runner.resumes})
@@ -128,10 +140,11 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             on_start(runner)
         runner.run()
         tracker.release_held()
+        tracker.log_timeline(timeline.timeline)
         if runner.diverged is not None:  # FAILED, the diverged model not logged, the good checkpoint kept
             error = runner.diverged.message
             tracker.set_tags({"elastic.failure": error})
-            return _summary(tracker, runner, "FAILED", t0, error)
+            return _summary(tracker, runner, "FAILED", t0, error, timeline)
         status = "FINISHED"
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
                           "elastic.resizes": len(runner.resizes)})
@@ -140,8 +153,10 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
 
         payload = load_newest_checkpoint(runner.storage_path, runner.train_run_name, "cpu",
                                          warn=runner.progress.write)
+        model_uri = registered = None
         if payload is not None:
-            tracker.log_model(payload["model"], cfg)
+            model_uri, registered = tracker.log_model(payload["model"], cfg, functions, register_model,
+                                                      warn=runner.progress.write)
     except KeyboardInterrupt:
         status = "KILLED"
         raise
@@ -153,13 +168,17 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             import ray
 
             ray.shutdown()
-    return _summary(tracker, runner, status, t0)
+    summary = _summary(tracker, runner, status, t0, timeline=timeline)
+    summary.model_uri, summary.registered = model_uri, registered
+    return summary
 
 
-def _summary(tracker: RunTracker, runner: PhaseRunner, status: str, t0: float, error: str | None = None) -> RunSummary:
+def _summary(tracker: RunTracker, runner: PhaseRunner, status: str, t0: float, error: str | None = None,
+             timeline: TimelineListener | None = None) -> RunSummary:
     steps = max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
     return RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
                       status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
                       storage_path=runner.storage_path, train_run_name=runner.train_run_name,
                       first_step_s=runner.first_step_s(), resizes=runner.resizes,
-                      resizes_called_off=runner.called_off, error=error)
+                      resizes_called_off=runner.called_off, error=error,
+                      phases=timeline.timeline.rows() if timeline else [])

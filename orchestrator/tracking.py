@@ -1,9 +1,13 @@
-"""MLflow run life: create the run, log the resolved config, metrics (each
-(metric, step) once), plots and the final model, and close it with a status."""
+"""MLflow run life: create the run, log the params that apply (orchestrator/params.py) and the
+resolved config, the source (git commit), metrics (each (metric, step) once), system metrics, plots,
+the timeline (orchestrator/timeline.py) and the final model (an MLflow PyTorch model with a
+signature, optionally registered), and close it with a status."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -11,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config import RootConfig, flatten, public_config
+from orchestrator.config import RootConfig, public_config
 from orchestrator.ui import mark_experiment
 from trainers.link import metrics as M
 
@@ -25,6 +29,39 @@ HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI sta
 # Rows are written in batches about this often: a MLflow (SQLite) call costs the driver ~4 ms of CPU
 # plus ~0.1 ms a row, and at hundreds of steps a second that CPU is taken from the training workers.
 FLUSH_S = 2.0
+SYSTEM_EVERY_S = 5.0  # seconds between the driver's system-metrics samples (MLflow's monitor)
+MODEL_NAME = "final_model"  # the MLflow Model's name (the run's artifact "model/" holds the raw state dict)
+EXAMPLE_ROWS = 4  # validation samples in the logged model's input example
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", PROJECT_ROOT, *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's source tags for the project's code: the git commit (and whether the checkout had
+    uncommitted changes, ``elastic.git.dirty``), the remote when there is one, and the entry point
+    (the script run, as MLflow itself records it, or this package's CLI).  Empty when the project
+    is not a git checkout (an installed package)."""
+    commit = _git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not os.path.isfile(script) or os.sep + "ray" + os.sep in script:  # a Ray worker (a search's trial)
+        script = os.path.join(PROJECT_ROOT, "orchestrator", "__main__.py")
+    tags = {"mlflow.source.git.commit": commit, "mlflow.source.name": script, "mlflow.source.type": "LOCAL",
+            "elastic.git.dirty": str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower()}
+    remote = _git("remote", "get-url", "origin")
+    if remote:
+        from orchestrator.uris import redact_uri
+
+        tags["mlflow.source.git.repoURL"] = redact_uri(remote)
+    return tags
 
 
 class _Segment:
@@ -86,11 +123,12 @@ class RunTracker:
         self._buffered_upto = -1  # the newest step of the records logged so far
         self._when: dict[int, float] = {}  # step -> when it ran, for the steps a row may still be made of
         self.written_upto = -1  # every record up to this step is written to MLflow (what the driver acks)
+        self._system: Any = None  # MLflow's system-metrics monitor (start_system_metrics)
         if run_id is None:
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
             mark_experiment(self.client, exp_id)  # MLflow's UI opens it in the model-training view
-            all_tags = dict(tags or {})
+            all_tags = {**source_tags(), **(tags or {})}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(exp_id, run_name=cfg.tracking.run_name, tags=all_tags)
@@ -107,8 +145,11 @@ class RunTracker:
     def log_config(self, cfg: RootConfig) -> None:
         from mlflow.entities import Param
 
+        from orchestrator.params import applicable_params
+
         resolved = public_config(cfg)  # credentials in the tracking URI are never logged
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(resolved).items())]
+        # the params a reviewer compares: only the fields this run reads; config.yaml has them all
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(applicable_params(cfg).items())]
         for i in range(0, len(params), 90):
             self.client.log_batch(self.run_id, params=params[i:i + 90])
         self.log_text(yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
@@ -231,7 +272,25 @@ class RunTracker:
             self.client.log_artifact(self.run_id, path, "plots")
         plt.close(fig)
 
-    def log_model(self, model_state: dict[str, Any], cfg: RootConfig) -> None:
+    def log_timeline(self, timeline: Any) -> None:
+        """The run's stretches of constant B and W and its resizes (orchestrator/timeline.py): the
+        table artifact ``timeline.json`` (MLflow's table view) and the chart ``plots/timeline.png``."""
+        from orchestrator.timeline import plot
+
+        table = timeline.table()
+        if not table:
+            return
+        self.client.log_table(self.run_id, data=table, artifact_file="timeline.json")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "timeline.png")
+            if plot(timeline, path):
+                self.client.log_artifact(self.run_id, path, "plots")
+
+    def log_model(self, model_state: dict[str, Any], cfg: RootConfig, functions: dict[str, Any] | None = None,
+                  register: str | None = None, warn: Any = print) -> tuple[str | None, str | None]:
+        """The final weights as the artifact ``model/model.pt`` (a state dict, with ``config.yaml``),
+        and as an MLflow PyTorch model (:meth:`log_pytorch_model`).  Returns that model's URI and,
+        with ``register``, the registered ``name/version`` (None where logging it failed: warned)."""
         import torch
 
         with tempfile.TemporaryDirectory() as d:
@@ -239,6 +298,85 @@ class RunTracker:
             with open(os.path.join(d, "config.yaml"), "w") as f:
                 f.write(yaml.safe_dump(public_config(cfg), sort_keys=False))
             self.client.log_artifacts(self.run_id, d, "model")
+        try:
+            return self.log_pytorch_model(model_state, cfg, functions, register)
+        except Exception as e:  # noqa: BLE001 - the run trained; its weights are logged above
+            message = f"the MLflow model was not logged ({type(e).__name__}: {str(e)[:300]}); model/model.pt holds the weights"
+            warn(f"warning: {message}")
+            self.set_tags({"elastic.model_error": message})
+            return None, None
+
+    def log_pytorch_model(self, model_state: dict[str, Any], cfg: RootConfig, functions: dict[str, Any] | None,
+                          register: str | None) -> tuple[str, str | None]:
+        """The model rebuilt on the driver with the final weights, logged with ``mlflow.pytorch`` as
+        :data:`MODEL_NAME` (under the run's Logged models), its signature inferred from the first
+        validation samples (also its input example).  Saved with ``torch.export`` (MLflow's default:
+        loads without this project's code); a model that cannot be exported is pickled instead.
+        With ``register``, registered under that name."""
+        import importlib.metadata
+
+        import mlflow.pytorch
+        import numpy as np
+        import torch
+        from mlflow.models import infer_signature
+
+        from trainers.workload import build_workload
+
+        torch.manual_seed(cfg.train.seed)
+        work = build_workload(cfg, functions)
+        model = work.model.cpu()
+        model.load_state_dict(model_state)
+        model.eval()
+        if work.tensors is not None:
+            x = work.tensors.val_x[:EXAMPLE_ROWS]
+        else:
+            x = torch.stack([torch.as_tensor(work.val[i][0]) for i in range(min(EXAMPLE_ROWS, len(work.val)))])
+        with torch.no_grad():
+            y = model(x)
+        example = x.numpy()
+        signature = infer_signature(example, y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y))
+        common = dict(name=MODEL_NAME, run_id=self.run_id, signature=signature, input_example=example,
+                      pip_requirements=[f"torch=={importlib.metadata.version('torch')}"],
+                      validate_serving_input=False)  # the example was just run through the model
+
+        def new_model() -> str:
+            # created here so that it belongs to the run's experiment (log_model alone would put it in
+            # the active experiment of this process, the Default one)
+            return self.client.create_logged_model(self.experiment_id, name=MODEL_NAME, source_run_id=self.run_id,
+                                                   model_type="pytorch").model_id
+
+        try:
+            info = mlflow.pytorch.log_model(model, model_id=new_model(), **common)
+        except Exception:  # noqa: BLE001 - torch.export could not trace it (data-dependent control flow)
+            info = mlflow.pytorch.log_model(model, model_id=new_model(), serialization_format="pickle", **common)
+        version = None
+        if register:
+            mv = mlflow.register_model(info.model_uri, register)
+            version = f"{mv.name}/{mv.version}"
+            self.set_tags({"elastic.registered_model": version})
+        return info.model_uri, version
+
+    # -- system metrics --------------------------------------------------------------------------
+
+    def start_system_metrics(self, resume: bool = False) -> bool:
+        """MLflow's system-metrics monitor on the driver (CPU, memory, disk, network; GPU with
+        ``pynvml``): ``system/<metric>`` every :data:`SYSTEM_EVERY_S` seconds.  The workers' rank 0
+        reports its node as ``system/worker-<host>/<metric>`` (trainers/link/system.py).  It needs
+        ``psutil``, which Ray ships (importing Ray puts it on the path) when it is not installed."""
+        try:
+            import ray  # noqa: F401 - see the docstring
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        except ImportError:
+            return False
+        self._system = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_EVERY_S, resume_logging=resume,
+                                            tracking_uri=self.uri)
+        self._system.start()
+        return True
+
+    def stop_system_metrics(self) -> None:
+        if self._system is not None:
+            self._system.finish()
+            self._system = None
 
     def last_value(self, key: str, default: float = 0.0) -> float:
         pts = self.history.get(key)
@@ -248,5 +386,6 @@ class RunTracker:
         self.client.update_run(self.run_id, status="RUNNING")
 
     def end(self, status: str = "FINISHED") -> None:
+        self.stop_system_metrics()
         self.release_held()
         self.client.set_terminated(self.run_id, status=status)

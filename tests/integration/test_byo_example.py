@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SRC = os.path.join(ROOT, "examples", "user_project", "src")
 SMALL = ["data.params.n_train=2048", "data.params.n_val=512", "train.epochs=2", "scaling.cpus_per_worker=0.5",
-         "batch.size=128", "batch.max_local_batch=64", "optimizer.lr=0.05"]  # 32 steps, lr 0.1 at B = 128
+         "batch.size=128", "batch.max_local_batch=64", "optimizer.lr=0.05", "optimizer.base_batch_size=64",
+         "batch.policy=fixed", "batch.max_size=null", "optimizer.mf_rule=fixed"]  # 32 steps, lr 0.1 at B = 128
 
 
 def _env(**extra):

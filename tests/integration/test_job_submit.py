@@ -86,6 +86,9 @@ def test_quickstart_via_ray_job_submit(ray_head, tmp_path):
     out = _submit(ray_bin, dash, env, ROOT,
                   ["python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
                    "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
+                   # a fixed batch of 64 on 2 workers from the start (the demo's growing batch is not the point here)
+                   "--set", "batch.policy=fixed", "--set", "batch.max_size=null", "--set", "batch.size=64",
+                   "--set", "batch.max_local_batch=32", "--set", "optimizer.mf_rule=fixed",
                    "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"])
     run = _finished_run(out, uri)
     assert run.data.metrics["val/accuracy"] > 0.8 and run.data.metrics["workers"] == 2

@@ -436,7 +436,8 @@ def test_search_refuses_a_batch_the_training_set_cannot_fill(tmp_path, capsys):
     from search.cli import main as search_main
 
     space = tmp_path / "space.yaml"
-    space.write_text(f"base: {ROOT}/configs/quickstart.yaml\nparams:\n  batch.size: {{choices: [64, 4096]}}\n")
+    space.write_text(f"base: {ROOT}/configs/quickstart.yaml\noverrides: {{batch.max_size: null}}\n"
+                     f"params:\n  batch.size: {{choices: [64, 4096]}}\n")
     rc = search_main(["run", str(space), "--storage", str(tmp_path / "j.journal")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: params.batch.size"), err

@@ -111,8 +111,8 @@ def test_a_restart_resize_starts_the_next_phase_after_the_old_one_ends(tmp_path,
     assert (r["mode"], r["from"], r["to"], r["step"], r["phase"]) == ("restart", 1, 2, 10, 1)
     assert r["latency_s"] is not None and r["overlap_s"] == 0.0
     logged = [r[1] for r in tracker.metrics if "resize/from" in r[1]]
-    assert logged == [{"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": r["latency_s"],
-                       **{f"resize/{k}": r[k] for k in ("overlap_s", "teardown_s", "start_s", "setup_s")}}]
+    # the latency's parts are in the timeline artifact (orchestrator/timeline.py), not seven one-dot charts
+    assert logged == [{"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": r["latency_s"]}]
     assert runner.called_off == 0 and runner.first_step_s() is not None
 
 

@@ -22,10 +22,14 @@ class Channel:
 
     def __init__(self, monitor_name: str | None, namespace: str | None, enabled: bool) -> None:
         self._handle: Any = None
+        self._system: Any = None  # the node's system metrics, sent with the records (trainers/link/system.py)
         if enabled and monitor_name:
             import ray
 
+            from trainers.link.system import SystemSampler
+
             self._handle = ray.get_actor(monitor_name, namespace=namespace)
+            self._system = SystemSampler()
         self._records: list[Record] = []
         # Unconfirmed records (and always the newest one): they ride in each checkpoint.
         self._unacked: list[Record] = []
@@ -93,6 +97,8 @@ class Channel:
         if self._pending is not None:
             self.receive(ray.get(self._pending))
             self._pending = None
+        if self._system is not None and self._records and self._system.due():
+            self._records[-1][1].update(self._system.sample())
         if self._records or self._events or wait:
             self._pending = self._handle.push.remote(self._records, self._events)
             self._records, self._events = [], []

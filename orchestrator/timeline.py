@@ -1,0 +1,156 @@
+"""A run's timeline: its stretches of constant global batch ``B`` and workers ``W``, and the resizes
+between them, as the driver saw them.
+
+Built from the step records (every step carries ``batch/global``, ``workers``, ``batch/samples``
+and the time it ran) and the measured resizes (orchestrator/events.py ``ResizeRecord``).  It gives
+the end-of-run summary table (:func:`format_table`), the MLflow table artifact ``timeline.json``
+(:meth:`Timeline.table`) and the chart ``plots/timeline.png`` (:func:`plot`).  Pure Python: no
+Ray, no MLflow.  A resumed run's timeline starts at the resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainers.link import metrics as M
+from trainers.link.messages import Record
+
+PARTS = ("overlap_s", "teardown_s", "start_s", "setup_s")  # orchestrator/events.py ResizeRecord.measure
+
+
+@dataclass
+class Stretch:
+    """Steps ``first_step..last_step`` trained at global batch ``batch`` on ``workers`` workers.
+
+    ``start``: when the previous stretch's last step ran (for the first stretch: when its first step
+    ran), so ``wall_s`` includes the resize that opened the stretch; ``resize_latency_s``: that
+    resize's latency (training stood still), None when the stretch began without a resize."""
+
+    batch: int
+    workers: int
+    first_step: int
+    last_step: int
+    samples: int
+    start: float
+    end: float
+    resize_latency_s: float | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.last_step - self.first_step + 1
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+
+class Timeline:
+    """Collects stretches from step records and resizes from their measurements (steps seen before
+    are ignored, as MLflow logs each step once)."""
+
+    def __init__(self) -> None:
+        self.stretches: list[Stretch] = []
+        self.resizes: list[dict[str, Any]] = []  # ResizeRecord.as_dict() each
+        self.called_off: list[int] = []  # the workers of each resize that was called off
+        self.t0: float | None = None  # the first step's time
+
+    def add_records(self, records: list[Record]) -> None:
+        for step, metrics, *when in records:
+            if M.BATCH_GLOBAL not in metrics or M.WORKERS not in metrics:
+                continue
+            last = self.stretches[-1] if self.stretches else None
+            if last is not None and step <= last.last_step:
+                continue
+            t = float(when[0]) if when else (last.end if last else 0.0)
+            b, w = int(metrics[M.BATCH_GLOBAL]), int(metrics[M.WORKERS])
+            n = int(metrics.get(M.BATCH_SAMPLES, b))
+            if last is not None and (last.batch, last.workers) == (b, w):
+                last.last_step, last.end, last.samples = step, t, last.samples + n
+                continue
+            if self.t0 is None:
+                self.t0 = t
+            self.stretches.append(Stretch(b, w, step, step, n, start=last.end if last else t, end=t,
+                                          resize_latency_s=self._latency_before(step, w)))
+
+    def _latency_before(self, first_step: int, workers: int) -> float | None:
+        return next((r["latency_s"] for r in self.resizes if r["step"] + 1 == first_step and r["to"] == workers),
+                    None)
+
+    def add_resize(self, resize: dict[str, Any]) -> None:
+        """A measured resize (``ResizeRecord.as_dict``): measured once its new group made its first
+        step, so the stretch it opened may already be there."""
+        self.resizes.append(resize)
+        for s in self.stretches:
+            if s.first_step == resize["step"] + 1 and s.workers == resize["to"]:
+                s.resize_latency_s = resize["latency_s"]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The stretches as plain rows (what ``RunSummary.phases`` and the summary table show)."""
+        return [{**asdict(s), "steps": s.steps, "wall_s": s.wall_s} for s in self.stretches]
+
+    def table(self) -> dict[str, list[Any]]:
+        """The timeline as columns, one row per stretch and per resize in step order, times in
+        seconds from the first step: what MLflow's ``log_table`` stores as ``timeline.json``."""
+        t0 = self.t0 or 0.0
+        rows: list[dict[str, Any]] = []
+        for s in self.stretches:
+            rows.append({"kind": "train", "begin_s": s.start - t0, "end_s": s.end - t0, "first_step": s.first_step,
+                         "last_step": s.last_step, "batch": s.batch, "workers": s.workers, "samples": s.samples,
+                         "mode": "", "latency_s": None, **{p: None for p in PARTS}})
+        for r in self.resizes:
+            latency = r.get("latency_s") or 0.0
+            rows.append({"kind": "resize", "begin_s": r["time"] - t0, "end_s": r["time"] + latency - t0,
+                         "first_step": r["step"], "last_step": r["step"], "batch": None,
+                         "workers": r["to"], "samples": 0, "mode": r["mode"], "latency_s": r.get("latency_s"),
+                         **{p: r.get(p) for p in PARTS}})
+        rows.sort(key=lambda row: row["first_step"])  # a resize at step s: after the stretch ending at s
+        return {k: [row[k] for row in rows] for k in (rows[0] if rows else {})}
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The summary's phase table: one line per stretch of constant B and W."""
+    head = ["steps", "B", "W", "samples", "wall_s", "resize_latency_s"]
+    body = [[f"{r['first_step']}-{r['last_step']}", str(r["batch"]), str(r["workers"]), str(r["samples"]),
+             f"{r['wall_s']:.1f}", "" if r["resize_latency_s"] is None else f"{r['resize_latency_s']:.1f}"]
+            for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def plot(timeline: Timeline, path: str) -> bool:
+    """One chart: B and W against seconds since the first step, each resize's stand-still shaded
+    (its parts in the legend).  False when there is nothing to draw."""
+    if not timeline.stretches:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = timeline.t0 or 0.0
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    xs = [s.start - t0 for s in timeline.stretches] + [timeline.stretches[-1].end - t0]
+    bs = [s.batch for s in timeline.stretches]
+    ws = [s.workers for s in timeline.stretches]
+    ax.step(xs, bs + bs[-1:], where="post", label="global batch B", color="tab:blue")
+    ax.set_xlabel("seconds since the first step")
+    ax.set_ylabel("B", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.step(xs, ws + ws[-1:], where="post", label="workers W", color="tab:orange")
+    ax2.set_ylabel("W", color="tab:orange")
+    ax2.set_ylim(0, max(ws) + 1)
+    for r in timeline.resizes:
+        start, latency = r["time"] - t0, r.get("latency_s") or 0.0
+        ax.axvspan(start, start + latency, color="gray", alpha=0.3)
+        parts = ", ".join(f"{p[:-2]} {r[p]:.1f}s" for p in PARTS if r.get(p))
+        ax.annotate(f"{r['from']}->{r['to']} workers ({r['mode']}): {latency:.1f}s\n{parts}",
+                    (start + latency, max(bs)), fontsize=8, va="top", ha="left")
+    ax.set_title("batch and workers over the run (gray: training stood still for a resize)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

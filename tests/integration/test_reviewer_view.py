@@ -1,0 +1,78 @@
+"""What a reviewer finds in MLflow after a real run on a local Ray (issue #21 item 4): the final
+model as an MLflow PyTorch model with a signature (loadable, registered), system metrics from the
+driver and from the workers' node, the resize timeline (table and chart), only the params that
+apply, the git source, and the summary's stretches of B and W."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from orchestrator.runner import run_training
+from tests.helpers import make_config
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tmp_path):
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import get_model_info
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32},
+                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+                      scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
+                      train={"epochs": 2}, tracking={"uri": uri, "experiment": "review"})
+    s = run_training(cfg, progress=False, register_model="digits-mlp")
+    assert s.status == "FINISHED" and len(s.resizes) == 1, s
+    client = MlflowClient(uri)
+    run = client.get_run(s.run_id)
+
+    # the summary's stretches: B 32 on 1 worker, then B 64 on 2 after the resize (with its latency)
+    assert [(p["batch"], p["workers"]) for p in s.phases] == [(32, 1), (64, 2)]
+    assert s.phases[0]["resize_latency_s"] is None and s.phases[1]["resize_latency_s"] == s.resizes[0]["latency_s"]
+    assert sum(p["samples"] for p in s.phases) == 2 * 1438
+
+    # the model: an MLflow PyTorch model with a signature, loadable, registered under the name given
+    info = get_model_info(s.model_uri)
+    assert info.signature is not None and tuple(info.signature.inputs.inputs[0].shape) == (-1, 1, 8, 8)
+    model = mlflow.pytorch.load_model(s.model_uri)
+    x = torch.from_numpy(np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32))
+    assert tuple(model(x).shape) == (3, 10)
+    (logged,) = client.search_logged_models([s.experiment_id])
+    assert logged.source_run_id == s.run_id
+    (version,) = client.search_model_versions("name='digits-mlp'")
+    assert version.run_id == s.run_id and s.registered == f"digits-mlp/{version.version}"
+
+    # system metrics: the driver's (MLflow's monitor) and the workers' node (rank 0, over the link)
+    keys = set(run.data.metrics)
+    assert "system/cpu_utilization_percentage" in keys and "system/system_memory_usage_megabytes" in keys
+    worker = [k for k in keys if k.startswith("system/worker-") and k.endswith("/cpu_utilization_percentage")]
+    assert worker, sorted(keys)
+
+    # the resize timeline: one table (stretches and the resize, with its parts) and one chart,
+    # not a one-dot chart per part
+    arts = {a.path for a in client.list_artifacts(s.run_id)} | {a.path for a in client.list_artifacts(s.run_id, "plots")}
+    assert {"timeline.json", "plots/timeline.png", "plots/training_curves.png"} <= arts
+    with open(client.download_artifacts(s.run_id, "timeline.json", str(tmp_path))) as f:
+        table = json.load(f)
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert [r["kind"] for r in rows] == ["train", "resize", "train"]
+    assert rows[1]["mode"] == "restart" and rows[1]["teardown_s"] > 0
+    assert "resize/to" in keys and not [k for k in keys if k in ("resize/setup_s", "resize/start_s")]
+
+    # only the params that apply; the git source of the project
+    assert run.data.params["batch.schedule"] and "data.size" not in run.data.params
+    assert not [k for k in run.data.params if k.startswith("schedule.auto_")]
+    if os.path.exists(os.path.join(ROOT, ".git")):
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        assert run.data.tags["mlflow.source.git.commit"] == head
+        assert run.data.tags["mlflow.source.name"]
