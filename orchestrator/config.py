@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainers.section import Section
 
 from orchestrator.code import CodeConfig
+from trainers.combine import check_combination
 from trainers.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -88,6 +89,12 @@ class RootConfig(LoopConfig):
         if self.model.sync_bn and not self.scaling.use_gpu:
             raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
                              "or model.sync_bn: false (per-worker BatchNorm)")
+        why = check_combination(self.combine, optimizer_name=self.optimizer.name, batch_policy=self.batch.policy,
+                                scaling_rule=self.schedule.scaling_rule, min_workers=self.scaling.min_workers,
+                                max_workers=self.scaling.max_workers,
+                                check_every=self.batch.check_every if self.batch.policy == "norm_test" else None)
+        if why:  # what combine.method cannot honour (trainers/combine.py)
+            raise ValueError(why)
         return self
 
     def loop_dict(self) -> dict[str, Any]:
