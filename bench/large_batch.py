@@ -80,12 +80,14 @@ def config(hidden: int, epochs: float, seed: int, **sections: dict[str, Any]) ->
         "data": {"name": "digits"},
         "model": {"name": "cnn", "norm": "batch", "hidden": hidden},
         "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 32, "weight_decay": 1e-4},
-        "batch": {"size": 32, "max_local_batch": 4096},
+        "batch": {"size": 32},
         "schedule": {"scaling_rule": "linear", "decay": "cosine"},
         "train": {"epochs": epochs, "seed": seed},
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
+    b = raw["batch"]
+    b["max_local_batch"] = max(b["size"], b.get("max_size") or 0)  # a worker's whole slice in one pass
     return LoopConfig.model_validate(raw)
 
 
@@ -109,6 +111,16 @@ def _average_into(models: list[torch.nn.Module], opts: list[torch.optim.Optimize
         for t in tensors:
             t.copy_(mean)
     return _float_bytes(groups[0])
+
+
+def _buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [b.detach().clone() for b in model.buffers()]
+
+
+@torch.no_grad()
+def _restore(model: torch.nn.Module, saved: list[torch.Tensor]) -> None:
+    for b, v in zip(model.buffers(), saved):
+        b.copy_(v)
 
 
 def _worker_grad(model: torch.nn.Module, work: Any, micro: list, scale: float) -> torch.Tensor:
@@ -164,15 +176,21 @@ def train(cfg: LoopConfig, workers: int, method: str = "mean", local_steps: int 
         loss_sum = torch.zeros((), dtype=torch.float64)
         if method == "mean":
             models[0].zero_grad()
-            for sl in slices:
+            for r, sl in enumerate(slices):
                 loss_sum += _worker_grad(models[0], work, sl.micro, 1.0 / bsz)
+                if r == 0:
+                    kept = _buffers(models[0])
+            _restore(models[0], kept)  # rank 0's BatchNorm statistics, as DDP's broadcast_buffers
             sent += grad_bytes
         elif method == "adasum":
             grads = []
-            for sl in slices:
+            for r, sl in enumerate(slices):
                 models[0].zero_grad()
                 loss_sum += _worker_grad(models[0], work, sl.micro, 1.0 / max(1, sl.mine_len))
                 grads.append([p.grad.detach().clone() if sl.mine_len else torch.zeros_like(p) for p in params[0]])
+                if r == 0:
+                    kept = _buffers(models[0])
+            _restore(models[0], kept)  # rank 0's, as AdasumCombiner.sync_buffers
             for p, g in zip(params[0], adasum_layers(grads)):
                 p.grad = g
             sent += grad_bytes
