@@ -69,7 +69,9 @@ def test_local_sgd_run_logs_syncs_and_bytes(local):
     assert _params(uri, s.run_id)["combine.local_steps"] == "4"
     syncs = metric_series(uri, s.run_id, "combine/syncs")
     steps = s.steps
-    assert syncs[-1] == (steps, float(-(-steps // 4)))  # every 4th step, and the run ends at a sync
+    assert syncs[-1] == (steps, float(steps // 4))  # every 4th step
+    final = _state(_ckpts(os.path.join(s.storage_path, s.train_run_name))[-1])
+    assert final["combine"]["syncs"] == -(-steps // 4)  # and the run's end is a sync: the saved model is the average
     saved = metric_series(uri, s.run_id, "combine/bytes_saved")
     assert saved[-1][1] > 0
     # the batch changes only at check steps (multiples of 8, each a sync step), and only grows
