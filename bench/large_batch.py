@@ -232,7 +232,11 @@ def train(cfg: LoopConfig, workers: int, method: str = "mean", local_steps: int 
 # --------------------------------------------------------------------------- the tables
 
 
+RUNS = [0]
+
+
 def repeat(make: Any, seeds: list[int], **kw: Any) -> list[Result]:
+    RUNS[0] += len(seeds)
     return [train(make(seed), **kw) for seed in seeds]
 
 
@@ -271,11 +275,11 @@ def goyal(args: argparse.Namespace, seeds: list[int]) -> tuple[float, float]:
             return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=sched)
         rs = repeat(make, seeds, workers=B // b0)
         peak = PolicySet.from_config(make(0), dataset_size=1438).schedule.peak_lr(B)
-        acc[name[:10]] = mean_of(rs, "val_acc")
+        acc[name[:8]] = mean_of(rs, "val_acc")
         print(f"| {name:42} | {fmt_acc(rs):>12} | {peak:7.3f} | {rs[0].steps:5d} |", flush=True)
     base = acc["B0"]
-    gap_c = 100 * (base - acc["8*B0 (c) "])
-    gap_b = 100 * (base - acc["8*B0 (b) "])
+    gap_c = 100 * (base - acc["8*B0 (c)"])
+    gap_b = 100 * (base - acc["8*B0 (b)"])
     return gap_c, gap_b
 
 
@@ -382,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["tang_loss_gap_w4"] = tang(args, seeds)
     if "combine" in tables:
         summary["adasum_minus_mean_points_w4"] = combination(args, seeds)
-    print(f"\nwall {time.time() - t0:.0f} s")
-    print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))
+    print()
+    print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))  # nan where a row diverged
+    print(f"runs={RUNS[0]} wall_s={time.time() - t0:.1f}")
     return 0
 
 

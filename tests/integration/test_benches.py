@@ -29,6 +29,7 @@ BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 SUMMARY = {
     "adaptive": ("steps_ratio", "samples_ratio"),
     "checkpoint": ("save_ratio", "restore_ratio"),
+    "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "search": ("steps_ratio", "gap_points"),
@@ -71,7 +72,7 @@ def test_summary_parsing():
 
 
 def test_every_bench_is_found():
-    assert {"overhead", "resize", "adaptive", "search", "checkpoint"} <= set(BENCHES)
+    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "large_batch"} <= set(BENCHES)
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 
