@@ -57,9 +57,10 @@ def _worker(rank: int, world: int, port: int, out: dict, cfg: dict, steps: int) 
             rows.append({"loss": loss, "params": [p.detach().clone() for p in t.params],
                          "metrics": t.combine.metrics()})
         out[rank] = rows
-        if rank == 0 and t.combine.local is not None:
-            out["suggested"] = t.combine.local.suggested
-            out["decision"] = t.maybe_change_batch()
+        if t.combine.local is not None:
+            suggested, decision = t.combine.local.suggested, t.maybe_change_batch()  # every rank: a broadcast
+            if rank == 0:
+                out["suggested"], out["decision"] = suggested, decision
     finally:
         dist.destroy_process_group()
 
