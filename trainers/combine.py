@@ -45,8 +45,8 @@ adaptive summation", MLSys 2021)
 
     *Each worker's input*, with micro-batch accumulation and uneven slices: the mean gradient
     over the worker's own slice of the global batch, ``g_i = (1/b_i) sum_{x in slice_i} grad l(x)``.
-    The loop runs all micro-batches under ``no_sync()`` (no DDP all-reduce) with the loss scaled
-    by ``W / B`` as today, so ``.grad = (W b_i / B) g_i``; :class:`AdasumCombiner` divides that
+    The loop does not wrap the model in DDP under ``adasum`` (no all-reduce, no hook) and keeps the
+    loss scaled by ``W / B`` as under ``mean``, so ``.grad = (W b_i / B) g_i``; :class:`AdasumCombiner` divides that
     factor back out.  A worker with an empty slice (B < W at an epoch's tail) contributes 0,
     which Adasum ignores.  Uneven slices are therefore weighted by Adasum's geometry, not by b_i.
 
@@ -82,12 +82,22 @@ for distributed local gradient methods")
       W b = B samples.
     * **checkpoints** only at sync points (``step % H == 0``): right after :meth:`LocalSGD.sync`
       the parameters, the averaged optimizer state and the buffers are identical on all ranks,
-      so rank 0's checkpoint is the whole state and a resume (at any W) continues exactly.
-      Without ``average_momentum`` the momentum buffers are per worker; they are still averaged
-      once at the checkpoint sync (:meth:`LocalSGD.sync` with ``checkpoint=True``), the only
-      difference from an uninterrupted run, so checkpoint intervals should be multiples of H
-      and, for an exact resume, ``average_momentum: true`` is the default.
-    * **resize** happens at a sync point (the resize checkpoint is a sync checkpoint).
+      so rank 0's checkpoint is the whole state and a resume (at any W) continues exactly.  A
+      checkpoint that falls due between syncs (an epoch end, ``checkpoint.every_steps``) is taken
+      at the next sync step (:meth:`LocalSGD.checkpoint_now`).  Without ``average_momentum`` the
+      momentum buffers are per worker; they are averaged once more when a checkpoint is saved
+      (:meth:`LocalSGD.average_optimizer_state`), the only difference from a run without
+      checkpoints, so for an exact resume ``average_momentum: true`` is the default.
+    * **the run's end and a resize** are made sync points: a save at a step that was not a sync
+      (the last step, a hand-over to a group of another size) first runs :meth:`LocalSGD.sync`
+      with ``checkpoint=True`` (one extra, counted sync), so the final model is the workers'
+      average and the next group starts from one state.
+    * **validation** between syncs scores the average model (:meth:`LocalSGD.averaged`), leaving
+      each worker's own parameters as they were.
+    * **the loss** is still all-reduced every step (one float64: ``train/loss`` is the global
+      batch's mean loss and a non-finite loss stops every rank at the same step); the byte
+      counts leave it out.  An empty slice (B < W at an epoch's tail) is a zero gradient: the
+      worker's step then moves by its momentum (and weight decay) only.
     * **the norm test in its local form** (Lau et al.): at a sync, each worker's gradient of its
       last local step ``g_i`` (mean over ``b_i`` samples) gives the per-example variance
       estimate ``Var = (sum_i b_i |g_i|^2 - B |g_B|^2) / (W - 1)`` with ``g_B = sum_i b_i g_i / B``
