@@ -13,7 +13,7 @@
    norm-test batch, against per-step averaging: validation accuracy, steps, samples, bytes each
    worker contributes to its collectives, and syncs.
 
-**How it runs: in one process, simulating W workers** (not through Ray).  The tables need ~80
+**How it runs: in one process, simulating W workers** (not through Ray).  The tables need 90
 training runs; each through Ray Train would cost ~15 s of worker-group start on this machine
 before its first step, and W real workers on 2 cores would time-share anyway, so the bench runs
 the product's own math in-process instead: the workload, the data order and each worker's slice
@@ -38,8 +38,7 @@ Workload: scikit-learn's 8x8 digits (1,438 training, 359 validation images; no d
 built-in MLP with BatchNorm (``model.name: mlp``, ``norm: batch``; the CNN is ~5x slower per step
 here for the same effects).  Each row is the mean over ``--seeds`` seeds (the spread is printed).
 One torch thread by default (these tensors are too small to gain from more).  ``--quick``: one
-seed, 6 epochs, a narrower model (same code path; well under a minute of CPU); the full form
-takes a few minutes.
+seed, 6 epochs, a narrower model (same code path; ~8 s here); the full form about a minute.
 """
 
 from __future__ import annotations
