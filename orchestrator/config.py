@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainers.section import Section
 
 from orchestrator.code import CodeConfig
+from trainers.combine import check_combination
 from trainers.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -94,6 +95,16 @@ class RootConfig(LoopConfig):
             raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
                              "or model.sync_bn: false (per-worker BatchNorm)")
         self.check_fast_path()
+        why = check_combination(self.combine, optimizer_name=self.optimizer.name, batch_policy=self.batch.policy,
+                                scaling_rule=self.schedule.scaling_rule, min_workers=self.scaling.min_workers,
+                                max_workers=self.scaling.max_workers,
+                                check_every=self.batch.check_every if self.batch.policy == "norm_test" else None)
+        if why:  # what combine.method cannot honour (trainers/combine.py)
+            raise ValueError(why)
+        if self.train.precision == "fp16" and self.combine.method != "mean":
+            # a step fp16's scaler skips would still be combined (adasum) or counted toward a sync (local_sgd)
+            raise ValueError(f"train.precision: fp16 cannot be used with combine.method {self.combine.method}; "
+                             "use bf16 or fp32, or combine.method: mean")
         return self
 
     def check_fast_path(self) -> None:

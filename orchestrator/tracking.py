@@ -25,6 +25,7 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 # with the tolerance a dropped point may miss the line by, relative to its value.
 PIECEWISE = {M.LR: 0.0, M.MF: 0.0, M.BATCH_GLOBAL: 0.0, M.BATCH_SAMPLES: 0.0, M.BATCH_LOCAL: 0.0, M.BATCH_ACCUM_STEPS: 0.0,
              M.WORKERS: 0.0, M.SAMPLES_SEEN: 0.0, M.EPOCH: 1e-12}
+PIECEWISE.update({M.COMBINE_SYNCS: 0.0, M.COMBINE_BYTES_SENT: 0.0, M.COMBINE_BYTES_SAVED: 0.0})  # change at syncs
 HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI stays current
 # Rows are written in batches about this often: a MLflow (SQLite) call costs the driver ~4 ms of CPU
 # plus ~0.1 ms a row, and at hundreds of steps a second that CPU is taken from the training workers.

@@ -57,6 +57,21 @@ CASES = {
                                  "official test set (cifar10)"),
     "augment_text": (None, ["data.name=text", "model.name=lstm", "data.augment=[hflip]"],
                      "data.augment: hflip need image inputs shaped [C, H, W]"),
+    # issue #19: combine.method (trainers/combine.py check_combination)
+    "unknown_combine": (None, ["combine.method=sum"], "combine.method: unknown 'sum'; expected one of mean, adasum, "
+                        "local_sgd"),
+    "local_steps_zero": (None, ["combine.method=local_sgd", "combine.local_steps=0"],
+                         "combine.local_steps: must be >= 1 (got 0)"),
+    "adasum_scaled_lr": (None, ["combine.method=adasum", "scaling.min_workers=2"],
+                         "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum"),
+    "adasum_elastic": (None, ["combine.method=adasum", "schedule.scaling_rule=none"],
+                       "scaling.min_workers: 1 differs from scaling.max_workers 2; combine.method adasum needs a "
+                       "fixed worker count"),
+    "fp16_with_local_sgd": (None, ["scaling.use_gpu=true", "train.precision=fp16", "combine.method=local_sgd",
+                                   "combine.local_steps=2"],
+                            "train.precision: fp16 cannot be used with combine.method local_sgd"),
+    "local_sgd_noise_scale": (None, ["combine.method=local_sgd", "combine.local_steps=4", "batch.policy=noise_scale"],
+                              "batch.policy: 'noise_scale' cannot be used with combine.method local_sgd"),
 }
 
 

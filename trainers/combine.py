@@ -45,8 +45,8 @@ adaptive summation", MLSys 2021)
 
     *Each worker's input*, with micro-batch accumulation and uneven slices: the mean gradient
     over the worker's own slice of the global batch, ``g_i = (1/b_i) sum_{x in slice_i} grad l(x)``.
-    The loop runs all micro-batches under ``no_sync()`` (no DDP all-reduce) with the loss scaled
-    by ``W / B`` as today, so ``.grad = (W b_i / B) g_i``; :class:`AdasumCombiner` divides that
+    The loop does not wrap the model in DDP under ``adasum`` (no all-reduce, no hook) and keeps the
+    loss scaled by ``W / B`` as under ``mean``, so ``.grad = (W b_i / B) g_i``; :class:`AdasumCombiner` divides that
     factor back out.  A worker with an empty slice (B < W at an epoch's tail) contributes 0,
     which Adasum ignores.  Uneven slices are therefore weighted by Adasum's geometry, not by b_i.
 
@@ -82,12 +82,22 @@ for distributed local gradient methods")
       W b = B samples.
     * **checkpoints** only at sync points (``step % H == 0``): right after :meth:`LocalSGD.sync`
       the parameters, the averaged optimizer state and the buffers are identical on all ranks,
-      so rank 0's checkpoint is the whole state and a resume (at any W) continues exactly.
-      Without ``average_momentum`` the momentum buffers are per worker; they are still averaged
-      once at the checkpoint sync (:meth:`LocalSGD.sync` with ``checkpoint=True``), the only
-      difference from an uninterrupted run, so checkpoint intervals should be multiples of H
-      and, for an exact resume, ``average_momentum: true`` is the default.
-    * **resize** happens at a sync point (the resize checkpoint is a sync checkpoint).
+      so rank 0's checkpoint is the whole state and a resume (at any W) continues exactly.  A
+      checkpoint that falls due between syncs (an epoch end, ``checkpoint.every_steps``) is taken
+      at the next sync step (:meth:`LocalSGD.checkpoint_now`).  Without ``average_momentum`` the
+      momentum buffers are per worker; they are averaged once more when a checkpoint is saved
+      (:meth:`LocalSGD.average_optimizer_state`), the only difference from a run without
+      checkpoints, so for an exact resume ``average_momentum: true`` is the default.
+    * **the run's end and a resize** are made sync points: a save at a step that was not a sync
+      (the last step, a hand-over to a group of another size) first runs :meth:`LocalSGD.sync`
+      with ``checkpoint=True`` (one extra, counted sync), so the final model is the workers'
+      average and the next group starts from one state.
+    * **validation** between syncs scores the average model (:meth:`LocalSGD.averaged`), leaving
+      each worker's own parameters as they were.
+    * **the loss** is still all-reduced every step (one float64: ``train/loss`` is the global
+      batch's mean loss and a non-finite loss stops every rank at the same step); the byte
+      counts leave it out.  An empty slice (B < W at an epoch's tail) is a zero gradient: the
+      worker's step then moves by its momentum (and weight decay) only.
     * **the norm test in its local form** (Lau et al.): at a sync, each worker's gradient of its
       last local step ``g_i`` (mean over ``b_i`` samples) gives the per-example variance
       estimate ``Var = (sum_i b_i |g_i|^2 - B |g_B|^2) / (W - 1)`` with ``g_B = sum_i b_i g_i / B``
@@ -106,7 +116,8 @@ Everything here is plain PyTorch and ``torch.distributed`` (no Ray, no MLflow).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -114,11 +125,15 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field, model_validator
 
+from trainers.batching import BatchPolicy, BatchStats
+from trainers.decisions import BatchDecision, NoopDecision
+from trainers.link import metrics as M
 from trainers.noise import NormTestResult, norm_test
 from trainers.section import Section
 
 __all__ = [
     "AdasumCombiner",
+    "Combination",
     "CombineConfig",
     "CombineMethod",
     "LocalSGD",
@@ -303,9 +318,11 @@ class AdasumCombiner:
     slice (``b_i = 0``) or a missing ``.grad`` contributes zeros.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any = None):
+    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any = None,
+                 buffers: Iterable[torch.Tensor] = ()):
         self.params = [p for p in params if p.requires_grad]
         self.group = group
+        self.buffers = [b for b in buffers if b.is_floating_point()]
 
     @torch.no_grad()
     def combine(self, local_count: int, loss_scale: float) -> None:
@@ -314,6 +331,16 @@ class AdasumCombiner:
                   for p in self.params]
         for p, g in zip(self.params, adasum_allreduce(inputs, self.group)):
             p.grad = g
+        self.sync_buffers()
+
+    @torch.no_grad()
+    def sync_buffers(self) -> None:
+        """Rank 0's floating buffers (BatchNorm running statistics) on every rank, as DDP's
+        ``broadcast_buffers`` does under ``mean``: the model rank 0 saves is every rank's."""
+        world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+        if world > 1:
+            for b in self.buffers:
+                dist.broadcast(b, src=0, group=self.group)
 
 
 # --------------------------------------------------------------------------- local SGD
@@ -368,6 +395,8 @@ class LocalSGD:
         self.bytes_sent = 0
         self.bytes_baseline = 0
         self.last_sync_step = 0
+        self.suggested: int | None = None  # the last sync's norm-test batch (checkpointed: read after it)
+        self._checkpoint_due = False  # a checkpoint fell due between syncs; taken at the next one
 
     def should_sync(self, step: int) -> bool:
         return step > 0 and step % self.H == 0
@@ -377,19 +406,21 @@ class LocalSGD:
         return self.bytes_baseline - self.bytes_sent
 
     def metrics(self) -> dict[str, float]:
-        return {"combine/syncs": float(self.syncs), "combine/bytes_saved": float(self.bytes_saved),
-                "combine/bytes_sent": float(self.bytes_sent)}
+        return {M.COMBINE_SYNCS: float(self.syncs), M.COMBINE_BYTES_SAVED: float(self.bytes_saved),
+                M.COMBINE_BYTES_SENT: float(self.bytes_sent)}
 
     @torch.no_grad()
     def sync(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, group: Any = None,
-             local_count: int = 0, grad_scale: float = 1.0, checkpoint: bool = False) -> SyncResult:
+             local_count: int = 0, grad_scale: float = 1.0, checkpoint: bool = False,
+             norm_test: bool | None = None) -> SyncResult:
         """Average the model (and optimizer state) over the group's ranks, in place.
 
         Call after ``optimizer.step()`` and before ``zero_grad`` when the local norm test is on:
         ``.grad * grad_scale`` must then be this worker's mean gradient of its last step over
         ``local_count`` samples.  ``step`` is the optimizer steps done (for the byte count).
         ``checkpoint=True`` averages the optimizer state even without ``average_momentum``, so the
-        state rank 0 saves is every rank's."""
+        state rank 0 saves is every rank's.  ``norm_test``: run the local norm test at this sync
+        (default: whenever ``norm_test_eta`` is set); its suggestion is kept in :attr:`suggested`."""
         world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
         params = [p for p in model.parameters()]
         grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
@@ -403,12 +434,56 @@ class LocalSGD:
         sent = self._average(tensors, world, group)
 
         result_nt, variance = None, None
-        if self.norm_test_eta is not None:
+        if self.norm_test_eta is not None and (norm_test is None or norm_test):
             variance, result_nt, nt_bytes = self._norm_test(params, world, group, local_count, grad_scale)
             sent += nt_bytes
+            self.suggested = result_nt.suggested if result_nt is not None else None
         self.syncs += 1
         self.bytes_sent += sent
         return SyncResult(step=step, bytes_sent=sent, norm_test=result_nt, variance=variance)
+
+    def average_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                group: Any = None) -> None:
+        """Average only the optimizer's per-parameter state (a checkpoint at a sync step without
+        ``average_momentum``: the state rank 0 saves must be every rank's); counted as sent."""
+        world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+        tensors = [t for p in model.parameters() for t in _per_param_state(optimizer, p)]
+        self.bytes_sent += self._average(tensors, world, group) if tensors else 0
+
+    def decide_batch(self, policy: BatchPolicy, step: int, epoch: float, current: int) -> BatchDecision | NoopDecision:
+        """The batch policy's answer from the last sync's local norm test (``step`` steps done:
+        with ``batch.check_every`` a multiple of H, every check step is a sync step)."""
+        return policy.decide(step, epoch, current, BatchStats(b_simple=None, norm_test=self.suggested))
+
+    def checkpoint_now(self, due: bool, step: int) -> bool:
+        """Checkpoints only at sync points: a checkpoint that falls due between syncs (an epoch
+        end, ``checkpoint.every_steps``) is taken at the next sync step."""
+        self._checkpoint_due = self._checkpoint_due or due
+        if self._checkpoint_due and self.should_sync(step):
+            self._checkpoint_due = False
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def averaged(self, model: torch.nn.Module, step: int, group: Any = None) -> Iterator[None]:
+        """Validation between syncs scores the workers' average: the parameters and floating
+        buffers are averaged into place for the block and each rank's own values restored after.
+        A no-op at a sync step (all ranks already hold the average).  Not counted in the bytes
+        (it is evaluation, not training; per-step averaging would pay it too)."""
+        world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+        if world == 1 or self.last_sync_step == step:
+            yield
+            return
+        tensors = [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
+        saved = [t.detach().clone() for t in tensors]
+        with torch.no_grad():
+            self._average(tensors, world, group)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, s in zip(tensors, saved):
+                    t.copy_(s)
 
     @staticmethod
     def _average(tensors: list[torch.Tensor], world: int, group: Any) -> int:
@@ -458,9 +533,10 @@ class LocalSGD:
     # -- checkpoint ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, int]:
-        """Plain ints (safe for ``torch.load(weights_only=True)``)."""
+        """Plain ints (safe for ``torch.load(weights_only=True)``); ``suggested`` is 0 for none."""
         return {"H": self.H, "syncs": self.syncs, "bytes_sent": self.bytes_sent,
-                "bytes_baseline": self.bytes_baseline, "last_sync_step": self.last_sync_step}
+                "bytes_baseline": self.bytes_baseline, "last_sync_step": self.last_sync_step,
+                "suggested": self.suggested or 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = {"H", "syncs", "bytes_sent", "bytes_baseline", "last_sync_step"} - set(state)
@@ -473,3 +549,92 @@ class LocalSGD:
         self.bytes_sent = int(state["bytes_sent"])
         self.bytes_baseline = int(state["bytes_baseline"])
         self.last_sync_step = int(state["last_sync_step"])
+        self.suggested = int(state.get("suggested", 0)) or None
+        self._checkpoint_due = False  # a checkpoint is always taken at a sync step
+
+
+# --------------------------------------------------------------------------- the loop's side
+
+
+class Combination:
+    """What the worker loop (``trainers/loop.py``) calls for ``combine.method``; under ``mean`` every
+    call is a no-op and DDP does the combining, as before.
+
+    ``adasum``: no DDP (every micro-batch's gradient stays local); the loss keeps the ``W / B``
+    scale; :meth:`before_step` replaces ``.grad`` by the Adasum of the workers' mean gradients
+    (:class:`AdasumCombiner`) and broadcasts rank 0's buffers, so every rank steps identically.
+
+    ``local_sgd``: no DDP; each worker's loss is scaled by ``1 / b_i`` (its own mean gradient);
+    :meth:`after_step` averages the models every H steps (:class:`LocalSGD`), running the local
+    norm test on ``batch.check_every`` steps when ``batch.policy: norm_test``; checkpoints are
+    deferred to sync steps (:meth:`should_checkpoint`), and a save at any other step (the run's
+    end, a resize's hand-over) first syncs (:meth:`before_save`).  Validation between syncs scores
+    the average model (:meth:`evaluating`).
+    """
+
+    def __init__(self, cfg: CombineConfig, world: int, batch_policy: str = "fixed", norm_test_eta: float = 0.5,
+                 check_every: int = 1):
+        self.method = cfg.method
+        self.world = world
+        self.check_every = check_every
+        self.local = LocalSGD(cfg, norm_test_eta=norm_test_eta if batch_policy == "norm_test" else None) \
+            if cfg.method == "local_sgd" else None
+        self.adasum: AdasumCombiner | None = None
+
+    @property
+    def uses_ddp(self) -> bool:
+        """Whether DDP all-reduces the gradients (and the noise probe can hook into it)."""
+        return self.method == "mean"
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Give the (unwrapped) model once it is on its device."""
+        if self.method == "adasum":
+            self.adasum = AdasumCombiner(model.parameters(), buffers=model.buffers())
+
+    def loss_scale(self, batch_size: int, local_count: int) -> float:
+        """The factor on each per-sample loss sum: ``W / B`` (mean, adasum), ``1 / b_i`` (local_sgd)."""
+        if self.local is not None:
+            return 1.0 / max(1, local_count)
+        return self.world / batch_size
+
+    def before_step(self, local_count: int, batch_size: int) -> None:
+        """Right before ``optimizer.step()``: Adasum's collective."""
+        if self.adasum is not None:
+            self.adasum.combine(local_count=local_count, loss_scale=self.loss_scale(batch_size, local_count))
+
+    def after_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                   local_count: int) -> SyncResult | None:
+        """Right after ``optimizer.step()``, before ``zero_grad`` (``step``: steps done, this one
+        included): local SGD's sync when one is due."""
+        if self.local is None or not self.local.should_sync(step):
+            return None
+        return self.local.sync(model, optimizer, step, local_count=local_count,
+                               norm_test=step % self.check_every == 0)
+
+    def decide_batch(self, policy: BatchPolicy, step: int, epoch: float,
+                     current: int) -> BatchDecision | NoopDecision | None:
+        """local_sgd: the batch policy fed by the local norm test; None: ask the usual policies."""
+        return self.local.decide_batch(policy, step, epoch, current) if self.local is not None else None
+
+    def should_checkpoint(self, due: bool, step: int) -> bool:
+        return self.local.checkpoint_now(due, step) if self.local is not None else due
+
+    def before_save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Make the state rank 0 saves every rank's: local_sgd syncs when the last sync was not at
+        ``step`` (the run's end, a resize), or averages the per-worker optimizer state."""
+        if self.local is None:
+            return
+        if self.local.last_sync_step != step:
+            self.local.sync(model, optimizer, step, checkpoint=True, norm_test=False)
+        elif not self.local.average_momentum:
+            self.local.average_optimizer_state(model, optimizer)
+
+    def evaluating(self, model: torch.nn.Module, step: int) -> contextlib.AbstractContextManager[None]:
+        return self.local.averaged(model, step) if self.local is not None else contextlib.nullcontext()
+
+    def metrics(self) -> dict[str, float]:
+        return self.local.metrics() if self.local is not None else {}
+
+    def states(self) -> dict[str, Any]:
+        """The checkpoint components this method adds (``combine``: local SGD's counters)."""
+        return {"combine": self.local} if self.local is not None else {}

@@ -1,5 +1,5 @@
 """The worker's config: the sections a worker needs, composed from the components' own config
-classes, each kept beside its code (data, model, optimizer, batch, schedule, checkpoint).
+classes, each kept beside its code (data, model, optimizer, batch, schedule, checkpoint, combine).
 
 Importing this module loads the components' config classes and their validators only: not the
 worker loop, not Ray.  The driver's root config (``orchestrator/config.py``) extends
@@ -17,6 +17,7 @@ from trainers.device import CompileConfig
 from trainers.precision import PrecisionConfig
 from trainers.batching import BatchConfig
 from trainers.checkpoint import CheckpointConfig
+from trainers.combine import CombineConfig
 from trainers.data import DataConfig
 from trainers.models import ModelConfig
 from trainers.optim import OptimizerConfig
@@ -53,6 +54,7 @@ class LoopConfig(Section):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    combine: CombineConfig = Field(default_factory=CombineConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "LoopConfig":

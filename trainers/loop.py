@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
+from trainers.combine import Combination
 from trainers.config import LoopConfig
 from trainers.data import accum_steps, slice_bounds
 from trainers.device import clean_state_dict, compile_model, input_pipeline, load_clean_state_dict, to_channels_last
@@ -112,11 +113,15 @@ class Trainer:
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
         self._stepped = False  # this group made its first step (see advance)
         base = (to_channels_last(self.work.model) if cfg.model.channels_last else self.work.model).to(self.device)
-        self.model = _wrap_ddp(base, self.device, self.world)
+        # How the workers' gradients become one update (trainers/combine.py): only mean uses DDP.
+        self.combine = Combination(cfg.combine, self.world, cfg.batch.policy, cfg.batch.norm_test_eta,
+                                   cfg.batch.check_every)
+        self.combine.attach(base)
+        self.model = _wrap_ddp(base, self.device, self.world if self.combine.uses_ddp else 1)
         self.params = [p for p in base.parameters() if p.requires_grad]
         # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
         self.noise = NoiseProbe(cfg.batch.ema, self.params, self.world, self.device) \
-            if self.policies.needs_noise else None
+            if self.policies.needs_noise and self.combine.uses_ddp else None
         if self.noise is not None:
             self.noise.attach(self.model)
         if cfg.train.compile:  # after DDP and its hook; checkpoints keep the plain model's keys
@@ -166,7 +171,8 @@ class Trainer:
         """Ask the batch policy for this step's B; every rank follows rank 0's answer."""
         if not self.policies.adapts_batch:
             return None
-        d = self.policies.decide_batch(self.state.step, self.epoch_float, self.B, self.gns)
+        d = self.policies.decide_batch(self.state.step, self.epoch_float, self.B, self.gns) if self.combine.local is None \
+            else self.combine.decide_batch(self.batch_policy, self.state.step, self.epoch_float, self.B)
         new = d.size if d else self.B
         if self.world > 1:
             t = torch.tensor([new], dtype=torch.int64, device=self.device)
@@ -204,6 +210,7 @@ class Trainer:
             states["auto_warmup"] = self.auto
         if self.prec.scaler is not None:  # fp16: the loss scale and the skipped steps
             states["precision"] = self.prec
+        states.update(self.combine.states())
         states["reporter"] = PendingRecords(self.channel)
         states["rollback"] = self.rollback
         return states
@@ -233,6 +240,7 @@ class Trainer:
         find checkpoints by listing the run's folders (:class:`~trainers.checkpoint.CheckpointManager`).
         Returns the checkpoint's path (its name where nothing was written)."""
         self.state.finished = finished
+        self.combine.before_save(_unwrap(self.model), self.opt, self.state.step)
         path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
         if self.checkpoints.writing:
             self.channel.emit(CheckpointSaved(step=self.state.step, resize_to=resize_to))
@@ -269,7 +277,9 @@ class Trainer:
         s = self.rollback.scale(s)  # lr x 0.5 per rollback (train.on_nonfinite: rollback)
         self.policies.apply(self.opt, s, first=self.state.step == 0)
         self.lr, self.mf = s.lr, s.mf
+        self.combine.before_step(batch.mine_len, bsz)
         self._skipped = self.prec.step(self.opt)  # fp16: skipped on inf/NaN gradients
+        self.combine.after_step(_unwrap(self.model), self.opt, self.state.step + 1, batch.mine_len)
         self.opt.zero_grad(set_to_none=True)
         if self.noise is not None and not self._skipped:
             self.noise.update(v[1:], bsz)
@@ -286,7 +296,7 @@ class Trainer:
         bsz, micros = len(batch.ids), batch.micro
         if not self.model.training:
             self.model.train()
-        scale = self.world / bsz
+        scale = self.combine.loss_scale(bsz, batch.mine_len)  # W / B (mean, adasum); 1 / b_i (local_sgd)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.noise is not None:
             self.noise.begin_step()
@@ -298,7 +308,7 @@ class Trainer:
             (self.model(x).sum() * 0.0).backward()
         for i, (x, y) in enumerate(micros):
             last = i == len(micros) - 1
-            with self.model.no_sync() if (self.world > 1 and not last) else contextlib.nullcontext():
+            with self.model.no_sync() if (hasattr(self.model, "no_sync") and not last) else contextlib.nullcontext():
                 x, y = to_device(x, self.device), to_device(y, self.device)
                 if self.inputs is not None:  # augmentation: a function of (seed, epoch, sample id)
                     x = self.inputs(x, batch.micro_ids[i], self.state.epoch)
@@ -356,7 +366,8 @@ class Trainer:
 
     def should_checkpoint(self, epoch_ended: bool) -> bool:
         every = self.cfg.checkpoint.every_steps
-        return epoch_ended or (every > 0 and self.state.step % every == 0)
+        return self.combine.should_checkpoint(epoch_ended or (every > 0 and self.state.step % every == 0),
+                                              self.state.step)  # local_sgd: at sync steps only
 
     def should_flush(self) -> bool:
         return self.state.step >= self._next_flush
@@ -389,6 +400,7 @@ class Trainer:
             m[M.BATCH_GLOBAL_TOKENS] = float(self.B * self.tokens)
             m[M.TOKENS_SEEN] = float(self.state.samples_seen * self.tokens)
         m.update(self.prec.metrics())  # fp16: amp/skipped_steps, amp/loss_scale
+        m.update(self.combine.metrics())
         if self.gns is not None and self.gns.b_simple is not None:
             m[M.GNS_B_SIMPLE] = self.gns.b_simple
             m[M.GNS_G_SQ] = self.gns.g_sq
@@ -436,7 +448,7 @@ class Trainer:
             self.state.cursor = 0
             self.epoch_end_checks()
         if self.should_eval(epoch_ended) or self.finished():
-            with meter.aside():
+            with meter.aside(), self.combine.evaluating(_unwrap(self.model), self.state.step):
                 metrics.update(self.evaluate())
         meter.count(trained)
         return epoch_ended, metrics

@@ -32,6 +32,7 @@ SUMMARY = {
     "checkpoint": ("save_ratio", "restore_ratio"),
     "cpu": ("beside_worker",),
     "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
+    "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "search": ("steps_ratio", "gap_points"),
@@ -74,7 +75,7 @@ def test_summary_parsing():
 
 
 def test_every_bench_is_found():
-    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo"} <= set(BENCHES)
+    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo", "large_batch", "gpu", "cpu"} <= set(BENCHES)
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 

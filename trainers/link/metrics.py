@@ -31,6 +31,11 @@ BATCH_GLOBAL_TOKENS = "batch/global_tokens"
 TOKENS_SEEN = "tokens_seen"
 THROUGHPUT_TOKENS = "throughput/tokens_per_s"
 
+# gradient combination (trainers/combine.py; combine.method local_sgd)
+COMBINE_SYNCS = "combine/syncs"  # parameter averages so far
+COMBINE_BYTES_SENT = "combine/bytes_sent"  # payload this rank contributed to them
+COMBINE_BYTES_SAVED = "combine/bytes_saved"  # per-step gradient averaging's payload minus bytes_sent
+
 # -- logged by the driver ------------------------------------------------------------------------
 RESTARTS = "restarts"
 ROLLBACKS = "rollbacks"  # train.on_nonfinite: rollback, logged at the diverged step

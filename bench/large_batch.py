@@ -1,0 +1,398 @@
+"""The large-batch papers' claims on a small problem: three tables (issue #19).
+
+1. **Goyal et al. 2017** ("Accurate, large minibatch SGD"): final validation accuracy at B0 and at
+   8*B0 with (a) no LR scaling, (b) linear scaling without warmup, (c) linear scaling with gradual
+   warmup, (d) sqrt scaling with LEGW (You et al.).  The paper's claim: (c) stays within about a
+   point of B0 while (a) and (b) lose more.  Per-worker batch 32 as in the paper: B0 runs on one
+   worker, 8*B0 on eight, each with its own BatchNorm statistics.
+2. **Tang et al. 2022** (MF, the momentum-like factor): final training loss at a fixed global batch
+   split over 1, 2 and 4 workers with per-worker BatchNorm, against MF 0.8, 0.9, 0.95, 0.99 and
+   the per-worker-batch rule ``mu(b) = 0.9 ** (b / B)`` (``optimizer.mf_rule: per_worker_batch``).
+3. **Gradient combination**: mean vs Adasum (Maleki et al. 2020) at 2 and 4 workers at a large
+   batch, and local SGD (Stich 2019; Lau et al. 2024) with H = 1, 4, 16, with and without the
+   norm-test batch, against per-step averaging: validation accuracy, steps, samples, bytes each
+   worker contributes to its collectives, and syncs.
+
+**How it runs: in one process, simulating W workers** (not through Ray).  The tables need 90
+training runs; each through Ray Train would cost ~15 s of worker-group start on this machine
+before its first step, and W real workers on 2 cores would time-share anyway, so the bench runs
+the product's own math in-process instead: the workload, the data order and each worker's slice
+(``trainers/workload.py`` ``make_batches`` with ``rank=r, world=W``), the LR and MF of every step
+(``trainers/policy.py`` ``PolicySet.settings``, the same object the loop asks), the optimizer
+(``trainers/optim.py``), Adasum (``trainers/combine.py`` ``adasum_layers``), the local norm test
+(``trainers/combine.py`` ``local_variance`` with ``trainers/noise.py`` ``norm_test``) and the
+``norm_test`` batch policy (``trainers/batching.py``).  Worker r's forward pass sees only its
+slice, so BatchNorm is per worker as in a DDP run; ``mean`` sums the slices' gradients scaled by
+``1 / B`` (what DDP's all-reduce gives the loop); local SGD keeps W model copies with their own
+optimizers and averages parameters, buffers and momentum every H steps.  The loop's wiring of
+the same methods is tested on real process groups and a real Ray (``tests/distributed/
+test_combine_loop.py``, ``tests/integration/test_combine_e2e.py``).
+
+Bytes: the payload one worker contributes per collective, as ``LocalSGD`` counts it in a run
+(``combine/bytes_sent``): a gradient (4 P bytes) per step for mean and Adasum (Adasum's
+all-gather also receives (W-1) times that; the ring all-reduce's ~2(W-1)/W wire factor is left out
+for all), parameters + floating buffers + momentum per local-SGD sync, plus the norm test's
+float64 vector (P + 3 values) where it runs.
+
+Workload: scikit-learn's 8x8 digits (1,438 training, 359 validation images; no download), the
+built-in MLP with BatchNorm (``model.name: mlp``, ``norm: batch``; the CNN is ~5x slower per step
+here for the same effects).  Each row is the mean over ``--seeds`` seeds (the spread is printed).
+One torch thread by default (these tensors are too small to gain from more).  ``--quick``: one
+seed, 6 epochs, a narrower model (same code path; ~8 s here); the full form about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainers.batching import BatchStats
+from trainers.combine import adasum_layers, local_variance
+from trainers.config import LoopConfig
+from trainers.noise import norm_test
+from trainers.optim import build_optimizer
+from trainers.policy import PolicySet
+from trainers.workload import build_workload, correct, make_batches, summed_loss
+
+METHODS = ("mean", "adasum", "local_sgd")
+
+
+@dataclass
+class Result:
+    val_acc: float
+    train_loss: float  # mean training loss over the last epoch's steps
+    steps: int
+    samples: int
+    bytes_sent: int
+    syncs: int
+    final_batch: int
+    diverged: bool
+
+
+def config(hidden: int, epochs: float, seed: int, **sections: dict[str, Any]) -> LoopConfig:
+    raw: dict[str, Any] = {
+        "data": {"name": "digits"},
+        "model": {"name": "mlp", "norm": "batch", "hidden": hidden},
+        "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 32, "weight_decay": 1e-4},
+        "batch": {"size": 32},
+        "schedule": {"scaling_rule": "linear", "decay": "cosine"},
+        "train": {"epochs": epochs, "seed": seed},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    b = raw["batch"]
+    b["max_local_batch"] = max(b["size"], b.get("max_size") or 0)  # a worker's whole slice in one pass
+    return LoopConfig.model_validate(raw)
+
+
+def _opt_state(opt: torch.optim.Optimizer, p: torch.Tensor) -> list[torch.Tensor]:
+    st = opt.state.get(p, {})
+    return [v for _, v in sorted(st.items(), key=lambda kv: str(kv[0]))
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape]
+
+
+def _float_bytes(ts: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+@torch.no_grad()
+def _average_into(models: list[torch.nn.Module], opts: list[torch.optim.Optimizer]) -> int:
+    """Local SGD's sync over the simulated workers; returns one worker's payload in bytes."""
+    groups = [list(m.parameters()) + [b for b in m.buffers() if b.is_floating_point()] for m in models]
+    groups = [g + [t for p in m.parameters() for t in _opt_state(o, p)] for g, m, o in zip(groups, models, opts)]
+    for tensors in zip(*groups):
+        mean = torch.stack([t.detach() for t in tensors]).mean(0)
+        for t in tensors:
+            t.copy_(mean)
+    return _float_bytes(groups[0])
+
+
+def _buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [b.detach().clone() for b in model.buffers()]
+
+
+@torch.no_grad()
+def _restore(model: torch.nn.Module, saved: list[torch.Tensor]) -> None:
+    for b, v in zip(model.buffers(), saved):
+        b.copy_(v)
+
+
+def _worker_grad(model: torch.nn.Module, work: Any, micro: list, scale: float) -> torch.Tensor:
+    """Backward of one worker's slice with each per-sample loss sum scaled by ``scale``; its loss sum."""
+    total = torch.zeros((), dtype=torch.float64)
+    for x, y in micro:
+        loss = summed_loss(work.loss_fn, model(x), y)
+        (loss * scale).backward()
+        total += loss.detach().double()
+    return total
+
+
+@torch.no_grad()
+def _accuracy(model: torch.nn.Module, batches: Any) -> float:
+    model.eval()
+    hits = n = 0
+    for x, y in batches.val_batches(1024):
+        hits += int(correct(model(x), y))
+        n += len(y)
+    model.train()
+    return hits / n
+
+
+def train(cfg: LoopConfig, workers: int, method: str = "mean", local_steps: int = 1) -> Result:
+    """One training run of ``cfg`` simulated on ``workers`` workers with ``method``."""
+    torch.manual_seed(cfg.train.seed)
+    work = build_workload(cfg)
+    n = work.num_train
+    policies = PolicySet.from_config(cfg, dataset_size=n)
+    batches = [make_batches(work, seed=cfg.train.seed, rank=r, world=workers, max_local_batch=cfg.batch.max_local_batch,
+                            split_single=False) for r in range(workers)]
+    copies = workers if method == "local_sgd" else 1
+    models = [work.model] + [copy.deepcopy(work.model) for _ in range(copies - 1)]
+    opts = [build_optimizer(m, cfg.optimizer) for m in models]
+    for m in models:
+        m.train()
+    params = [list(m.parameters()) for m in models]
+    grad_bytes = _float_bytes(params[0])
+    B, epoch, cursor, step, samples, sent, syncs = cfg.batch.size, 0, 0, 0, 0, 0, 0
+    epoch_losses: list[float] = []
+    last_epoch_losses: list[float] = []
+    nt_eta = cfg.batch.norm_test_eta if cfg.batch.policy == "norm_test" else None
+    suggested: int | None = None
+    while epoch + cursor / n < cfg.train.epochs - 1e-12:
+        if policies.adapts_batch:
+            d = policies.batch_policy.decide(step, epoch + cursor / n, B, BatchStats(norm_test=suggested))
+            B = d.size if d else B
+        slices = [b.next(epoch, cursor, B) for b in batches]
+        bsz = len(slices[0].ids)
+        s = policies.settings(epoch + cursor / n, B, workers, samples=bsz)
+        for o in opts:
+            policies.apply(o, s, first=step == 0)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        if method == "mean":
+            models[0].zero_grad()
+            for r, sl in enumerate(slices):
+                loss_sum += _worker_grad(models[0], work, sl.micro, 1.0 / bsz)
+                if r == 0:
+                    kept = _buffers(models[0])
+            _restore(models[0], kept)  # rank 0's BatchNorm statistics, as DDP's broadcast_buffers
+            sent += grad_bytes
+        elif method == "adasum":
+            grads = []
+            for r, sl in enumerate(slices):
+                models[0].zero_grad()
+                loss_sum += _worker_grad(models[0], work, sl.micro, 1.0 / max(1, sl.mine_len))
+                grads.append([p.grad.detach().clone() if sl.mine_len else torch.zeros_like(p) for p in params[0]])
+                if r == 0:
+                    kept = _buffers(models[0])
+            _restore(models[0], kept)  # rank 0's, as AdasumCombiner.sync_buffers
+            for p, g in zip(params[0], adasum_layers(grads)):
+                p.grad = g
+            sent += grad_bytes
+        else:
+            for m, sl in zip(models, slices):
+                m.zero_grad()
+                loss_sum += _worker_grad(m, work, sl.micro, 1.0 / max(1, sl.mine_len))
+        loss = float(loss_sum) / bsz
+        if not math.isfinite(loss):
+            return Result(float("nan"), float("nan"), step, samples, sent, syncs, B, True)
+        for o in opts:
+            o.step()
+        step += 1
+        if method == "local_sgd" and step % local_steps == 0:
+            if nt_eta is not None and step % cfg.batch.check_every == 0:  # the local norm test at this sync
+                g = [torch.cat([p.grad.double().reshape(-1) for p in ps]) for ps in params]
+                b = [sl.mine_len for sl in slices]
+                g_big = sum(bi * gi for bi, gi in zip(b, g)) / sum(b)
+                var = local_variance(b, [float(gi.dot(gi)) for gi in g], float(g_big.dot(g_big)))
+                r = norm_test(var, float(g_big.dot(g_big)), sum(b), nt_eta) if var is not None else None
+                suggested = r.suggested if r is not None else None
+                sent += (grad_bytes // 4 + 3) * 8
+            sent += _average_into(models, opts)
+            syncs += 1
+        samples += bsz
+        cursor += bsz
+        epoch_losses.append(loss)
+        if cursor >= n:
+            epoch, cursor = epoch + 1, 0
+            last_epoch_losses, epoch_losses = epoch_losses, []
+    if method == "local_sgd" and step % local_steps:  # the run ends at a sync (trainers/combine.py)
+        sent += _average_into(models, opts)
+        syncs += 1
+    tail = epoch_losses or last_epoch_losses
+    return Result(_accuracy(models[0], batches[0]), statistics.fmean(last_epoch_losses or tail), step, samples, sent,
+                  syncs, B, False)
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+RUNS = [0]
+
+
+def repeat(make: Any, seeds: list[int], **kw: Any) -> list[Result]:
+    RUNS[0] += len(seeds)
+    return [train(make(seed), **kw) for seed in seeds]
+
+
+def fmt_acc(rs: list[Result]) -> str:
+    if any(r.diverged for r in rs):
+        return f"diverged ({sum(r.diverged for r in rs)}/{len(rs)})"
+    accs = [100 * r.val_acc for r in rs]
+    spread = f" ± {statistics.stdev(accs):.1f}" if len(accs) > 1 else ""
+    return f"{statistics.fmean(accs):5.1f}{spread}"
+
+
+def mean_of(rs: list[Result], attr: str) -> float:
+    vals = [getattr(r, attr) for r in rs if not r.diverged]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def goyal(args: argparse.Namespace, seeds: list[int]) -> tuple[float, float]:
+    b0, k = 32, 8
+    E, ew = args.epochs, args.warmup_epochs
+    print(f"\n## Goyal et al.: B0 = {b0} (1 worker) vs 8*B0 = {k * b0} ({k} workers, 32 each), {E:g} epochs, "
+          f"lr {args.lr} at B0, SGD momentum 0.9, cosine decay; val accuracy % (mean ± sd over {len(seeds)} seeds)")
+    rows = [
+        ("B0", b0, {"scaling_rule": "linear", "warmup": "none"}),
+        ("8*B0 (a) no LR scaling", k * b0, {"scaling_rule": "none", "warmup": "none"}),
+        ("8*B0 (b) linear, no warmup", k * b0, {"scaling_rule": "linear", "warmup": "none"}),
+        (f"8*B0 (c) linear + gradual warmup {ew:g} ep", k * b0,
+         {"scaling_rule": "linear", "warmup": "gradual", "warmup_epochs": ew}),
+        (f"8*B0 (d) sqrt + LEGW ({ew / k:g} ep x k)", k * b0,
+         {"scaling_rule": "sqrt", "warmup": "legw", "warmup_epochs": ew / k}),
+    ]
+    print(f"| {'setting':42} | {'val acc %':>12} | {'lr peak':>7} | {'steps':>5} |")
+    print(f"|{'-' * 44}|{'-' * 14}|{'-' * 9}|{'-' * 7}|")
+    acc = {}
+    for name, B, sched in rows:
+        def make(seed: int, B: int = B, sched: dict = sched) -> LoopConfig:
+            return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=sched)
+        rs = repeat(make, seeds, workers=B // b0)
+        peak = PolicySet.from_config(make(0), dataset_size=1438).schedule.peak_lr(B)
+        acc[name[:8]] = mean_of(rs, "val_acc")
+        print(f"| {name:42} | {fmt_acc(rs):>12} | {peak:7.3f} | {rs[0].steps:5d} |", flush=True)
+    base = acc["B0"]
+    gap_c = 100 * (base - acc["8*B0 (c)"])
+    gap_b = 100 * (base - acc["8*B0 (b)"])
+    return gap_c, gap_b
+
+
+def tang(args: argparse.Namespace, seeds: list[int]) -> float:
+    B = args.tang_batch
+    print(f"\n## Tang et al.: final training loss (mean over the last epoch) at global batch {B} split over 1, 2, 4 "
+          f"workers, per-worker BatchNorm, {args.epochs:g} epochs, lr {args.lr * B / 32:g} (linear from B0 = 32), "
+          "warmup 2 epochs")
+    mfs: list[tuple[str, dict]] = [(f"MF {m}", {"mf": m}) for m in (0.8, 0.9, 0.95, 0.99)]
+    mfs.append(("per-worker rule 0.9^(b/B)", {"mf": 0.9, "mf_rule": "per_worker_batch", "mf_ref_batch": B}))
+    ws = (1, 2, 4)
+    print("| MF | " + " | ".join(f"W={w} (b={B // w})" for w in ws) + " |")
+    print("|---|" + "---|" * len(ws))
+    losses = {}
+    for name, opt in mfs:
+        cells = []
+        for w in ws:
+            def make(seed: int, opt: dict = opt) -> LoopConfig:
+                return config(args.hidden, args.epochs, seed, optimizer={"lr": args.lr, **opt}, batch={"size": B},
+                              schedule={"warmup": "gradual", "warmup_epochs": 2})
+            rs = repeat(make, seeds, workers=w)
+            tl = mean_of(rs, "train_loss")
+            losses[(name, w)] = tl
+            cells.append("diverged" if math.isnan(tl) else f"{tl:.4f}")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    return losses[("MF 0.9", 4)] - losses[("MF 0.9", 1)]
+
+
+def combination(args: argparse.Namespace, seeds: list[int]) -> float:
+    B = args.comb_batch
+    E = args.epochs
+    print(f"\n## Gradient combination at global batch {B}, {E:g} epochs, SGD momentum 0.9 "
+          f"(mean, local SGD: lr {args.lr} at B0 = 32 scaled linearly, gradual warmup {args.warmup_epochs:g} ep; "
+          f"Adasum: lr tuned at the per-worker batch b, i.e. {args.lr} * b / 32, no scaling by W)")
+    print(f"| {'method':36} | {'W':>2} | {'val acc %':>12} | {'steps':>5} | {'samples':>7} | {'final B':>7} | "
+          f"{'MB sent/worker':>14} | {'syncs':>5} |")
+    print(f"|{'-' * 38}|----|{'-' * 14}|-------|---------|---------|{'-' * 16}|-------|")
+    warm = {"warmup": "gradual", "warmup_epochs": args.warmup_epochs}
+    acc = {}
+
+    def row(name: str, w: int, rs: list[Result]) -> None:
+        acc[(name, w)] = mean_of(rs, "val_acc")
+        print(f"| {name:36} | {w:2d} | {fmt_acc(rs):>12} | {rs[0].steps:5d} | {rs[0].samples:7d} | "
+              f"{rs[0].final_batch:7d} | {mean_of(rs, 'bytes_sent') / 1e6:14.2f} | {rs[0].syncs:5d} |", flush=True)
+
+    for w in (2, 4):
+        def mean_cfg(seed: int) -> LoopConfig:
+            return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=warm)
+
+        def ada_cfg(seed: int, w: int = w) -> LoopConfig:
+            b = B // w
+            return config(args.hidden, E, seed, optimizer={"lr": args.lr * b / 32, "base_batch_size": b},
+                          batch={"size": B}, schedule={"scaling_rule": "none"}, combine={"method": "adasum"})
+        row("mean (per-step averaging)", w, repeat(mean_cfg, seeds, workers=w))
+        row("adasum", w, repeat(ada_cfg, seeds, workers=w, method="adasum"))
+    w = 4
+    for H in (1, 4, 16):
+        def loc_cfg(seed: int, H: int = H) -> LoopConfig:
+            return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=warm,
+                          combine={"method": "local_sgd", "local_steps": H})
+        row(f"local SGD H={H}", w, repeat(loc_cfg, seeds, workers=w, method="local_sgd", local_steps=H))
+    start = max(32 * w, B // 4)
+    for H in (1, 4, 16):
+        def nt_cfg(seed: int, H: int = H) -> LoopConfig:
+            return config(args.hidden, E, seed, optimizer={"lr": args.lr}, schedule=warm,
+                          batch={"size": start, "policy": "norm_test", "norm_test_eta": args.norm_test_eta,
+                                 "check_every": max(16, H), "max_size": 4 * B, "round_to": 32},
+                          combine={"method": "local_sgd", "local_steps": H})
+        row(f"local SGD H={H} + norm test (B from {start})", w,
+            repeat(nt_cfg, seeds, workers=w, method="local_sgd", local_steps=H))
+    return 100 * (acc[("adasum", 4)] - acc[("mean (per-step averaging)", 4)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 seed, 6 epochs, hidden 32: the same code path, seconds")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 3; quick 1)")
+    p.add_argument("--epochs", type=float, default=None, help="epochs per run (default 24; quick 6)")
+    p.add_argument("--hidden", type=int, default=None, help="MLP width (default 64; quick 32)")
+    p.add_argument("--lr", type=float, default=0.05, help="LR tuned at B0 = 32")
+    p.add_argument("--warmup-epochs", type=float, default=None, help="gradual warmup length (default 4; quick 1.5)")
+    p.add_argument("--tang-batch", type=int, default=128, help="the Tang table's fixed global batch")
+    p.add_argument("--comb-batch", type=int, default=256, help="the combination table's global batch")
+    p.add_argument("--norm-test-eta", type=float, default=0.5, help="eta of the local norm test")
+    p.add_argument("--tables", default="goyal,tang,combine", help="which tables, comma-separated")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.seeds = args.seeds or (1 if quick else 3)
+    args.epochs = args.epochs or (6 if quick else 24)
+    args.hidden = args.hidden or (32 if quick else 64)
+    args.warmup_epochs = args.warmup_epochs or (1.5 if quick else 4)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seeds = list(range(args.seeds))
+    tables = set(args.tables.split(","))
+    t0 = time.time()
+    print(f"bench/large_batch.py: digits, MLP+BatchNorm hidden {args.hidden}, {args.epochs:g} epochs, seeds {seeds}; "
+          "in one process simulating W workers (see the docstring)")
+    summary = {}
+    if "goyal" in tables:
+        summary["goyal_gap_c_points"], summary["goyal_gap_b_points"] = goyal(args, seeds)
+    if "tang" in tables:
+        summary["tang_loss_gap_w4"] = tang(args, seeds)
+    if "combine" in tables:
+        summary["adasum_minus_mean_points_w4"] = combination(args, seeds)
+    print()
+    print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))  # nan where a row diverged
+    print(f"runs={RUNS[0]} wall_s={time.time() - t0:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
