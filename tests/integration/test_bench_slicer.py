@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bench.overhead import Slices, orchestrator_cmd, paired, slice_rate, step_gaps
+from bench.overhead import Slices, orchestrator_cmd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,11 +1,8 @@
 """The data order: one permutation per (seed, epoch), global batches, worker slices, micro-batches."""
 
 import numpy as np
-import pytest
-import torch
 
-from trainers.data import (DataConfig, digits_arrays, epoch_permutation, global_batch, load_data, micro_batches,
-                           slice_bounds)
+from trainers.data import digits_arrays, micro_batches, slice_bounds
 
 
 def test_digits_read_from_the_file_match_scikit_learns_loader():
