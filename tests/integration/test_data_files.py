@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from trainers.data import digits_arrays, micro_batches, slice_bounds
+from trainers.data import digits_arrays
 
 
 def test_digits_read_from_the_file_match_scikit_learns_loader():
