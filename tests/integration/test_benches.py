@@ -37,7 +37,7 @@ SUMMARY = {
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "search": ("steps_ratio", "gap_points"),
 }
-TIMEOUT_S = {"checkpoint": 120, "byo": 480}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4)
+TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4, gpu 2 beside time-sliced loops)
 DEFAULT_TIMEOUT_S = 300
 PAIR = re.compile(r"(?<![\w.])([A-Za-z_]\w*)=(\S+)")  # key=value, the key not part of a longer name
 
