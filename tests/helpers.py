@@ -59,3 +59,12 @@ def read_sample_log(folder: str) -> list[dict]:
         with open(path) as f:
             rows += [json.loads(line) for line in f if line.strip()]
     return rows
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a gloo rendezvous, a Ray head)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

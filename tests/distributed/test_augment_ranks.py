@@ -3,7 +3,6 @@ every sample of a global batch gets the same augmented input whichever rank and 
 it, because its randomness is a function of (seed, epoch, sample id) only (trainers/augment.py)."""
 
 import os
-import socket
 
 import numpy as np
 import torch
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 
 from trainers.config import LoopConfig
 from trainers.loop import Runtime, Trainer
+from tests.helpers import free_port
 
 CFG = {
     "data": {"name": "digits", "augment": ["random_crop", "hflip"], "crop_padding": 2},
@@ -21,11 +21,6 @@ CFG = {
     "train": {"epochs": 2, "seed": 11},
 }
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, out: dict) -> None:
@@ -55,7 +50,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
 def _run(world: int) -> dict:
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_worker, args=(world, _free_port(), out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), out), nprocs=world, join=True)
         merged: dict = {}
         for rank in range(world):
             part = out[rank]

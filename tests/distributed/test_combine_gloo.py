@@ -4,7 +4,6 @@ test and resume at a sync point."""
 
 import copy
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -15,14 +14,10 @@ import torch.nn.functional as F
 
 from trainers.combine import AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, local_variance
 from trainers.data import slice_bounds
+from tests.helpers import free_port
 
 SHAPES = [(3, 4), (4,), (1,), (2, 2)]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init(rank: int, world: int, port: int) -> None:
@@ -34,7 +29,7 @@ def _init(rank: int, world: int, port: int) -> None:
 def _spawn(fn, world: int, *args) -> dict:
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(fn, args=(world, _free_port(), out, *args), nprocs=world, join=True)
+        mp.spawn(fn, args=(world, free_port(), out, *args), nprocs=world, join=True)
         return dict(out)
 
 

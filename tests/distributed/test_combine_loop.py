@@ -6,7 +6,6 @@ its local norm test grows the batch at a check step."""
 
 import copy
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from trainers.config import LoopConfig
 from trainers.data import slice_bounds
 from trainers.loop import Runtime, Trainer
 from trainers.workload import summed_loss
+from tests.helpers import free_port
 
 BASE = {
     "data": {"name": "digits"},
@@ -36,11 +36,6 @@ def _cfg(**sections) -> dict:
         cfg.setdefault(k, {}).update(v)
     return cfg
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, out: dict, cfg: dict, steps: int) -> None:
@@ -68,7 +63,7 @@ def _worker(rank: int, world: int, port: int, out: dict, cfg: dict, steps: int) 
 def _run(cfg: dict, world: int = 2, steps: int = 1) -> dict:
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_worker, args=(world, _free_port(), out, cfg, steps), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), out, cfg, steps), nprocs=world, join=True)
         return dict(out)
 
 

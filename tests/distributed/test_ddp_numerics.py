@@ -2,7 +2,6 @@
 W=1 and W=2, and the noise-scale inputs that the DDP communication hook measures."""
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 
 from trainers.config import LoopConfig
 from trainers.loop import Runtime, Trainer
+from tests.helpers import free_port
 
 CFG = {
     "data": {"name": "digits"},
@@ -21,11 +21,6 @@ CFG = {
     "train": {"epochs": 1},
 }
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, out: dict) -> None:
@@ -47,7 +42,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
 def _run(world: int) -> dict:
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_worker, args=(world, _free_port(), out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), out), nprocs=world, join=True)
         return dict(out)
 
 
@@ -95,7 +90,7 @@ def test_noise_scale_inputs_match_a_direct_computation():
         with mp.Manager() as m:
             out = m.dict()
             one = dict(CFG, train={"epochs": 1})
-            mp.spawn(_one_step, args=(world, _free_port(), out, one), nprocs=world, join=True)
+            mp.spawn(_one_step, args=(world, free_port(), out, one), nprocs=world, join=True)
             st = dict(out)["gns"]
         gns = GradientNoiseScale(0.95)
         gns.load_state_dict(st)
