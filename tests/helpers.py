@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 from typing import Any
 
 import torch
 
-from orchestrator.config import RootConfig, apply_overrides, validate
+from orchestrator.config import RootConfig, validate
 
 
 def make_config(tmp_path, tracking_uri: str, **sections: dict[str, Any]) -> RootConfig:
@@ -59,6 +60,36 @@ def read_sample_log(folder: str) -> list[dict]:
         with open(path) as f:
             rows += [json.loads(line) for line in f if line.strip()]
     return rows
+
+
+def spawn_gloo(fn, world: int, *args) -> dict:
+    """Run ``fn(rank, world, out, *args)`` on ``world`` processes joined in one gloo group and
+    return what the ranks put in ``out``. ``fn`` must be a module-level function (it is pickled)."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as m:
+        out = m.dict()
+        mp.spawn(_gloo_rank, args=(fn, world, free_port(), out, args), nprocs=world, join=True)
+        return dict(out)
+
+
+def _gloo_rank(rank: int, fn, world: int, port: int, out, args: tuple) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, out, *args)
+        dist.barrier()  # no rank tears the group down while another still talks to it
+    finally:
+        dist.destroy_process_group()
+    # Leave without the interpreter's teardown: on a loaded machine gloo's threads, torn down with
+    # the C++ statics at exit, now and then aborted a rank that had finished its work (SIGABRT,
+    # "terminate called without an active exception", CI of 2026-11-23). `out` is already written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def free_port() -> int:

@@ -2,16 +2,13 @@
 every sample of a global batch gets the same augmented input whichever rank and micro-batch draw
 it, because its randomness is a function of (seed, epoch, sample id) only (trainers/augment.py)."""
 
-import os
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from trainers.config import LoopConfig
 from trainers.loop import Runtime, Trainer
-from tests.helpers import free_port
+from tests.helpers import spawn_gloo
 
 CFG = {
     "data": {"name": "digits", "augment": ["random_crop", "hflip"], "crop_padding": 2},
@@ -23,40 +20,32 @@ CFG = {
 
 
 
-def _worker(rank: int, world: int, port: int, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        t = Trainer(LoopConfig.model_validate(CFG), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
-        inner, seen = t.inputs, {}
+def _worker(rank: int, world: int, out: dict) -> None:
+    t = Trainer(LoopConfig.model_validate(CFG), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
+    inner, seen = t.inputs, {}
 
-        def record(x, ids=None, epoch=0):
-            y = inner(x, ids, epoch)
-            if ids is not None:
-                for i, raw, row in zip(np.asarray(ids).tolist(), x, y):
-                    seen[(epoch, i)] = (raw.numpy().copy(), row.numpy().copy())
-            return y
+    def record(x, ids=None, epoch=0):
+        y = inner(x, ids, epoch)
+        if ids is not None:
+            for i, raw, row in zip(np.asarray(ids).tolist(), x, y):
+                seen[(epoch, i)] = (raw.numpy().copy(), row.numpy().copy())
+        return y
 
-        t.inputs = record
-        for epoch, cursor in ((0, 0), (0, 40), (1, 0)):
-            t.state.epoch, t.state.cursor = epoch, cursor
-            t.train_step(t.batches.next(epoch, cursor, t.B))
-        out[rank] = seen
-    finally:
-        dist.destroy_process_group()
+    t.inputs = record
+    for epoch, cursor in ((0, 0), (0, 40), (1, 0)):
+        t.state.epoch, t.state.cursor = epoch, cursor
+        t.train_step(t.batches.next(epoch, cursor, t.B))
+    out[rank] = seen
 
 
 def _run(world: int) -> dict:
-    with mp.Manager() as m:
-        out = m.dict()
-        mp.spawn(_worker, args=(world, free_port(), out), nprocs=world, join=True)
-        merged: dict = {}
-        for rank in range(world):
-            part = out[rank]
-            assert not set(part) & set(merged), "each sample is drawn by one rank"
-            merged.update(part)
-        return merged
+    out = spawn_gloo(_worker, world)
+    merged: dict = {}
+    for rank in range(world):
+        part = out[rank]
+        assert not set(part) & set(merged), "each sample is drawn by one rank"
+        merged.update(part)
+    return merged
 
 
 def test_augmented_inputs_are_the_same_at_w1_and_w3():

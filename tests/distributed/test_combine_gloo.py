@@ -3,34 +3,17 @@ Adasum's collective against the tree of the gathered inputs, and local SGD's syn
 test and resume at a sync point."""
 
 import copy
-import os
 
-import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from trainers.combine import AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, local_variance
 from trainers.data import slice_bounds
-from tests.helpers import free_port
+from tests.helpers import spawn_gloo
 
 SHAPES = [(3, 4), (4,), (1,), (2, 2)]
 
-
-
-def _init(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-
-
-def _spawn(fn, world: int, *args) -> dict:
-    with mp.Manager() as m:
-        out = m.dict()
-        mp.spawn(fn, args=(world, free_port(), out, *args), nprocs=world, join=True)
-        return dict(out)
 
 
 def _inputs(rank: int) -> list[torch.Tensor]:
@@ -44,17 +27,13 @@ def _inputs(rank: int) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------- Adasum
 
 
-def _adasum_worker(rank: int, world: int, port: int, out: dict) -> None:
-    _init(rank, world, port)
-    try:
-        out[rank] = [t.clone() for t in adasum_allreduce(_inputs(rank))]
-    finally:
-        dist.destroy_process_group()
+def _adasum_worker(rank: int, world: int, out: dict) -> None:
+    out[rank] = [t.clone() for t in adasum_allreduce(_inputs(rank))]
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_adasum_allreduce_equals_the_tree_on_every_rank(world):
-    res = _spawn(_adasum_worker, world)
+    res = spawn_gloo(_adasum_worker, world)
     expected = adasum_layers([_inputs(r) for r in range(world)])
     for r in range(world):
         for got, exp, shape in zip(res[r], expected, SHAPES):
@@ -79,30 +58,26 @@ def _mean_grad(model: torch.nn.Module, x, y) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _combiner_worker(rank: int, world: int, port: int, out: dict, batch: int, micro: int) -> None:
+def _combiner_worker(rank: int, world: int, out: dict, batch: int, micro: int) -> None:
     """One step as the loop would run it: DDP, every micro-batch under no_sync(), loss * W/B, then Adasum."""
-    _init(rank, world, port)
-    try:
-        base = _net()
-        ddp = torch.nn.parallel.DistributedDataParallel(base)
-        x, y = _data()
-        lo, hi = slice_bounds(batch, rank, world)
-        scale = world / batch
-        with ddp.no_sync():
-            for s in range(lo, hi, micro):
-                e = min(s + micro, hi)
-                (F.cross_entropy(ddp(x[s:e]), y[s:e], reduction="sum") * scale).backward()
-        AdasumCombiner(base.parameters()).combine(local_count=hi - lo, loss_scale=scale)
-        out[rank] = [p.grad.clone() for p in base.parameters()]
-    finally:
-        dist.destroy_process_group()
+    base = _net()
+    ddp = torch.nn.parallel.DistributedDataParallel(base)
+    x, y = _data()
+    lo, hi = slice_bounds(batch, rank, world)
+    scale = world / batch
+    with ddp.no_sync():
+        for s in range(lo, hi, micro):
+            e = min(s + micro, hi)
+            (F.cross_entropy(ddp(x[s:e]), y[s:e], reduction="sum") * scale).backward()
+    AdasumCombiner(base.parameters()).combine(local_count=hi - lo, loss_scale=scale)
+    out[rank] = [p.grad.clone() for p in base.parameters()]
 
 
 @pytest.mark.parametrize("world,batch", [(2, 11), (3, 2)])
 def test_adasum_input_is_each_workers_mean_gradient_with_accumulation_and_uneven_slices(world, batch):
     """Uneven slices (11 over 2) and empty ones (2 over 3), micro-batches of 3: the combined gradient is
     the Adasum tree of each worker's mean gradient over its own slice (empty slice = 0)."""
-    res = _spawn(_combiner_worker, world, batch, 3)
+    res = spawn_gloo(_combiner_worker, world, batch, 3)
     x, y = _data()
     model = _net()
     inputs = []
@@ -119,37 +94,33 @@ def test_adasum_input_is_each_workers_mean_gradient_with_accumulation_and_uneven
 # --------------------------------------------------------------------------- local SGD
 
 
-def _sync_worker(rank: int, world: int, port: int, out: dict) -> None:
-    _init(rank, world, port)
-    try:
-        torch.manual_seed(rank)  # different parameters per rank
-        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        x = torch.randn(6 + rank, 4)  # uneven local batches
-        y = torch.randint(0, 2, (6 + rank,))
-        F.cross_entropy(model(x), y).backward()  # local mean gradient over 6 + rank samples
-        opt.step()
-        before = {"params": [p.detach().clone() for p in model.parameters()],
-                  "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
-                  "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
-                  "grad_sq": float(sum(p.grad.double().pow(2).sum() for p in model.parameters())),
-                  "grad": torch.cat([p.grad.double().reshape(-1) for p in model.parameters()]),
-                  "b": 6 + rank}
-        loc = LocalSGD(CombineConfig(method="local_sgd", local_steps=3), norm_test_eta=0.5)
-        r = loc.sync(model, opt, step=3, local_count=6 + rank)
-        out[rank] = {"before": before,
-                     "params": [p.detach().clone() for p in model.parameters()],
-                     "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
-                     "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
-                     "variance": r.variance, "suggested": r.norm_test.suggested, "required": r.norm_test.required,
-                     "syncs": loc.syncs, "bytes_saved": loc.bytes_saved}
-    finally:
-        dist.destroy_process_group()
+def _sync_worker(rank: int, world: int, out: dict) -> None:
+    torch.manual_seed(rank)  # different parameters per rank
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(6 + rank, 4)  # uneven local batches
+    y = torch.randint(0, 2, (6 + rank,))
+    F.cross_entropy(model(x), y).backward()  # local mean gradient over 6 + rank samples
+    opt.step()
+    before = {"params": [p.detach().clone() for p in model.parameters()],
+              "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+              "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
+              "grad_sq": float(sum(p.grad.double().pow(2).sum() for p in model.parameters())),
+              "grad": torch.cat([p.grad.double().reshape(-1) for p in model.parameters()]),
+              "b": 6 + rank}
+    loc = LocalSGD(CombineConfig(method="local_sgd", local_steps=3), norm_test_eta=0.5)
+    r = loc.sync(model, opt, step=3, local_count=6 + rank)
+    out[rank] = {"before": before,
+                 "params": [p.detach().clone() for p in model.parameters()],
+                 "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+                 "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
+                 "variance": r.variance, "suggested": r.norm_test.suggested, "required": r.norm_test.required,
+                 "syncs": loc.syncs, "bytes_saved": loc.bytes_saved}
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_after_a_sync_all_ranks_hold_the_mean(world):
-    res = _spawn(_sync_worker, world)
+    res = spawn_gloo(_sync_worker, world)
     for key in ("params", "momentum", "buffers"):
         n = len(res[0][key])
         for i in range(n):
@@ -168,47 +139,43 @@ def test_after_a_sync_all_ranks_hold_the_mean(world):
         assert res[r]["suggested"] == res[0]["suggested"]
 
 
-def _local_sgd_worker(rank: int, world: int, port: int, out: dict, steps: int, start: dict | None,
+def _local_sgd_worker(rank: int, world: int, out: dict, steps: int, start: dict | None,
                       ckpt_at: int | None) -> None:
     """Local SGD as the loop will run it: global batches of 8 from one permutation, each rank its slice,
     its own optimizer step on its own mean gradient, a sync every H = 3 steps; rank 0 checkpoints at a sync."""
-    _init(rank, world, port)
-    try:
-        x, y = _data(48)
-        model = _net()
-        opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
-        loc = LocalSGD(CombineConfig(method="local_sgd", local_steps=3))
-        step = 0
-        if start is not None:
-            # tensors that came through the Manager live in shared memory, the same on both ranks: copy
-            start = copy.deepcopy(start)
-            model.load_state_dict(start["model"])
-            opt.load_state_dict(start["opt"])
-            loc.load_state_dict(start["local"])
-            step = start["step"]
-        perm = torch.randperm(48, generator=torch.Generator().manual_seed(3))
-        while step < steps:
-            ids = perm[(step * 8) % 48:(step * 8) % 48 + 8]
-            lo, hi = slice_bounds(len(ids), rank, world)
-            mine = ids[lo:hi]
-            opt.zero_grad()
-            F.cross_entropy(model(x[mine]), y[mine], reduction="mean").backward()
-            opt.step()
-            step += 1
-            if loc.should_sync(step):
-                loc.sync(model, opt, step=step)
-                if ckpt_at == step and rank == 0:
-                    out["ckpt"] = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-                                   "opt": copy.deepcopy(opt.state_dict()), "local": loc.state_dict(), "step": step}
-        out[rank] = {"params": [p.detach().clone() for p in model.parameters()], "local": loc.state_dict()}
-    finally:
-        dist.destroy_process_group()
+    x, y = _data(48)
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    loc = LocalSGD(CombineConfig(method="local_sgd", local_steps=3))
+    step = 0
+    if start is not None:
+        # tensors that came through the Manager live in shared memory, the same on both ranks: copy
+        start = copy.deepcopy(start)
+        model.load_state_dict(start["model"])
+        opt.load_state_dict(start["opt"])
+        loc.load_state_dict(start["local"])
+        step = start["step"]
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(3))
+    while step < steps:
+        ids = perm[(step * 8) % 48:(step * 8) % 48 + 8]
+        lo, hi = slice_bounds(len(ids), rank, world)
+        mine = ids[lo:hi]
+        opt.zero_grad()
+        F.cross_entropy(model(x[mine]), y[mine], reduction="mean").backward()
+        opt.step()
+        step += 1
+        if loc.should_sync(step):
+            loc.sync(model, opt, step=step)
+            if ckpt_at == step and rank == 0:
+                out["ckpt"] = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                               "opt": copy.deepcopy(opt.state_dict()), "local": loc.state_dict(), "step": step}
+    out[rank] = {"params": [p.detach().clone() for p in model.parameters()], "local": loc.state_dict()}
 
 
 def test_local_sgd_resume_at_a_sync_continues_exactly():
-    full = _spawn(_local_sgd_worker, 2, 9, None, 6)
+    full = spawn_gloo(_local_sgd_worker, 2, 9, None, 6)
     torch.testing.assert_close(full[0]["params"], full[1]["params"], rtol=0, atol=0)  # step 9 is a sync
-    resumed = _spawn(_local_sgd_worker, 2, 9, full["ckpt"], None)
+    resumed = spawn_gloo(_local_sgd_worker, 2, 9, full["ckpt"], None)
     for a, b in zip(full[0]["params"], resumed[0]["params"]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert resumed[0]["local"] == full[0]["local"]

@@ -5,20 +5,16 @@ with H = 2 syncs every second step, leaves the ranks apart in between and identi
 its local norm test grows the batch at a check step."""
 
 import copy
-import os
 
 import numpy as np
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from trainers.combine import adasum_layers
 from trainers.config import LoopConfig
 from trainers.data import slice_bounds
 from trainers.loop import Runtime, Trainer
 from trainers.workload import summed_loss
-from tests.helpers import free_port
+from tests.helpers import spawn_gloo
 
 BASE = {
     "data": {"name": "digits"},
@@ -38,33 +34,24 @@ def _cfg(**sections) -> dict:
 
 
 
-def _worker(rank: int, world: int, port: int, out: dict, cfg: dict, steps: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
-        rows = []
-        for s in range(steps):
-            batch = IDS + 24 * s
-            loss = t.train_step(batch)
-            t.state.step += 1
-            rows.append({"loss": loss, "params": [p.detach().clone() for p in t.params],
-                         "metrics": t.combine.metrics()})
-        out[rank] = rows
-        if t.combine.local is not None:
-            suggested, decision = t.combine.local.suggested, t.maybe_change_batch()  # every rank: a broadcast
-            if rank == 0:
-                out["suggested"], out["decision"] = suggested, decision
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, out: dict, cfg: dict, steps: int) -> None:
+    t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
+    rows = []
+    for s in range(steps):
+        batch = IDS + 24 * s
+        loss = t.train_step(batch)
+        t.state.step += 1
+        rows.append({"loss": loss, "params": [p.detach().clone() for p in t.params],
+                     "metrics": t.combine.metrics()})
+    out[rank] = rows
+    if t.combine.local is not None:
+        suggested, decision = t.combine.local.suggested, t.maybe_change_batch()  # every rank: a broadcast
+        if rank == 0:
+            out["suggested"], out["decision"] = suggested, decision
 
 
 def _run(cfg: dict, world: int = 2, steps: int = 1) -> dict:
-    with mp.Manager() as m:
-        out = m.dict()
-        mp.spawn(_worker, args=(world, free_port(), out, cfg, steps), nprocs=world, join=True)
-        return dict(out)
+    return spawn_gloo(_worker, world, cfg, steps)
 
 
 def test_adasum_step_is_the_tree_of_the_slice_gradients():

@@ -1,17 +1,13 @@
 """Tier 2: the loop's DDP numerics in real gloo process groups (no Ray): the same step at
 W=1 and W=2, and the noise-scale inputs that the DDP communication hook measures."""
 
-import os
-
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from trainers.config import LoopConfig
 from trainers.loop import Runtime, Trainer
-from tests.helpers import free_port
+from tests.helpers import spawn_gloo
 
 CFG = {
     "data": {"name": "digits"},
@@ -23,27 +19,18 @@ CFG = {
 
 
 
-def _worker(rank: int, world: int, port: int, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        t = Trainer(LoopConfig.model_validate(CFG), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
-        ids = np.arange(24)
-        losses = [t.train_step(ids) for _ in range(3)]
-        if rank == 0:
-            out["losses"] = losses
-            out["params"] = [p.detach().clone() for p in t.params]
-            out["gns"] = t.gns.state_dict()
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, out: dict) -> None:
+    t = Trainer(LoopConfig.model_validate(CFG), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
+    ids = np.arange(24)
+    losses = [t.train_step(ids) for _ in range(3)]
+    if rank == 0:
+        out["losses"] = losses
+        out["params"] = [p.detach().clone() for p in t.params]
+        out["gns"] = t.gns.state_dict()
 
 
 def _run(world: int) -> dict:
-    with mp.Manager() as m:
-        out = m.dict()
-        mp.spawn(_worker, args=(world, free_port(), out), nprocs=world, join=True)
-        return dict(out)
+    return spawn_gloo(_worker, world)
 
 
 @pytest.fixture(scope="module")
@@ -87,25 +74,15 @@ def test_noise_scale_inputs_match_a_direct_computation():
     small, big = _manual_small_big([np.arange(12), np.arange(12, 24)])
     g_sq, tr = GradientNoiseScale.estimate(float(np.mean(small)), 12.0, big, 24.0)
     for world in (1, 2):
-        with mp.Manager() as m:
-            out = m.dict()
-            one = dict(CFG, train={"epochs": 1})
-            mp.spawn(_one_step, args=(world, free_port(), out, one), nprocs=world, join=True)
-            st = dict(out)["gns"]
+        st = spawn_gloo(_one_step, world, dict(CFG, train={"epochs": 1}))["gns"]
         gns = GradientNoiseScale(0.95)
         gns.load_state_dict(st)
         assert gns.g_sq == pytest.approx(g_sq, rel=1e-4), world
         assert gns.trace_sigma == pytest.approx(tr, rel=1e-4), world
 
 
-def _one_step(rank: int, world: int, port: int, out: dict, cfg: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
-        t.train_step(np.arange(24))
-        if rank == 0:
-            out["gns"] = t.gns.state_dict()
-    finally:
-        dist.destroy_process_group()
+def _one_step(rank: int, world: int, out: dict, cfg: dict) -> None:
+    t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
+    t.train_step(np.arange(24))
+    if rank == 0:
+        out["gns"] = t.gns.state_dict()
