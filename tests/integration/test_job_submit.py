@@ -120,6 +120,8 @@ def _stop_head(temp_dir: str, gcs_port: int) -> None:
     import signal
     import time
 
+    port = re.compile(rf"(?<!\d):{gcs_port}(?!\d)")  # never another process's :{gcs_port}1
+
     def ours() -> list[int]:
         pids, parent = [], {}
         for pid in os.listdir("/proc"):
@@ -134,7 +136,7 @@ def _stop_head(temp_dir: str, gcs_port: int) -> None:
                     parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            if temp_dir in cmd or temp_dir in envb or f":{gcs_port}" in cmd:
+            if temp_dir in cmd or temp_dir in envb or port.search(cmd):
                 pids.append(int(pid))
         found = set(pids)
         grew = True

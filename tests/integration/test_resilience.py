@@ -162,7 +162,7 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(reference):
     tags = MlflowClient(uri).get_run(ref.run_id).data.tags
     warnings = tags["elastic.warnings"].splitlines()
     assert "skipping corrupt checkpoint" in warnings[0] and f"checkpoint_step{steps[-1]:08d}" in warnings[0]
-    assert f"resumed from older checkpoint" in warnings[1] and f"checkpoint_step{steps[-2]:08d}" in warnings[1]
+    assert "resumed from older checkpoint" in warnings[1] and f"checkpoint_step{steps[-2]:08d}" in warnings[1]
     # It trained again from the previous checkpoint to the end: a new, intact newest checkpoint.
     assert _ckpt_steps(folder)[-1] == STEPS
     from trainers.checkpoint import verify_checkpoint

@@ -10,7 +10,7 @@ import sqlite3
 import sys
 import textwrap
 import types
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 import pytest
 from pydantic import BaseModel

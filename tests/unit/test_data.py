@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.data import (CIFAR_MEAN, CIFAR_STD, DataConfig, digits_arrays, epoch_permutation, global_batch, load_data, micro_batches,
+from trainers.data import (CIFAR_MEAN, CIFAR_STD, DataConfig, epoch_permutation, global_batch, load_data, micro_batches,
                            slice_bounds)
 
 
