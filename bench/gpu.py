@@ -32,7 +32,7 @@ Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95
 
 ``--rows plain`` alone times the plain loop in this process instead (``--rounds`` rounds of
 ``--warmup`` + ``--steps`` steps, the median; ``--data host`` measures pinned host data copied
-each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 2000 steps, 2 s slices, 1 thread.
+each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200 steps, 1 s slices, 1 thread.
 """
 
 from __future__ import annotations
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", type=int, default=8192, help="synthetic training samples")
     ap.add_argument("--threads", type=int, default=0, help="torch threads of each loop (0: torch's default)")
     ap.add_argument("--rows", default="plain,ray,orchestrator", help="comma-separated: " + ", ".join(ROW_LABELS))
-    ap.add_argument("--quick", action="store_true", help="CI: the cnn, B<=4, 512 samples, 2000 steps, 2 s slices, "
+    ap.add_argument("--quick", action="store_true", help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, "
                     "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)")
     ap.add_argument("--child", choices=("plain", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-setup", help=argparse.SUPPRESS)
@@ -552,12 +552,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     sliced = [r for r in rows if r != "plain"]
     if a.quick:
-        a.batch, a.size, a.slice = min(a.batch, 4), min(a.size, 512), min(a.slice, 2.0)
+        a.batch, a.size, a.slice = min(a.batch, 4), min(a.size, 512), min(a.slice, 1.0)
         if not a.device.startswith("cuda"):
             a.threads = a.threads or 1  # one thread a loop: a busy small machine, and Ray's own processes
         if not sliced:
             a.steps, a.warmup, a.rounds = 2, 1, 1
-    steps = a.steps or (2000 if a.quick else 600 if sliced else 50)  # quick: enough steps for a few slices
+    steps = a.steps or (1200 if a.quick else 600 if sliced else 50)  # quick: enough steps for a few slices
     from bench.common import scratch_dir
 
     tmp = scratch_dir("elastic-bench-gpu-")

@@ -18,7 +18,7 @@ steps.  Wall time is reported but on one small machine it is dominated by each t
         [--space full] [--epochs 4] [--report both|samples|steps] [--quick]
 
 ``--quick`` (CI): the 2-point space (lr 0.03 or 0.3; momentum 0.9, B=32), 1 epoch, 2 trials
-of the median-pruned TPE search, before and after.
+of the median-pruned TPE search reporting at samples seen.
 
 Last line: ``steps_ratio=<best pruned search's steps / grid's steps> gap_points=<grid best - its best>``.
 """
@@ -105,7 +105,8 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=4, help="epochs of digits a trial trains")
     p.add_argument("--report", choices=("both", "samples", "steps"), default="both",
                    help="where intermediate values go: both (before/after, default), samples (equal work), steps")
-    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median"})
+    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median",
+                                     "report": "samples"})
     params = SPACES[args.space]
     os.environ["ELASTIC_KEEP_RAY"] = "1"  # one Ray for every study of the benchmark
     from orchestrator.runner import ensure_ray
