@@ -1,10 +1,11 @@
-# Two entry points: `make demo` (train the quickstart on a local Ray) and `make test`.
+# Two entry points: `make demo` (train the quickstart on a local Ray) and `make test`;
+# `make bench-check` runs every benchmark's quick form (CI runs it after `make test`).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# every bench/*.py in its --quick form (tests/integration/test_benches.py), about 15 min here
+bench-check: $(STAMP)
+	$(BIN)/python -m pytest -q -m bench tests/integration/test_benches.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -6,6 +6,9 @@ editing this file; ``common.py`` and ``__init__.py`` are helpers).  Each runs as
 that starts its own local Ray, exits 0, and prints its summary line(s) ``key=<number>`` with a
 finite number.  The figures of a quick run are not checked against any aim: on a small
 problem and a shared machine they only show that the benchmark still measures something.
+
+They are marked ``bench`` and left out of ``make test`` (about 15 minutes of it on a 2-core
+machine); ``make bench-check`` runs them, and ``.ci/run`` runs both.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ def run_bench(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[in
             pass
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("name", [pytest.param(b, marks=pytest.mark.timeout(TIMEOUT_S.get(b, DEFAULT_TIMEOUT_S) + 60))
                                   for b in BENCHES])
 def test_bench_runs_quick(name: str):
