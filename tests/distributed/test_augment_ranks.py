@@ -19,7 +19,6 @@ CFG = {
 }
 
 
-
 def _worker(rank: int, world: int, out: dict) -> None:
     t = Trainer(LoopConfig.model_validate(CFG), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
     inner, seen = t.inputs, {}

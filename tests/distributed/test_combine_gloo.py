@@ -15,7 +15,6 @@ from tests.helpers import spawn_gloo
 SHAPES = [(3, 4), (4,), (1,), (2, 2)]
 
 
-
 def _inputs(rank: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(100 + rank)
     layers = [torch.randn(s, generator=g) for s in SHAPES]

@@ -33,7 +33,6 @@ def _cfg(**sections) -> dict:
     return cfg
 
 
-
 def _worker(rank: int, world: int, out: dict, cfg: dict, steps: int) -> None:
     t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
     rows = []

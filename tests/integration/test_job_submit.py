@@ -7,22 +7,17 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from tests.helpers import free_port
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +31,16 @@ def ray_head():
     ray_bin = os.path.join(bindir, "ray")
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", RAY_AUTH_MODE="token")
     env.pop("RAY_ADDRESS", None)
-    gcs, dash = _free_port(), _free_port()
+    gcs, dash = free_port(), free_port()
     start = subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
                             "--disable-usage-stats", f"--temp-dir={temp_dir}",
                             # own ports for the agents, so another Ray on this machine (the test
                             # session's) cannot hold them and leave this head without a job agent
-                            f"--dashboard-agent-listen-port={_free_port()}",
-                            f"--dashboard-agent-grpc-port={_free_port()}",
-                            f"--metrics-export-port={_free_port()}",
-                            f"--runtime-env-agent-port={_free_port()}"],
+                            f"--dashboard-agent-listen-port={free_port()}",
+                            f"--dashboard-agent-grpc-port={free_port()}",
+                            f"--metrics-export-port={free_port()}",
+                            f"--runtime-env-agent-port={free_port()}"],
                            env=env, capture_output=True, text=True, timeout=180)
     assert start.returncode == 0, start.stdout + start.stderr
     try:
