@@ -1,6 +1,7 @@
 """``python -m orchestrator``: train a config on Ray, tracked in MLflow.
 
-Exit status: 0 done, 1 training failed, 2 bad input (nothing was started).
+Exit status: 0 done, 1 training failed, 2 bad input (nothing was started), 130 stopped by Ctrl-C or
+SIGTERM (the run ended KILLED; ``resume`` continues it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from orchestrator.ui import open_hint
 from orchestrator.uris import redact_uri
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,11 +104,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     from orchestrator.preflight import check_environment
 
     check_environment(cfg)  # folders and the tracking store, read only
+    return _train_and_report(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
+                             register_model=args.register)
 
-    from orchestrator.runner import run_training
 
-    summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
-                           register_model=args.register)
+def _train_and_report(cfg, **kwargs) -> int:
+    """Run, print the summary; exit 0 FINISHED, 1 FAILED, 130 stopped by Ctrl-C or SIGTERM
+    (``ray job stop``): then the run ended KILLED, its message says how to continue it."""
+    from orchestrator.ray_env import terminate_as_interrupt
+    from orchestrator.runner import Interrupted, run_training
+
+    try:
+        with terminate_as_interrupt():
+            summary = run_training(cfg, **kwargs)
+    except Interrupted as e:
+        print(_summary(e.summary, cfg), file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(_summary(summary, cfg))
     return 0 if summary.status == "FINISHED" else 1
 
@@ -133,7 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     t_invoked = time.time()
     from orchestrator.config import validate
-    from orchestrator.runner import find_run, run_training
+    from orchestrator.runner import find_run
 
     from orchestrator.run_info import DriverLock, check_resumable, run_folder
 
@@ -148,10 +161,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     name = f"elastic-{run_id}"
     check_resumable(run_id, uri, cfg.checkpoint.storage_path, name)  # never a silent fresh start
     lock = DriverLock(run_folder(cfg.checkpoint.storage_path, name)).acquire(run_id)
-    summary = run_training(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
-                           resume_run_id=run_id, driver_lock=lock)
-    print(_summary(summary, cfg))
-    return 0 if summary.status == "FINISHED" else 1
+    return _train_and_report(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
+                             resume_run_id=run_id, driver_lock=lock)
 
 
 def _local_store_path(uri: str) -> str | None:
@@ -239,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # before a run existed (a run's own interruption is reported above)
+        print("\ninterrupted before training started: no run was recorded", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_BAD_INPUT
 
 

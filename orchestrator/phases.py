@@ -43,6 +43,7 @@ from trainers.link.messages import Diverged, Event, FirstStep, PhaseStart, Recor
 from trainers.link.runtime import Runtime
 
 POLL_S = 0.5
+FINAL_PUMP_S = 10.0  # the last drain after Ctrl-C/SIGTERM: a monitor that does not answer is not waited for
 
 
 class _Phase:
@@ -245,6 +246,13 @@ class PhaseRunner:
             if isinstance(self.state, Failed):
                 raise self.state.error
             return self.state.result
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the workers trained so far reaches MLflow
+            if self.monitor is not None:
+                try:
+                    self.pump(timeout=FINAL_PUMP_S)
+                except Exception:  # noqa: BLE001 - a resume re-logs whatever is missing
+                    pass
+            raise
         finally:
             early = self.state.early
             if early is not None and early.alive and self.monitor is not None:
@@ -368,12 +376,13 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         ph.thread.join(self.poll_s)
         self.pump()
 
-    def pump(self) -> None:
+    def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
         rides on the drain: one call to the monitor per poll)."""
         import ray
 
-        records, events = ray.get(self.monitor.drain.remote(self.tracker.written_upto))
+        ref = self.monitor.drain.remote(self.tracker.written_upto)
+        records, events = ray.get(ref) if timeout is None else ray.get(ref, timeout=timeout)
         for ev in events:
             # in step order: the records up to an event's step reach the listeners before it (a
             # progress bar prints "batch: 16 -> 72 at step 20" when it shows step 20, not later)

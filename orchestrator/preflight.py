@@ -74,8 +74,9 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     Needs("schedule.poly_power", _decay("poly"), "schedule.decay is poly", "schedule.decay: poly"),
     Needs("schedule.min_lr", lambda c: c.schedule.decay != "none", "schedule.decay is not none",
           "schedule.decay: cosine (or step, poly, linear)"),
-    Needs("schedule.warmup_epochs", _warmup("constant", "gradual", "legw"),
-          "schedule.warmup is constant, gradual or legw (auto finds its own length)", "schedule.warmup: gradual"),
+    Needs("schedule.warmup_epochs", _warmup("constant", "gradual", "linear", "legw"),
+          "schedule.warmup is constant, gradual, linear or legw (auto finds its own length)",
+          "schedule.warmup: gradual"),
     *(Needs(f"schedule.{f}", _warmup("auto"), "schedule.warmup is auto", "schedule.warmup: auto")
       for f in _AUTO_FIELDS),
     # batch (trainers/batching.py: the policies)

@@ -3,9 +3,40 @@ background CPU kept down (this machine's cores are the training's)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
+
+_term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within this block SIGTERM (``ray job stop``, ``kill``, a scheduler) stops the driver as Ctrl-C
+    does: ``KeyboardInterrupt``, so the run ends KILLED with its message and Ray is shut down.
+
+    ``ray.init`` installs its own SIGTERM handler (``sys.exit``: the driver then dies in teardown,
+    without a status message); :func:`ensure_ray` puts this one back while the block is active.
+    Outside the main thread (where Python cannot set handlers) it does nothing."""
+    global _term_as_interrupt
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _term_as_interrupt = True
+    try:
+        yield
+    finally:
+        _term_as_interrupt = False
+        signal.signal(signal.SIGTERM, old)
 
 
 def quiet_ray_env(verbose: bool) -> None:
@@ -50,6 +81,8 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
         if runtime_env:
             kwargs["runtime_env"] = runtime_env
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    if _term_as_interrupt and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
     if not verbose:
         for name in ("ray", "ray.train", "ray.tune", "ray.data"):
             logging.getLogger(name).setLevel(logging.ERROR)

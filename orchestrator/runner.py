@@ -23,7 +23,7 @@ from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, wr
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 
-__all__ = ["POLL_S", "RUN_INFO", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics", "find_run",
+__all__ = ["POLL_S", "RUN_INFO", "Interrupted", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics", "find_run",
            "quiet_ray_env", "run_training", "write_run_info"]
 
 
@@ -57,6 +57,23 @@ def final_metrics(tracker: RunTracker) -> dict[str, float]:
         if pts:
             out[key] = max(pts)[1]
     return out
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run: its MLflow run ended KILLED with ``summary.error`` (how to
+    continue it) as its ``elastic.failure`` tag; its checkpoints are kept."""
+
+    def __init__(self, summary: RunSummary) -> None:
+        super().__init__(summary.error)
+        self.summary = summary
+
+
+def interrupted_message(run_id: str, steps: int, functions: dict[str, Callable[..., Any]] | None) -> str:
+    """One line: where the run stopped and the command that continues it."""
+    how = (f"from Python: fit(resume={run_id!r}, ...) with the same functions" if functions
+           else f"python -m orchestrator resume {run_id}")
+    return (f"stopped by Ctrl-C or SIGTERM after step {steps}; it continues from its latest checkpoint "
+            f"with: {how}")
 
 
 def _open_tracking_store(uri: str) -> None:
@@ -117,7 +134,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             ray.shutdown()
         raise ConfigError(why)
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
-    status, lock, runner = "FAILED", driver_lock, None
+    status, lock, runner, interrupted = "FAILED", driver_lock, None, None
     timeline = TimelineListener()
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
         runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
@@ -159,7 +176,12 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                                                       warn=runner.progress.write)
     except KeyboardInterrupt:
         status = "KILLED"
-        raise
+        steps = max((st for st, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
+        interrupted = interrupted_message(tracker.run_id, steps, functions)
+        try:
+            tracker.set_tags({"elastic.failure": interrupted})
+        except Exception:  # noqa: BLE001 - the run still ends KILLED below
+            pass
     finally:
         tracker.end(status)
         if lock is not None:
@@ -168,17 +190,22 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             import ray
 
             ray.shutdown()
+    if interrupted is not None:
+        raise Interrupted(_summary(tracker, runner, status, t0, interrupted, timeline)) from None
     summary = _summary(tracker, runner, status, t0, timeline=timeline)
     summary.model_uri, summary.registered = model_uri, registered
     return summary
 
 
-def _summary(tracker: RunTracker, runner: PhaseRunner, status: str, t0: float, error: str | None = None,
+def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,
              timeline: TimelineListener | None = None) -> RunSummary:
+    """``runner`` is None only when the run was interrupted before its runner existed."""
     steps = max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
-    return RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
-                      status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
-                      storage_path=runner.storage_path, train_run_name=runner.train_run_name,
-                      first_step_s=runner.first_step_s(), resizes=runner.resizes,
-                      resizes_called_off=runner.called_off, error=error,
-                      phases=timeline.timeline.rows() if timeline else [])
+    summary = RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
+                         status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
+                         error=error, phases=timeline.timeline.rows() if timeline else [])
+    if runner is not None:
+        summary.storage_path, summary.train_run_name = runner.storage_path, runner.train_run_name
+        summary.first_step_s, summary.resizes = runner.first_step_s(), runner.resizes
+        summary.resizes_called_off = runner.called_off
+    return summary

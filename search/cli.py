@@ -110,20 +110,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = SearchOptions(trials=args.trials, parallel=args.parallel, timeout_s=args.timeout, study_name=name,
                          storage=args.storage, tracking_uri=args.tracking_uri, verbose=args.verbose,
                          progress=not args.no_progress, heartbeat_s=args.heartbeat)
-    import signal
+    from orchestrator.ray_env import terminate_as_interrupt
 
-    def _terminated(signum, frame):  # ray job stop: SIGTERM first; stop as Ctrl-C does, cleanly
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, _terminated)
     try:
-        summary = run_search(space, opts)
+        with terminate_as_interrupt():  # ray job stop: SIGTERM first; stop as Ctrl-C does, cleanly
+            summary = run_search(space, opts)
     except KeyboardInterrupt:
         print("\ninterrupted: running trials were stopped, recorded FAIL and queued again; run the same "
               "command again to finish them", file=sys.stderr)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, old)
     print(_run_summary(summary, args.storage))
     ran = len(summary.records)
     return 0 if ran == 0 or summary.count("FAIL") < ran else 1

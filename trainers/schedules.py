@@ -20,6 +20,9 @@ Warmup (``E_w`` = ``warmup_epochs``, ``eta_peak = eta0 * s(k)``), registry ``WAR
     none      no warmup: E_end = 0
     constant  eta = eta0 (the unscaled base LR) for e < E_w           Goyal et al. 2017
     gradual   eta = eta0 + (eta_peak - eta0) * e / E_w for e < E_w     Goyal et al. 2017 (E_w = 5)
+    linear    eta = eta_peak * e / E_w for e < E_w (from zero: the      Vaswani et al. 2017; GPT-2
+              first step's LR is 0; Adam's moments still start)        (the usual warmup of Adam-type
+                                                                        transformer training)
     legw      as gradual, with sqrt scaling and E_end = E_w * k        You et al. 2019/2020,
               ("linear-epoch gradual warmup": the warmup length in      "Large-batch training for
               epochs grows linearly with the batch)                    LSTM and beyond" (LEGW)
@@ -56,7 +59,7 @@ from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
 ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]
-WarmupName = Literal["none", "constant", "gradual", "legw", "auto"]
+WarmupName = Literal["none", "constant", "gradual", "linear", "legw", "auto"]
 DecayName = Literal["cosine", "step", "poly", "linear", "none"]
 
 
@@ -108,7 +111,7 @@ class ScheduleConfig(Section):
 
     def check_total_epochs(self, total_epochs: float) -> None:
         """Cross-check with ``train.epochs`` (for the root config's validator).  Raises ``ValueError``."""
-        if self.warmup in ("constant", "gradual") and self.warmup_epochs >= total_epochs:
+        if self.warmup in ("constant", "gradual", "linear") and self.warmup_epochs >= total_epochs:
             raise ValueError(f"schedule.warmup_epochs: {self.warmup_epochs} leaves no epoch after warmup "
                              f"(train.epochs is {total_epochs}); lower it")
         late = [m for m in self.milestones if m >= total_epochs]
@@ -186,6 +189,7 @@ WARMUPS: dict[str, WarmupRule] = {
     "none": WarmupRule(length=lambda ew, k: 0.0, ramp=lambda f, eta0, peak: peak),
     "constant": WarmupRule(length=lambda ew, k: ew, ramp=lambda f, eta0, peak: eta0),
     "gradual": WarmupRule(length=lambda ew, k: ew, ramp=_linear_ramp),
+    "linear": WarmupRule(length=lambda ew, k: ew, ramp=lambda f, eta0, peak: peak * f),
     "legw": WarmupRule(length=lambda ew, k: ew * k, ramp=_linear_ramp),
 }
 """Fixed-length warmups; ``auto`` has a state of its own (``AutoWarmup``)."""

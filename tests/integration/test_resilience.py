@@ -101,25 +101,60 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     np.testing.assert_allclose([v for _, v in got], [v for _, v in ref_losses], rtol=1e-4)
 
 
-def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster, tmp_path):
-    _, ref_uri, ref = reference
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def _driver_past_a_checkpoint(ray_cluster, tmp_path, uri):
+    """A ``train`` CLI driver on the shared Ray, once its run has a checkpoint at step >= 20:
+    (process, its env, the run's checkpoint folder)."""
     cfg = _cfg(tmp_path, uri)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
     deadline = time.time() + 180
     run_dirs = []
     while time.time() < deadline:
         run_dirs = glob.glob(f"{tmp_path}/ray_runs/elastic-*")
         if run_dirs and any(s >= 20 for s in _ckpt_steps(run_dirs[0])):
             break
-        assert driver.poll() is None, driver.stdout.read().decode()
+        if driver.poll() is not None:
+            out, err = driver.communicate()
+            pytest.fail(f"the driver ended early ({driver.returncode}): {out}{err}")
         time.sleep(0.2)
+    return driver, env, run_dirs[0]
+
+
+def test_sigterm_stops_the_driver_cleanly_run_killed_with_how_to_resume(ray_cluster, tmp_path):
+    """``ray job stop`` or ``kill``: SIGTERM ends the run KILLED with a message naming the resume
+    command, exit 130, no traceback (before: Ray's handler, a core dump at exit, no message)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    driver, _, folder = _driver_past_a_checkpoint(ray_cluster, tmp_path, uri)
+    driver.send_signal(signal.SIGTERM)  # the driver only, as ray job stop does
+    out, err = driver.communicate(timeout=120)
+    run_id = os.path.basename(folder)[len("elastic-"):]
+    assert driver.returncode == 130, out + err
+    assert "Traceback" not in err and "run killed:" in err, err
+    hint = f"python -m orchestrator resume {run_id}"
+    assert hint in err, err
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["elastic.failure"].startswith("stopped by Ctrl-C or SIGTERM after step ")
+    assert hint in run.data.tags["elastic.failure"]
+    # what it trained is kept for the resume (in the newest phase's folder, after a resize)
+    steps = [int(os.path.basename(p)[len("checkpoint_step"):]) for p in glob.glob(f"{folder}*/checkpoint_step*")]
+    assert max(steps) >= 20
+    logged = [st for st, _ in _losses(uri, run_id)]
+    assert logged and logged[-1] >= 20, "the steps trained before the signal reach MLflow"
+
+
+def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster, tmp_path):
+    _, ref_uri, ref = reference
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    driver, env, folder = _driver_past_a_checkpoint(ray_cluster, tmp_path, uri)
+    run_dirs = [folder]
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert max(_ckpt_steps(run_dirs[0])) < STEPS, "the run finished before it could be killed"

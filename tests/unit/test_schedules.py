@@ -75,6 +75,17 @@ def test_gradual_warmup_ramps_from_eta0_to_the_scaled_lr():
     assert s.lr(50.0, 512) == pytest.approx(0.8)  # decay none
 
 
+def test_linear_warmup_ramps_from_zero_to_the_scaled_lr_even_at_the_base_batch():
+    s = schedule(warmup="linear", warmup_epochs=5)  # linear scaling, B = 512: k = 8, peak 0.8
+    assert s.warmup_end(512) == 5.0
+    assert s.lr(0.0, 512) == 0.0
+    assert s.lr(2.5, 512) == pytest.approx(0.4)
+    assert s.lr(5.0, 512) == pytest.approx(0.8)
+    # at B = B0 gradual has nothing to ramp (eta0 = peak from the first step); linear still warms up
+    assert schedule(warmup="gradual", warmup_epochs=5).lr(0.0, 64) == pytest.approx(ETA0)
+    assert s.lr(1.0, 64) == pytest.approx(ETA0 / 5)
+
+
 def test_constant_warmup_holds_the_unscaled_lr_then_jumps():
     s = schedule(warmup="constant", warmup_epochs=5)
     assert s.lr(0.0, 512) == pytest.approx(0.1)
