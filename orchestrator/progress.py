@@ -3,7 +3,8 @@
 It counts training samples, not steps: the total (``train.epochs`` x the training set) is known
 before the run and stays right when the batch grows (a step count at the initial batch would end
 far short of its total).  The postfix shows the step, epoch, loss, the batch the policy has in
-force (``B``), the workers actually training (``W``) and the latest validation accuracy.
+force (``B``), the workers actually training (``W``) and the latest validation accuracy (perplexity,
+for a language model).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class Progress:
         post = {"step": self.step, "epoch": f"{self.last.get(M.EPOCH, 0):.2f}",
                 "loss": f"{self.last.get(M.TRAIN_LOSS, float('nan')):.4f}",
                 "B": int(self.last.get(M.BATCH_GLOBAL, 0)), "W": int(self.last.get(M.WORKERS, 0))}
-        if M.VAL_ACCURACY in self.last:
+        if M.VAL_PERPLEXITY in self.last:  # a language model: perplexity is what its users read
+            post["val_ppl"] = f"{self.last[M.VAL_PERPLEXITY]:.2f}"
+        elif M.VAL_ACCURACY in self.last:
             post["val_acc"] = f"{self.last[M.VAL_ACCURACY]:.3f}"
         self.bar.set_postfix(post, refresh=False)
         self.bar.refresh()

@@ -73,8 +73,6 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-
-
 class NonFiniteLoss(RuntimeError):
     """The global batch's loss at ``step`` is ``value`` (inf or nan): the run stops (see ``Trainer.run``)."""
 

@@ -52,8 +52,6 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
     assert out.stderr.strip() == "error: batch.size: must be > 0 (got 0)"
 
 
-
-
 @pytest.mark.parametrize("override, start", [
     ("scaling.use_gpu=true", "error: scaling.use_gpu:"),
     ("scaling.cpus_per_worker=64", "error: scaling.max_workers x cpus_per_worker:"),

@@ -195,8 +195,6 @@ def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeyp
     assert "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
 
 
-
-
 def test_the_progress_bar_counts_samples_and_shows_the_policy_batch(capsys):
     from orchestrator.progress import Progress
 

@@ -11,7 +11,6 @@ from search.cli import main
 from tests.search_helpers import base_config, write_space
 
 
-
 # --------------------------------------------------------------------------- (e) bad space files: exit 2, nothing started
 
 
