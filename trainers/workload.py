@@ -277,6 +277,16 @@ class StepBatch:
         return np.concatenate(self.micro_ids) if self.micro_ids else self.ids[:0]
 
 
+def _take(t: Any, ids: np.ndarray) -> Any:
+    """``t[ids]`` along the first dimension.  For a tensor, ``index_select`` with an index tensor: a
+    numpy index goes through PyTorch's generic indexing, ~7x slower (60 vs 9 us for 64 rows here,
+    ~2% of a small model's step)."""
+    if not isinstance(t, torch.Tensor):
+        return t[ids]
+    index = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
+    return t.index_select(0, index if t.device.type == "cpu" else index.to(t.device))
+
+
 class TensorBatches:
     """The built-in in-memory sets: micro-batches by indexing the training tensors."""
 
@@ -293,7 +303,8 @@ class TensorBatches:
 
     def batch(self, ids: np.ndarray) -> StepBatch:
         micro_ids = rank_micro_batches(ids, self.rank, self.world, self.max_local_batch, self.split_single)
-        return StepBatch(ids, micro_ids, [(self.data.train_x[m], self.data.train_y[m]) for m in micro_ids])
+        return StepBatch(ids, micro_ids, [(_take(self.data.train_x, m), _take(self.data.train_y, m))
+                                          for m in micro_ids])
 
     def next(self, epoch: int, cursor: int, batch_size: int) -> StepBatch:
         return self.batch(global_batch(self.permutation(epoch), cursor, batch_size))
