@@ -39,11 +39,14 @@ from orchestrator.listeners import ProgressListener, RecordsCallback, RunListene
 from orchestrator.progress import Progress, total_samples
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
+from trainers.link import messages as msg
 from trainers.link.messages import Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
 from trainers.link.runtime import Runtime
 
 POLL_S = 0.5
-FINAL_PUMP_S = 10.0  # the last drain after Ctrl-C/SIGTERM: a monitor that does not answer is not waited for
+# After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
+# driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
+STOP_WAIT_S = 2.0
 
 
 class _Phase:
@@ -246,10 +249,10 @@ class PhaseRunner:
             if isinstance(self.state, Failed):
                 raise self.state.error
             return self.state.result
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the workers trained so far reaches MLflow
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers cleanly, what they trained reaches MLflow
             if self.monitor is not None:
                 try:
-                    self.pump(timeout=FINAL_PUMP_S)
+                    self._stop_and_drain(STOP_WAIT_S)
                 except Exception:  # noqa: BLE001 - a resume re-logs whatever is missing
                     pass
             raise
@@ -262,6 +265,19 @@ class PhaseRunner:
             if self.monitor is not None:
                 ray.kill(self.monitor)
                 self.monitor = None
+
+    def _stop_and_drain(self, wait_s: float) -> None:
+        """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the
+        monitor until it says the group ended, or for ``wait_s`` at most."""
+        self.monitor.request_stop.remote()
+        seen, deadline = len(self.events), time.monotonic() + wait_s
+        while True:
+            self.pump(timeout=max(0.1, deadline - time.monotonic()))
+            if any(isinstance(ev, (msg.Stopped, msg.Finished, Diverged)) for ev in self.events[seen:]):
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def request_stop(self) -> None:
         if self.monitor is not None:

@@ -23,8 +23,8 @@ from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, wr
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 
-__all__ = ["POLL_S", "RUN_INFO", "Interrupted", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics", "find_run",
-           "quiet_ray_env", "run_training", "write_run_info"]
+__all__ = ["POLL_S", "RUN_INFO", "Interrupted", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics",
+           "find_run", "quiet_ray_env", "run_training", "write_run_info"]
 
 
 @dataclass
@@ -68,12 +68,29 @@ class Interrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-def interrupted_message(run_id: str, steps: int, functions: dict[str, Callable[..., Any]] | None) -> str:
-    """One line: where the run stopped and the command that continues it."""
+def interrupted_message(run_id: str, steps: int, checkpoint: int | None,
+                        functions: dict[str, Callable[..., Any]] | None) -> str:
+    """One line: where the run stopped (``steps`` logged, the newest ``checkpoint``'s step) and the
+    command that continues it."""
+    if checkpoint is None:
+        return (f"stopped by Ctrl-C or SIGTERM after step {steps}, before its first checkpoint: "
+                f"nothing to resume; train it anew")
     how = (f"from Python: fit(resume={run_id!r}, ...) with the same functions" if functions
            else f"python -m orchestrator resume {run_id}")
-    return (f"stopped by Ctrl-C or SIGTERM after step {steps}; it continues from its latest checkpoint "
-            f"with: {how}")
+    return (f"stopped by Ctrl-C or SIGTERM after step {steps}; it continues from its checkpoint at step "
+            f"{checkpoint} with: {how}")
+
+
+def _newest_checkpoint_step(runner: PhaseRunner | None) -> int | None:
+    if runner is None:
+        return None
+    from trainers.checkpoint import checkpoint_step, run_checkpoints
+
+    try:
+        found = run_checkpoints(runner.storage_path, runner.train_run_name)
+    except OSError:
+        return None
+    return checkpoint_step(found[0]) if found else None
 
 
 def _open_tracking_store(uri: str) -> None:
@@ -177,7 +194,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     except KeyboardInterrupt:
         status = "KILLED"
         steps = max((st for st, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
-        interrupted = interrupted_message(tracker.run_id, steps, functions)
+        interrupted = interrupted_message(tracker.run_id, steps, _newest_checkpoint_step(runner), functions)
         try:
             tracker.set_tags({"elastic.failure": interrupted})
         except Exception:  # noqa: BLE001 - the run still ends KILLED below

@@ -3,6 +3,7 @@ and a truncated newest checkpoint.  Each run must end exactly like the uninterru
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -141,11 +142,14 @@ def test_sigterm_stops_the_driver_cleanly_run_killed_with_how_to_resume(ray_clus
 
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "KILLED"
-    assert run.data.tags["elastic.failure"].startswith("stopped by Ctrl-C or SIGTERM after step ")
-    assert hint in run.data.tags["elastic.failure"]
     # what it trained is kept for the resume (in the newest phase's folder, after a resize)
-    steps = [int(os.path.basename(p)[len("checkpoint_step"):]) for p in glob.glob(f"{folder}*/checkpoint_step*")]
+    steps = [int(os.path.basename(p)[len("checkpoint_step"):].split("_")[0])
+             for p in glob.glob(f"{folder}*/checkpoint_step*")]
     assert max(steps) >= 20
+    assert run.data.tags["elastic.failure"].startswith("stopped by Ctrl-C or SIGTERM after step ")
+    named = re.search(r"from its checkpoint at step (\d+) with: ", run.data.tags["elastic.failure"])
+    assert named and 20 <= int(named.group(1)) <= max(steps), run.data.tags["elastic.failure"]
+    assert run.data.tags["elastic.failure"].endswith(hint)
     logged = [st for st, _ in _losses(uri, run_id)]
     assert logged and logged[-1] >= 20, "the steps trained before the signal reach MLflow"
 

@@ -232,3 +232,37 @@ def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
     runner.monitor = FakeMonitor(state)
     runner.pump()
     assert seen == [("record", 18), ("record", 19), ("record", 20), ("event", 20), ("record", 21), ("record", 22)]
+
+
+def test_an_interrupted_driver_stops_the_group_and_drains_its_last_records(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM on the driver: the group is asked to stop (its last checkpoint), and what
+    it pushes until it ends reaches the tracker before the interruption goes on."""
+    import time
+
+    import ray
+
+    from trainers.link.messages import Stopped
+
+    def group(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        step = 1
+        while not m.push([(step, {"train/loss": 1.0}, 1.0)], []).stop:
+            step += 1
+            time.sleep(0.002)
+        m.push([(step + 1, {"train/loss": 0.5}, 1.0)], [Stopped(step=step + 1)])
+        return "stopped"
+
+    runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: group}, "restart")
+    monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
+    poll = runner.poll
+
+    def interrupted_poll(ph) -> None:
+        poll(ph)
+        if any(r[0] >= 5 for r in tracker.metrics):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "poll", interrupted_poll)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert tracker.metrics[-1][1] == {"train/loss": 0.5}  # pushed after the stop, drained before the end
+    assert any(isinstance(ev, Stopped) for ev in runner.events) and runner.monitor is None
