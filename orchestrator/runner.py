@@ -81,6 +81,11 @@ def interrupted_message(run_id: str, steps: int, checkpoint: int | None,
             f"{checkpoint} with: {how}")
 
 
+def _logged_steps(tracker: RunTracker) -> int:
+    """The newest step whose training loss is logged."""
+    return max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
+
+
 def _newest_checkpoint_step(runner: PhaseRunner | None) -> int | None:
     if runner is None:
         return None
@@ -193,8 +198,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                                                       warn=runner.progress.write)
     except KeyboardInterrupt:
         status = "KILLED"
-        steps = max((st for st, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
-        interrupted = interrupted_message(tracker.run_id, steps, _newest_checkpoint_step(runner), functions)
+        interrupted = interrupted_message(tracker.run_id, _logged_steps(tracker), _newest_checkpoint_step(runner),
+                                          functions)
         try:
             tracker.set_tags({"elastic.failure": interrupted})
         except Exception:  # noqa: BLE001 - the run still ends KILLED below
@@ -217,9 +222,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
 def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,
              timeline: TimelineListener | None = None) -> RunSummary:
     """``runner`` is None only when the run was interrupted before its runner existed."""
-    steps = max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
     summary = RunSummary(run_id=tracker.run_id, tracking_uri=tracker.uri, experiment_id=tracker.experiment_id,
-                         status=status, steps=steps, wall_s=time.time() - t0, final=final_metrics(tracker),
+                         status=status, steps=_logged_steps(tracker), wall_s=time.time() - t0, final=final_metrics(tracker),
                          error=error, phases=timeline.timeline.rows() if timeline else [])
     if runner is not None:
         summary.storage_path, summary.train_run_name = runner.storage_path, runner.train_run_name
