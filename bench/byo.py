@@ -38,8 +38,8 @@ if ROOT not in sys.path:
 def cnn(shape: list[int], classes: int, hidden: int = 64, norm: str = "group") -> Any:
     """The built-in CNN as a ``model.factory`` (the same model for both data paths; GroupNorm: no
     BatchNorm warning, and no dependence on how a batch is cut)."""
-    from trainers.data import DatasetInfo
-    from trainers.models import ModelConfig, build_model
+    from trainers.data.datasets import DatasetInfo
+    from trainers.workload.models import ModelConfig, build_model
 
     return build_model(DatasetInfo(tuple(shape), classes), ModelConfig(name="cnn", hidden=hidden, norm=norm))
 
@@ -65,7 +65,7 @@ class Pairs:
 
 def synthetic_pairs(size: int, shape: list[int], classes: int = 10, seed: int = 0) -> tuple[Pairs, Pairs]:
     """The built-in ``synthetic`` set (same samples, same train/val split) as map-style datasets."""
-    from trainers.data import DataConfig, load_data
+    from trainers.data.datasets import DataConfig, load_data
 
     d = load_data(DataConfig(name="synthetic", size=size, shape=shape, num_classes=classes), seed)
     return Pairs(d.train_x, d.train_y), Pairs(d.val_x, d.val_y)
@@ -82,7 +82,7 @@ LM_ROWS = {"plain": "plain loop (method check)", "ray": "plain loop in a bare Ra
 def part_map(a: argparse.Namespace) -> float:
     from bench.common import table, temp_config
     from bench.overhead import measure, write_config
-    from trainers.data import DataConfig, load_data
+    from trainers.data.datasets import DataConfig, load_data
 
     shape, classes = [1, 8, 8], 10
     model = {"factory": "bench.byo:cnn", "params": {"shape": shape, "classes": classes, "hidden": 64}}
@@ -116,8 +116,8 @@ def part_map(a: argparse.Namespace) -> float:
 def part_lm(a: argparse.Namespace) -> tuple[float, float]:
     from bench.common import scratch_dir, table
     from bench.overhead import measure, write_config
-    from orchestrator.config import load_config
-    from trainers.workload import train_size
+    from orchestrator.pipeline import load_config
+    from trainers.workload.build import train_size
 
     tmp = scratch_dir()
     sets = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"checkpoint.storage_path={tmp}/ray_runs",

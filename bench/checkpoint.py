@@ -22,10 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
-from trainers.data import DatasetInfo  # noqa: E402
-from trainers.models import ModelConfig, build_model  # noqa: E402
-from trainers.checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
-from trainers.state import TrainState  # noqa: E402
+from trainers.data.datasets import DatasetInfo  # noqa: E402
+from trainers.workload.models import ModelConfig, build_model  # noqa: E402
+from trainers.loop.checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
+from trainers.loop.state import TrainState  # noqa: E402
 
 
 def payload(name: str) -> dict:

@@ -1,12 +1,12 @@
 """Throughput of the GPU fast path: the orchestrator at W=1 against a tuned plain PyTorch loop.
 
 Three loops train the same model on the same data with the same batch and settings: the model
-of ``trainers/models.py`` (``build_model``: ResNet-18/50 with the CIFAR stem, or the small cnn),
+of ``trainers/workload/models.py`` (``build_model``: ResNet-18/50 with the CIFAR stem, or the small cnn),
 synthetic uint8 3x32x32 images written in CIFAR-10's own file format (so the orchestrator reads
 them as ``data.name: cifar10``), held on the device (``data.device: accelerator``;
-``trainers/device.py:DeviceData``), normalised per batch with the CIFAR mean/std, bf16 autocast,
+``trainers/accel/device.py:DeviceData``), normalised per batch with the CIFAR mean/std, bf16 autocast,
 channels_last, SGD with momentum, the loss read back every step; optional ``--compile`` and
-``--augment`` (both loops then use ``trainers/device.py``/``trainers/augment.py``).
+``--augment`` (both loops then use ``trainers/accel/device.py``/``trainers/data/augment.py``).
 
   tuned plain PyTorch loop            the reference: ten lines around the same building blocks
   plain loop in a bare Ray Train      the same loop as the train function of a one-worker TorchTrainer
@@ -57,11 +57,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from trainers.augment import Augment  # noqa: E402
-from trainers.data import CIFAR_MEAN, CIFAR_STD, DataConfig, DatasetInfo, epoch_permutation, load_data  # noqa: E402
-from trainers.device import DeviceData, compile_model, to_channels_last  # noqa: E402
-from trainers.models import ModelConfig, build_model  # noqa: E402
-from trainers.precision import Precision, check_precision  # noqa: E402
+from trainers.data.augment import Augment  # noqa: E402
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DataConfig, DatasetInfo, load_data
+from trainers.data.order import epoch_permutation  # noqa: E402
+from trainers.data.pipeline import DeviceData
+from trainers.accel.device import compile_model, to_channels_last  # noqa: E402
+from trainers.workload.models import ModelConfig, build_model  # noqa: E402
+from trainers.accel.precision import Precision, check_precision  # noqa: E402
 
 
 @dataclass(frozen=True)

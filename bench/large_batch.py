@@ -17,11 +17,11 @@
 training runs; each through Ray Train would cost ~15 s of worker-group start on this machine
 before its first step, and W real workers on 2 cores would time-share anyway, so the bench runs
 the product's own math in-process instead: the workload, the data order and each worker's slice
-(``trainers/workload.py`` ``make_batches`` with ``rank=r, world=W``), the LR and MF of every step
-(``trainers/policy.py`` ``PolicySet.settings``, the same object the loop asks), the optimizer
-(``trainers/optim.py``), Adasum (``trainers/combine.py`` ``adasum_layers``), the local norm test
-(``trainers/combine.py`` ``local_variance`` with ``trainers/noise.py`` ``norm_test``) and the
-``norm_test`` batch policy (``trainers/batching.py``).  Worker r's forward pass sees only its
+(``trainers/workload/build.py`` ``make_batches`` with ``rank=r, world=W``), the LR and MF of every step
+(``trainers/policies/policy_set.py`` ``PolicySet.settings``, the same object the loop asks), the optimizer
+(``trainers/policies/optim.py``), Adasum (``trainers/combine/methods.py`` ``adasum_layers``), the local norm test
+(``trainers/combine/methods.py`` ``local_variance`` with ``trainers/policies/noise.py`` ``norm_test``) and the
+``norm_test`` batch policy (``trainers/policies/batching.py``).  Worker r's forward pass sees only its
 slice, so BatchNorm is per worker as in a DDP run; ``mean`` sums the slices' gradients scaled by
 ``1 / B`` (what DDP's all-reduce gives the loop); local SGD keeps W model copies with their own
 optimizers and averages parameters, buffers and momentum every H steps.  The loop's wiring of
@@ -54,13 +54,13 @@ from typing import Any
 
 import torch
 
-from trainers.batching import BatchStats
-from trainers.combine import adasum_layers, local_variance
-from trainers.config import LoopConfig
-from trainers.noise import norm_test
-from trainers.optim import build_optimizer
-from trainers.policy import PolicySet
-from trainers.workload import build_workload, correct, make_batches, summed_loss
+from trainers.policies.batching import BatchStats
+from trainers.combine.methods import adasum_layers, local_variance
+from trainers.loop.config import LoopConfig
+from trainers.policies.noise import norm_test
+from trainers.policies.optim import build_optimizer
+from trainers.policies.policy_set import PolicySet
+from trainers.workload.build import build_workload, correct, make_batches, summed_loss
 
 METHODS = ("mean", "adasum", "local_sgd")
 
@@ -223,7 +223,7 @@ def train(cfg: LoopConfig, workers: int, method: str = "mean", local_steps: int 
         if cursor >= n:
             epoch, cursor = epoch + 1, 0
             last_epoch_losses, epoch_losses = epoch_losses, []
-    if method == "local_sgd" and step % local_steps:  # the run ends at a sync (trainers/combine.py)
+    if method == "local_sgd" and step % local_steps:  # the run ends at a sync (trainers/combine/methods.py)
         sent += _average_into(models, opts)
         syncs += 1
     tail = epoch_losses or last_epoch_losses

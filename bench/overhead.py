@@ -55,9 +55,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.common import median, parse_args, scratch_dir, table, temp_config  # noqa: E402
-from trainers.data import epoch_permutation, load_data  # noqa: E402
-from trainers.models import build_model  # noqa: E402
-from trainers.optim import build_optimizer  # noqa: E402
+from trainers.data.order import epoch_permutation
+from trainers.data.datasets import load_data  # noqa: E402
+from trainers.workload.models import build_model  # noqa: E402
+from trainers.policies.optim import build_optimizer  # noqa: E402
 
 ROWS = {
     "plain": "plain PyTorch loop",
@@ -111,8 +112,8 @@ def plain_workload_step(cfg):
     """A plain loop of any workload (a factory's, the language model): the model, loss and datasets
     the orchestrator would build, each step's samples loaded in one ``__getitems__`` (or indexed
     tensors), the mean of the per-sample loss, backward, step."""
-    from trainers.sampler import fetch
-    from trainers.workload import build_workload
+    from trainers.data.sampler import fetch
+    from trainers.workload.build import build_workload
 
     work = build_workload(cfg)
     model, loss_fn = work.model, work.loss_fn
@@ -138,8 +139,8 @@ def plain_workload_step(cfg):
 
 def local_step(cfg, threads: int):
     """The orchestrator's own step code (``Trainer.train_step`` + per-step metrics) without Ray."""
-    from trainers.config import LoopConfig
-    from trainers.loop import Runtime, Trainer
+    from trainers.loop.config import LoopConfig
+    from trainers.loop.trainer import Runtime, Trainer
 
     torch.set_num_threads(threads)
     t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))
@@ -451,7 +452,8 @@ def main() -> None:
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": a.steps * a.batch / n_train})})
     cfg_json, cfg_yaml = write_config(cfg, tmp)
     if a.overrides:  # a bad --set stops here, before any loop runs
-        from orchestrator.config import ConfigError, load_config
+        from orchestrator.config import ConfigError
+        from orchestrator.pipeline import load_config
 
         try:
             load_config(cfg_yaml, a.overrides)

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import ConfigError, load_config, read_yaml, validate
+from orchestrator.config import ConfigError, read_yaml, validate
+from orchestrator.pipeline import load_config
 
 
 @dataclass
@@ -45,8 +46,8 @@ class FitResult:
 def _record(section: str, fn: Callable[..., Any], raw: dict[str, Any],
             functions: dict[str, Callable[..., Any]]) -> None:
     """Name ``fn`` as the section's factory in ``raw``: by import path, or by value."""
-    from trainers.factory import qualified_name
-    from trainers.workload import by_value_name
+    from trainers.workload.factory import qualified_name
+    from trainers.workload.build import by_value_name
 
     if not callable(fn):
         raise ConfigError(f"{section}.factory: {section}_fn is a {type(fn).__name__}, not a callable")
@@ -63,7 +64,7 @@ def _record(section: str, fn: Callable[..., Any], raw: dict[str, Any],
 
 def by_value_fields(raw: dict[str, Any]) -> dict[str, str]:
     """``{"model.factory": "python:..."}`` for each factory of a recorded config sent by value."""
-    from trainers.workload import BY_VALUE
+    from trainers.workload.build import BY_VALUE
 
     out = {}
     for section in ("data", "model"):
@@ -109,7 +110,7 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
         raw.setdefault("tracking", {})["uri"] = uri
         for section, fn in (("model", model_fn), ("data", data_fn)):
             if fn is not None:
-                from trainers.factory import qualified_name
+                from trainers.workload.factory import qualified_name
 
                 recorded = (raw.get(section) or {}).get("factory") or ""
                 if qualified_name(fn) is None or recorded.startswith("python:"):

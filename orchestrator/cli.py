@@ -11,7 +11,8 @@ import os
 import sys
 import time
 
-from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError, load_config
+from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
+from orchestrator.pipeline import load_config
 from orchestrator.ui import open_hint
 from orchestrator.uris import redact_uri
 

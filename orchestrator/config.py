@@ -8,7 +8,6 @@ Everything is validated here, before Ray starts or an MLflow run is created.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -17,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trainers.section import Section
 
 from orchestrator.code import CodeConfig
-from trainers.combine import check_combination
-from trainers.config import LoopConfig
+from trainers.combine.methods import check_combination
+from trainers.loop.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_EXPERIMENT_NAME_LENGTH = 500  # MLflow's limit
@@ -99,7 +98,7 @@ class RootConfig(LoopConfig):
                                 scaling_rule=self.schedule.scaling_rule, min_workers=self.scaling.min_workers,
                                 max_workers=self.scaling.max_workers,
                                 check_every=self.batch.check_every if self.batch.policy == "norm_test" else None)
-        if why:  # what combine.method cannot honour (trainers/combine.py)
+        if why:  # what combine.method cannot honour (trainers/combine/methods.py)
             raise ValueError(why)
         if self.train.precision == "fp16" and self.combine.method != "mean":
             # a step fp16's scaler skips would still be combined (adasum) or counted toward a sync (local_sgd)
@@ -108,11 +107,11 @@ class RootConfig(LoopConfig):
         return self
 
     def check_fast_path(self) -> None:
-        """Issue #20's options against the resources (trainers/device.py :func:`check_fast_path`):
+        """Issue #20's options against the resources (trainers/accel/device.py :func:`check_fast_path`):
         fp16 and data on the accelerator need GPUs; channels_last and augmentation need an image
         model and image inputs (known here for built-in data and models)."""
-        from trainers.data import dataset_info
-        from trainers.device import check_fast_path
+        from trainers.data.datasets import dataset_info
+        from trainers.accel.device import check_fast_path
 
         d = self.data
         shape = list(dataset_info(d).shape) if d.in_memory else [d.context] if d.name == "text" else None
@@ -132,11 +131,11 @@ class RootConfig(LoopConfig):
             raise ConfigError(str(e)) from None
 
     def check_workload(self, functions: Mapping[str, Callable[..., Any]] | None = None) -> str | None:
-        """Probe a workload that is not all built-in (trainers/workload.py :func:`probe_config`): build,
+        """Probe a workload that is not all built-in (trainers/workload/build.py :func:`probe_config`): build,
         forward and loss on two samples, backward, state-dict round trip, and a training set that holds
         the global batch.  Returns the probe's warning (BatchNorm) or None; a failure is a ConfigError."""
-        from trainers.factory import FactoryError
-        from trainers.workload import probe_config
+        from trainers.workload.factory import FactoryError
+        from trainers.workload.build import probe_config
 
         try:
             return probe_config(self, functions)
@@ -313,26 +312,6 @@ def drop_replaced_choice(raw: dict[str, Any], overrides: list[str]) -> dict[str,
                     for key in BUILTIN_ONLY[path[0]]:
                         section.pop(key, None)
     return raw
-
-
-def load_config(path: str | dict[str, Any] | None, overrides: list[str] | None = None, *,
-                functions: Mapping[str, Callable[..., Any]] | None = None) -> RootConfig:
-    """Read (a YAML path, or a dict of sections), override, validate, check data and probe the
-    workload: every error is a one-line ConfigError before anything starts.  A probe's warning
-    (a BatchNorm model) is printed once to stderr."""
-    import copy
-
-    raw = read_yaml(path) if isinstance(path, str) else copy.deepcopy(path or {})
-    raw = drop_replaced_choice(raw, overrides or [])
-    cfg = validate(apply_overrides(raw, overrides or []))
-    from orchestrator.preflight import check_config
-
-    check_config(cfg)
-    cfg.check_resources()
-    warning = cfg.check_workload(functions)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    return cfg
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -21,21 +21,21 @@ Rule = tuple[Callable[[RootConfig], bool], tuple[str, ...]]
 # only when ``applies`` holds.  Besides these, every rule of preflight.IGNORED_UNLESS (the settings
 # a user may not set where they do nothing) applies: see :func:`rules`.
 EXTRA_RULES: tuple[Rule, ...] = (
-    # trainers/data.py, trainers/workload.py: a built-in set or a factory; synthetic's teacher seed
+    # trainers/data/datasets.py, trainers/workload/build.py: a built-in set or a factory; synthetic's teacher seed
     (lambda c: c.data.factory is None, ("data.name", "data.val_fraction")),
     (lambda c: c.data.factory is not None, ("data.factory", "data.params.")),
     (lambda c: c.data.factory is None and c.data.name == "text", ("data.path", "data.context")),
     (lambda c: c.data.factory is None and c.data.name == "synthetic", ("data.seed",)),
-    # trainers/sampler.py: the DataLoader runs for map-style data only (factories, text)
+    # trainers/data/sampler.py: the DataLoader runs for map-style data only (factories, text)
     (lambda c: not c.data.in_memory, ("data.loader.",)),
     (lambda c: c.data.loader.workers > 0, ("data.loader.prefetch",)),
-    # trainers/models.py, trainers/workload.py: the built-in models' knobs
+    # trainers/workload/models.py, trainers/workload/build.py: the built-in models' knobs
     (lambda c: c.model.factory is None, ("model.name",)),
     (lambda c: c.model.factory is not None, ("model.factory",)),
     (lambda c: c.model.factory is not None or c.model.language_model, ("model.params.",)),
     (lambda c: c.model.factory is None and not c.model.language_model, ("model.norm",)),
     (lambda c: c.scaling.use_gpu, ("model.sync_bn",)),
-    # trainers/policy.py needs_noise: the gradient-noise estimator runs for these only
+    # trainers/policies/policy_set.py needs_noise: the gradient-noise estimator runs for these only
     (lambda c: c.batch.policy in ("noise_scale", "norm_test") or c.schedule.scaling_rule == "adascale",
      ("batch.ema",)),
     (lambda c: c.batch.policy == "schedule", ("batch.schedule",)),

@@ -17,7 +17,7 @@ A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
 Each phase is its own Ray Train run (``elastic-<run>``, ``elastic-<run>-r<resume>p<phase>``)
 under one storage path.  Rank 0 writes checkpoints straight into its phase's folder; a new
 group (a resize, a restart after a failure, a ``resume``) restores the newest intact
-checkpoint across all of the training run's folders (trainers/loop.py).  What the driver
+checkpoint across all of the training run's folders (trainers/loop/trainer.py).  What the driver
 does with records and events (MLflow, the progress bar) is up to listeners
 (orchestrator/listeners.py).  See ``docs/architecture.md``.
 """
@@ -208,7 +208,7 @@ class PhaseRunner:
                  on_records: Callable[[list[Record]], None] | None = None,
                  functions: dict[str, Callable[..., Any]] | None = None):
         self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
-        self.functions = functions  # factories sent by value (trainers/workload.py), in the payload
+        self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
         self.progress = Progress(total_samples(cfg, functions), enabled=progress)
         self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
         if on_records is not None:
@@ -232,7 +232,7 @@ class PhaseRunner:
         self._first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self._overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self._unmeasured: ResizeRecord | None = None  # the last resize, until its new group's first step
-        from trainers.resize import build_resize_policy
+        from trainers.policies.resize import build_resize_policy
 
         self.resize_policy = build_resize_policy()
 
@@ -291,7 +291,7 @@ class PhaseRunner:
 
     def initial_workers(self) -> int:
         """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
-        from trainers.resize import workers_for_batch
+        from trainers.policies.resize import workers_for_batch
 
         s = self.cfg.scaling
         workers = workers_for_batch(self.cfg.batch.size, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers)
@@ -318,7 +318,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        from trainers.loop import train_loop_per_worker
+        from trainers.loop.trainer import train_loop_per_worker
 
         s = self.cfg.scaling
         num_workers: int | tuple[int, int] = workers
@@ -357,7 +357,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         elastic group (``min_workers < max_workers``) would start with fewer workers than wanted."""
         import ray
 
-        from trainers.link.monitor import has_room
+        from orchestrator.monitor import has_room
 
         deadline = time.time() + timeout_s
         while not has_room(ray.available_resources(), self.resources(), workers):
@@ -377,7 +377,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
     def make_monitor(self) -> None:
         import ray
 
-        from trainers.link.monitor import Monitor
+        from orchestrator.monitor import Monitor
 
         s = self.cfg.scaling
         self.namespace = ray.get_runtime_context().namespace

@@ -2,7 +2,7 @@
 
 It walks the same data order the workers walk (global batches over ``num_train``
 samples per epoch, the short last batch included) and asks the same policy set the
-loop asks (:class:`trainers.policy.PolicySet`: LR schedule, MF rule, batch policy,
+loop asks (:class:`trainers.policies.policy_set.PolicySet`: LR schedule, MF rule, batch policy,
 worker-count policy, accumulation steps), so for everything decided ahead of time
 the preview *is* the run.  What only the run can decide (an ``auto`` warmup's end, a
 noise-scale or norm-test batch, AdaScale's gain) is named in ``notes`` and shown at
@@ -16,8 +16,8 @@ import io
 from dataclasses import dataclass, field
 
 from orchestrator.config import RootConfig
-from trainers.workload import train_size
-from trainers.policy import PolicySet
+from trainers.workload.build import train_size
+from trainers.policies.policy_set import PolicySet
 
 COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps", "batch_samples"]
 

@@ -68,7 +68,7 @@ _AUTO_FIELDS = ("auto_init_lr", "auto_growth", "auto_max_lr", "auto_patience", "
                 "auto_min_steps", "auto_max_points", "auto_seed")
 
 IGNORED_UNLESS: tuple[Needs, ...] = (
-    # schedule (trainers/schedules.py: DECAYS, WARMUPS, AutoWarmup)
+    # schedule (trainers/policies/schedules.py: DECAYS, WARMUPS, AutoWarmup)
     Needs("schedule.milestones", _decay("step"), "schedule.decay is step", "schedule.decay: step"),
     Needs("schedule.decay_factor", _decay("step"), "schedule.decay is step", "schedule.decay: step"),
     Needs("schedule.poly_power", _decay("poly"), "schedule.decay is poly", "schedule.decay: poly"),
@@ -79,7 +79,7 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
           "schedule.warmup: gradual"),
     *(Needs(f"schedule.{f}", _warmup("auto"), "schedule.warmup is auto", "schedule.warmup: auto")
       for f in _AUTO_FIELDS),
-    # batch (trainers/batching.py: the policies)
+    # batch (trainers/policies/batching.py: the policies)
     Needs("batch.max_size", lambda c: c.batch.policy != "fixed", "batch.policy changes the batch",
           "batch.policy: noise_scale (or norm_test, schedule)"),
     Needs("batch.noise_scale_factor", _policy("noise_scale"), "batch.policy is noise_scale",
@@ -87,7 +87,7 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     Needs("batch.norm_test_eta", _policy("norm_test"), "batch.policy is norm_test", "batch.policy: norm_test"),
     *(Needs(f"batch.{f}", _policy(*_ADAPTIVE), "batch.policy is noise_scale or norm_test",
             "batch.policy: noise_scale (or norm_test)") for f in ("check_every", "min_growth", "round_to")),
-    # optimizer (trainers/optim.py: OPTIMIZERS, MF rules)
+    # optimizer (trainers/policies/optim.py: OPTIMIZERS, MF rules)
     Needs("optimizer.mf_ref_batch", lambda c: c.optimizer.mf_rule == "per_worker_batch",
           "optimizer.mf_rule is per_worker_batch", "optimizer.mf_rule: per_worker_batch"),
     Needs("optimizer.trust_coefficient", _optimizer("lars"), "optimizer.name is lars", "optimizer.name: lars"),
@@ -95,13 +95,13 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
           "optimizer.name: adamw"),
     Needs("optimizer.eps", _optimizer("adam", "adamw", "lamb"), "optimizer.name is adam, adamw or lamb",
           "optimizer.name: adamw"),
-    # model (trainers/models.py: MODELS)
+    # model (trainers/workload/models.py: MODELS)
     Needs("model.hidden", lambda c: c.model.name in ("mlp", "cnn"), "model.name is mlp or cnn",
           "model.name: cnn"),
     Needs("model.zero_init_residual", lambda c: c.model.name.startswith("resnet") and c.model.norm == "batch",
           "model.name is a resnet with model.norm: batch", "model.name: resnet18 and model.norm: batch"),
     Needs("model.sync_bn", lambda c: c.model.norm == "batch", "model.norm is batch", "model.norm: batch"),
-    # data (trainers/data.py: the loaders)
+    # data (trainers/data/datasets.py: the loaders)
     Needs("data.root", _dataset("cifar10"), "data.name is cifar10 (the others need no files)",
           "data.name: cifar10"),
     *(Needs(f"data.{f}", _dataset("synthetic"), "data.name is synthetic", "data.name: synthetic")
@@ -110,7 +110,7 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
           "data.val_split is fraction (test validates on the official test set)", "data.val_split: fraction"),
     Needs("data.crop_padding", lambda c: "random_crop" in c.data.augment, "data.augment lists random_crop",
           "data.augment: [random_crop, hflip]"),
-    # train (trainers/precision.py, trainers/device.py)
+    # train (trainers/accel/precision.py, trainers/accel/device.py)
     *(Needs(f"train.{f}", lambda c: c.train.precision == "fp16", "train.precision is fp16",
             "train.precision: fp16") for f in ("loss_scale_init", "loss_scale_growth_interval")),
     Needs("train.compile_backend", lambda c: c.train.compile, "train.compile is true", "train.compile: true"),
@@ -149,7 +149,7 @@ DATASET_SIZES = {"digits": 1797, "cifar10": 50000}
 
 
 def train_samples(cfg: "RootConfig") -> tuple[int, str]:
-    """The training samples after the validation split, as ``trainers.data.load_data`` cuts them,
+    """The training samples after the validation split, as ``trainers.data.datasets.load_data`` cuts them,
     and how that number comes about (for messages)."""
     d = cfg.data
     n = d.size if d.name == "synthetic" else DATASET_SIZES[d.name]
@@ -196,8 +196,8 @@ def check_model_input(cfg: "RootConfig") -> None:
     resnet50's real weights would cost more)."""
     import torch
 
-    from trainers.data import dataset_info
-    from trainers.models import build_model
+    from trainers.data.datasets import dataset_info
+    from trainers.workload.models import build_model
 
     info = dataset_info(cfg.data)
     try:

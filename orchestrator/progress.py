@@ -19,7 +19,7 @@ from trainers.link.messages import Record
 
 def total_samples(cfg: RootConfig, functions: dict | None = None) -> int:
     """Samples a run of ``train.epochs`` trains on (the bar's total)."""
-    from trainers.workload import train_size
+    from trainers.workload.build import train_size
 
     return math.ceil(cfg.train.epochs * train_size(cfg, functions))
 

@@ -124,7 +124,7 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
                           "tracked in with --tracking-uri") from None
     if not steps:
         return  # nothing trained yet: starting from step 0 loses nothing
-    from trainers.checkpoint import CorruptCheckpoint, run_checkpoints, verify_checkpoint
+    from trainers.loop.checkpoint import CorruptCheckpoint, run_checkpoints, verify_checkpoint
 
     paths = run_checkpoints(os.path.abspath(storage_path), train_run_name)
     for path in paths:

@@ -89,7 +89,7 @@ def _logged_steps(tracker: RunTracker) -> int:
 def _newest_checkpoint_step(runner: PhaseRunner | None) -> int | None:
     if runner is None:
         return None
-    from trainers.checkpoint import checkpoint_step, run_checkpoints
+    from trainers.loop.checkpoint import checkpoint_step, run_checkpoints
 
     try:
         found = run_checkpoints(runner.storage_path, runner.train_run_name)
@@ -131,7 +131,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated.
 
     ``functions``: factories sent by value (``fit()`` with a lambda or a ``__main__`` function;
-    trainers/workload.py), passed to the workers in their payload.  Factories' packages that are
+    trainers/workload/build.py), passed to the workers in their payload.  Factories' packages that are
     not installed are shipped to the workers (orchestrator/code.py).
 
     With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
@@ -188,7 +188,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
                           "elastic.resizes": len(runner.resizes)})
         tracker.log_plots()
-        from trainers.checkpoint import load_newest_checkpoint
+        from trainers.loop.checkpoint import load_newest_checkpoint
 
         payload = load_newest_checkpoint(runner.storage_path, runner.train_run_name, "cpu",
                                          warn=runner.progress.write)

@@ -321,7 +321,7 @@ class RunTracker:
         import torch
         from mlflow.models import infer_signature
 
-        from trainers.workload import build_workload
+        from trainers.workload.build import build_workload
 
         torch.manual_seed(cfg.train.seed)
         work = build_workload(cfg, functions)

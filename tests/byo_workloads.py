@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from trainers.data import DataConfig, load_data
+from trainers.data.datasets import DataConfig, load_data
 
 
 class DigitsMap(torch.utils.data.Dataset):

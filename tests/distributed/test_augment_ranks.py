@@ -1,13 +1,13 @@
 """Tier 2: augmentation in the real loop is the same at W=1 and W=3 (gloo process groups, no Ray):
 every sample of a global batch gets the same augmented input whichever rank and micro-batch draw
-it, because its randomness is a function of (seed, epoch, sample id) only (trainers/augment.py)."""
+it, because its randomness is a function of (seed, epoch, sample id) only (trainers/data/augment.py)."""
 
 
 import numpy as np
 import torch
 
-from trainers.config import LoopConfig
-from trainers.loop import Runtime, Trainer
+from trainers.loop.config import LoopConfig
+from trainers.loop.trainer import Runtime, Trainer
 from tests.helpers import spawn_gloo
 
 CFG = {

@@ -1,4 +1,4 @@
-"""Tier 2: gradient combination (trainers/combine.py) in real gloo process groups (no Ray):
+"""Tier 2: gradient combination (trainers/combine/methods.py) in real gloo process groups (no Ray):
 Adasum's collective against the tree of the gathered inputs, and local SGD's sync, local norm
 test and resume at a sync point."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.combine import AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, local_variance
-from trainers.data import slice_bounds
+from trainers.combine.methods import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, local_variance)
+from trainers.data.order import slice_bounds
 from tests.helpers import spawn_gloo
 
 SHAPES = [(3, 4), (4,), (1,), (2, 2)]

@@ -1,4 +1,4 @@
-"""Tier 2: combine.method wired into the worker loop (trainers/loop.py), in real gloo process
+"""Tier 2: combine.method wired into the worker loop (trainers/loop/trainer.py), in real gloo process
 groups (no Ray): one Adasum step equals the hand computation from the workers' slice gradients;
 local SGD with H = 1 and no momentum is per-step averaging (the mean method) exactly; local SGD
 with H = 2 syncs every second step, leaves the ranks apart in between and identical after, and
@@ -9,11 +9,11 @@ import copy
 import numpy as np
 import torch
 
-from trainers.combine import adasum_layers
-from trainers.config import LoopConfig
-from trainers.data import slice_bounds
-from trainers.loop import Runtime, Trainer
-from trainers.workload import summed_loss
+from trainers.combine.methods import adasum_layers
+from trainers.loop.config import LoopConfig
+from trainers.data.order import slice_bounds
+from trainers.loop.trainer import Runtime, Trainer
+from trainers.workload.build import summed_loss
 from tests.helpers import spawn_gloo
 
 BASE = {

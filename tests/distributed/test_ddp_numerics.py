@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.config import LoopConfig
-from trainers.loop import Runtime, Trainer
+from trainers.loop.config import LoopConfig
+from trainers.loop.trainer import Runtime, Trainer
 from tests.helpers import spawn_gloo
 
 CFG = {
@@ -47,8 +47,8 @@ def _manual_small_big(ids_halves):
     """Per-half mean gradients and the full mean gradient, computed directly at the initial weights."""
     import torch.nn.functional as F
 
-    from trainers.data import load_data
-    from trainers.models import ModelConfig, build_model
+    from trainers.data.datasets import load_data
+    from trainers.workload.models import ModelConfig, build_model
 
     cfg = LoopConfig.model_validate(CFG)
     torch.manual_seed(cfg.train.seed)
@@ -68,7 +68,7 @@ def _manual_small_big(ids_halves):
 def test_noise_scale_inputs_match_a_direct_computation():
     """One step: the W=2 hook's per-worker gradients equal the per-half gradients computed by hand,
     and the W=1 split-in-two path measures the same halves."""
-    from trainers.noise import GradientNoiseScale
+    from trainers.policies.noise import GradientNoiseScale
 
     small, big = _manual_small_big([np.arange(12), np.arange(12, 24)])
     g_sq, tr = GradientNoiseScale.estimate(float(np.mean(small)), 12.0, big, 24.0)

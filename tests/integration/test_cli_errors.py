@@ -34,14 +34,14 @@ def test_loading_a_config_imports_neither_the_worker_loop_nor_ray():
     """Validating a YAML loads the components' config classes, not the loop they run in."""
     script = textwrap.dedent("""
         import json, sys
-        from orchestrator.config import load_config
+        from orchestrator.pipeline import load_config
         load_config("configs/quickstart.yaml")
-        print(json.dumps({m: m in sys.modules for m in ("trainers.loop", "ray")}))
+        print(json.dumps({m: m in sys.modules for m in ("trainers.loop.trainer", "ray")}))
     """)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"trainers.loop": False, "ray": False}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"trainers.loop.trainer": False, "ray": False}
 
 
 def test_cli_exit_status_from_a_real_process(tmp_path):

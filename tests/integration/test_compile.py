@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.data import DatasetInfo
-from trainers.device import clean_state_dict, compile_model, load_clean_state_dict, unwrap_model
-from trainers.models import ModelConfig, build_model
+from trainers.data.datasets import DatasetInfo
+from trainers.accel.device import clean_state_dict, compile_model, load_clean_state_dict, unwrap_model
+from trainers.workload.models import ModelConfig, build_model
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")),

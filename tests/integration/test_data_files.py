@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from trainers.data import digits_arrays
+from trainers.data.datasets import digits_arrays
 
 
 def test_digits_read_from_the_file_match_scikit_learns_loader():
@@ -16,7 +16,7 @@ def test_digits_read_from_the_file_match_scikit_learns_loader():
     np.testing.assert_array_equal(pixels, d.data)
     np.testing.assert_array_equal(labels, d.target)
     # and a worker that loads digits does not pay for importing scikit-learn
-    code = "import sys; from trainers.data import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
+    code = "import sys; from trainers.data.datasets import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -30,7 +30,7 @@ def test_a_diverged_run_ends_failed_and_keeps_its_last_finite_checkpoint(tmp_pat
     assert failure.startswith("training diverged at step"), failure
     assert not [a for a in client.list_artifacts(run.info.run_id) if a.path == "model"], "no diverged model"
     if "checkpoint is " in failure:  # the named checkpoint is there and intact
-        from trainers.checkpoint import verify_checkpoint
+        from trainers.loop.checkpoint import verify_checkpoint
 
         path = failure.split("checkpoint is ")[1].split(";")[0]
         verify_checkpoint(path)

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.pipeline import load_config
 from orchestrator.runner import run_training
 from tests.helpers import metric_series
-from trainers.workload import train_size
+from trainers.workload.build import train_size
 
 pytestmark = pytest.mark.integration
 

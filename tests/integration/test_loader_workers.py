@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from trainers.sampler import LoaderConfig, RankLoader
-from trainers.text import load_text
+from trainers.data.sampler import LoaderConfig, RankLoader
+from trainers.data.text import load_text
 
 
 class Squares(torch.utils.data.Dataset):

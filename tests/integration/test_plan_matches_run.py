@@ -1,7 +1,7 @@
 """``plan`` is what a run logs: on a real local Ray, a run with gradual warmup, cosine decay and a
 batch schedule that grows B and resizes the group 1 -> 2 workers logs, at every step, exactly the
 ``lr``, ``mf``, ``batch/global`` and ``workers`` that ``make_plan`` previews (both ask the same
-``trainers.policy.PolicySet``)."""
+``trainers.policies.policy_set.PolicySet``)."""
 
 import numpy as np
 import pytest

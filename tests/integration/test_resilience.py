@@ -204,7 +204,7 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(reference):
     assert "resumed from older checkpoint" in warnings[1] and f"checkpoint_step{steps[-2]:08d}" in warnings[1]
     # It trained again from the previous checkpoint to the end: a new, intact newest checkpoint.
     assert _ckpt_steps(folder)[-1] == STEPS
-    from trainers.checkpoint import verify_checkpoint
+    from trainers.loop.checkpoint import verify_checkpoint
 
     verify_checkpoint(os.path.join(folder, f"checkpoint_step{STEPS:08d}"))
     assert _losses(uri, ref.run_id) == before  # no (metric, step) logged twice

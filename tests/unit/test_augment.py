@@ -4,9 +4,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from trainers.augment import (Augment, AugmentConfig, _STREAM_COL, _STREAM_FLIP, _STREAM_ROW, hflip, parse_augment,
-                              random_bits, random_crop, uniform_ints)
-from trainers.data import micro_batches, slice_bounds
+from trainers.data.augment import (Augment, AugmentConfig, _STREAM_COL, _STREAM_FLIP, _STREAM_ROW, hflip, parse_augment, random_bits, random_crop, uniform_ints)
+from trainers.data.order import micro_batches, slice_bounds
 
 
 def _images(n=30, side=8, dtype=torch.uint8):

@@ -10,9 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainers.batching import (BATCH_POLICIES, BatchConfig, BatchDecision, BatchPolicy, BatchStats, NoopDecision,
-                               NoiseScaleBatch, NormTestBatch, ScheduleBatch, batch_at_epoch_for_schedule,
-                               build_batch_policy, round_up)
+from trainers.policies.batching import (BATCH_POLICIES, BatchConfig, BatchDecision, BatchPolicy, BatchStats, NoopDecision, NoiseScaleBatch, NormTestBatch, ScheduleBatch, batch_at_epoch_for_schedule, build_batch_policy, round_up)
 
 
 def _cfg(**kw: Any) -> BatchConfig:

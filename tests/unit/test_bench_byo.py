@@ -4,9 +4,9 @@ exactly the built-in synthetic set and the built-in CNN."""
 import torch
 
 from bench.byo import Pairs, cnn, synthetic_pairs
-from trainers.data import DataConfig, DatasetInfo, load_data
-from trainers.models import ModelConfig, build_model
-from trainers.sampler import fetch
+from trainers.data.datasets import DataConfig, DatasetInfo, load_data
+from trainers.workload.models import ModelConfig, build_model
+from trainers.data.sampler import fetch
 
 
 def test_synthetic_pairs_are_the_built_in_split():

@@ -6,7 +6,7 @@ import pytest
 
 from bench import gpu
 from orchestrator.config import validate
-from trainers.data import load_data
+from trainers.data.datasets import load_data
 
 
 def test_quick_cpu_form_of_the_plain_row_prints_device_memory_and_rate(capsys):

@@ -10,14 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-import trainers.checkpoint as ckpt
-from trainers.batching import BatchConfig, build_batch_policy
-from trainers.checkpoint import (CheckpointConfig, CheckpointManager, CorruptCheckpoint, PendingRecords, RNGState,
-                                 StateAdapter, prune_checkpoints, read_checkpoint, run_checkpoints, verify_checkpoint,
-                                 write_checkpoint)
-from trainers.noise import GradientNoiseScale
-from trainers.schedules import AutoWarmup, ScheduleConfig
-from trainers.state import TrainState
+import trainers.loop.checkpoint as ckpt
+from trainers.policies.batching import BatchConfig, build_batch_policy
+from trainers.loop.checkpoint import (CheckpointConfig, CheckpointManager, CorruptCheckpoint, PendingRecords, RNGState, StateAdapter, prune_checkpoints, read_checkpoint, run_checkpoints, verify_checkpoint, write_checkpoint)
+from trainers.policies.noise import GradientNoiseScale
+from trainers.policies.schedules import AutoWarmup, ScheduleConfig
+from trainers.loop.state import TrainState
 
 RUN = "elastic-abc"
 
@@ -462,8 +460,8 @@ TRAINER_CFG = {
 
 
 def _trainer(tmp_path):
-    from trainers.config import LoopConfig
-    from trainers.loop import Runtime, Trainer
+    from trainers.loop.config import LoopConfig
+    from trainers.loop.trainer import Runtime, Trainer
 
     runtime = Runtime(storage=str(tmp_path), run_prefix=RUN, run_name=RUN)
     return Trainer(LoopConfig.model_validate(TRAINER_CFG), runtime, rank=0, world=1, device=torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""Tier 1: gradient combination (trainers/combine.py) against hand computations; no processes."""
+"""Tier 1: gradient combination (trainers/combine/methods.py) against hand computations; no processes."""
 
 import math
 
@@ -6,10 +6,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainers.batching import BatchConfig, BatchStats, NormTestBatch
-from trainers.combine import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers,
-                              adasum_pair, adasum_tree, check_combination, local_variance)
-from trainers.noise import norm_test
+from trainers.policies.batching import BatchConfig, BatchStats, NormTestBatch
+from trainers.combine.methods import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, adasum_pair, adasum_tree, check_combination, local_variance)
+from trainers.policies.noise import norm_test
 
 D = torch.float64
 

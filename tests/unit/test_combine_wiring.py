@@ -1,5 +1,5 @@
 """Tier 1: combine.method wired into the config, the logged params, the search space and the
-loop's helper (trainers/combine.py Combination); no processes."""
+loop's helper (trainers/combine/methods.py Combination); no processes."""
 
 import copy
 
@@ -8,9 +8,9 @@ import torch
 
 from orchestrator.config import ConfigError, flatten, public_config, validate
 from search.space import SpaceError, parse_space
-from trainers.batching import BatchConfig, build_batch_policy
-from trainers.combine import Combination, CombineConfig, LocalSGD
-from trainers.config import LoopConfig
+from trainers.policies.batching import BatchConfig, build_batch_policy
+from trainers.combine.methods import Combination, CombineConfig, LocalSGD
+from trainers.loop.config import LoopConfig
 
 BASE = {
     "data": {"name": "digits"},

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config import ConfigError, apply_overrides, flatten, load_config
+from orchestrator.config import ConfigError, apply_overrides, flatten
+from orchestrator.pipeline import load_config
 from tests.config_cases import CASES, _write
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -190,7 +190,7 @@ def test_a_user_split_is_named_as_a_fix(cli):
 
 
 def test_train_samples_match_the_loader():
-    from trainers.data import load_data
+    from trainers.data.datasets import load_data
 
     cfg = validate({"data": {"name": "synthetic", "size": 37, "shape": [4], "val_fraction": 0.3},
                     "model": {"name": "mlp"}, "batch": {"size": 8, "max_local_batch": 8}})

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.data import (CIFAR_MEAN, CIFAR_STD, DataConfig, epoch_permutation, global_batch, load_data, micro_batches,
-                           slice_bounds)
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DataConfig, load_data
+from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
 
 
 def test_permutation_depends_only_on_seed_and_epoch():
@@ -116,7 +116,7 @@ def test_cifar10_val_split_test_validates_on_the_official_test_batch(tmp_path):
     assert torch.allclose(d.val_x, (want - mean) / std)
     raw = load_data(cfg, 0, raw=True)
     assert raw.train_x.dtype == torch.uint8 and (raw.mean, raw.std) == (CIFAR_MEAN, CIFAR_STD)
-    from trainers.device import normalize_pixels
+    from trainers.data.pipeline import normalize_pixels
 
     stats = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
     assert torch.equal(normalize_pixels(raw.train_x, *stats), d.train_x)
@@ -132,9 +132,9 @@ def test_val_split_test_needs_cifar10():
 
 def test_the_loop_trains_tiny_cifar_with_the_recipes_input_options(tmp_path):
     """cifar10 with val_split test, augmentation, channels_last and bf16 through the real loop."""
-    from trainers.config import LoopConfig
+    from trainers.loop.config import LoopConfig
     from trainers.link.runtime import Runtime
-    from trainers.loop import Trainer
+    from trainers.loop.trainer import Trainer
 
     _write_tiny_cifar(str(tmp_path))
     cfg = LoopConfig.model_validate({

@@ -2,12 +2,11 @@ import pytest
 import torch
 from torch import nn
 
-from trainers.augment import Augment
-from trainers.data import CIFAR_MEAN, CIFAR_STD, DatasetInfo
-from trainers.device import (DeviceData, Prefetcher, check_channels_last, check_data_device, check_fast_path,
-                             clean_state_dict,
-                             compile_model, load_clean_state_dict, strip_prefixes, to_channels_last, unwrap_model)
-from trainers.models import ModelConfig, build_model
+from trainers.data.augment import Augment
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DatasetInfo
+from trainers.data.pipeline import DeviceData, Prefetcher
+from trainers.accel.device import (check_channels_last, check_data_device, check_fast_path, clean_state_dict, compile_model, load_clean_state_dict, strip_prefixes, to_channels_last, unwrap_model)
+from trainers.workload.models import ModelConfig, build_model
 
 
 def _cnn():
@@ -45,7 +44,7 @@ def test_device_data_gives_the_cpu_paths_normalised_batch():
     g = torch.Generator().manual_seed(0)
     raw = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8, generator=g)
     y = torch.randint(0, 10, (50,), generator=g)
-    # the host path (trainers/data.py's CIFAR loader): whole set to float, normalised, then indexed
+    # the host path (trainers/data/datasets.py's CIFAR loader): whole set to float, normalised, then indexed
     mean, std = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
     host = (raw.float() / 255.0 - mean) / std
     dd = DeviceData(raw, y, "cpu", CIFAR_MEAN, CIFAR_STD, channels_last=True)

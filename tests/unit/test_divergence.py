@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from trainers.config import LoopConfig
+from trainers.loop.config import LoopConfig
 from trainers.link.messages import Diverged
 from trainers.link.runtime import Runtime
-from trainers.loop import Trainer
+from trainers.loop.trainer import Trainer
 
 CFG = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none", "hidden": 16},
        "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 64},

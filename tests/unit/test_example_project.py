@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.factory import build_datasets, probe
-from trainers.sampler import fetch
+from trainers.workload.factory import build_datasets, probe
+from trainers.data.sampler import fetch
 
 PROJECT = Path(__file__).resolve().parents[2] / "examples" / "user_project"
 

@@ -7,9 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from trainers.factory import (BATCHNORM_WARNING, FactoryError, build_datasets, build_model, check_dataset_size,
-                              check_loss_output, check_name_or_factory, cross_entropy, probe, qualified_name, resolve, resolve_loss,
-                              token_cross_entropy)
+from trainers.workload.factory import (BATCHNORM_WARNING, FactoryError, build_datasets, build_model, check_dataset_size, check_loss_output, cross_entropy, probe, qualified_name, resolve, resolve_loss, token_cross_entropy)
+from trainers.section import check_name_or_factory
 
 GOOD = """
 import torch
@@ -151,7 +150,7 @@ def test_dotted_attribute_and_callables_resolve(pkg):
     assert resolve(fn, "model.factory") is fn
     assert qualified_name(fn) is None
     assert qualified_name(resolve("userpkg.good:model", "model.factory")) == "userpkg.good:model"
-    assert qualified_name(cross_entropy) == "trainers.factory:cross_entropy"
+    assert qualified_name(cross_entropy) == "trainers.workload.factory:cross_entropy"
 
 
 def test_wrong_return_types_name_field_and_expectation(pkg):
@@ -259,7 +258,7 @@ def test_probe_reports_a_state_dict_that_weights_only_cannot_load(pkg):
 def test_name_and_factory_are_mutually_exclusive():
     check_name_or_factory("model", "cnn", None)
     check_name_or_factory("model", None, "a.b:c")
-    with pytest.raises(FactoryError) as e:
+    with pytest.raises(ValueError) as e:
         check_name_or_factory("data", "digits", "pkg.data:build")
     assert one_line(e) == ("data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
                            "not both")

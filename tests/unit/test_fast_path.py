@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.augment import Augment
-from trainers.config import LoopConfig
-from trainers.data import CIFAR_MEAN, CIFAR_STD
-from trainers.device import DeviceData, InputPipeline
+from trainers.data.augment import Augment
+from trainers.loop.config import LoopConfig
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD
+from trainers.data.pipeline import DeviceData, InputPipeline
 from trainers.link.runtime import Runtime
-from trainers.loop import Trainer
-from trainers.meter import ThroughputMeter
-from trainers.precision import LossScaler, Precision
+from trainers.loop.trainer import Trainer
+from trainers.loop.meter import ThroughputMeter
+from trainers.accel.precision import LossScaler, Precision
 
 CNN = {"data": {"name": "synthetic", "size": 256, "shape": [3, 8, 8]},
        "model": {"name": "cnn", "norm": "group", "hidden": 16},
@@ -214,7 +214,8 @@ def test_channels_last_loop_matches_nchw():
 
 
 def test_the_cifar10_resnet50_recipe_loads_and_asks_for_the_fast_path(tmp_path):
-    from orchestrator.config import flatten, load_config, public_config
+    from orchestrator.config import flatten, public_config
+    from orchestrator.pipeline import load_config
     from tests.unit.test_data import _write_tiny_cifar
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

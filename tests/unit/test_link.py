@@ -11,7 +11,7 @@ from trainers.link import agreement, messages
 from trainers.link.agreement import Action, PushDecision, WorkersNeeded
 from trainers.link.channel import Channel
 from trainers.link.messages import PushAnswer, ResizeAnswer, record_from_list
-from trainers.meter import Reading, ThroughputMeter
+from trainers.loop.meter import Reading, ThroughputMeter
 
 
 @pytest.mark.parametrize("record", [WorkersNeeded(0, False), WorkersNeeded(3, True), WorkersNeeded(2, False),

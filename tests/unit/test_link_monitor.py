@@ -1,8 +1,8 @@
-"""The link's monitor (trainers/link/monitor.py) without Ray: who hands over when, in both modes."""
+"""The link's monitor (orchestrator/monitor.py) without Ray: who hands over when, in both modes."""
 
 from trainers.link.messages import HandoverAnswer, PushAnswer, ResizeAnswer, ResizeDecided
-from trainers.link.monitor import MonitorState, has_room
-from trainers.resize import WorkersForBatch
+from orchestrator.monitor import MonitorState, has_room
+from trainers.policies.resize import WorkersForBatch
 
 CPU = {"CPU": 0.5}
 
@@ -88,11 +88,11 @@ def test_stop_and_acks():
     assert m.push([], []).acked == 1
 
 
-# -- a resize only when it pays (trainers/resize.py resize_pays) ------------------------------
+# -- a resize only when it pays (trainers/policies/resize.py resize_pays) ------------------------------
 
 
 def test_resize_pays_formula():
-    from trainers.resize import resize_pays
+    from trainers.policies.resize import resize_pays
 
     # 100 s left at 1 -> 2 workers; a restart stands still for the 20 s start: gain 50 > 20
     e = resize_pays(10_000, 100.0, 1, 2, start_s=20.0, pause_s=0.5, overlap=False)

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from trainers.factory import probe, token_cross_entropy
-from trainers.lm_models import GPT, LM_MODELS, gpt, lstm
-from trainers.text import load_text
+from trainers.workload.factory import probe, token_cross_entropy
+from trainers.workload.lm_models import GPT, LM_MODELS, gpt, lstm
+from trainers.data.text import load_text
 
 
 @pytest.mark.parametrize("name", sorted(LM_MODELS))

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from trainers.data import DatasetInfo
-from trainers.models import MODELS, ModelConfig, build_model
+from trainers.data.datasets import DatasetInfo
+from trainers.workload.models import MODELS, ModelConfig, build_model
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "resnet18"])

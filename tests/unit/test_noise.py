@@ -8,9 +8,8 @@ import math
 import pytest
 import torch
 
-from trainers.noise import (AdaScaleSignal, GradientNoiseScale, MicroBatchGradNorms, NoiseProbe, norm_test,
-                            sq_norm_tensor)
-from trainers.schedules import SCALING_RULES
+from trainers.policies.noise import (AdaScaleSignal, GradientNoiseScale, MicroBatchGradNorms, NoiseProbe, norm_test, sq_norm_tensor)
+from trainers.policies.schedules import SCALING_RULES
 
 # --------------------------------------------------------------------------- the test problem
 #

@@ -10,9 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainers.optim import (LAMB, LARS, MF_RULES, OPTIMIZERS, MFRuleName, OptimizerConfig, OptimizerName,
-                            apply_momentum_correction, build_optimizer, mf_for, needs_momentum_correction, set_lr,
-                            set_mf)
+from trainers.policies.optim import (LAMB, LARS, MF_RULES, OPTIMIZERS, MFRuleName, OptimizerConfig, OptimizerName, apply_momentum_correction, build_optimizer, mf_for, needs_momentum_correction, set_lr, set_mf)
 
 F64 = torch.float64
 

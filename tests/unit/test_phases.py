@@ -9,10 +9,10 @@ from typing import Any, Callable
 import pytest
 
 from orchestrator.phases import Failed, Finished, PhaseRunner
-from trainers.resize import WorkersForBatch
+from trainers.policies.resize import WorkersForBatch
 from tests.helpers import make_config
 from trainers.link.messages import FirstStep, PhaseStart
-from trainers.link.monitor import MonitorState
+from orchestrator.monitor import MonitorState
 
 
 class _Remote:

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from trainers.batching import BatchConfig
-from trainers.decisions import BatchDecision, NoopDecision, ResizeDecision
-from trainers.noise import GradientNoiseScale
-from trainers.optim import LARS, OptimizerConfig
-from trainers.policy import PolicySet, StepSettings
-from trainers.resize import workers_for_batch
-from trainers.schedules import ScheduleConfig
+from trainers.policies.batching import BatchConfig
+from trainers.policies.decisions import BatchDecision, NoopDecision, ResizeDecision
+from trainers.policies.noise import GradientNoiseScale
+from trainers.policies.optim import LARS, OptimizerConfig
+from trainers.policies.policy_set import PolicySet, StepSettings
+from trainers.policies.resize import workers_for_batch
+from trainers.policies.schedules import ScheduleConfig
 
 N = 1000
 
@@ -143,7 +143,7 @@ def test_from_config_reads_the_scaling_bounds() -> None:
                     "scaling": {"min_workers": 1, "max_workers": 3}})
     p = PolicySet.from_config(cfg, dataset_size=N)
     assert (p.min_workers, p.max_workers, p.initial_workers()) == (1, 3, 3)
-    from trainers.loop import LoopConfig
+    from trainers.loop.trainer import LoopConfig
 
     worker_side = PolicySet.from_config(LoopConfig.model_validate({"batch": {"size": 128, "max_local_batch": 32}}), N)
     assert (worker_side.min_workers, worker_side.max_workers) == (1, 1)

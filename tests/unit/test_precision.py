@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.data import DatasetInfo
-from trainers.models import ModelConfig, build_model
-from trainers.precision import LossScaler, Precision, PrecisionConfig, check_precision
+from trainers.data.datasets import DatasetInfo
+from trainers.workload.models import ModelConfig, build_model
+from trainers.accel.precision import LossScaler, Precision, PrecisionConfig, check_precision
 
 
 def _cnn_step(precision: str):

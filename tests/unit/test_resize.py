@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.resize import (RESIZE_POLICIES, NoopDecision, ResizeDecision, ResizePolicy, WorkersForBatch,
-                             build_resize_policy)
+from trainers.policies.resize import (RESIZE_POLICIES, NoopDecision, ResizeDecision, ResizePolicy, WorkersForBatch, build_resize_policy)
 
 
 def _decide(b: int, m: int, cur: int, lo: int = 1, hi: int = 8) -> ResizeDecision | NoopDecision:

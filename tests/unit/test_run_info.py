@@ -79,7 +79,7 @@ def _store_with_history(tmp_path, steps: int):
 
 
 def test_a_run_with_history_but_no_loadable_checkpoint_is_refused(tmp_path):
-    from trainers.checkpoint import write_checkpoint
+    from trainers.loop.checkpoint import write_checkpoint
 
     uri, run_id = _store_with_history(tmp_path, 5)
     storage, name = str(tmp_path / "ray_runs"), f"elastic-{run_id}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.config import load_config, validate
+from orchestrator.config import validate
+from orchestrator.pipeline import load_config
 from orchestrator.params import applicable_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.data import epoch_permutation, global_batch, micro_batches, slice_bounds
-from trainers.sampler import (GlobalBatchSampler, LoaderConfig, RankLoader, collate, fetch, rank_micro_batches)
+from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
+from trainers.data.sampler import (GlobalBatchSampler, LoaderConfig, RankLoader, collate, fetch, rank_micro_batches)
 
 
 def in_memory_ids(n, seed, epoch, cursor, B, rank, world, max_local_batch, split_single=False):
-    """What trainers/loop.py trains on for one epoch from ``cursor``: a list of micro-batch id lists."""
+    """What trainers/loop/trainer.py trains on for one epoch from ``cursor``: a list of micro-batch id lists."""
     perm = epoch_permutation(seed, epoch, n)
     out = []
     while cursor < n:

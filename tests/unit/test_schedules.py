@@ -12,8 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainers.schedules import (DECAYS, SCALING_RULES, WARMUPS, AutoWarmup, DecayName, Schedule, ScalingRuleName,
-                                ScheduleConfig, WarmupName)
+from trainers.policies.schedules import (DECAYS, SCALING_RULES, WARMUPS, AutoWarmup, DecayName, Schedule, ScalingRuleName, ScheduleConfig, WarmupName)
 
 ETA0, B0 = 0.1, 64
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainers.state import TrainState
+from trainers.loop.state import TrainState
 
 
 def test_train_state_round_trip_in_place():
@@ -26,7 +26,7 @@ def test_train_state_refuses_unknown_keys():
 
 
 def test_push_interval_follows_the_step_pace_but_never_below_log_every():
-    from trainers.meter import push_interval
+    from trainers.loop.meter import push_interval
 
     assert push_interval(10, 0.25, steps=10, seconds=0.02) == 125  # 500 steps/s -> a push per 0.25 s
     assert push_interval(10, 0.25, steps=10, seconds=5.0) == 10    # slow steps: every log_every steps

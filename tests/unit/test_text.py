@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.sampler import fetch
-from trainers.text import ByteWindows, default_corpus, load_text, load_tokens, token_cache
+from trainers.data.sampler import fetch
+from trainers.data.text import ByteWindows, default_corpus, load_text, load_tokens, token_cache
 
 
 def test_default_corpus_is_a_fixed_list_of_stdlib_files():

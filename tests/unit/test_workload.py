@@ -1,4 +1,4 @@
-"""trainers/workload.py: built-in and factory workloads, the two batch paths giving the same ids,
+"""trainers/workload/build.py: built-in and factory workloads, the two batch paths giving the same ids,
 the loop's loss and evaluation for any workload, and the driver-side helpers of issue #17."""
 
 from __future__ import annotations
@@ -12,18 +12,17 @@ import torch
 from orchestrator.api import _record, by_value_fields, resume_hint
 from orchestrator.code import code_modules, package_folder
 from orchestrator.config import validate
-from trainers.config import LoopConfig
-from trainers.data import DataConfig, load_data
-from trainers.factory import FactoryError, token_cross_entropy
+from trainers.loop.config import LoopConfig
+from trainers.data.datasets import DataConfig, load_data
+from trainers.workload.factory import FactoryError, token_cross_entropy
 from trainers.link import metrics as M
 from trainers.link.runtime import Runtime
-from trainers.sampler import LoaderConfig
-from trainers.workload import (BY_VALUE, LoaderBatches, TensorBatches, _TensorPairs, build_workload, correct,
-                               largest_batch, train_size)
+from trainers.data.sampler import LoaderConfig
+from trainers.workload.build import (BY_VALUE, LoaderBatches, TensorBatches, _TensorPairs, build_workload, correct, largest_batch, train_size)
 
 
 def _trainer(raw, functions=None):
-    from trainers.loop import Trainer
+    from trainers.loop.trainer import Trainer
 
     return Trainer(LoopConfig.model_validate(raw), Runtime(), rank=0, world=1, device=torch.device("cpu"),
                    functions=functions)
@@ -175,7 +174,7 @@ def test_code_modules_ship_packages_that_are_not_installed(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     assert package_folder("shipme_pkg17.data") == str(pkg.resolve())
     assert package_folder("torch.nn") is None  # installed in site-packages
-    assert package_folder("trainers.text") is None  # this project's own
+    assert package_folder("trainers.data.text") is None  # this project's own
     extra = tmp_path / "extra"
     extra.mkdir()
     cfg = validate({"data": {"factory": "shipme_pkg17.data:f"}, "model": {"factory": "torch.nn:Linear"},

@@ -5,7 +5,7 @@ and the driver (both import it; ``trainers`` never imports ``orchestrator``).
 * :mod:`trainers.link.metrics`: the metric names, as constants;
 * :mod:`trainers.link.agreement`: rank 0's decisions, broadcast to every rank as named records;
 * :mod:`trainers.link.channel`: rank 0's side (:class:`~trainers.link.channel.Channel`);
-* :mod:`trainers.link.monitor`: the driver's side, the monitor actor (imports Ray);
+* :mod:`orchestrator.monitor`: the driver's side, the monitor actor (imports Ray);
 * :mod:`trainers.link.runtime`: what the driver tells the workers of a phase.
 
 How a run flows through it: ``docs/architecture.md``.  Import the submodules directly.

@@ -40,7 +40,7 @@ class WorkersNeeded:
 @dataclass(frozen=True)
 class PushDecision:
     """Rank 0's decision at a push, and the steps until the next push (rank 0's clock sets the
-    pace for every rank, see :func:`trainers.meter.push_interval`)."""
+    pace for every rank, see :func:`trainers.loop.meter.push_interval`)."""
 
     action: Action = Action.GO
     next_push_in: int = 1

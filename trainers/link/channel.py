@@ -1,4 +1,4 @@
-"""Rank 0's side of the link to the driver's monitor (trainers/link/monitor.py).
+"""Rank 0's side of the link to the driver's monitor (orchestrator/monitor.py).
 
 Rank 0 buffers ``(step, metrics, time)`` records and events and pushes them about every
 ``train.push_every_s``; the push answers with the driver's :class:`PushAnswer`, which rank 0

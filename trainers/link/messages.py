@@ -94,7 +94,7 @@ class ResizeDecided(Event):
 @dataclass(frozen=True, kw_only=True)
 class ResizeSkipped(Event):
     """The batch wanted ``wanted`` workers, but the resize could not pay for itself before the end
-    of training (trainers/resize.py ``resize_pays``): the group of ``workers`` stays."""
+    of training (trainers/policies/resize.py ``resize_pays``): the group of ``workers`` stays."""
 
     kind: ClassVar[str] = "resize_skipped"
     step: int
@@ -134,7 +134,7 @@ class ResizeCheckpoint(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class AutoWarmupEnd(Event):
-    """The automatic warmup stopped growing the learning rate (trainers/schedules.py)."""
+    """The automatic warmup stopped growing the learning rate (trainers/policies/schedules.py)."""
 
     kind: ClassVar[str] = "auto_warmup_end"
     step: int
@@ -190,7 +190,7 @@ class Diverged(Event):
 class RolledBack(Event):
     """``train.on_nonfinite: rollback``: the loss at ``step`` was ``value`` (not finite); the group
     reloaded ``checkpoint`` (step ``to_step``), the learning rate is now ``lr_factor`` times the
-    policies' (``trainers/rollback.py``), and training goes on.  ``rollbacks``: how many so far."""
+    policies' (``trainers/loop/rollback.py``), and training goes on.  ``rollbacks``: how many so far."""
 
     kind: ClassVar[str] = "rolled_back"
     step: int

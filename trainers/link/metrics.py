@@ -5,7 +5,7 @@ rename one.  How a run flows from the loop to MLflow: ``docs/architecture.md``."
 
 from __future__ import annotations
 
-# -- one row per optimizer step (rank 0, trainers/loop.py) -------------------------------------
+# -- one row per optimizer step (rank 0, trainers/loop/trainer.py) -------------------------------------
 TRAIN_LOSS = "train/loss"
 VAL_LOSS = "val/loss"
 VAL_ACCURACY = "val/accuracy"
@@ -22,7 +22,7 @@ THROUGHPUT = "throughput/samples_per_s"
 GNS_B_SIMPLE = "gns/b_simple"
 GNS_G_SQ = "gns/g_sq"
 GNS_TRACE_SIGMA = "gns/trace_sigma"
-AMP_SKIPPED_STEPS = "amp/skipped_steps"  # fp16: optimizer steps skipped for inf/NaN gradients (trainers/precision.py)
+AMP_SKIPPED_STEPS = "amp/skipped_steps"  # fp16: optimizer steps skipped for inf/NaN gradients (trainers/accel/precision.py)
 AMP_LOSS_SCALE = "amp/loss_scale"  # fp16: the loss scale S
 MEMORY_PEAK = "memory/peak_bytes"  # on a GPU, at each push: torch.cuda.max_memory_allocated of rank 0
 # language models (the batch counts sequences of T tokens; these count tokens)
@@ -31,7 +31,7 @@ BATCH_GLOBAL_TOKENS = "batch/global_tokens"
 TOKENS_SEEN = "tokens_seen"
 THROUGHPUT_TOKENS = "throughput/tokens_per_s"
 
-# gradient combination (trainers/combine.py; combine.method local_sgd)
+# gradient combination (trainers/combine/methods.py; combine.method local_sgd)
 COMBINE_SYNCS = "combine/syncs"  # parameter averages so far
 COMBINE_BYTES_SENT = "combine/bytes_sent"  # payload this rank contributed to them
 COMBINE_BYTES_SAVED = "combine/bytes_saved"  # per-step gradient averaging's payload minus bytes_sent
@@ -43,7 +43,7 @@ LR_FACTOR = "lr_factor"  # the learning-rate factor after a rollback (0.5 ** rol
 RESIZE_FROM = "resize/from"
 RESIZE_TO = "resize/to"
 RESIZE_LATENCY_S = "resize/latency_s"
-# a resize that could not pay for itself (trainers/resize.py resize_pays): its best-case gain and its cost
+# a resize that could not pay for itself (trainers/policies/resize.py resize_pays): its best-case gain and its cost
 RESIZE_SKIPPED_GAIN_S = "resize/skipped_gain_s"
 RESIZE_SKIPPED_COST_S = "resize/skipped_cost_s"
 

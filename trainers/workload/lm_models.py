@@ -1,7 +1,7 @@
 """Language models for the built-in ``text`` workload: a small GPT and an LSTM.
 
 Both map token ids ``[b, T]`` (int64, vocabulary 256 by default: bytes) to next-token logits
-``[b, T, V]``, to be trained with :func:`trainers.factory.token_cross_entropy`.
+``[b, T, V]``, to be trained with :func:`trainers.workload.factory.token_cross_entropy`.
 
 * :class:`GPT`: a decoder-only causal transformer in the GPT-2 layout (Radford et al. 2019):
   learned token and position embeddings, pre-LayerNorm blocks ``x + attn(ln(x))``,

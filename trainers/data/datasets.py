@@ -1,14 +1,6 @@
-"""Datasets held in memory, and the data order every worker agrees on.
+"""The ``data`` section and the built-in datasets, held in memory as tensors.
 
-The data order is the heart of the "B is the math, W is a resource" invariant
-(docs/architecture.md, "The global batch is the math"): one permutation of the training set per (seed, epoch),
-consumed in global batches; worker ``rank`` of ``world`` takes a contiguous
-slice of each global batch (uneven slices allowed); the slice is split into
-micro-batches of at most ``max_local_batch``.  Nothing here depends on W except
-the slicing, so the sequence of global batches is the same for any W and any
-restart: the checkpoint only needs the cursor (samples consumed in the epoch).
-
-Small datasets are indexed as tensors with the permutation slice instead of a
+Small datasets are indexed as tensors with the permutation slice (order.py) instead of a
 DataLoader: per-sample collation dominates small models (about 6x here on digits).
 """
 
@@ -23,8 +15,9 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from trainers.augment import AugmentConfig
-from trainers.device import DataDeviceConfig
+from trainers.data.augment import AugmentConfig
+from trainers.accel.device import DataDeviceConfig
+from trainers.data.sampler import LoaderConfig
 
 DATASETS = ("digits", "synthetic", "cifar10")
 IN_MEMORY = DATASETS  # held as tensors and indexed directly; every other source goes through a DataLoader
@@ -34,7 +27,7 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
 class DataConfig(DataDeviceConfig, AugmentConfig):
-    """The ``data`` section (``device``: trainers/device.py; ``augment``: trainers/augment.py)."""
+    """The ``data`` section (``device``: trainers/accel/device.py; ``augment``: trainers/data/augment.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -67,7 +60,7 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> "DataConfig":
-        from trainers.factory import check_name_or_factory
+        from trainers.section import check_name_or_factory
 
         check_name_or_factory("data", self.name, self.factory)
         if self.name is None and self.factory is None:
@@ -120,7 +113,7 @@ class InMemoryData:
 
     ``mean``/``std`` (per channel) are set when the inputs are raw uint8 pixels (``load_data(...,
     raw=True)``): the consumer then normalises each batch, ``(x / 255 - mean) / std``
-    (trainers/device.py :class:`~trainers.device.InputPipeline`)."""
+    (:class:`~trainers.data.pipeline.InputPipeline`)."""
 
     train_x: torch.Tensor
     train_y: torch.Tensor
@@ -235,52 +228,3 @@ def _split(x: torch.Tensor, y: torch.Tensor, cfg: DataConfig, split_seed: int, m
     val, train = order[:n_val], order[n_val:]
     return InMemoryData(x[train].contiguous(), y[train].contiguous(), x[val].contiguous(), y[val].contiguous(),
                         dataset_info(cfg), mean, std)
-
-
-# --------------------------------------------------------------------------- data order
-
-
-def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The order of the ``n`` training samples in ``epoch``: a function of (seed, epoch) only."""
-    rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x5EED]))
-    return rng.permutation(n)
-
-
-def global_batch(perm: np.ndarray, cursor: int, batch_size: int) -> np.ndarray:
-    """The next global batch: up to ``batch_size`` ids from ``cursor`` (the last one may be short)."""
-    return perm[cursor : cursor + batch_size]
-
-
-def slice_bounds(batch_len: int, rank: int, world: int) -> tuple[int, int]:
-    """Worker ``rank``'s contiguous share of a global batch; the first ``batch_len % world`` get one more."""
-    base, extra = divmod(batch_len, world)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
-def micro_batches(ids: np.ndarray, max_local_batch: int) -> list[np.ndarray]:
-    """Split a worker's slice into ``ceil(len/max_local_batch)`` near-equal micro-batches."""
-    if len(ids) == 0:
-        return []
-    if len(ids) <= max_local_batch:
-        return [ids]
-    n_micro = math.ceil(len(ids) / max_local_batch)
-    return [a for a in np.array_split(ids, n_micro)]
-
-
-def accum_steps(batch_size: int, world: int, max_local_batch: int) -> int:
-    """Micro-batches per optimizer step on the rank with the largest slice (rank 0).
-
-    ``max(1, ceil(ceil(B / W) / max_local_batch))``: rank 0's slice of a global batch of
-    ``B`` samples has ``ceil(B / W)`` of them (:func:`slice_bounds`), cut into that many
-    micro-batches (:func:`micro_batches`; an empty slice still takes one step).  The one
-    formula for accumulation steps: the loop's ``batch/accum_steps`` and ``plan`` use it.
-    """
-    return max(1, math.ceil(math.ceil(batch_size / world) / max_local_batch))
-
-
-# The loader's config lives beside its code (trainers/sampler.py), which itself uses the data-order
-# functions above: imported last, then the section's annotation is resolved.
-from trainers.sampler import LoaderConfig  # noqa: E402
-
-DataConfig.model_rebuild()

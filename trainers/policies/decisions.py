@@ -3,8 +3,8 @@
 Each policy method returns one of these small frozen records, with the reason to log.
 :class:`NoopDecision` is falsy and the others truthy, so ``if decision:`` reads "if
 something changes".  They live here, beside nothing else, so that the batch policies
-(``trainers/batching.py``), the worker-count policy (``trainers/resize.py``) and the
-policy set that composes them (``trainers/policy.py``) share one vocabulary; see
+(``trainers/policies/batching.py``), the worker-count policy (``trainers/policies/resize.py``) and the
+policy set that composes them (``trainers/policies/policy_set.py``) share one vocabulary; see
 ``docs/architecture.md`` for where each is asked.
 """
 

@@ -3,17 +3,17 @@
 A run's hyper-parameters at every optimizer step come from small pure policies, each
 in its own module with its own config section:
 
-* the LR schedule (``trainers/schedules.py``): scaling rule x warmup (incl. Kim et al.'s
-  ``auto`` warmup, :class:`~trainers.schedules.AutoWarmup`), then decay; AdaScale's gain
+* the LR schedule (``trainers/policies/schedules.py``): scaling rule x warmup (incl. Kim et al.'s
+  ``auto`` warmup, :class:`~trainers.policies.schedules.AutoWarmup`), then decay; AdaScale's gain
   (Johnson et al. 2020) is its ``adascale`` scaling rule, fed by the noise estimator;
-* the MF rule and momentum correction (``trainers/optim.py``; Tang et al. 2022,
+* the MF rule and momentum correction (``trainers/policies/optim.py``; Tang et al. 2022,
   Goyal et al. 2017 section 2.1);
-* the batch policy (``trainers/batching.py``): the global batch B over training;
-* the worker-count policy (``trainers/resize.py``): the workers W a batch needs;
-* the accumulation steps of a step (``trainers/data.py`` :func:`~trainers.data.accum_steps`).
+* the batch policy (``trainers/policies/batching.py``): the global batch B over training;
+* the worker-count policy (``trainers/policies/resize.py``): the workers W a batch needs;
+* the accumulation steps of a step (``trainers/data/datasets.py`` :func:`~trainers.data.order.accum_steps`).
 
 :class:`PolicySet` composes them, and nothing else does: the worker loop
-(``trainers/loop.py``) asks it before every optimizer step, and ``plan``
+(``trainers/loop/trainer.py``) asks it before every optimizer step, and ``plan``
 (``orchestrator/plan.py``) asks it while walking the same data order without
 training, so the preview is what a run does by construction.  For one step
 starting after ``e`` (fractional) epochs at global batch ``B`` on ``W`` workers,
@@ -25,7 +25,7 @@ starting after ``e`` (fractional) epochs at global batch ``B`` on ``W`` workers,
     accum  = max(1, ceil(local / max_local_batch))    micro-batches on rank 0
 
 and :meth:`PolicySet.decide_batch` / :meth:`PolicySet.decide_workers` give the batch
-and worker-count decisions (``trainers/decisions.py``).  What only a run can measure
+and worker-count decisions (``trainers/policies/decisions.py``).  What only a run can measure
 (the gradient-noise estimates that drive AdaScale and the adaptive batch policies,
 the loss that ends an ``auto`` warmup) comes in as an argument; ``plan`` passes
 nothing and shows the planned values.
@@ -43,13 +43,13 @@ from typing import Any, Protocol
 
 import torch
 
-from trainers.batching import BatchConfig, BatchPolicy, BatchStats, build_batch_policy
-from trainers.data import accum_steps, slice_bounds
-from trainers.decisions import BatchDecision, NoopDecision, ResizeDecision
-from trainers.noise import GradientNoiseScale
-from trainers.optim import OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf
-from trainers.resize import ResizePolicy, build_resize_policy, workers_for_batch
-from trainers.schedules import AutoDecision, AutoWarmup, Schedule, ScheduleConfig
+from trainers.policies.batching import BatchConfig, BatchPolicy, BatchStats, build_batch_policy
+from trainers.data.order import accum_steps, slice_bounds
+from trainers.policies.decisions import BatchDecision, NoopDecision, ResizeDecision
+from trainers.policies.noise import GradientNoiseScale
+from trainers.policies.optim import OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf
+from trainers.policies.resize import ResizePolicy, build_resize_policy, workers_for_batch
+from trainers.policies.schedules import AutoDecision, AutoWarmup, Schedule, ScheduleConfig
 
 __all__ = ["PolicySet", "StepSettings"]
 
@@ -153,7 +153,7 @@ class PolicySet:
     def apply(opt: torch.optim.Optimizer, settings: StepSettings, first: bool) -> None:
         """Set the step's LR and MF on ``opt``; unless it is the run's first step, rescale the
         velocity of an optimizer that keeps the LR inside it by ``new_lr / old_lr`` first
-        (Goyal et al. 2017 section 2.1, :func:`~trainers.optim.apply_momentum_correction`)."""
+        (Goyal et al. 2017 section 2.1, :func:`~trainers.policies.optim.apply_momentum_correction`)."""
         if not first:
             apply_momentum_correction(opt, opt.param_groups[0]["lr"], settings.lr)
         set_lr(opt, settings.lr)

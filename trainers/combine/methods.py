@@ -4,7 +4,7 @@ Three methods (``docs/architecture.md``; formulas in the design's section 5):
 
 ``mean`` (default, today's behaviour)
     DDP's all-reduce average; with the loop's loss scaling ``W / B`` the combined gradient is
-    exactly the mean gradient of the global batch, whatever W is (``trainers/loop.py``).
+    exactly the mean gradient of the global batch, whatever W is (``trainers/loop/trainer.py``).
 
 ``adasum`` (Maleki, Musuvathi, Mytkowicz et al. 2020, "Scaling distributed training with
 adaptive summation", MLSys 2021)
@@ -101,9 +101,9 @@ for distributed local gradient methods")
     * **the norm test in its local form** (Lau et al.): at a sync, each worker's gradient of its
       last local step ``g_i`` (mean over ``b_i`` samples) gives the per-example variance
       estimate ``Var = (sum_i b_i |g_i|^2 - B |g_B|^2) / (W - 1)`` with ``g_B = sum_i b_i g_i / B``
-      (``trainers/noise.py`` eq. (3)), and :func:`trainers.noise.norm_test` suggests the global
+      (``trainers/policies/noise.py`` eq. (3)), and :func:`trainers.policies.noise.norm_test` suggests the global
       batch ``ceil(Var / (eta^2 |g_B|^2))`` when ``Var / B > eta^2 |g_B|^2``.  The ``norm_test``
-      batch policy (``trainers/batching.py``) turns that into the next B (monotone, rounded,
+      batch policy (``trainers/policies/batching.py``) turns that into the next B (monotone, rounded,
       clamped); the next local batch is that B's slice.  Needs W >= 2.
     * **communication**: per-step averaging would send the gradient (P values) every step; local
       SGD sends the parameters (+ the optimizer state + buffers + the norm test's gradient) once
@@ -125,10 +125,10 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field, model_validator
 
-from trainers.batching import BatchPolicy, BatchStats
-from trainers.decisions import BatchDecision, NoopDecision
+from trainers.policies.batching import BatchPolicy, BatchStats
+from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.link import metrics as M
-from trainers.noise import NormTestResult, norm_test
+from trainers.policies.noise import NormTestResult, norm_test
 from trainers.section import Section
 
 __all__ = [
@@ -348,7 +348,7 @@ class AdasumCombiner:
 
 def local_variance(b: Sequence[float], sq: Sequence[float], big_sq: float) -> float | None:
     """Per-example variance from ``n >= 2`` gradients ``g_i`` over ``b_i`` samples and their weighted
-    mean ``g_B``: ``(sum_i b_i |g_i|^2 - B |g_B|^2) / (n - 1)`` (``trainers/noise.py`` eq. (3));
+    mean ``g_B``: ``(sum_i b_i |g_i|^2 - B |g_B|^2) / (n - 1)`` (``trainers/policies/noise.py`` eq. (3));
     ``None`` for fewer than two non-empty inputs."""
     pairs = [(float(bi), float(si)) for bi, si in zip(b, sq) if bi > 0]
     if len(pairs) < 2:
@@ -557,7 +557,7 @@ class LocalSGD:
 
 
 class Combination:
-    """What the worker loop (``trainers/loop.py``) calls for ``combine.method``; under ``mean`` every
+    """What the worker loop (``trainers/loop/trainer.py``) calls for ``combine.method``; under ``mean`` every
     call is a no-op and DDP does the combining, as before.
 
     ``adasum``: no DDP (every micro-batch's gradient stays local); the loss keeps the ``W / B``

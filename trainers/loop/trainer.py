@@ -26,11 +26,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainers.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
-from trainers.combine import Combination
-from trainers.config import LoopConfig
-from trainers.data import accum_steps, slice_bounds
-from trainers.device import clean_state_dict, compile_model, input_pipeline, load_clean_state_dict, to_channels_last
+from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
+from trainers.combine.methods import Combination
+from trainers.loop.config import LoopConfig
+from trainers.data.order import accum_steps, slice_bounds
+from trainers.accel.device import clean_state_dict, compile_model, load_clean_state_dict, to_channels_last
+from trainers.data.pipeline import input_pipeline
 from trainers.link import agreement
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, PushDecision, WorkersNeeded
@@ -38,15 +39,14 @@ from trainers.link.channel import Channel
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Diverged, Finished, FirstStep, PhaseStart,
                                     ResizeCheckpoint, Stopped, WorkerWarning)
 from trainers.link.runtime import Runtime
-from trainers.meter import ThroughputMeter
-from trainers.noise import NoiseProbe
-from trainers.optim import build_optimizer
-from trainers.rollback import RollbackPolicy
-from trainers.policy import PolicySet
-from trainers.precision import Precision
-from trainers.state import TrainState
-from trainers.workload import (Functions, StepBatch, batch_len, build_workload, correct, make_batches, perplexity,
-                               summed_loss, to_device)
+from trainers.loop.meter import ThroughputMeter
+from trainers.policies.noise import NoiseProbe
+from trainers.policies.optim import build_optimizer
+from trainers.loop.rollback import RollbackPolicy
+from trainers.policies.policy_set import PolicySet
+from trainers.accel.precision import Precision
+from trainers.loop.state import TrainState
+from trainers.workload.build import (Functions, StepBatch, batch_len, build_workload, correct, make_batches, perplexity, summed_loss, to_device)
 
 R = TypeVar("R")
 
@@ -89,7 +89,7 @@ class Trainer:
     def __init__(self, cfg: LoopConfig, runtime: Runtime, rank: int | None = None, world: int | None = None,
                  device: torch.device | None = None, functions: Functions | None = None):
         """Rank, world and device come from Ray Train's context unless given (gloo tests);
-        ``functions``: factories sent by value (trainers/workload.py)."""
+        ``functions``: factories sent by value (trainers/workload/build.py)."""
         self.cfg, self.runtime = cfg, runtime
         if rank is None or world is None:
             import ray.train
@@ -111,7 +111,7 @@ class Trainer:
         self._next_flush = cfg.train.log_every  # the step of the next push to the driver (see run)
         self._stepped = False  # this group made its first step (see advance)
         base = (to_channels_last(self.work.model) if cfg.model.channels_last else self.work.model).to(self.device)
-        # How the workers' gradients become one update (trainers/combine.py): only mean uses DDP.
+        # How the workers' gradients become one update (trainers/combine/methods.py): only mean uses DDP.
         self.combine = Combination(cfg.combine, self.world, cfg.batch.policy, cfg.batch.norm_test_eta,
                                    cfg.batch.check_every)
         self.combine.attach(base)
@@ -196,7 +196,7 @@ class Trainer:
         return box[0]
 
     def checkpoint_states(self) -> dict[str, Stateful]:
-        """What a checkpoint holds, by name (trainers/checkpoint.py); what this run lacks is left out."""
+        """What a checkpoint holds, by name (trainers/loop/checkpoint.py); what this run lacks is left out."""
         states: dict[str, Stateful] = {
             "model": StateAdapter(lambda: clean_state_dict(self.model), lambda s: load_clean_state_dict(self.model, s)),
             "optimizer": self.opt, "train": self.state, "rng": RNGState(self.device),
@@ -235,7 +235,7 @@ class Trainer:
         Not through ``ray.train.report``: its controller takes one report per poll (every
         ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s), so a report that follows the previous one
         sooner waits for it, which made a checkpoint per short epoch cost seconds.  The workers
-        find checkpoints by listing the run's folders (:class:`~trainers.checkpoint.CheckpointManager`).
+        find checkpoints by listing the run's folders (:class:`~trainers.loop.checkpoint.CheckpointManager`).
         Returns the checkpoint's path (its name where nothing was written)."""
         self.state.finished = finished
         self.combine.before_save(_unwrap(self.model), self.opt, self.state.step)

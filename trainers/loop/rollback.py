@@ -1,7 +1,7 @@
 """What the loop does on a non-finite loss: stop (the default), or roll back and go on more gently.
 
 ``train.on_nonfinite: rollback``: the step whose all-reduced loss is inf/nan never reaches the
-weights (``trainers/loop.py`` checks before the optimizer step).  The loss of step ``k`` is
+weights (``trainers/loop/trainer.py`` checks before the optimizer step).  The loss of step ``k`` is
 computed from the weights step ``k - 1`` made, so a checkpoint of step ``k - 1`` holds finite
 weights that already give a non-finite loss: the group reloads the newest checkpoint *before* step
 ``k - 1``, halves the learning rate for the rest of the run and goes on, replaying the same batches
@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from trainers.checkpoint import CorruptCheckpoint, checkpoint_step
+from trainers.loop.checkpoint import CorruptCheckpoint, checkpoint_step
 from trainers.link.messages import RolledBack
 
 if TYPE_CHECKING:
-    from trainers.policy import StepSettings
+    from trainers.policies.policy_set import StepSettings
 
 FACTOR = 0.5  # the learning rate is multiplied by this at each rollback
 

@@ -4,7 +4,7 @@ The plain contract (docs/architecture.md, "workloads") imports nothing from this
 
 * a **data factory** is called with ``data.params`` as keyword arguments and returns
   ``(train, val)``: two map-style datasets with ``__len__`` and ``__getitem__(i) -> (input,
-  target)`` (optionally a batched ``__getitems__(indices)``, see :mod:`trainers.sampler`);
+  target)`` (optionally a batched ``__getitems__(indices)``, see :mod:`trainers.data.sampler`);
 * a **model factory** is called with ``model.params`` as keyword arguments and returns a
   ``torch.nn.Module``;
 * a **loss** maps ``(output, target)`` of a micro-batch of ``b`` samples to a tensor of shape
@@ -118,11 +118,6 @@ def _is_map_style(ds: Any) -> bool:
     return hasattr(ds, "__len__") and hasattr(ds, "__getitem__")
 
 
-def check_name_or_factory(section: str, name: str | None, factory: str | None) -> None:
-    """A ``model``/``data`` section names a built-in or a factory, never both (:class:`FactoryError`)."""
-    if name is not None and factory is not None:
-        raise FactoryError(f"{section}.factory: give either {section}.name ({name!r}) or {section}.factory "
-                           f"({factory!r}), not both")
 
 
 def check_datasets(result: Any, field: str = "data.factory") -> tuple[Any, Any]:
@@ -238,7 +233,7 @@ def probe(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
     ``torch.load(weights_only=True)`` into a fresh model from the same factory
     (``load_state_dict(strict=True)``).  The warning is returned when the model has BatchNorm.
     """
-    from trainers.sampler import fetch
+    from trainers.data.sampler import fetch
 
     train, _ = build_datasets(data_fn, data_params, data_field)
     if global_batch is not None:

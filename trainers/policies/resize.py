@@ -4,12 +4,12 @@ Ray Train resizes a worker group only by restarting it, so the driver runs train
 as phases (``docs/architecture.md``); inside a phase, rank 0 asks the driver after
 every batch change whether the group should grow, the driver asks this policy, and
 if so the group checkpoints and ends the phase with ``resize_to``.  ``plan`` asks the
-same policy through :class:`trainers.policy.PolicySet`.  No Ray in here: the policy
+same policy through :class:`trainers.policies.policy_set.PolicySet`.  No Ray in here: the policy
 is a pure function of its arguments, unit-tested in milliseconds.
 
 A policy answers a :class:`ResizeDecision` (start the next phase with ``workers``)
 or a :class:`NoopDecision` (keep the group; falsy, so ``if decision:`` reads "if
-the group changes"), each with the reason to log (``trainers/decisions.py``).
+the group changes"), each with the reason to log (``trainers/policies/decisions.py``).
 
 :func:`workers_for_batch` is the one formula for "workers a global batch needs";
 the driver's first phase, ``plan`` and :class:`WorkersForBatch` all use it.
@@ -21,7 +21,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from trainers.decisions import NoopDecision, ResizeDecision
+from trainers.policies.decisions import NoopDecision, ResizeDecision
 
 __all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkersForBatch",
            "build_resize_policy", "resize_pays", "workers_for_batch"]

@@ -13,19 +13,19 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
-from trainers.device import CompileConfig
-from trainers.precision import PrecisionConfig
-from trainers.batching import BatchConfig
-from trainers.checkpoint import CheckpointConfig
-from trainers.combine import CombineConfig
-from trainers.data import DataConfig
-from trainers.models import ModelConfig
-from trainers.optim import OptimizerConfig
-from trainers.schedules import ScheduleConfig
+from trainers.accel.device import CompileConfig
+from trainers.accel.precision import PrecisionConfig
+from trainers.policies.batching import BatchConfig
+from trainers.loop.checkpoint import CheckpointConfig
+from trainers.combine.methods import CombineConfig
+from trainers.data.datasets import DataConfig
+from trainers.workload.models import ModelConfig
+from trainers.policies.optim import OptimizerConfig
+from trainers.policies.schedules import ScheduleConfig
 
 
 class TrainConfig(PrecisionConfig, CompileConfig):
-    """The ``train`` section (``precision``: trainers/precision.py; ``compile``: trainers/device.py)."""
+    """The ``train`` section (``precision``: trainers/accel/precision.py; ``compile``: trainers/accel/device.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,7 +38,7 @@ class TrainConfig(PrecisionConfig, CompileConfig):
     sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
     on_nonfinite: Literal["stop", "rollback"] = Field(
         default="stop", description="a non-finite loss: stop the run (FAILED), or reload the last checkpoint, halve "
-                                    "the learning rate and go on (trainers/rollback.py)")
+                                    "the learning rate and go on (trainers/loop/rollback.py)")
     max_rollbacks: int = Field(default=3, ge=0, description="rollbacks at most (on_nonfinite: rollback); then stop")
 
 

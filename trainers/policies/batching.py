@@ -10,9 +10,9 @@ training:
   Kindermans, Ying, Le 2018).  The listed batch applies from the first step whose
   starting epoch is >= the listed epoch.
 * ``noise_scale``: B follows ``c * B_simple`` (McCandlish et al. 2018), the critical
-  batch estimated by :class:`trainers.noise.GradientNoiseScale`.
+  batch estimated by :class:`trainers.policies.noise.GradientNoiseScale`.
 * ``norm_test``: B grows to what the norm test asks for (Byrd et al. 2012; Lau, Liu,
-  Kolar 2024), see :func:`trainers.noise.norm_test`.
+  Kolar 2024), see :func:`trainers.policies.noise.norm_test`.
 
 Rules shared by the adaptive policies (``noise_scale``, ``norm_test``), in order:
 look only on steps with ``step % check_every == 0``; round the wanted size up to
@@ -21,13 +21,13 @@ current B (no thrashing on noisy estimates); clamp to ``max_size`` (and to the
 training-set size when known), so a policy that wants far more than the cap moves
 straight to the cap even if the cap is less than ``min_growth`` above B; never
 shrink.  B never shrinks because worker resizing is grow-only too
-(``trainers/resize.py``) and because a smaller batch after a larger one buys
+(``trainers/policies/resize.py``) and because a smaller batch after a larger one buys
 nothing the LR schedule cannot.
 
 Each policy is an object with one decision method, :meth:`BatchPolicy.decide`,
 answering a :class:`BatchDecision` (change B, with the reason) or a
 :class:`NoopDecision` (keep B, with the reason; falsy, so ``if decision:`` reads
-"if B changes"), both from ``trainers/decisions.py``.  Policies are deterministic
+"if B changes"), both from ``trainers/policies/decisions.py``.  Policies are deterministic
 functions of their inputs plus the small state they return from ``state_dict``
 (plain types, for checkpoints).
 """
@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
-from trainers.decisions import BatchDecision, NoopDecision
+from trainers.policies.decisions import BatchDecision, NoopDecision
 
 BatchPolicyName = Literal["fixed", "schedule", "noise_scale", "norm_test"]
 
@@ -110,7 +110,7 @@ class BatchConfig(Section):
 class BatchStats:
     """What the loop measured, for the adaptive policies (``None`` = not known yet).
 
-    ``b_simple``: the smoothed ``B_simple`` of :class:`trainers.noise.GradientNoiseScale`.
+    ``b_simple``: the smoothed ``B_simple`` of :class:`trainers.policies.noise.GradientNoiseScale`.
     ``norm_test``: the batch the norm test suggests (``NormTestResult.suggested``).
     """
 

@@ -1,6 +1,6 @@
 """The training counters that survive phases and restarts: one checkpoint component.
 
-The checkpoint format, discovery and fallback live in ``trainers/checkpoint.py``
+The checkpoint format, discovery and fallback live in ``trainers/loop/checkpoint.py``
 (``docs/architecture.md``).
 """
 
@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 # Keys that format-1 checkpoints carry and nothing reads any more: ``restarts`` (never read)
-# and ``extra`` (the policies' state, now components of their own; see trainers/checkpoint.py).
+# and ``extra`` (the policies' state, now components of their own; see trainers/loop/checkpoint.py).
 _RETIRED = frozenset({"restarts", "extra"})
 
 

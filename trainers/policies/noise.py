@@ -54,7 +54,7 @@ where ``sigma^2 = E|g_B0 - G|^2`` is the gradient variance *at the base batch* a
 ``mu^2 = |G|^2``.  By (1), ``sigma^2 = tr(Sigma)/B0`` with the per-example
 ``tr(Sigma)`` this module estimates, so ``r = (B_simple/B0 + 1)/(B_simple/B + 1)``.
 This module gives the inputs (:meth:`GradientNoiseScale.adascale_signal`); the gain
-itself is the LR schedule's ``adascale`` scaling rule (``trainers/schedules.py``).
+itself is the LR schedule's ``adascale`` scaling rule (``trainers/policies/schedules.py``).
 
 **The probe** (:class:`NoiseProbe`) measures, at every optimizer step, the squared
 norms the estimator needs without extra communication: the "small" gradients are
@@ -90,7 +90,7 @@ def sq_norm_tensor(tensors: Iterable[torch.Tensor | None], scale: float = 1.0) -
 
     Stays on the device (no host sync), so a loop can ``all_reduce`` it before
     reading it.  ``scale`` converts what ``.grad`` holds into a mean gradient, e.g.
-    ``B / (W * b)`` when the loss was scaled by ``W / B`` (see ``trainers/loop.py``)
+    ``B / (W * b)`` when the loss was scaled by ``W / B`` (see ``trainers/loop/trainer.py``)
     and the accumulated gradient covers ``b`` examples.
     """
     norms = [torch.linalg.vector_norm(t.detach()).double() for t in tensors if t is not None]
@@ -224,7 +224,7 @@ class GradientNoiseScale:
     def adascale_signal(self, base_batch: float) -> AdaScaleSignal | None:
         """``(var, sqr) = (tr(Sigma)/B0, |G|^2)`` for an AdaScale rule ``r = (var+sqr)/(var/k+sqr)``.
 
-        ``None`` until ``B_simple`` is estimable.  Fits ``trainers.schedules.NoiseSignal``.
+        ``None`` until ``B_simple`` is estimable.  Fits ``trainers.policies.schedules.NoiseSignal``.
         """
         if self.b_simple is None or base_batch <= 0:
             return None
@@ -322,7 +322,7 @@ class NoiseProbe:
     """The noise-scale measurement of one worker's optimizer steps, feeding a :class:`GradientNoiseScale`.
 
     The loop normalizes the loss of a global batch of ``B`` samples by ``W / B`` (see
-    ``trainers/loop.py``), so a gradient accumulated over ``b`` of them is their mean
+    ``trainers/loop/trainer.py``), so a gradient accumulated over ``b`` of them is their mean
     gradient times ``W * b / B``; the probe rescales by ``B / (W * b)``.  Per step it
     collects the "small" statistics as four float64 sums over the small gradients
     ``g_s`` of ``b_s`` samples,
@@ -383,7 +383,7 @@ class NoiseProbe:
     def after_micro_batch(self, batch_len: int, micro_len: int, grad_factor: float = 1.0) -> None:
         """After the backward of a micro-batch of ``micro_len`` samples of a global batch of ``batch_len``;
         ``grad_factor`` turns what ``.grad`` holds into the true gradient (fp16 loss scaling: ``1/S``,
-        trainers/precision.py)."""
+        trainers/accel/precision.py)."""
         if self._tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
             self._add(self._tracker.after_backward(scale=grad_factor * batch_len / (self.world * micro_len)),
                       micro_len)

@@ -14,16 +14,16 @@ from typing import Any, Callable, Literal
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
-from trainers.device import LayoutConfig
+from trainers.accel.device import LayoutConfig
 from torch import nn
 
-from trainers.data import DatasetInfo
+from trainers.data.datasets import DatasetInfo
 
 Norm = Literal["batch", "group", "none"]
 
 
 class ModelConfig(LayoutConfig):
-    """The ``model`` section (``channels_last``: trainers/device.py)."""
+    """The ``model`` section (``channels_last``: trainers/accel/device.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -43,7 +43,7 @@ class ModelConfig(LayoutConfig):
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> "ModelConfig":
-        from trainers.factory import check_name_or_factory
+        from trainers.section import check_name_or_factory
 
         check_name_or_factory("model", self.name, self.factory)
         if self.name is None and self.factory is None:

@@ -27,7 +27,7 @@ import ray
 
 from trainers.link.messages import (Event, FirstStep, HandoverAnswer, NewGroupReady, PushAnswer, Record, Resize,
                                     ResizeAnswer, ResizeDecided, ResizeSkipped)
-from trainers.resize import ResizeEconomics, resize_pays
+from trainers.policies.resize import ResizeEconomics, resize_pays
 
 DEFAULT_OVERLAP_PAUSE_S = 1.0  # an overlapping resize's pause until one is measured on this cluster
 
@@ -58,7 +58,7 @@ class MonitorState:
         self.resize: Resize | None = None  # the resize of the current phase, once decided
         self._handover_paths: dict[int, str | None] = {}  # new phase -> checkpoint path (None: cancelled)
         self._done: list[Resize] = []
-        # Resize economics (trainers/resize.py resize_pays): a group's start and an overlap's
+        # Resize economics (trainers/policies/resize.py resize_pays): a group's start and an overlap's
         # pause as measured on this cluster so far (the driver sets them, :meth:`set_costs`).
         self._only_if_pays = only_if_pays
         self._start_s: float | None = None
@@ -93,7 +93,7 @@ class MonitorState:
                         samples_per_s: float | None = None) -> ResizeAnswer:
         """Rank 0 reports its global batch; answer the workers it needs now (0 = keep) and how.
         With ``only_if_pays``, a resize that cannot pay for itself over the ``remaining_samples``
-        at the measured ``samples_per_s`` is skipped (:func:`trainers.resize.resize_pays`)."""
+        at the measured ``samples_per_s`` is skipped (:func:`trainers.policies.resize.resize_pays`)."""
         if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
             return ResizeAnswer(self.resize.to, self.resize.mode)
         if self._resize is None:

@@ -158,7 +158,7 @@ class ByteWindows(torch.utils.data.Dataset):
 
     ``__getitem__(i) -> (x, y)`` with ``x = tokens[s:s+T]`` and ``y = tokens[s+1:s+T+1]`` as int64
     tensors of shape ``[T]``; ``__getitems__(indices)`` returns the batch ``(X, Y)`` of shape
-    ``[b, T]`` in one gather (what :func:`trainers.sampler.collate` passes through).  The windows
+    ``[b, T]`` in one gather (what :func:`trainers.data.sampler.collate` passes through).  The windows
     never read past ``hi``: there are ``(hi - lo - T - 1) // stride + 1`` of them.
     """
 

@@ -4,14 +4,14 @@ of the global data order that this rank trains on (docs/architecture.md, "worklo
 A workload is named either by built-in names (``data.name``: ``digits``, ``synthetic``, ``cifar10``,
 ``text``; ``model.name``: ``mlp``, ``cnn``, ``resnet18``, ``resnet50``, ``gpt``, ``lstm``) or by the
 user's factories (``data.factory`` / ``model.factory``, ``"package.module:function"`` called with
-``params``; :mod:`trainers.factory`).  Both come out as the same :class:`Workload`.
+``params``; :mod:`trainers.workload.factory`).  Both come out as the same :class:`Workload`.
 
 Two ways to serve a global batch, with the same ids for every (seed, epoch, cursor, B, W,
-max_local_batch) (:func:`trainers.sampler.rank_micro_batches`):
+max_local_batch) (:func:`trainers.data.sampler.rank_micro_batches`):
 
 * :class:`TensorBatches`: the built-in in-memory sets, indexed as tensors (fast: no collation);
 * :class:`LoaderBatches`: every map-style dataset (a factory's, ``text``), through a
-  ``torch.utils.data.DataLoader`` fed by :class:`trainers.sampler.RankLoader`.
+  ``torch.utils.data.DataLoader`` fed by :class:`trainers.data.sampler.RankLoader`.
 
 The loss is per sample (shape ``[b]``) and the loop sums it: ``loss_sum / B`` is the global
 batch's mean and the noise-scale estimator gets its per-micro-batch sums.  Language models (the
@@ -35,11 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.data import DataConfig, InMemoryData, dataset_info, epoch_permutation, global_batch, load_data
-from trainers.factory import (FactoryError, LossFn, build_datasets, build_model as build_factory_model,
-                              cross_entropy, resolve_loss, token_cross_entropy)
-from trainers.models import ModelConfig, build_model as build_named_model
-from trainers.sampler import LoaderConfig, RankLoader, fetch, rank_micro_batches
+from trainers.data.datasets import DataConfig, InMemoryData, dataset_info, load_data
+from trainers.data.order import epoch_permutation, global_batch
+from trainers.workload.factory import (FactoryError, LossFn, build_datasets, build_model as build_factory_model, cross_entropy, resolve_loss, token_cross_entropy)
+from trainers.workload.models import ModelConfig, build_model as build_named_model
+from trainers.data.sampler import LoaderConfig, RankLoader, fetch, rank_micro_batches
 
 BY_VALUE = "python:"  # prefix of a factory sent by value from Python (not importable by name)
 Functions = Mapping[str, Callable[..., Any]]
@@ -85,14 +85,14 @@ def data_factory(data: DataConfig, seed: int, functions: Functions | None = None
                  ) -> tuple[str | Callable[..., Any], dict[str, Any]]:
     """``(factory, params)`` that builds ``(train, val)`` for the ``data`` section.
 
-    ``text`` is :func:`trainers.text.load_text` of ``data.path`` (default: the stdlib corpus)
+    ``text`` is :func:`trainers.data.text.load_text` of ``data.path`` (default: the stdlib corpus)
     with ``data.context`` and ``data.val_fraction``; the in-memory sets are wrapped as map-style
-    pairs (what :func:`trainers.factory.probe` reads; the loop indexes their tensors directly).
+    pairs (what :func:`trainers.workload.factory.probe` reads; the loop indexes their tensors directly).
     """
     if data.factory is not None:
         return _spec("data", data.factory, functions), dict(data.params)
     if data.name == "text":
-        from trainers.text import load_text
+        from trainers.data.text import load_text
 
         return load_text, {"path": data.path, "context": data.context, "val_fraction": data.val_fraction}
 
@@ -107,14 +107,14 @@ def model_factory(model: ModelConfig, data: DataConfig, functions: Functions | N
                   ) -> tuple[str | Callable[..., Any], dict[str, Any]]:
     """``(factory, params)`` that builds the model of the ``model`` section.
 
-    ``gpt``/``lstm`` are :mod:`trainers.lm_models`' factories with ``model.params`` (a GPT's
+    ``gpt``/``lstm`` are :mod:`trainers.workload.lm_models`' factories with ``model.params`` (a GPT's
     ``context`` defaults to ``data.context``); the image models need a built-in in-memory set
     (their input shape and classes come from it).
     """
     if model.factory is not None:
         return _spec("model", model.factory, functions), dict(model.params)
     if model.language_model:
-        from trainers.lm_models import LM_MODELS
+        from trainers.workload.lm_models import LM_MODELS
 
         params = dict(model.params)
         if model.name == "gpt":
@@ -135,7 +135,7 @@ def largest_batch(batch: Any) -> int:
 
 
 def probe_config(cfg: Any, functions: Functions | None = None) -> str | None:
-    """Run :func:`trainers.factory.probe` on the config's workload (driver, before Ray starts).
+    """Run :func:`trainers.workload.factory.probe` on the config's workload (driver, before Ray starts).
 
     Only workloads that are not entirely built-in image ones are probed (those are tested code).
     Returns the probe's warning (a BatchNorm model) or ``None``; raises :class:`FactoryError`.
@@ -143,7 +143,7 @@ def probe_config(cfg: Any, functions: Functions | None = None) -> str | None:
     data, model = cfg.data, cfg.model
     if data.in_memory and model.factory is None and not model.loss:
         return None
-    from trainers.factory import probe, resolve
+    from trainers.workload.factory import probe, resolve
 
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     resolve(data_fn, "data.factory")  # the data's import errors first
@@ -183,7 +183,7 @@ def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: boo
     """Datasets, then model (in that order after the caller's ``torch.manual_seed``), then loss.
 
     ``raw_pixels``: CIFAR-10's inputs stay uint8 with their mean/std (``load_data(raw=True)``) for a
-    caller that normalises each batch (the worker loop's :class:`trainers.device.InputPipeline`)."""
+    caller that normalises each batch (the worker loop's :class:`trainers.data.pipeline.InputPipeline`)."""
     data, model = cfg.data, cfg.model
     loss_fn = resolve_loss(model.loss_name())
     if data.in_memory:
@@ -322,7 +322,7 @@ class TensorBatches:
 
 
 class LoaderBatches:
-    """Map-style datasets through :class:`trainers.sampler.RankLoader` (a ``DataLoader`` in our order)."""
+    """Map-style datasets through :class:`trainers.data.sampler.RankLoader` (a ``DataLoader`` in our order)."""
 
     def __init__(self, train: Any, val: Any, *, seed: int, rank: int, world: int, max_local_batch: int,
                  split_single: bool, config: LoaderConfig | None = None) -> None:

@@ -3,8 +3,8 @@
 Map-style datasets (a user's factory, the built-in ``text`` set) are served through a plain
 ``DataLoader`` so that loading, collation and host-to-device copies overlap the step.  The order
 stays ours: :class:`GlobalBatchSampler` walks the epoch's permutation with the very functions of
-the in-memory path (:func:`trainers.data.epoch_permutation`, :func:`~trainers.data.global_batch`,
-:func:`~trainers.data.slice_bounds`, :func:`~trainers.data.micro_batches`), so rank ``r`` of ``W``
+the in-memory path (:func:`trainers.data.order.epoch_permutation`, :func:`~trainers.data.order.global_batch`,
+:func:`~trainers.data.order.slice_bounds`, :func:`~trainers.data.order.micro_batches`), so rank ``r`` of ``W``
 trains on exactly the ids the tensor-indexing path would give it, the global batch is the same at
 every W, and a checkpoint needs only ``(epoch, cursor)`` to resume exactly at another W
 (docs/architecture.md, "data order").  Ray Data's ``streaming_split`` is deliberately not used to
@@ -58,8 +58,8 @@ class LoaderConfig(Section):
     prefetch: int = Field(default=2, ge=1)
 
 
-# after LoaderConfig: trainers/data.py imports it back (its DataConfig.loader field)
-from trainers.data import epoch_permutation, global_batch, micro_batches, slice_bounds  # noqa: E402
+# after LoaderConfig: trainers/data/datasets.py imports it back (its DataConfig.loader field)
+from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds  # noqa: E402
 
 
 def rank_micro_batches(ids: np.ndarray, rank: int, world: int, max_local_batch: int,

@@ -1,0 +1,173 @@
+"""The accelerator fast path around the model and the data: channels_last, data kept on the
+device, ``torch.compile`` with clean checkpoint keys, and a host->device prefetcher.
+
+- **channels_last** (``model.channels_last``): NHWC memory format for 4-D image models; with
+  bf16/fp16 convolutions on tensor cores it avoids layout transposes (PyTorch's "Channels Last
+  Memory Format" tutorial).  The inputs must be in the same format: :class:`DeviceData` does it.
+- **data on the device** (``data.device: accelerator``): an in-memory training set is copied to
+  the GPU once (kept as uint8 when it came as uint8: 4x smaller than float32) and every
+  micro-batch is indexed there, then converted to float and normalised,
+  ``x = (x_raw / 255 - mean) / std`` for uint8 (``(x_raw - mean) / std`` otherwise).  No host
+  copy per step at all.
+- **compile** (``train.compile``): ``torch.compile(model, dynamic=True)`` (dynamic shapes: the
+  slices of a global batch are uneven).  The compiled wrapper prefixes state-dict keys with
+  ``_orig_mod.`` (and DDP with ``module.``); :func:`clean_state_dict` gives the keys of the
+  plain model and :func:`load_clean_state_dict` loads either form.
+- **prefetch** (map-style data on the host): :class:`Prefetcher` pins each batch and copies it
+  with ``non_blocking`` on a side CUDA stream one batch ahead, so the copy of batch ``i+1``
+  overlaps the step on batch ``i``.
+
+Order when building a worker's model: ``build_model`` -> :func:`to_channels_last` -> ``.to(device)``
+-> DDP (and its communication hook) -> :func:`compile_model`.  Compiling the DDP-wrapped model is
+what PyTorch recommends (its DDPOptimizer splits graphs at bucket boundaries so the all-reduce
+still overlaps backward), and the hook registered on DDP keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Sequence
+
+import torch
+from pydantic import ConfigDict, Field
+from torch import nn
+from trainers.section import Section
+
+__all__ = [
+    "CompileConfig", "DataDeviceConfig", "LayoutConfig", "NON_IMAGE_MODELS", "check_channels_last",
+    "check_data_device", "check_fast_path", "clean_state_dict", "compile_model", "load_clean_state_dict",
+    "strip_prefixes", "to_channels_last", "unwrap_model",
+]
+
+DataDevice = Literal["host", "accelerator"]
+_PREFIXES = ("_orig_mod.", "module.")
+
+
+class LayoutConfig(Section):
+    """The layout fields of the ``model`` section (``ModelConfig`` takes them as a base class)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    channels_last: bool = Field(default=False, description="NHWC memory format (4-D image models only)")
+
+
+class DataDeviceConfig(Section):
+    """The placement field of the ``data`` section (``DataConfig`` takes it as a base class)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: DataDevice = Field(default="host", description="accelerator: keep the in-memory dataset on the GPU "
+                               "(needs scaling.use_gpu)")
+
+
+class CompileConfig(Section):
+    """The compile field of the ``train`` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compile: bool = Field(default=False, description="torch.compile the model (dynamic shapes)")
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = Field(
+        default="inductor", description="train.compile: torch.compile's backend (inductor: generated kernels; "
+                                        "aot_eager/eager: graph capture only, to debug or test)")
+
+
+# --------------------------------------------------------------------------- checks (driver, before Ray)
+
+
+def check_data_device(device: str, use_gpu: bool) -> None:
+    """``data.device: accelerator`` needs GPUs."""
+    if device == "accelerator" and not use_gpu:
+        raise ValueError("data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true; "
+                         "set data.device: host to train on CPUs")
+
+
+def check_channels_last(enabled: bool, input_shape: Sequence[int]) -> None:
+    """``model.channels_last`` needs image inputs ``[C, H, W]`` (a 4-D batch)."""
+    if enabled and len(input_shape) != 3:
+        raise ValueError(f"model.channels_last: needs 4-D image batches (inputs shaped [C, H, W]); this "
+                         f"dataset's inputs are shaped {list(input_shape)}; set model.channels_last: false")
+
+
+#: built-in models without a Conv2d layer (``model.channels_last`` would change nothing)
+NON_IMAGE_MODELS = ("mlp", "gpt", "lstm")
+
+
+def check_fast_path(*, precision: str, data_device: str, channels_last: bool, input_shape: Sequence[int] | None,
+                    use_gpu: bool, model_name: str | None = None, augment: Sequence[str] = ()) -> None:
+    """Every check of issue #20's options in one call for the driver (before Ray starts): the first
+    problem as a ``ValueError`` whose one-line message starts with the field.
+
+    ``input_shape``: one sample's input shape where the driver knows it (built-in data), else
+    ``None``; ``model_name``: a built-in model's name (``None`` for a factory's, which the worker's
+    :func:`to_channels_last` checks once built)."""
+    from trainers.accel.precision import check_precision
+
+    check_precision(precision, "cuda" if use_gpu else "cpu")
+    check_data_device(data_device, use_gpu)
+    if channels_last and model_name in NON_IMAGE_MODELS:
+        raise ValueError(f"model.channels_last: {model_name} has no Conv2d layer (not a 4-D image model); set "
+                         "model.channels_last: false, or use cnn/resnet18/resnet50")
+    if input_shape is not None:
+        check_channels_last(channels_last, input_shape)
+        if augment and len(input_shape) != 3:
+            raise ValueError(f"data.augment: {', '.join(augment)} need image inputs shaped [C, H, W]; this "
+                             f"dataset's inputs are shaped {list(input_shape)}; remove data.augment")
+
+
+# --------------------------------------------------------------------------- model
+
+
+def to_channels_last(model: nn.Module) -> nn.Module:
+    """Convert ``model``'s 4-D parameters and buffers to ``torch.channels_last`` in place; returns it.
+
+    Refuses (``ValueError`` naming ``model.channels_last``) a model with no 2-D convolution:
+    its weights are not 4-D, so the format would change nothing but the inputs' strides."""
+    if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        raise ValueError(f"model.channels_last: {type(model).__name__} has no Conv2d layer (not a 4-D image "
+                         "model); set model.channels_last: false")
+    return model.to(memory_format=torch.channels_last)
+
+
+def compile_model(model: nn.Module, dynamic: bool = True, **kwargs: Any) -> nn.Module:
+    """``torch.compile(model, dynamic=dynamic, **kwargs)``; keys of its state dict gain ``_orig_mod.``,
+    so checkpoint through :func:`clean_state_dict`."""
+    return torch.compile(model, dynamic=dynamic, **kwargs)  # type: ignore[return-value]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain model inside any nesting of ``torch.compile`` and DDP/DataParallel wrappers."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while True:
+        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+            model = model._orig_mod
+        elif isinstance(model, (DistributedDataParallel, DataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+    """Drop leading ``_orig_mod.`` / ``module.`` from the keys, a prefix at a time and only while
+    *every* key has it (a model whose own first submodule is called ``module`` keeps its keys
+    unless all of them start so and the dict came from a wrapper)."""
+    out = dict(state)
+    while out:
+        for prefix in _PREFIXES:
+            if all(k.startswith(prefix) for k in out):
+                out = {k[len(prefix):]: v for k, v in out.items()}
+                break
+        else:
+            return out
+    return out
+
+
+def clean_state_dict(model: nn.Module | dict[str, Any]) -> dict[str, Any]:
+    """The state dict with the plain model's keys, whatever wraps it (or a wrapped model's dict)."""
+    if isinstance(model, nn.Module):
+        return unwrap_model(model).state_dict()
+    return strip_prefixes(model)
+
+
+def load_clean_state_dict(model: nn.Module, state: dict[str, Any], strict: bool = True) -> Any:
+    """Load a state dict with or without wrapper prefixes into ``model`` (wrapped or not)."""
+    return unwrap_model(model).load_state_dict(strip_prefixes(state), strict=strict)
