@@ -117,11 +117,15 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
 
     try:
         client = MlflowClient(uri)
-        client.get_run(run_id)
+        run = client.get_run(run_id)
         steps = client.get_metric_history(run_id, "train/loss")
     except MlflowException:
         raise ConfigError(f"run: {run_id} is not in the tracking store {redact_uri(uri)}; pass the store it was "
                           "tracked in with --tracking-uri") from None
+    if run.info.status == "FINISHED":
+        last = max((m.step for m in steps), default=0)
+        raise ConfigError(f"run: {run_id} is FINISHED (it trained to its planned last step {last}); there is "
+                          "nothing to resume: train a new run (train.epochs counts from step 0)")
     if not steps:
         return  # nothing trained yet: starting from step 0 loses nothing
     from trainers.loop.checkpoint import CorruptCheckpoint, run_checkpoints, verify_checkpoint

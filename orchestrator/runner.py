@@ -185,6 +185,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             tracker.set_tags({"elastic.failure": error})
             return _summary(tracker, runner, "FAILED", t0, error, timeline)
         status = "FINISHED"
+        tracker.clear_failure()
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
                           "elastic.resizes": len(runner.resizes)})
         tracker.log_plots()

@@ -386,6 +386,11 @@ class RunTracker:
     def set_running(self) -> None:
         self.client.update_run(self.run_id, status="RUNNING")
 
+    def clear_failure(self) -> None:
+        """A run that reached its planned end no longer carries an earlier driver's failure."""
+        if "elastic.failure" in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, "elastic.failure")
+
     def end(self, status: str = "FINISHED") -> None:
         self.stop_system_metrics()
         self.release_held()

@@ -40,13 +40,17 @@ def _losses(uri, run_id):
 
 
 def _assert_same_run(uri, ref_id, run_id):
-    ref, got = _losses(uri, ref_id), _losses(uri, run_id)
+    _assert_same_run_as(uri, ref_id, uri, run_id)
+
+
+def _assert_same_run_as(ref_uri, ref_id, uri, run_id):
+    ref, got = _losses(ref_uri, ref_id), _losses(uri, run_id)
     assert [s for s, _ in got] == list(range(1, STEPS + 1)), "steps must be unique and monotonic"
     a, b = np.array([v for _, v in ref]), np.array([v for _, v in got])
     assert np.max(np.abs(a - b) / np.abs(a)) < 1e-4
     for key in ("val/loss", "val/accuracy"):
-        assert metric_series(uri, run_id, key)[-1][1] == pytest.approx(metric_series(uri, ref_id, key)[-1][1],
-                                                                        rel=1e-4)
+        assert metric_series(uri, run_id, key)[-1][1] == pytest.approx(
+            metric_series(ref_uri, ref_id, key)[-1][1], rel=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +130,14 @@ def _driver_past_a_checkpoint(ray_cluster, tmp_path, uri):
     return driver, env, run_dirs[0]
 
 
-def test_sigterm_stops_the_driver_cleanly_run_killed_with_how_to_resume(ray_cluster, tmp_path):
+def test_sigterm_stops_cleanly_and_resume_trains_to_the_planned_end(reference, ray_cluster, tmp_path):
     """``ray job stop`` or ``kill``: SIGTERM ends the run KILLED with a message naming the resume
-    command, exit 130, no traceback (before: Ray's handler, a core dump at exit, no message)."""
+    command, exit 130, no traceback; that command then trains to the planned last step, exactly
+    as the uninterrupted run (the stop's checkpoint is not a finished one), and a second resume of
+    the FINISHED run is refused."""
+    _, ref_uri, ref = reference
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    driver, _, folder = _driver_past_a_checkpoint(ray_cluster, tmp_path, uri)
+    driver, env, folder = _driver_past_a_checkpoint(ray_cluster, tmp_path, uri)
     driver.send_signal(signal.SIGTERM)  # the driver only, as ray job stop does
     out, err = driver.communicate(timeout=120)
     run_id = os.path.basename(folder)[len("elastic-"):]
@@ -152,6 +159,19 @@ def test_sigterm_stops_the_driver_cleanly_run_killed_with_how_to_resume(ray_clus
     assert run.data.tags["elastic.failure"].endswith(hint)
     logged = [st for st, _ in _losses(uri, run_id)]
     assert logged and logged[-1] >= 20, "the steps trained before the signal reach MLflow"
+    assert logged[-1] < STEPS, "the run finished before the signal: nothing was stopped"
+
+    resume = [sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri, "--no-progress"]
+    out = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and "elastic.failure" not in run.data.tags
+    _assert_same_run_as(ref_uri, ref.run_id, uri, run_id)
+
+    again = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert f"run: {run_id} is FINISHED" in again.stderr and "Traceback" not in again.stderr
+    assert len(_losses(uri, run_id)) == STEPS, "the refused resume trained nothing"
 
 
 def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster, tmp_path):

@@ -473,8 +473,10 @@ class Trainer:
         return decision
 
     def end(self, stopped: bool) -> None:
-        """The run is over (finished, or ``stopped`` by the driver): a last checkpoint, then tell the driver."""
-        self.save_checkpoint(finished=True)
+        """The group ends (the planned end, or ``stopped`` by the driver): a last checkpoint, then
+        tell the driver.  Only the planned end marks the state finished: a stopped run's checkpoint
+        must resume to the planned last step."""
+        self.save_checkpoint(finished=not stopped)
         self.channel.emit(Stopped(step=self.state.step) if stopped else Finished(step=self.state.step))
         self.channel.flush(wait=True)
 
