@@ -49,7 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
-from trainers.loop.storage import LOCAL, is_uri, join, location_problem, resolve, store_for
+from trainers.loop.storage import LOCAL, is_uri, join, location_problem, pid_alive, resolve, store_for
 from trainers.loop.storage import tmp_name  # noqa: F401 - re-exported: the temporary folder of a local write
 from trainers.section import Section
 
@@ -367,16 +367,6 @@ def prune_checkpoints(storage: str, run_prefix: str, keep: int, skip: frozenset[
         store.remove(path)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def remove_stale_tmp(storage: str, run_prefix: str) -> list[str]:
     """Delete the temporary folders (``.<name>.tmp-<host>-<pid>``) that writers on this host left
     in the training run's local folders when they died mid-write; a live writer's, or another
@@ -390,7 +380,7 @@ def remove_stale_tmp(storage: str, run_prefix: str) -> list[str]:
             m = _TMP.match(name)
             if m is None or kind != "dir" or m.group("host") not in (None, host):
                 continue
-            if not _pid_alive(int(m.group("pid"))):
+            if not pid_alive(int(m.group("pid"))):
                 LOCAL.remove(os.path.join(folder, name))
                 removed.append(os.path.join(folder, name))
     return removed

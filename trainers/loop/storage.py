@@ -81,6 +81,17 @@ def location_problem(location: str) -> str | None:
     return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` lives on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def tmp_name(name: str) -> str:
     """The temporary sibling a local folder is written into: ``.<name>.tmp-<host>-<pid>``."""
     return f".{name}.tmp-{socket.gethostname()}-{os.getpid()}"
@@ -380,4 +391,4 @@ def reach_problem(location: str) -> str | None:
 
 
 __all__ = ["LOCAL", "LocalStore", "ObjectStore", "Store", "URI_SCHEMES", "basename", "filesystem", "fsync_path",
-           "is_uri", "join", "location_problem", "reach_problem", "resolve", "store_for", "tmp_name"]
+           "is_uri", "join", "location_problem", "pid_alive", "reach_problem", "resolve", "store_for", "tmp_name"]
