@@ -132,8 +132,8 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
 
     s = run_training(cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id,
                      functions=functions or None)
-    import os
+    from trainers.loop.storage import join
 
     return FitResult(run_id=s.run_id, status=s.status, metrics=dict(s.final), steps=s.steps, wall_s=s.wall_s,
                      tracking_uri=s.tracking_uri, experiment_id=s.experiment_id,
-                     checkpoint_dir=os.path.join(s.storage_path, s.train_run_name))
+                     checkpoint_dir=join(s.storage_path, s.train_run_name))

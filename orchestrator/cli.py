@@ -15,6 +15,7 @@ from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.pipeline import load_config
 from orchestrator.ui import open_hint
 from orchestrator.uris import redact_uri
+from trainers.loop.storage import join
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -88,7 +89,7 @@ def _summary(s, cfg) -> str:
         f"  MLflow run id  {s.run_id}",
         f"  tracking URI   {redact_uri(s.tracking_uri)}",
         f"  experiment     {cfg.tracking.experiment} (id {s.experiment_id})",
-        f"  checkpoints    {os.path.join(s.storage_path, s.train_run_name)}",
+        f"  checkpoints    {join(s.storage_path, s.train_run_name)}",
         open_hint(s.tracking_uri, s.experiment_id, s.run_id),
     ]
     return "\n".join(lines)

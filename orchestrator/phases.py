@@ -24,7 +24,6 @@ does with records and events (MLflow, the progress bar) is up to listeners
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from trainers.link import metrics as M
 from trainers.link import messages as msg
 from trainers.link.messages import Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
 from trainers.link.runtime import Runtime
+from trainers.loop.storage import resolve
 
 POLL_S = 0.5
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
@@ -215,7 +215,7 @@ class PhaseRunner:
             self.listeners.append(RecordsCallback(on_records))
         self.poll_s = POLL_S  # how often the monitor is drained (a search lowers it to prune sooner)
         self.train_run_name = f"elastic-{tracker.run_id}"  # all phases and resumes share it
-        self.storage_path = os.path.abspath(os.path.expanduser(cfg.checkpoint.storage_path))
+        self.storage_path = resolve(cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
         self.events: list[Event] = []
         self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
         self.monitor: Any = None

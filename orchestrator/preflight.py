@@ -329,12 +329,27 @@ def deleted_experiment(uri: str, name: str) -> bool:
     return False
 
 
-def check_environment(cfg: "RootConfig") -> None:
-    """Filesystem and tracking-store checks (reads only): run before Ray starts."""
-    why = folder_problem(cfg.checkpoint.storage_path)
+def check_checkpoint_storage(path: str) -> None:
+    """``checkpoint.storage_path`` can hold checkpoints, reading only: a local folder that can be
+    created and written, or an object store whose bucket exists and answers to the credentials in
+    the environment (one request for the bucket, one listing of the prefix: a missing bucket, bad
+    credentials or an unreachable endpoint is one line here, before Ray starts)."""
+    from trainers.loop.storage import is_uri, reach_problem, resolve
+
+    if is_uri(resolve(path)):
+        why = reach_problem(path)
+        if why is not None:
+            raise ConfigError(f"checkpoint.storage_path: {why}")
+        return
+    why = folder_problem(path)
     if why is not None:
         raise ConfigError(f"checkpoint.storage_path: {why}; give a folder you can write (on a cluster: a shared "
-                          f"mount), e.g. ray_runs")
+                          f"mount or a bucket URI such as s3://bucket/runs), e.g. ray_runs")
+
+
+def check_environment(cfg: "RootConfig") -> None:
+    """Filesystem and tracking-store checks (reads only): run before Ray starts."""
+    check_checkpoint_storage(cfg.checkpoint.storage_path)
     uri = cfg.tracking.resolved_uri()
     why = store_problem(uri)
     if why is not None:

@@ -1,5 +1,6 @@
 """Finding a training run again (``resume``): a small JSON file beside its checkpoints names its
-MLflow run and holds its config; a lock beside it says a driver is training the run now.
+MLflow run and holds its config; a lock beside it says a driver is training the run now.  Both
+live where the checkpoints do, a local folder or an object store (trainers/loop/storage.py).
 
 What ``resume`` may trust (each a refusal with one line and exit status 2, never a fresh start):
 the file is written atomically with absolute locations (a resume from another folder reaches the
@@ -12,12 +13,20 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
-from typing import Any, Protocol
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Protocol
 
 from orchestrator.config import ConfigError, RootConfig, public_config
 from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, redact_uri
+from trainers.loop.storage import is_uri, join, pid_alive, reach_problem, resolve, store_for
+
+logger = logging.getLogger(__name__)
 
 RUN_INFO = "elastic_run.json"
 DRIVER_LOCK = "driver.lock"
@@ -30,38 +39,58 @@ class _Run(Protocol):  # what write_run_info reads of a PhaseRunner
 
 
 def run_folder(storage_path: str, train_run_name: str) -> str:
-    return os.path.join(os.path.abspath(os.path.expanduser(storage_path)), train_run_name)
+    """The run's (first phase's) folder: an absolute local path, or a URI under the bucket prefix."""
+    return join(resolve(storage_path), train_run_name)
+
+
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
 
 
 def write_run_info(runner: _Run, cfg: RootConfig) -> None:
     """Beside the checkpoints, atomically: what ``resume`` needs to find the MLflow run again."""
     folder = run_folder(runner.storage_path, runner.train_run_name)
-    os.makedirs(folder, exist_ok=True)
     config = public_config(cfg)
-    config["checkpoint"]["storage_path"] = os.path.abspath(os.path.expanduser(cfg.checkpoint.storage_path))
+    config["checkpoint"]["storage_path"] = resolve(cfg.checkpoint.storage_path)
     uri = absolute_tracking_uri(runner.tracker.uri)
     config["tracking"]["uri"] = redact_uri(uri)
     info = {"run_id": runner.tracker.run_id, "tracking_uri": redact_uri(uri), "config": config}
-    path = os.path.join(folder, RUN_INFO)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(info, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    path = join(folder, RUN_INFO)
+    store_for(path).write_bytes(path, json.dumps(info, indent=1).encode())
 
 
 def read_run_info(folder: str) -> dict[str, Any]:
-    path = os.path.join(folder, RUN_INFO)
+    path = join(folder, RUN_INFO)
     try:
-        with open(path) as f:
-            info = json.load(f)
+        data = store_for(path).read_bytes(path)
+    except OSError as e:
+        if is_uri(path):  # the store did not answer: nothing says the file is damaged
+            raise ConfigError(f"run: cannot read {path} ({_short(e)}); check the object store's credentials and "
+                              "endpoint in the environment") from None
+        raise ConfigError(f"run: {path} is damaged ({_short(e)}); "
+                          "resume by the MLflow run id with --tracking-uri instead") from None
+    try:
+        info = json.loads(data)
         if not isinstance(info, dict) or not {"run_id", "tracking_uri", "config"} <= set(info):
             raise ValueError("keys run_id, tracking_uri, config missing")
         return info
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"run: {path} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+    except ValueError as e:
+        raise ConfigError(f"run: {path} is damaged ({_short(e)}); "
                           "resume by the MLflow run id with --tracking-uri instead") from None
+
+
+def _holds_run_info(folder: str) -> bool:
+    """Whether ``folder`` (a local path or a URI) holds a run's ``elastic_run.json``; an object
+    store that cannot be reached is a one-line ``ConfigError``."""
+    if not is_uri(folder):
+        return os.path.isfile(os.path.join(folder, RUN_INFO))
+    why = reach_problem(folder)
+    if why is not None:
+        raise ConfigError(f"run: {why}")
+    try:
+        return store_for(folder).kind(join(folder, RUN_INFO)) == "file"
+    except OSError as e:
+        raise ConfigError(f"run: cannot read {folder} ({_short(e)})") from None
 
 
 def _uri_to_use(stored: str, given: str | None) -> str:
@@ -78,10 +107,13 @@ def _uri_to_use(stored: str, given: str | None) -> str:
 
 def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[str, Any]]:
     """(run_id, tracking_uri, config dict) of a run, from its MLflow run id or its storage directory."""
-    folder = os.path.expanduser(ref)
-    if os.path.isfile(os.path.join(folder, RUN_INFO)):
+    folder = resolve(ref) if is_uri(ref) else os.path.expanduser(ref)
+    if _holds_run_info(folder):
         info = read_run_info(folder)
         return info["run_id"], _uri_to_use(info["tracking_uri"], tracking_uri), info["config"]
+    if is_uri(folder):
+        raise ConfigError(f"run: {folder} holds no {RUN_INFO}; pass the run's folder (<storage>/elastic-<run id>) "
+                          "or its MLflow run id")
     from orchestrator.config import DEFAULT_TRACKING_URI
 
     uri = absolute_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
@@ -95,10 +127,10 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
         raise ConfigError(f"run: {ref!r} is neither an MLflow run id in {redact_uri(uri)} nor a run storage "
                           f"directory holding {RUN_INFO}; pass one of those (or --tracking-uri)") from None
     storage, name = run.data.tags.get("elastic.storage_path"), run.data.tags.get("elastic.train_run_name")
-    if not storage or not name or not os.path.isfile(os.path.join(storage, name, RUN_INFO)):
+    if not storage or not name or not _holds_run_info(join(storage, name)):
         raise ConfigError(f"run: {ref!r} has no checkpoint storage recorded (tags elastic.storage_path); "
                           "it was not started by this orchestrator or its storage is gone")
-    return ref, uri, read_run_info(os.path.join(storage, name))["config"]
+    return ref, uri, read_run_info(join(storage, name))["config"]
 
 
 def check_store_exists(uri: str) -> None:
@@ -130,7 +162,11 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
         return  # nothing trained yet: starting from step 0 loses nothing
     from trainers.loop.checkpoint import CorruptCheckpoint, run_checkpoints, verify_checkpoint
 
-    paths = run_checkpoints(os.path.abspath(storage_path), train_run_name)
+    try:
+        paths = run_checkpoints(resolve(storage_path), train_run_name)
+    except OSError as e:
+        raise ConfigError(f"checkpoint.storage_path: cannot list {run_folder(storage_path, train_run_name)} "
+                          f"({_short(e)}); check the object store's credentials and endpoint") from None
     for path in paths:
         try:
             verify_checkpoint(path)
@@ -143,16 +179,31 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
                       "resuming would start over: train it anew instead")
 
 
+LEASE_S = 30.0  # an object-store lock not renewed for this long is a dead driver's
+RENEW_S = 10.0  # how often a live driver renews it
+CLOCK_SKEW_S = 120.0  # what another host's clock may be off by (a lease older than this plus LEASE_S is stale)
+
+
 class DriverLock:
-    """An exclusive lock on the run folder's ``driver.lock``, held for as long as a driver trains
-    the run (``train`` or ``resume``): a second ``resume`` of the same run, or one while the first
-    driver is alive, is refused.  ``flock`` is released by the kernel when the process dies, so a
-    killed driver never leaves a stale lock (on one host; shared filesystems may not honour it)."""
+    """One driver per run at a time: held for as long as a driver trains the run (``train`` or
+    ``resume``); a second ``resume`` of the same run, or one while the first driver is alive, is
+    refused.
+
+    In a local folder: an exclusive ``flock`` on ``driver.lock``, released by the kernel when the
+    process dies, so a killed driver never leaves a stale lock (on one host; shared filesystems
+    may not honour it).  On an object store there is no flock: a :class:`DriverLease` object
+    ``driver.lock`` in the run's folder instead.  A lock file on the driver's own disk would only
+    stop a second driver on the same machine, and the point of a bucket is that the run can be
+    resumed from any machine; two drivers of one run would write over each other's checkpoints."""
 
     def __init__(self, folder: str):
         self.folder, self._fd = folder, None
+        self._lease: DriverLease | None = None
 
     def acquire(self, run_id: str = "") -> "DriverLock":
+        if is_uri(self.folder):
+            self._lease = DriverLease(join(self.folder, DRIVER_LOCK)).acquire(run_id)
+            return self
         os.makedirs(self.folder, exist_ok=True)
         path = os.path.join(self.folder, DRIVER_LOCK)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -169,11 +220,116 @@ class DriverLock:
         return self
 
     def release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
 
 
-__all__ = ["DRIVER_LOCK", "DriverLock", "RUN_INFO", "check_resumable", "check_store_exists", "find_run",
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class DriverLease:
+    """The driver lock on an object store: an object naming its holder (host, pid, a token),
+    rewritten every ``renew_s`` seconds by a thread of the driver that holds it.
+
+    Whether the holder is alive: on this host its pid says so at once (a killed driver's lease is
+    taken over by the next ``resume`` right away, as a local flock would be); a holder on another
+    host is alive while it renews, so a lease renewed within ``lease_s`` (plus the clocks'
+    skew) is watched for up to ``lease_s`` and taken over only if nothing renews it.  Two drivers
+    that start in the same instant can both write; each reads the lease back and the one whose
+    token is not there gives up (an object store offers no compare-and-swap through pyarrow)."""
+
+    lease_s, renew_s, skew_s = LEASE_S, RENEW_S, CLOCK_SKEW_S
+
+    def __init__(self, path: str, warn: Callable[[str], None] = _stderr) -> None:
+        self.path, self.warn, self.store = path, warn, store_for(path)
+        self.token = uuid.uuid4().hex
+        self._beat = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> tuple[bytes | None, dict[str, Any]]:
+        """The lease's raw bytes (None: there is none) and its fields ({} when unreadable)."""
+        if self.store.kind(self.path) != "file":
+            return None, {}
+        try:
+            raw = self.store.read_bytes(self.path)
+        except FileNotFoundError:  # released between the two requests
+            return None, {}
+        try:
+            fields = json.loads(raw)
+        except ValueError:
+            fields = {}
+        return raw, fields if isinstance(fields, dict) else {}
+
+    def _write(self) -> None:
+        host = socket.gethostname()
+        self.store.write_bytes(self.path, json.dumps({
+            "holder": f"pid {os.getpid()} on {host}", "host": host, "pid": os.getpid(), "token": self.token,
+            "renewed_at": time.time(), "beat": self._beat}).encode())
+
+    def _gone(self, raw: bytes, fields: dict[str, Any]) -> bool:
+        """Whether the driver that wrote this lease is dead (see the class)."""
+        age = time.time() - float(fields.get("renewed_at", 0) or 0)
+        if fields.get("host") == socket.gethostname():
+            return not pid_alive(int(fields.get("pid", 0) or 0)) or age > self.lease_s
+        if age > self.lease_s + self.skew_s:
+            return True
+        self.warn(f"{self.path} names a driver on another host ({fields.get('holder', 'unreadable')}); "
+                  f"waiting up to {self.lease_s:.0f} s to see whether it renews its lease")
+        deadline = time.monotonic() + self.lease_s
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, self.renew_s / 4))
+            now, _ = self._read()
+            if now != raw:
+                return now is None  # renewed: alive; removed: released
+        return True
+
+    def acquire(self, run_id: str = "") -> "DriverLease":
+        what = run_id or os.path.dirname(self.path)
+        raw, fields = self._read()
+        if raw is not None and not self._gone(raw, fields):
+            raise ConfigError(f"run: {what} is being trained by a live driver ({fields.get('holder', 'another process')}); "
+                              "wait for it to end or stop it, then resume")
+        self._write()
+        _, back = self._read()
+        if back.get("token") != self.token:
+            raise ConfigError(f"run: {what} was taken by another driver a moment ago "
+                              f"({back.get('holder', 'another process')}); wait for it to end or stop it, then resume")
+        self._thread = threading.Thread(target=self._renew, name="driver-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.renew_s):
+            try:
+                _, fields = self._read()
+                if fields.get("token") != self.token:
+                    logger.warning("the driver lease %s was taken over by %s; another driver trains this run",
+                                   self.path, fields.get("holder", "another process"))
+                    return
+                self._beat += 1
+                self._write()
+            except Exception as e:  # noqa: BLE001 - a store that does not answer now may answer at the next beat
+                logger.warning("could not renew the driver lease %s (%s)", self.path, _short(e))
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.renew_s)
+            self._thread = None
+        try:
+            _, fields = self._read()
+            if fields.get("token") == self.token:
+                self.store.remove(self.path)
+        except OSError as e:  # it expires on its own
+            logger.warning("could not remove the driver lease %s (%s)", self.path, _short(e))
+
+
+__all__ = ["DRIVER_LOCK", "DriverLease", "DriverLock", "RUN_INFO", "check_resumable", "check_store_exists", "find_run",
            "has_credentials", "read_run_info", "run_folder", "write_run_info"]

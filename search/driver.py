@@ -22,9 +22,7 @@ Only this driver touches the study's storage (``search.storage``).  A trial's bo
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ from search.study import best_config_yaml, completed_twin, config_key, create_or
 from orchestrator.uris import absolute_tracking_uri, redact_uri
 from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
 from search.view import trial_run_name
+from trainers.loop.storage import join, resolve, store_for
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -87,7 +86,7 @@ class SearchDriver:
         from orchestrator.code import runtime_env
 
         self.runtime_env = runtime_env(base_cfg)  # the user's code, for the trial actors (orchestrator/code.py)
-        self.storage_path = os.path.abspath(os.path.expanduser(base_cfg.checkpoint.storage_path))
+        self.storage_path = resolve(base_cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
         self.objectives = [o.metric for o in space.objectives]
         self.metrics = [o.metric for o in space.objectives if o.per_step]  # what trial actors relay per step
         # Intermediate values reach the pruner only for a single objective reported per step.
@@ -512,8 +511,13 @@ class SearchDriver:
         run_id = close_lost_child(self.tracking_uri, self.study.user_attrs.get(PARENT_RUN_ATTR),
                                   self.study.study_name, t.number, run_id, why)
         if run_id and not self.space.keep_checkpoints:
-            for folder in glob.glob(os.path.join(glob.escape(self.storage_path), f"elastic-{run_id}*")):
-                shutil.rmtree(folder, ignore_errors=True)
+            store = store_for(self.storage_path)
+            try:
+                for name, kind in store.children(self.storage_path):
+                    if kind == "dir" and name.startswith(f"elastic-{run_id}"):
+                        store.remove(join(self.storage_path, name))
+            except OSError as e:  # an object store that does not answer now: the folders stay
+                self._write(f"warning: could not delete the checkpoints of run {run_id} ({e})")
 
     def _close_parent(self, status: str, wall_s: float) -> None:
         """End the MLflow parent run with the study's figures and the best config; a failure is a warning."""

@@ -14,9 +14,8 @@ the next trial once ``run`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
-import shutil
 import threading
 import time
 import traceback
@@ -26,6 +25,7 @@ from typing import Any
 import ray
 
 from trainers.link import metrics as M
+from trainers.loop.storage import join, store_for
 
 
 # How often the trial's run drains its monitor: the objective's values reach the pruner, and a
@@ -137,7 +137,8 @@ class TrialActor:
             self._runner = None
         result.wall_s = time.time() - t0
         if folder and not keep_checkpoints and result.error is None:
-            shutil.rmtree(os.path.join(*folder), ignore_errors=True)
+            with contextlib.suppress(OSError):  # a store that does not answer now: the folder stays
+                store_for(folder[0]).remove(join(*folder))
         return asdict(result)
 
     def poll(self, token: int) -> dict[str, Any]:

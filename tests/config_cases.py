@@ -31,8 +31,10 @@ CASES = {
     "not_a_mapping": ("- 1\n- 2\n", [], "must be a mapping of sections"),
     "sync_bn_on_cpu": (None, ["model.sync_bn=true"], "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only"),
     "bad_override_syntax": (None, ["batch.size"], "--set batch.size: expected section.key=value"),
-    "storage_uri": (None, ["checkpoint.storage_path=s3://bucket/runs"],
-                    "checkpoint.storage_path: URIs are not supported (got 's3://bucket/runs'); give a directory path"),
+    "storage_uri_scheme": (None, ["checkpoint.storage_path=ftp://host/runs"],
+                           "checkpoint.storage_path: unknown URI scheme 'ftp://'; give a folder or a URI of one of s3://"),
+    "storage_uri_credentials": (None, ["checkpoint.storage_path=s3://AKIA:hunter2@bucket/runs"],
+                                "checkpoint.storage_path: a URI with credentials (s3://***@...) is not accepted"),
     "keep_one": (None, ["checkpoint.keep=1"], "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
     # issue #18 item 7: one of each class (all fields of each: tests/unit/test_config_classes.py)
     "non_finite": (None, ["optimizer.lr=.inf"], "optimizer.lr: must be a finite number"),

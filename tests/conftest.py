@@ -23,7 +23,28 @@ os.environ.setdefault("ELASTIC_KEEP_RAY", "1")  # runs inside tests must not sto
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
+def s3_server():
+    """A real S3-compatible server (moto's, on 127.0.0.1 at a free port: tests/s3_server.py) for
+    the session, with its endpoint and test credentials in the standard environment variables.
+    The shared Ray starts after it (``ray_cluster`` asks for it), so Ray's processes, the Train
+    controller and the workers, reach the bucket through the same variables as the driver does,
+    as the nodes of a real cluster would be configured."""
+    from tests.s3_server import S3Server
+
+    server = S3Server().start()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    yield server
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory, s3_server):
     """A real local Ray with 2 CPUs (this machine's size); workers use fractional CPUs."""
     from orchestrator.runner import ensure_ray
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import trainers.loop.checkpoint as ckpt
+import trainers.loop.storage as storage
 from trainers.policies.batching import BatchConfig, build_batch_policy
 from trainers.loop.checkpoint import (CheckpointConfig, CheckpointManager, CorruptCheckpoint, PendingRecords, RNGState, StateAdapter, prune_checkpoints, read_checkpoint, run_checkpoints, verify_checkpoint, write_checkpoint)
 from trainers.policies.noise import GradientNoiseScale
@@ -133,7 +134,7 @@ def test_an_unreadable_state_file_is_corrupt_not_a_crash(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *a, **k)
 
-    monkeypatch.setattr(ckpt, "open", no_permission, raising=False)  # we run as root: chmod would not stop a read
+    monkeypatch.setattr(storage, "open", no_permission, raising=False)  # we run as root: chmod would not stop a read
     with pytest.raises(CorruptCheckpoint, match="cannot read state.pt"):
         read_checkpoint(d)
 
@@ -326,7 +327,7 @@ def test_unknown_format_and_unreadable_state_fall_back(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *a, **k)
 
-    monkeypatch.setattr(ckpt, "open", no_permission, raising=False)
+    monkeypatch.setattr(storage, "open", no_permission, raising=False)
     warnings, box = [], _Box()
     assert _manager(tmp_path, {"t": box}, warn=warnings.append).load()
     assert box.state == {"step": 10}

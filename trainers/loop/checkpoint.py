@@ -13,10 +13,16 @@ estimator) is simply not registered.  How checkpoints fit in a run: ``docs/archi
   with ``torch.load(weights_only=True)`` and nothing but tensors and builtins is unpickled;
 * ``manifest.json``: ``{"format": 2, "sha256": ..., "bytes": ...}`` of ``state.pt``.
 
-It is written into a temporary sibling ``.<name>.tmp-<host>-<pid>``; the state file, the
-manifest and that directory are fsynced, the directory is renamed into place and its parent is
-fsynced, so a reader never sees a half-written checkpoint and a renamed one survives a power
-loss.  A checkpoint that is missing a file, fails its size or sha256 check, has an unreadable
+The storage is a local folder or an object store (``s3://``, ``gs://``: trainers/loop/storage.py).
+On a local disk a checkpoint is written into a temporary sibling ``.<name>.tmp-<host>-<pid>``;
+the state file, the manifest and that directory are fsynced, the directory is renamed into place
+and its parent is fsynced, so a reader never sees a half-written checkpoint and a renamed one
+survives a power loss.  An object store has no rename: the state is uploaded where it belongs
+and the manifest last, so a checkpoint is complete once its manifest is there (and its sha256
+matches).  One without a manifest there is a writer's that died mid-upload (or one still
+uploading): readers do not list it, and the run's writer deletes it when it next prunes.
+
+A checkpoint that is missing a file, fails its size or sha256 check, has an unreadable
 manifest or state, or carries a format this version does not know is :class:`CorruptCheckpoint`,
 and the reader falls back to the next older one.
 
@@ -30,21 +36,21 @@ storage path, one Ray Train run each) share its checkpoints; the newest one by s
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
+import io
 import json
 import logging
 import os
 import posixpath
 import re
-import shutil
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
+from trainers.loop.storage import LOCAL, is_uri, join, location_problem, pid_alive, resolve, store_for
+from trainers.loop.storage import tmp_name  # noqa: F401 - re-exported: the temporary folder of a local write
 from trainers.section import Section
 
 logger = logging.getLogger(__name__)
@@ -71,7 +77,8 @@ class CheckpointConfig(Section):
     every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
     keep: int = Field(default=2, description="newest checkpoints of the run kept (at least 2: the "
                                              "newest and one to fall back to)")
-    storage_path: str = Field(default="ray_runs", description="checkpoint folder (on a cluster: a shared filesystem mount)")
+    storage_path: str = Field(default="ray_runs", description="checkpoint folder, or an object-store URI such as "
+                                                             "s3://bucket/runs (on a cluster: a shared mount or a bucket)")
 
     @field_validator("keep")
     @classmethod
@@ -87,12 +94,9 @@ class CheckpointConfig(Section):
     @field_validator("storage_path")
     @classmethod
     def _a_directory(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("checkpoint.storage_path: empty; give a folder, e.g. ray_runs (on a cluster: a shared "
-                             "filesystem mount)")
-        if "://" in v:
-            raise ValueError(f"URIs are not supported (got {v!r}); give a directory path (on a cluster: "
-                             "a shared filesystem such as NFS mounted at the same path on every node)")
+        why = location_problem(v)  # the string alone; whether the bucket answers: preflight
+        if why is not None:
+            raise ValueError(f"checkpoint.storage_path: {why}")
         return v
 
 
@@ -161,63 +165,51 @@ class PendingRecords:
 # --------------------------------------------------------------------------- the format
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+class _Hashing:
+    """A write-only stream that passes bytes on and keeps their sha256 and count (the manifest's),
+    so the state is hashed as it is written, not read back (an upload cannot be)."""
 
+    def __init__(self, out: Any) -> None:
+        self.out, self.sha, self.bytes = out, hashlib.sha256(), 0
 
-def _fsync_path(path: str) -> None:
-    """fsync a file or a directory by path (a directory's fsync makes its renames durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as e:  # a filesystem that cannot fsync directories
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.sha.update(data)
+        self.bytes += n
+        self.out.write(data)
+        return n
 
-
-def tmp_name(name: str) -> str:
-    """The temporary sibling a checkpoint is written into: ``.<name>.tmp-<host>-<pid>``."""
-    return f".{name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    def flush(self) -> None:
+        pass
 
 
 def write_checkpoint(directory: str, payload: dict[str, Any]) -> str:
-    """Write ``payload`` atomically and durably as checkpoint ``directory`` (which must not exist
-    yet): temporary sibling, fsync of state, manifest and directory, rename, fsync of the parent."""
-    parent = os.path.dirname(os.path.abspath(directory)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, tmp_name(os.path.basename(directory)))
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    state_path = os.path.join(tmp, STATE_FILE)
-    torch.save(payload, state_path)
-    _fsync_path(state_path)
-    manifest = {"format": FORMAT_VERSION, "sha256": _sha256(state_path), "bytes": os.path.getsize(state_path)}
-    with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
-        json.dump(manifest, f)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_path(tmp)
-    os.replace(tmp, directory)
-    _fsync_path(parent)
+    """Write ``payload`` as checkpoint ``directory`` (which must not exist yet), the manifest
+    last: on a local disk atomically and durably (temporary sibling, fsync, rename, fsync of the
+    parent), on an object store complete once the manifest is there."""
+    store = store_for(directory)
+    with store.stage(directory) as staged:
+        with store.open_write(join(staged, STATE_FILE)) as f:
+            state = _Hashing(f)
+            torch.save(payload, state)
+        manifest = {"format": FORMAT_VERSION, "sha256": state.sha.hexdigest(), "bytes": state.bytes}
+        with store.open_write(join(staged, MANIFEST_FILE)) as f:
+            f.write(json.dumps(manifest).encode())
     return directory
 
 
-def verify_checkpoint(directory: str) -> int:
-    """Raise ``CorruptCheckpoint`` unless ``directory`` holds a complete, intact checkpoint of a
-    format this version reads; return that format."""
-    state_path = os.path.join(directory, STATE_FILE)
-    manifest_path = os.path.join(directory, MANIFEST_FILE)
-    if not (os.path.isfile(state_path) and os.path.isfile(manifest_path)):
+def _manifest(directory: str) -> tuple[int, dict[str, Any]]:
+    """The checkpoint's format and manifest, or ``CorruptCheckpoint``."""
+    store = store_for(directory)
+    state_path, manifest_path = join(directory, STATE_FILE), join(directory, MANIFEST_FILE)
+    try:
+        present = store.kind(state_path) == "file" and store.kind(manifest_path) == "file"
+    except OSError as e:
+        raise CorruptCheckpoint(f"{directory}: cannot read it ({e})") from e
+    if not present:
         raise CorruptCheckpoint(f"{directory}: missing {STATE_FILE} or {MANIFEST_FILE}")
     try:
-        with open(manifest_path) as f:
-            manifest = json.load(f)
+        manifest = json.loads(store.read_bytes(manifest_path))
     except (OSError, ValueError) as e:
         raise CorruptCheckpoint(f"{directory}: unreadable manifest ({e})") from e
     if not isinstance(manifest, dict):
@@ -226,15 +218,34 @@ def verify_checkpoint(directory: str) -> int:
     if fmt not in READABLE_FORMATS:
         raise CorruptCheckpoint(f"{directory}: unknown checkpoint format {fmt!r} (this version reads "
                                 f"{', '.join(map(str, READABLE_FORMATS))}; written by a newer one?)")
+    return int(fmt), manifest
+
+
+def _check_size(directory: str, manifest: dict[str, Any], size: int) -> None:
+    if size != manifest.get("bytes"):
+        raise CorruptCheckpoint(f"{directory}: {STATE_FILE} has {size} bytes, manifest says {manifest.get('bytes')}")
+
+
+def _check_sha(directory: str, manifest: dict[str, Any], sha: str) -> None:
+    if sha != manifest.get("sha256"):
+        raise CorruptCheckpoint(f"{directory}: {STATE_FILE} fails its sha256 check")
+
+
+def verify_checkpoint(directory: str) -> int:
+    """Raise ``CorruptCheckpoint`` unless ``directory`` holds a complete, intact checkpoint of a
+    format this version reads; return that format.  The state is streamed, never held whole."""
+    fmt, manifest = _manifest(directory)
+    store, state_path = store_for(directory), join(directory, STATE_FILE)
     try:
-        size = os.path.getsize(state_path)
-        if size != manifest.get("bytes"):
-            raise CorruptCheckpoint(f"{directory}: {STATE_FILE} has {size} bytes, manifest says {manifest.get('bytes')}")
-        if _sha256(state_path) != manifest.get("sha256"):
-            raise CorruptCheckpoint(f"{directory}: {STATE_FILE} fails its sha256 check")
+        _check_size(directory, manifest, store.size(state_path))
+        sha = hashlib.sha256()
+        with store.open_read(state_path) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                sha.update(chunk)
     except OSError as e:
         raise CorruptCheckpoint(f"{directory}: cannot read {STATE_FILE} ({e})") from e
-    return int(fmt)
+    _check_sha(directory, manifest, sha.hexdigest())
+    return fmt
 
 
 def upgrade_format1(payload: dict[str, Any]) -> dict[str, Any]:
@@ -258,9 +269,15 @@ def upgrade_format1(payload: dict[str, Any]) -> dict[str, Any]:
 def read_checkpoint(directory: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Verify and load a checkpoint without unpickling anything but tensors and builtins; the
     payload comes in the current layout (``{name: state}``) whatever format it was written in."""
-    fmt = verify_checkpoint(directory)
+    fmt, manifest = _manifest(directory)
+    try:  # read once, checked in memory, loaded from there: nothing of an object store lands on disk
+        data = store_for(directory).read_bytes(join(directory, STATE_FILE))
+    except OSError as e:
+        raise CorruptCheckpoint(f"{directory}: cannot read {STATE_FILE} ({e})") from e
+    _check_size(directory, manifest, len(data))
+    _check_sha(directory, manifest, hashlib.sha256(data).hexdigest())
     try:
-        payload = torch.load(os.path.join(directory, STATE_FILE), map_location=map_location, weights_only=True)
+        payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # a file that passes the checksum but still fails to load
         raise CorruptCheckpoint(f"{directory}: cannot load {STATE_FILE} ({e})") from e
     if not isinstance(payload, dict):
@@ -282,89 +299,91 @@ def checkpoint_step(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _run_folders(storage: str, run_prefix: str) -> list[str]:
-    """The local folders of a training run's phases: ``<prefix>`` and ``<prefix>-…``."""
-    try:
-        entries = list(os.scandir(storage))
-    except OSError:
-        return []
-    return [e.path for e in entries
-            if e.is_dir() and (e.name == run_prefix or e.name.startswith(run_prefix + "-"))]
+def _same(path: str) -> str:
+    """One spelling per checkpoint location (sets of known corrupt ones compare these)."""
+    return resolve(path)
+
+
+def run_folders(storage: str, run_prefix: str) -> list[str]:
+    """The folders of a training run's phases under ``storage``: ``<prefix>`` and ``<prefix>-…``."""
+    root = resolve(storage)
+    return [join(root, name) for name, kind in store_for(root).children(root)
+            if kind == "dir" and (name == run_prefix or name.startswith(run_prefix + "-"))]
+
+
+def _scan(storage: str, run_prefix: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """``([(step, checkpoint)], [incomplete checkpoint])`` of a training run.  On a local disk
+    every ``checkpoint_step…`` folder counts (a rename made it whole; damage shows on reading);
+    on an object store only one whose manifest is there: the rest are incomplete uploads."""
+    store = store_for(storage)
+    found, incomplete = [], []
+    for folder in run_folders(storage, run_prefix):
+        if store.renames:
+            found += [(step, join(folder, name)) for name, kind in store.children(folder)
+                      if kind == "dir" and (step := checkpoint_step(name)) is not None]
+            continue
+        names, complete = set(), set()
+        for rel in store.files_under(folder):  # one listing of the folder, every key below it
+            top, _, rest = rel.partition("/")
+            if rest and checkpoint_step(top) is not None:
+                names.add(top)
+                if rest == MANIFEST_FILE:
+                    complete.add(top)
+        found += [(checkpoint_step(name) or 0, join(folder, name)) for name in complete]
+        incomplete += [join(folder, name) for name in sorted(names - complete)]
+    found.sort(reverse=True)
+    return found, incomplete
 
 
 def run_checkpoints(storage: str, run_prefix: str) -> list[str]:
     """Every checkpoint of one training run, newest first: all phases' Ray Train run folders
-    (``<prefix>``, ``<prefix>-…``) under ``storage``."""
-    from pyarrow.fs import FileSelector, FileSystem, FileType
+    (``<prefix>``, ``<prefix>-…``) under ``storage`` (a folder or an object-store URI)."""
+    return [path for _, path in _scan(storage, run_prefix)[0]]
 
-    fs, root = FileSystem.from_uri(storage) if "://" in storage else (None, storage)
-    if fs is None:
-        from pyarrow.fs import LocalFileSystem
 
-        fs = LocalFileSystem()
-    found = []
-    for run in fs.get_file_info(FileSelector(root, allow_not_found=True)):
-        name = posixpath.basename(run.path)
-        if run.type != FileType.Directory or not (name == run_prefix or name.startswith(run_prefix + "-")):
-            continue
-        for c in fs.get_file_info(FileSelector(run.path)):
-            step = checkpoint_step(c.path)
-            if c.type == FileType.Directory and step is not None:
-                found.append((step, c.path))
-    found.sort(reverse=True)
-    return [p if fs.type_name == "local" else f"{storage.split('://')[0]}://{p}" for _, p in found]
+def incomplete_checkpoints(storage: str, run_prefix: str) -> list[str]:
+    """The training run's checkpoints on an object store whose manifest is missing: uploads
+    that died (or are still going on).  Always empty on a local disk, where a checkpoint
+    appears whole by a rename (a dead writer's temporary folder: :func:`remove_stale_tmp`)."""
+    return _scan(storage, run_prefix)[1]
 
 
 def prune_checkpoints(storage: str, run_prefix: str, keep: int, skip: frozenset[str] | set[str] = frozenset()) -> None:
     """Delete all but the ``keep`` newest checkpoints of a training run (every phase's folder:
     an overlapping resize leaves the old phase's last ones behind).  ``skip``: checkpoints known
     to be corrupt; they neither count towards ``keep`` nor are deleted here (the run writes
-    over each when it passes its step again)."""
-    known = {os.path.normpath(p) for p in skip}
-    intact = [p for p in run_checkpoints(storage, run_prefix) if os.path.normpath(p) not in known]
-    for path in intact[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
+    over each when it passes its step again).
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+    On an object store this also deletes the run's incomplete checkpoints: the run's one writer
+    calls this right after its own save, when no other writer of the run is alive (a group starts
+    only after the one before it ended or handed over), so a checkpoint without a manifest then
+    is a dead writer's.  A writer that starts does not delete them: the group it replaces may
+    still be finishing an upload."""
+    found, incomplete = _scan(storage, run_prefix)
+    store = store_for(storage)
+    known = {_same(p) for p in skip}
+    intact = [p for _, p in found if _same(p) not in known]
+    for path in intact[keep:] + incomplete:
+        store.remove(path)
 
 
 def remove_stale_tmp(storage: str, run_prefix: str) -> list[str]:
     """Delete the temporary folders (``.<name>.tmp-<host>-<pid>``) that writers on this host left
-    in the training run's folders when they died mid-write; a live writer's, or another host's
-    (its pid means nothing here), are left alone.  Returns what was deleted."""
-    if "://" in storage:
+    in the training run's local folders when they died mid-write; a live writer's, or another
+    host's (its pid means nothing here), are left alone.  Returns what was deleted.  An object
+    store has no temporary folders (its incomplete checkpoints: :func:`prune_checkpoints`)."""
+    if is_uri(resolve(storage)):
         return []
     host, removed = socket.gethostname(), []
-    for folder in _run_folders(storage, run_prefix):
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for e in entries:
-            m = _TMP.match(e.name)
-            if m is None or not e.is_dir() or m.group("host") not in (None, host):
+    for folder in run_folders(storage, run_prefix):
+        for name, kind in LOCAL.children(folder):
+            m = _TMP.match(name)
+            if m is None or kind != "dir" or m.group("host") not in (None, host):
                 continue
-            if not _pid_alive(int(m.group("pid"))):
-                shutil.rmtree(e.path, ignore_errors=True)
-                removed.append(e.path)
+            if not pid_alive(int(m.group("pid"))):
+                LOCAL.remove(os.path.join(folder, name))
+                removed.append(os.path.join(folder, name))
     return removed
-
-
-def _as_local(path: str):
-    """A checkpoint's local directory: the path itself, or a download for a URI (Ray's)."""
-    if "://" not in path:
-        return contextlib.nullcontext(path)
-    from ray.train import Checkpoint
-
-    return Checkpoint(path=path).as_directory()
 
 
 def load_newest_checkpoint(storage: str, run_prefix: str, map_location: str | torch.device = "cpu",
@@ -381,15 +400,14 @@ def load_newest_checkpoint(storage: str, run_prefix: str, map_location: str | to
         paths.sort(key=lambda p: checkpoint_step(p) or 0, reverse=True)
     for i, path in enumerate(paths):
         try:
-            with _as_local(path) as d:
-                payload = read_checkpoint(d, map_location=map_location)
+            payload = read_checkpoint(path, map_location=map_location)
             if i > 0:
                 warn(f"resumed from older checkpoint {path}")
             return payload
         except CorruptCheckpoint as e:
             warn(f"skipping corrupt checkpoint: {e}")
             if corrupt is not None:
-                corrupt.add(os.path.normpath(path))
+                corrupt.add(_same(path))
     if paths:
         raise CorruptCheckpoint(f"no intact checkpoint to resume from among {paths}")
     return None
@@ -434,8 +452,7 @@ class CheckpointManager:
 
     def load_path(self, path: str) -> None:
         """Restore the checkpoint at ``path`` into the components (``CorruptCheckpoint`` if it is not intact)."""
-        with _as_local(path) as d:
-            self.load_state_dict(read_checkpoint(d, map_location=self.map_location))
+        self.load_state_dict(read_checkpoint(path, map_location=self.map_location))
 
     def state_dict(self) -> dict[str, Any]:
         """``{name: component.state_dict()}``: what :meth:`save` writes."""
@@ -454,11 +471,12 @@ class CheckpointManager:
         name = checkpoint_name(step, resize)
         if not self.writing:
             return name
-        path = os.path.join(self.storage, self.run_name, name)
-        if os.path.exists(path):  # a corrupt one this group skipped on restore and has now passed again
-            shutil.rmtree(path)
+        path = join(self.storage, self.run_name, name)
+        store = store_for(path)
+        if store.kind(path) is not None:  # a corrupt one this group skipped on restore and has now passed again
+            store.remove(path)
         write_checkpoint(path, self.state_dict())
-        self.corrupt.discard(os.path.normpath(path))
+        self.corrupt.discard(_same(path))
         self.prune()
         return path
 
