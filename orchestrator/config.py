@@ -107,7 +107,7 @@ class RootConfig(LoopConfig):
         return self
 
     def check_fast_path(self) -> None:
-        """Issue #20's options against the resources (trainers/accel/device.py :func:`check_fast_path`):
+        """The GPU fast path's options against the resources (trainers/accel/device.py :func:`check_fast_path`):
         fp16 and data on the accelerator need GPUs; channels_last and augmentation need an image
         model and image inputs (known here for built-in data and models)."""
         from trainers.data.datasets import dataset_info
