@@ -17,11 +17,11 @@ $(STAMP): pyproject.toml
 	@echo "install 1/4: the virtual environment $(VENV) ($(PY))"
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "install 2/4: pip itself"
-	@$(BIN)/pip install -q --upgrade pip
-	@echo "install 3/4: $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX)), the largest part (about 2 min here)"
-	@$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
-	@echo "install 4/4: this project and its dependencies (Ray, MLflow, Optuna, ...; about 1 min here)"
-	@$(BIN)/pip install -q -e '.[test]'
+	@$(BIN)/pip install -qq --upgrade pip
+	@echo "install 3/4: $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX), (the biggest part: the default CUDA build is GBs; no GPU? see TORCH_INDEX in the README)) ..."
+	@$(BIN)/pip install -qq $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
+	@echo "install 4/4: this project and its dependencies (Ray, MLflow, Optuna, ...) ..."
+	@$(BIN)/pip install -qq -e '.[test]'
 	@touch $(STAMP)
 	@echo "installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 
