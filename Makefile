@@ -4,16 +4,26 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# torch and torchvision, pinned to the builds on this project's machines' disk.  A machine without an
+# NVIDIA GPU can take PyTorch's CPU wheels instead of the default CUDA ones (no CUDA libraries:
+# GBs less to download and keep), on a fresh .venv:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH ?= torch==2.14.1 torchvision==0.29.1
+TORCH_INDEX ?=
 
-.PHONY: demo test test-fast bench-check clean
+.PHONY: demo test test-fast bench-check install clean
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch and torchvision pinned to the builds on this machine's disk (see README)
-	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[test]'
-	touch $(STAMP)
+	@echo "install 1/4: the virtual environment $(VENV) ($(PY))"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "install 2/4: pip itself"
+	@$(BIN)/pip install -qq --upgrade pip
+	@echo "install 3/4: $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX), (the biggest part: the default CUDA build is GBs; no GPU? see TORCH_INDEX in the README)) ..."
+	@$(BIN)/pip install -qq $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
+	@echo "install 4/4: this project and its dependencies (Ray, MLflow, Optuna, ...) ..."
+	@$(BIN)/pip install -qq -e '.[test]'
+	@touch $(STAMP)
+	@echo "installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 
 install: $(STAMP)
 

@@ -1,0 +1,1 @@
+"""The benchmarks: each prints its figures beside a reference measured in the same run."""

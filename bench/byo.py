@@ -1,5 +1,5 @@
-"""Your own data and the language model against their references (issue #17 item 8), time-sliced
-side by side with a plain loop as in bench/overhead.py (its docstring explains the method).
+"""Your own data and the language model against their references, time-sliced side by side with a
+plain loop as in bench/overhead.py (its docstring explains the method).
 
 (a) map-style data: the orchestrator loop at W=1 on the same model (a CNN named by a
     ``model.factory``) and the same synthetic 1x8x8 samples, once from the built-in in-memory set

@@ -1,4 +1,4 @@
-"""The large-batch papers' claims on a small problem: three tables (issue #19).
+"""The large-batch papers' claims on a small problem, run with the product's own policy code: three tables.
 
 1. **Goyal et al. 2017** ("Accurate, large minibatch SGD"): final validation accuracy at B0 and at
    8*B0 with (a) no LR scaling, (b) linear scaling without warmup, (c) linear scaling with gradual

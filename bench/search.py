@@ -4,7 +4,7 @@
 * searched: TPE with a pruner (median, and hyperband), a fixed budget of trials.
 
 Each pruned search runs twice with the same seed (``--report both``): intermediate values reported
-at the global step (``report_against: steps``, before issue 18) and at equal work (``samples``:
+at the global step (``report_against: steps``, which favours large batches) and at equal work (``samples``:
 samples seen in base steps, the default), so one run shows whether comparing trials at equal work
 keeps the best value at no more compute.
 

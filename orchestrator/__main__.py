@@ -1,3 +1,5 @@
+"""``python -m orchestrator``: see ``orchestrator.cli``."""
+
 import sys
 
 from orchestrator.cli import main

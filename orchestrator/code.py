@@ -1,4 +1,5 @@
-"""Getting the user's code to the Ray workers (issue #17 item 2).
+"""Getting the user's code to the Ray workers: the factories' packages that are importable here
+but not installed are shipped with Ray's ``py_modules``.
 
 A factory (``data.factory``, ``model.factory``, ``model.loss``) names ``package.module:function``.
 Its top-level package must be importable where the function runs: the train workers, and a

@@ -32,10 +32,10 @@ class ScalingConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    min_workers: int = Field(default=1, gt=0)
-    max_workers: int = Field(default=1, gt=0)
-    use_gpu: bool = False
-    cpus_per_worker: float = Field(default=1.0, gt=0)
+    min_workers: int = Field(default=1, gt=0, description="fewest workers a group may restart with after a loss")
+    max_workers: int = Field(default=1, gt=0, description="most workers the group may grow to")
+    use_gpu: bool = Field(default=False, description="train on GPUs (gpus_per_worker each, NCCL); else CPUs (gloo)")
+    cpus_per_worker: float = Field(default=1.0, gt=0, description="CPUs Ray reserves per worker (fractions allowed)")
     gpus_per_worker: float = Field(default=1.0, gt=0, description="used when use_gpu")
     max_failures: int = Field(default=3, ge=0, description="worker-group restarts Ray Train may do")
     resize_mode: Literal["overlap", "restart"] = Field(
@@ -63,8 +63,8 @@ class TrackingConfig(Section):
 
     uri: str | None = Field(default=None, description=f"MLflow tracking URI; default $MLFLOW_TRACKING_URI "
                                                       f"or {DEFAULT_TRACKING_URI}")
-    experiment: str = "elastic-large-batch"
-    run_name: str | None = None
+    experiment: str = Field(default="elastic-large-batch", description="MLflow experiment name")
+    run_name: str | None = Field(default=None, description="MLflow run name (unset: MLflow picks one)")
 
     @field_validator("experiment")
     @classmethod
@@ -107,7 +107,7 @@ class RootConfig(LoopConfig):
         return self
 
     def check_fast_path(self) -> None:
-        """Issue #20's options against the resources (trainers/accel/device.py :func:`check_fast_path`):
+        """The GPU fast path's options against the resources (trainers/accel/device.py :func:`check_fast_path`):
         fp16 and data on the accelerator need GPUs; channels_last and augmentation need an image
         model and image inputs (known here for built-in data and models)."""
         from trainers.data.datasets import dataset_info

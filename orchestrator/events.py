@@ -1,6 +1,7 @@
 """What the driver itself observes about a run (beside the workers' events in
-trainers/link/messages.py), and its record of each resize.  Listeners
-(orchestrator/listeners.py) receive both kinds; see ``docs/architecture.md``."""
+trainers/link/messages.py), and its record of each resize.
+
+Listeners (orchestrator/listeners.py) receive both kinds; see ``docs/architecture.md``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Can the cluster ever run this config's worker groups?  (issue #18, item 5)
+"""Can the cluster ever run this config's worker groups?  Asked before the first ``fit()``, so an
+impossible request is a one-line error instead of a run that waits forever.
 
 Ray Train waits, and retries, for a worker group the cluster cannot place: ``use_gpu`` on a
 cluster without GPUs, or ``max_workers x cpus_per_worker`` above every CPU it will ever have,

@@ -1,7 +1,8 @@
 """Listeners: what the driver does with a run's records and events, one concern each
-(MLflow, the progress bar, a caller's callback).  The phase runner (orchestrator/phases.py)
-only dispatches; each listener matches the event types it cares about.  The pattern is
-Ray Train V2's controller callbacks; see ``docs/architecture.md``."""
+(MLflow, the progress bar, a caller's callback).
+
+The phase runner (orchestrator/phases.py) only dispatches; each listener matches the event types
+it cares about.  The pattern is Ray Train V2's controller callbacks; see ``docs/architecture.md``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The driver's entry point: start (or join) Ray, run training as phases of
-``TorchTrainer.fit()`` (orchestrator/phases.py), stream metrics from the monitor actor to
-MLflow and a progress bar (orchestrator/listeners.py), and close the run.
+"""The driver's entry point: start (or join) Ray, run training as phases of ``TorchTrainer.fit()``,
+stream its metrics to MLflow and a progress bar, and close the run.
+
+The phases: orchestrator/phases.py; the monitor actor's records reach MLflow and the bar through
+orchestrator/listeners.py.
 
 Also re-exported here for its callers: :func:`ensure_ray` (orchestrator/ray_env.py),
 :func:`find_run` and :func:`write_run_info` (orchestrator/run_info.py), :class:`PhaseRunner`.

@@ -1,7 +1,9 @@
-"""MLflow run life: create the run, log the params that apply (orchestrator/params.py) and the
-resolved config, the source (git commit), metrics (each (metric, step) once), system metrics, plots,
-the timeline (orchestrator/timeline.py) and the final model (an MLflow PyTorch model with a
-signature, optionally registered), and close it with a status."""
+"""MLflow run life: create the run, log what applies to it (params, config, source, metrics, system
+metrics, plots, timeline, the final model), and close it with a status.
+
+The params that apply: orchestrator/params.py; each (metric, step) is logged once; the source is the
+git commit; the timeline: orchestrator/timeline.py; the final model is an MLflow PyTorch model with a
+signature, optionally registered."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ class ReportUnit:
     global batch (for a language model ``round(tokens seen / (B_base T))``, ``T`` the tokens per
     sequence of the first trial that reported tokens), so a trial at the base batch reports at its
     global step (an epoch's short last batch aside) and a pruner's ``n_warmup_steps``/``min_resource`` keep their meaning for it.
-    ``by = "steps"``: the global optimizer step (the behaviour before issue 18)."""
+    ``by = "steps"``: the global optimizer step (favours large batches: they see more samples per step)."""
 
     by: str = "samples"
     samples_per_step: float = 1.0

@@ -1,4 +1,4 @@
-"""Factories for the tests of issue #17 (importable as ``tests.byo_workloads:...`` by the Ray workers
+"""Factories for the tests of users' own models and data (importable as ``tests.byo_workloads:...`` by the Ray workers
 too, which get the repository root on their path)."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ CASES = {
     "storage_uri_credentials": (None, ["checkpoint.storage_path=s3://AKIA:hunter2@bucket/runs"],
                                 "checkpoint.storage_path: a URI with credentials (s3://***@...) is not accepted"),
     "keep_one": (None, ["checkpoint.keep=1"], "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
-    # issue #18 item 7: one of each class (all fields of each: tests/unit/test_config_classes.py)
+    # one case of each class of bad input (all fields of each: tests/unit/test_config_classes.py)
     "non_finite": (None, ["optimizer.lr=.inf"], "optimizer.lr: must be a finite number"),
     "bool_for_int": (None, ["batch.size=true"], "batch.size: expects an integer, got the boolean true"),
     "int_for_bool": (None, ["scaling.use_gpu=1"], "scaling.use_gpu: expects true or false"),
@@ -48,7 +48,7 @@ CASES = {
     "empty_storage": (None, ["checkpoint.storage_path=''"], "checkpoint.storage_path: empty"),
     "missing_tracking_folder": (None, ["tracking.uri=sqlite:///nowhere/mlflow.db"], "tracking.uri: sqlite:///nowhere"),
     "empty_experiment": (None, ["tracking.experiment=''"], "tracking.experiment: empty"),
-    # issue #20: the fast path's options against the resources
+    # the GPU fast path's options against the resources
     "data_on_accelerator_without_gpu": (None, ["data.device=accelerator"],
                                         "data.device: accelerator keeps the dataset on the GPU and needs "
                                         "scaling.use_gpu: true"),
@@ -59,7 +59,7 @@ CASES = {
                                  "official test set (cifar10)"),
     "augment_text": (None, ["data.name=text", "model.name=lstm", "data.augment=[hflip]"],
                      "data.augment: hflip need image inputs shaped [C, H, W]"),
-    # issue #19: combine.method (trainers/combine/methods.py check_combination)
+    # what a gradient-combination method cannot honour (trainers/combine/methods.py check_combination)
     "unknown_combine": (None, ["combine.method=sum"], "combine.method: unknown 'sum'; expected one of mean, adasum, "
                         "local_sgd"),
     "local_steps_zero": (None, ["combine.method=local_sgd", "combine.local_steps=0"],

@@ -1,4 +1,4 @@
-"""Issue #17 end to end on a real local Ray: the example user project (examples/user_project) run
+"""Your own model and data end to end on a real local Ray: the example user project (examples/user_project) run
 from the CLI with its factories named by ``--set``, and with ``fit()`` from a script whose package is
 only on the script's ``sys.path`` (so it reaches the workers through ``py_modules``), one factory
 sent by value and ``resume`` of that run telling how to resume it from Python."""

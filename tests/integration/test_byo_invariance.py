@@ -1,4 +1,4 @@
-"""Issue #17 on a real local Ray: a factory's map-style dataset through the DataLoader path keeps
+"""Your own data on a real local Ray: a factory's map-style dataset through the DataLoader path keeps
 the invariants: W = 1 and W = 3 train on the same global batches with the same loss series and
 final parameters, and a run checkpointed mid-epoch at W = 3 resumes exactly at W = 1."""
 

@@ -1,4 +1,4 @@
-"""Issue #17 item 5 on a real local Ray: configs/lm_quickstart.yaml (the GPT on byte-level tokens of
+"""The built-in language model on a real local Ray: configs/lm_quickstart.yaml (the GPT on byte-level tokens of
 Python's own sources) learns within a fraction of an epoch, and logs the token metrics."""
 
 import math

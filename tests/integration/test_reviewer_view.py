@@ -1,4 +1,4 @@
-"""What a reviewer finds in MLflow after a real run on a local Ray (issue #21 item 4): the final
+"""What a reviewer finds in MLflow after a real run on a local Ray: the final
 model as an MLflow PyTorch model with a signature (loadable, registered), system metrics from the
 driver and from the workers' node, the resize timeline (table and chart), only the params that
 apply, the git source, and the summary's stretches of B and W."""

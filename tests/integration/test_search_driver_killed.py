@@ -1,4 +1,4 @@
-"""A search driver killed with SIGKILL while its trials train (issue 18, item 2): running the same
+"""A search driver killed with SIGKILL while its trials train: running the same
 command again fails the dead driver's trials, closes their MLflow runs KILLED, deletes their
 checkpoints, queues their grid points again and evaluates exactly what the command asked.
 

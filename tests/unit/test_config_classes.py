@@ -1,4 +1,4 @@
-"""Whole classes of bad input (issue #18, item 7): each fails in the CLI with exit status 2 and one
+"""Whole classes of bad input: each fails in the CLI with exit status 2 and one
 line naming the field and a fix, before Ray or MLflow start (``run_training`` is never reached and
 no ``mlflow.db`` appears).  The cases are generated from the config classes where a class covers
 every field (non-finite floats, booleans for numbers, ...), so a new field is covered unasked."""
@@ -309,7 +309,7 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "data.shape": ([2, 4, 4], {"data.name": "synthetic"}, {}),
     "data.num_classes": (3, {"data.name": "synthetic"}, {}),
     "scaling.gpus_per_worker": (0.5, {"scaling.use_gpu": True}, {}),
-    # issue #20
+    # the GPU fast path's fields
     "data.val_fraction": (0.1, {}, {"data.name": "cifar10", "data.root": "/data", "data.val_split": "test"}),
     "data.crop_padding": (2, {"data.augment": ["random_crop"]}, {"data.augment": ["hflip"]}),
     "train.loss_scale_init": (1024.0, {"train.precision": "fp16", "scaling.use_gpu": True}, {}),

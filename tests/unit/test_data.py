@@ -100,7 +100,7 @@ def test_cifar10_missing_root_is_a_clear_error(tmp_path):
 
 
 def test_cifar10_val_split_test_validates_on_the_official_test_batch(tmp_path):
-    """data.val_split: test (issue #20): the whole training set trains, the test batch validates;
+    """data.val_split: test: the whole training set trains, the test batch validates;
     the worker loop's raw form keeps uint8 pixels and normalises them per batch to the same inputs."""
     import pickle
 

@@ -1,5 +1,5 @@
 """A non-finite loss stops the run before the optimizer step: the weights stay finite, the newest
-checkpoint is the last finite state, and the driver is told which one (issue: nothing silent)."""
+checkpoint is the last finite state, and the driver is told which one (nothing fails silently)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue #20 through the real worker loop (``Trainer``) on CPU: bf16 against fp32, the compiled
+"""The GPU fast path through the real worker loop (``Trainer``) on CPU: bf16 against fp32, the compiled
 model against the eager one with clean checkpoint keys, fp16's skipped steps, augmentation the
 same across a resume, and the input pipeline (raw uint8 pixels normalised per batch)."""
 

@@ -1,4 +1,4 @@
-"""Impossible resources (issue #18, item 5): a pure check on resource dicts, no Ray."""
+"""Impossible resources (a run would wait forever for them): a pure check on resource dicts, no Ray."""
 
 from __future__ import annotations
 

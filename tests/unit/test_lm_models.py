@@ -43,7 +43,7 @@ def test_gpt_defaults_tie_the_head_and_count_about_1_9m_parameters():
     n = sum(p.numel() for p in m.parameters())  # tied head: counted once
     d, layers, vocab, context = 192, 4, 256, 128
     per_block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d)
-    assert n == vocab * d + context * d + layers * per_block + 2 * d == 1_853_568  # the issue's ~1.9M GPT
+    assert n == vocab * d + context * d + layers * per_block + 2 * d == 1_853_568  # lm_quickstart's ~1.9M GPT
     with pytest.raises(ValueError, match="longer than the model's context"):
         GPT(n_layer=1, n_head=1, d_model=8, context=4)(torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="^model.params: d_model"):

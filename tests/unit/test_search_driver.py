@@ -123,7 +123,7 @@ def test_a_pending_trial_that_cannot_fit_an_idle_cluster_is_a_bug():
 
 
 def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs_again():
-    """Ctrl-C / SIGTERM (issue 18 item 2): the running trials are FAIL and their configs WAITING
+    """Ctrl-C / SIGTERM: the running trials are FAIL and their configs WAITING
     (user attribute retry_of), so the next run of the study evaluates them first."""
 
     class Interrupted(FakeDriver):

@@ -50,7 +50,7 @@ def test_report_skips_steps_already_reported():
 
 
 def test_values_are_reported_at_equal_work_in_base_steps():
-    """Issue 18 item 3: a trial at B = 128 (base 32) reports its value of step 10 at base step 40,
+    """Comparing trials at equal work: a trial at B = 128 (base 32) reports its value of step 10 at base step 40,
     where a B = 32 trial reports its step 40; with report_against: steps both report at 10."""
     unit = ReportUnit("samples", 32.0)
     small, large = running(), running()

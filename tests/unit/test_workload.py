@@ -1,5 +1,5 @@
 """trainers/workload/build.py: built-in and factory workloads, the two batch paths giving the same ids,
-the loop's loss and evaluation for any workload, and the driver-side helpers of issue #17."""
+the loop's loss and evaluation for any workload, and the driver-side helpers for users' factories."""
 
 from __future__ import annotations
 

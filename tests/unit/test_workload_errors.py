@@ -1,4 +1,4 @@
-"""Issue #17 point 7: every bad workload input is one line naming the field, exit status 2, no
+"""Every bad workload input is one line naming the field, exit status 2, no
 traceback, and nothing started (no MLflow store created); ``python -m orchestrator train`` in
 process (no Ray: the probe runs on the driver before it would start)."""
 

@@ -93,7 +93,7 @@ NON_IMAGE_MODELS = ("mlp", "gpt", "lstm")
 
 def check_fast_path(*, precision: str, data_device: str, channels_last: bool, input_shape: Sequence[int] | None,
                     use_gpu: bool, model_name: str | None = None, augment: Sequence[str] = ()) -> None:
-    """Every check of issue #20's options in one call for the driver (before Ray starts): the first
+    """Every check of the GPU fast path's options in one call for the driver (before Ray starts): the first
     problem as a ``ValueError`` whose one-line message starts with the field.
 
     ``input_shape``: one sample's input shape where the driver knows it (built-in data), else

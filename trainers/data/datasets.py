@@ -38,7 +38,7 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
     loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="the DataLoader of map-style data")
     root: str | None = Field(default=None, description="dataset directory (cifar10)")
-    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share of the training set held out")
     val_split: Literal["fraction", "test"] = Field(
         default="fraction", description="fraction: hold out val_fraction of the training set; test: validate "
                                         "on the official test set (cifar10), train on the whole training set")
@@ -46,10 +46,10 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     path: str | None = Field(default=None, description="text: a text file (default: stdlib sources)")
     context: int = Field(default=128, gt=0, description="text: tokens per sequence (T)")
     # synthetic only: a classification set labelled by a fixed random teacher network
-    size: int = Field(default=4096, gt=1)
-    shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
-    num_classes: int = Field(default=10, ge=2)
-    seed: int = 0
+    size: int = Field(default=4096, gt=1, description="synthetic: samples in the set")
+    shape: list[int] = Field(default_factory=lambda: [1, 8, 8], description="synthetic: one input's shape")
+    num_classes: int = Field(default=10, ge=2, description="synthetic: classes the teacher labels")
+    seed: int = Field(default=0, description="synthetic: seed of the inputs and the teacher network")
 
     @field_validator("shape")
     @classmethod

@@ -1,7 +1,9 @@
 """The data order every worker agrees on: one permutation of the training set per (seed, epoch),
-consumed in global batches; rank r of W takes a contiguous slice of each, cut into micro-batches
-of at most ``max_local_batch``.  Only the slicing depends on W, so a checkpoint needs only the
-cursor (samples consumed in the epoch) to resume at any W."""
+consumed in global batches.
+
+Rank r of W takes a contiguous slice of each, cut into micro-batches of at most ``max_local_batch``.
+Only the slicing depends on W, so a checkpoint needs only the cursor (samples consumed in the epoch)
+to resume at any W."""
 
 from __future__ import annotations
 

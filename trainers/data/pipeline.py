@@ -1,6 +1,8 @@
-"""The input pipeline on the device: an in-memory set held on the accelerator once and indexed
-there, normalised (and augmented on raw pixels) per batch, and a host->device prefetcher for
-map-style data."""
+"""The input pipeline on the device: in-memory data held on the accelerator and normalised (and
+augmented) per batch, and a host->device prefetcher for map-style data.
+
+The in-memory set is moved to the accelerator once and indexed there; augmentation works on the raw
+pixels, before normalising."""
 
 from __future__ import annotations
 

@@ -53,9 +53,10 @@ class LoaderConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    workers: int = Field(default=0, ge=0)
-    pin_memory: bool = False
-    prefetch: int = Field(default=2, ge=1)
+    workers: int = Field(default=0, ge=0, description="loader processes; 0 = load in the training process")
+    pin_memory: bool = Field(default=False, description="page-locked batches, for faster copies to a GPU")
+    prefetch: int = Field(default=2, ge=1, description="micro-batches loaded ahead per loader process "
+                                                     "(prefetch_factor; only with workers > 0)")
 
 
 # after LoaderConfig: trainers/data/datasets.py imports it back (its DataConfig.loader field)

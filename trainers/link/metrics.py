@@ -1,7 +1,8 @@
 """The names of the metrics a run logs: one constant per name, used by every producer
-(the worker loop, the driver) and every consumer (MLflow tracking, the progress bar,
-the search layer).  The strings are the run's public contract (MLflow keys): never
-rename one.  How a run flows from the loop to MLflow: ``docs/architecture.md``."""
+(the worker loop, the driver) and every consumer (MLflow tracking, the progress bar, the search layer).
+
+The strings are the run's public contract (MLflow keys): never rename one.  How a run flows from
+the loop to MLflow: ``docs/architecture.md``."""
 
 from __future__ import annotations
 

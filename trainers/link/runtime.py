@@ -1,5 +1,6 @@
-"""What the driver tells every worker of a phase besides the config (``train_loop_config
-["runtime"]``): where the monitor actor is, which phase this is, where checkpoints go.
+"""What the driver tells every worker of a phase besides the config (``train_loop_config["runtime"]``):
+where the monitor actor is, which phase this is, where checkpoints go.
+
 See ``docs/architecture.md`` (the driver <-> worker link)."""
 
 from __future__ import annotations

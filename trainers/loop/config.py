@@ -31,7 +31,7 @@ class TrainConfig(PrecisionConfig, CompileConfig):
 
     epochs: float = Field(default=5, gt=0, description="may be fractional")
     eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
-    seed: int = 0
+    seed: int = Field(default=0, description="the run's seed: data order and split, initial weights, augmentation")
     log_every: int = Field(default=10, gt=0, description="fewest steps between pushes of metrics to the driver")
     push_every_s: float = Field(default=0.25, ge=0, description="seconds between pushes (at least log_every "
                                 "steps apart); 0 = every log_every steps")

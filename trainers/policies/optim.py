@@ -69,7 +69,7 @@ class OptimizerConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: OptimizerName = "sgd"
+    name: OptimizerName = Field(default="sgd", description="sgd, nesterov, adam, adamw, lars or lamb")
     lr: float = Field(default=0.1, gt=0.0, description="learning rate tuned at base_batch_size")
     base_batch_size: int = Field(default=64, gt=0, description="the batch at which lr was tuned (B0)")
     mf: float = Field(default=0.9, ge=0.0, lt=1.0,
@@ -77,9 +77,9 @@ class OptimizerConfig(Section):
     mf_rule: MFRuleName = Field(default="fixed", description="fixed, or per_worker_batch: mf ** (b / mf_ref_batch)")
     mf_ref_batch: int | None = Field(default=None, gt=0,
                                      description="per-worker batch at which mf was tuned; unset = base_batch_size")
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    beta2: float = Field(default=0.999, gt=0.0, lt=1.0)
-    eps: float = Field(default=1e-8, gt=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, description="weight decay (decoupled for adamw and lamb)")
+    beta2: float = Field(default=0.999, gt=0.0, lt=1.0, description="adam/adamw/lamb: second-moment decay")
+    eps: float = Field(default=1e-8, gt=0.0, description="adam/adamw/lamb: added to the denominator")
     trust_coefficient: float = Field(default=0.001, gt=0.0, description="LARS eta_tc")
 
 

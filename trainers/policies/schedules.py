@@ -69,12 +69,14 @@ class ScheduleConfig(Section):
     model_config = ConfigDict(extra="forbid")
 
     scaling_rule: ScalingRuleName = Field(default="linear", description="eta at batch B from eta0 at base_batch_size")
-    warmup: WarmupName = "none"
+    warmup: WarmupName = Field(default="none", description="how the LR reaches its scaled value: none, constant, "
+                                                        "gradual, linear (from zero), legw or auto")
     warmup_epochs: float = Field(default=0.0, ge=0.0, description="E_w; for legw, the warmup length at k = 1")
-    decay: DecayName = "none"
+    decay: DecayName = Field(default="none", description="after warmup: cosine, step (milestones), poly, linear "
+                                                      "or none")
     milestones: list[float] = Field(default_factory=list, description="absolute epochs, for step decay")
     decay_factor: float = Field(default=0.1, gt=0.0, le=1.0, description="gamma of step decay")
-    poly_power: float = Field(default=2.0, gt=0.0)
+    poly_power: float = Field(default=2.0, gt=0.0, description="exponent of poly decay")
     min_lr: float = Field(default=0.0, ge=0.0, description="floor the decay ends at")
     # -- warmup: auto (Kim et al. 2021) --------------------------------------------------
     auto_init_lr: float = Field(default=1e-5, gt=0.0, description="LR of the first warmup step")

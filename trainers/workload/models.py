@@ -36,10 +36,11 @@ class ModelConfig(LayoutConfig):
     loss: str | None = Field(default=None, description="cross_entropy | token_cross_entropy | "
                              "'package.module:function' (one loss per sample); default: token_cross_entropy "
                              "for gpt/lstm, else cross_entropy")
-    norm: Norm = "batch"
+    norm: Norm = Field(default="batch", description="batch (per-worker BatchNorm), group (GroupNorm) or none")
     hidden: int = Field(default=128, gt=0, description="mlp hidden width / cnn channels")
-    sync_bn: bool = False
-    zero_init_residual: bool = False
+    sync_bn: bool = Field(default=False, description="BatchNorm statistics over all workers (SyncBatchNorm, GPU only)")
+    zero_init_residual: bool = Field(default=False, description="resnet: each residual block's last BatchNorm "
+                                     "starts at zero (Goyal et al.)")
 
     @model_validator(mode="after")
     def _name_or_factory(self) -> "ModelConfig":
