@@ -1,6 +1,7 @@
 """Finding a training run again (``resume``): a small JSON file beside its checkpoints names its
-MLflow run and holds its config; a lock beside it says a driver is training the run now.  Both
-live where the checkpoints do, a local folder or an object store (trainers/loop/storage.py).
+MLflow run and holds its config; a lock beside it says a driver is training the run now.
+
+Both live where the checkpoints do, a local folder or an object store (trainers/loop/storage.py).
 
 What ``resume`` may trust (each a refusal with one line and exit status 2, never a fresh start):
 the file is written atomically with absolute locations (a resume from another folder reaches the
