@@ -11,7 +11,7 @@ Measured on this machine (CPU, gloo; a worker is one core: one torch thread):
   global batch ``B`` fixed and split over the ranks): compute, then one all-reduce of the whole
   flattened gradient (DDP with one bucket, no overlap), then the optimizer step; barriers around
   the all-reduce separate its time from the wait for the slowest rank;
-* **all-reduce alone**, at W = 2..3 and a sweep of sizes; fitted to the ring model below, which
+* **all-reduce alone**, at W = 2..3 and a sweep of sizes (the fastest of its repeats); fitted to the ring model below, which
   gives the bandwidth and latency that gloo shows on this machine (loopback TCP);
 * **cold start of a bare Ray Train group** (``bench/resize.py:cold_start``) at W = 1 and 2
   (0.5 CPU each), fitted as a constant plus a per-node term (``--cold-start-s C0,C1`` skips it).
@@ -59,6 +59,8 @@ sys.path.insert(0, ROOT)
 from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
 
 PROJECTED = (8, 64, 512)
+UNRESOLVED_BPS = 1e14  # a fitted bandwidth this high means the sizes did not show it (see fit_network)
+WARMUP = 3  # steps not timed before the measured ones (allocations, first-call paths)
 BACKWARD_SHARE = 2 / 3  # backward ~ 2x forward: the part of compute an all-reduce can hide behind
 
 # Ray's GCS health check of every node (src/ray/common/ray_config_def.h in ray-project/ray, 2.x):
@@ -289,7 +291,7 @@ class Workload:
             pos += batch
 
 
-def measure_compute(w: Workload, sizes: list[int], steps: int, warmup: int = 3) -> dict[int, float]:
+def measure_compute(w: Workload, sizes: list[int], steps: int, warmup: int = WARMUP) -> dict[int, float]:
     """Median seconds of forward + backward + optimizer step per local batch size, the sizes
     interleaved step by step (drift on a shared machine hits them all alike)."""
     times: dict[int, list[float]] = {b: [] for b in sizes}
@@ -318,7 +320,7 @@ def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sw
     flat = torch.zeros(sum(p.numel() for p in w.params))
     rows = []
     batches = w.batches(batch)
-    for i in range(steps + 2):  # two warm-up steps
+    for i in range(WARMUP + steps):
         ids = next(batches)[rank::world]
         dist.barrier()
         t0 = time.perf_counter()
@@ -336,7 +338,7 @@ def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sw
             off += p.numel()
         w.opt.step()
         t5 = time.perf_counter()
-        if i >= 2:
+        if i >= WARMUP:
             rows.append({"comp": t1 - t0, "wait": t2 - t1, "ar": t4 - t3, "step": t5 - t0})
     ars = []
     if world > 1:
@@ -349,7 +351,7 @@ def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sw
                 dist.all_reduce(buf)
                 if r:
                     ts.append(time.perf_counter() - t0)
-            ars.append([buf.numel() * 4, median(ts)])
+            ars.append([buf.numel() * 4, min(ts)])  # the wire's time: others' load on a shared machine only adds
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": rows, "sweep": ars, "grad_bytes": w.grad_bytes}, f)
     dist.barrier()
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=96, help="global batch of the measured W = 1..3 steps")
     ap.add_argument("--workers", default="1,2,3", help="measured group sizes")
     ap.add_argument("--steps", type=int, default=30, help="measured steps per size")
-    ap.add_argument("--sweep", default="4096,65536,1048576,4194304", help="all-reduce sizes in bytes (+ the gradient's)")
+    ap.add_argument("--sweep", default="4096,65536,1048576,4194304,16777216", help="all-reduce sizes in bytes (+ the gradient's)")
     ap.add_argument("--sweep-reps", type=int, default=20)
     ap.add_argument("--local-batch", type=int, default=32, help="the projection's local batch (B = b W)")
     ap.add_argument("--strong-batch", type=int, default=8192, help="the projection's fixed global batch")
@@ -506,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cold-start-s", help="C0,C1: the group restart's constant and per-node seconds "
                                            "(skips measuring cold starts on a local Ray)")
     ap.add_argument("--cold-repeats", type=int, default=2)
-    a = parse_args(ap, quick={"steps": 4, "sweep": "4096,1048576", "sweep_reps": 5, "cold_repeats": 1}, argv=argv)
+    a = parse_args(ap, quick={"steps": 4, "sweep": "4096,4194304", "sweep_reps": 5, "cold_repeats": 1}, argv=argv)
 
     def bad(field: str, why: str) -> NoReturn:
         print(f"{field}: {why}", file=sys.stderr)
@@ -592,19 +594,21 @@ def main(argv: list[str] | None = None) -> None:
         rows.append((g["workers"], b, fmt_s(g["step_s"]), fmt_s(g["comp_s"]), fmt_s(here(b)),
                      f"{g['comp_s'] / here(b):.2f}", fmt_s(g["ar_s"]), fmt_s(model_step),
                      f"{a.batch / g['step_s']:,.0f}"))
-    print(table(rows, ("W", "local b", "step", "compute (slowest rank)", "T_comp(b) alone", "oversubscribed x",
+    print(table(rows, ("W", "local b", "step", "compute (slowest rank)", "T_comp(b) alone", "group / alone",
                        "all-reduce", "model step (gloo fit)", "samples/s")))
     over = [g for g in groups if g["workers"] > cores]
     if over:
         print(f"  W = {', '.join(str(g['workers']) for g in over)}: more processes than the {cores} cores, so "
-              "their compute runs slower than alone ('oversubscribed x'); the model takes compute from "
+              "their compute runs slower than alone (beyond the noise of a shared machine that 'group / alone' shows at W <= cores); the model takes compute from "
               "T_comp(b) measured alone and the all-reduce from the sweep, where the ranks wait on sockets")
     print()
     print(f"Fits:  T_comp(b) = {fmt_s(ca)} + {fmt_s(cc)} x b  (one core; points "
           + ", ".join(f"b={b}: {fmt_s(t)}" for b, t in comp_points.items()) + ")")
+    resolved = gloo is not None and gloo.bandwidth_bps < UNRESOLVED_BPS
     if gloo:
-        print(f"       gloo ring fit: bandwidth {gloo.bandwidth_bps / 1e9:.2f} Gb/s, latency {gloo.latency_s * 1e6:.0f} us"
-              f"  (all-reduce of {len(points)} (W, size) points: "
+        bw = f"{gloo.bandwidth_bps / 1e9:.2f} Gb/s" if resolved else "not resolved (the times did not grow with size)"
+        print(f"       gloo ring fit: bandwidth {bw}, latency {gloo.latency_s * 1e6:.0f} us"
+              f"  (fastest all-reduce of {a.sweep_reps} at each of {len(points)} (W, size) points: "
               + ", ".join(f"W={k} {fmt_bytes(nb)} {fmt_s(t)}" for k, nb, t in points) + ")")
     print(f"       group restart = {c0:.1f} s + {c1:.1f} s x nodes  ({cold_note})")
 
@@ -668,7 +672,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     main_rows = {r["workers"]: r for r in projections[nets[0].name]}
     if gloo:
-        print(f"gloo_bandwidth_gbps={gloo.bandwidth_bps / 1e9:.3f} gloo_latency_us={gloo.latency_s * 1e6:.1f}")
+        print(f"gloo_bandwidth_gbps={gloo.bandwidth_bps / 1e9 if resolved else math.nan:.3f} "
+              f"gloo_latency_us={gloo.latency_s * 1e6:.1f}")
     print(f"cold_start_s={cold[1]:.2f}")
     strong = main_rows[64]["strong_speedup"]
     print(f"strong_speedup_64={strong:.1f}" if strong is not None else "strong_speedup_64=nan")

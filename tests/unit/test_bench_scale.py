@@ -38,7 +38,7 @@ def test_fit_network_recovers_bandwidth_and_latency_of_ring_all_reduces():
     assert got.bandwidth_bps == pytest.approx(5e9, rel=1e-6) and got.latency_s == pytest.approx(300e-6, rel=1e-6)
     # times that do not grow with size: all latency, bandwidth as good as unlimited
     flat = fit_network([(2, 4096, 1e-3), (2, 1 << 20, 1e-3), (3, 4096, 2e-3)])
-    assert flat.bandwidth_bps > 1e12 and flat.latency_s > 0
+    assert flat.bandwidth_bps >= scale.UNRESOLVED_BPS and flat.latency_s > 0
     with pytest.raises(ValueError):
         fit_network([(1, 4096, 1e-3)])
 
