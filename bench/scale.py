@@ -564,19 +564,6 @@ def main(argv: list[str] | None = None) -> None:
     points = [p for g in groups for p in g["sweep"]]
     gloo = fit_network(points, "gloo on this machine (fitted)") if points else None
 
-    # 3. cold start of a bare Ray Train group
-    if cold_given is None:
-        cold_ws = [1, 2]
-        cold = cold_starts(cold_ws, a.cold_repeats)
-        c1 = max(0.0, cold[2] - cold[1])
-        c0 = cold[1] - c1
-        cold_note = (f"measured here: W=1 {cold[1]:.1f} s, W=2 {cold[2]:.1f} s (median of {a.cold_repeats}, "
-                     f"0.5 CPU a worker)")
-    else:
-        c0, c1 = cold_given
-        cold = {1: c0 + c1}
-        cold_note = "given (--cold-start-s)"
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     model_name = cfg.model.factory or cfg.model.name
     print(f"workload: {os.path.relpath(a.config, ROOT) if os.path.isabs(a.config) else a.config} "
@@ -598,9 +585,10 @@ def main(argv: list[str] | None = None) -> None:
                        "all-reduce", "model step (gloo fit)", "samples/s")))
     over = [g for g in groups if g["workers"] > cores]
     if over:
-        print(f"  W = {', '.join(str(g['workers']) for g in over)}: more processes than the {cores} cores, so "
-              "their compute runs slower than alone (beyond the noise of a shared machine that 'group / alone' shows at W <= cores); the model takes compute from "
-              "T_comp(b) measured alone and the all-reduce from the sweep, where the ranks wait on sockets")
+        print(f"  W = {', '.join(str(g['workers']) for g in over)}: more processes than the {cores} cores: their "
+              "compute runs slower than alone (beyond the noise of a shared machine that 'group / alone' shows at "
+              f"W <= {cores}); the model takes compute from T_comp(b) measured alone and the all-reduce from the "
+              "sweep, where the ranks wait on sockets")
     print()
     print(f"Fits:  T_comp(b) = {fmt_s(ca)} + {fmt_s(cc)} x b  (one core; points "
           + ", ".join(f"b={b}: {fmt_s(t)}" for b, t in comp_points.items()) + ")")
@@ -610,6 +598,25 @@ def main(argv: list[str] | None = None) -> None:
         print(f"       gloo ring fit: bandwidth {bw}, latency {gloo.latency_s * 1e6:.0f} us"
               f"  (fastest all-reduce of {a.sweep_reps} at each of {len(points)} (W, size) points: "
               + ", ".join(f"W={k} {fmt_bytes(nb)} {fmt_s(t)}" for k, nb, t in points) + ")")
+    sys.stdout.flush()  # the figures so far stay printed if Ray cannot start
+
+    # 3. cold start of a bare Ray Train group
+    if cold_given is None:
+        try:
+            cold = cold_starts([1, 2], a.cold_repeats)
+        except Exception as e:  # a local Ray that does not come up (an overloaded machine)
+            why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+            print(f"cold start: no Ray Train group started ({why}); give --cold-start-s C0,C1 to project "
+                  "without measuring it", file=sys.stderr)
+            sys.exit(1)
+        c1 = max(0.0, cold[2] - cold[1])
+        c0 = cold[1] - c1
+        cold_note = (f"measured here: W=1 {cold[1]:.1f} s, W=2 {cold[2]:.1f} s (median of {a.cold_repeats}, "
+                     f"0.5 CPU a worker)")
+    else:
+        c0, c1 = cold_given
+        cold = {1: c0 + c1}
+        cold_note = "given (--cold-start-s)"
     print(f"       group restart = {c0:.1f} s + {c1:.1f} s x nodes  ({cold_note})")
 
     poll = ray_train_poll_s()
