@@ -4,15 +4,16 @@ from step times measured here at W = 1..3 and a stated network model.
 Measured on this machine (CPU, gloo; a worker is one core: one torch thread):
 
 * **compute** ``T_comp(b)``: forward, backward and optimizer step of the config's model on a
-  local batch of ``b`` samples, in this process alone, at several ``b``; fitted as ``a + c*b``.
-  This, not the compute measured inside the W-process groups, is what the model uses: with 3
-  processes on 2 cores the group's compute is oversubscribed (the table shows by how much);
+  local batch of ``b`` samples, in this process alone, at several ``b`` (the fastest of
+  ``--steps``: a cluster's worker has its core to itself, here others' load only adds), fitted
+  as ``a + c*b``.  This, not the compute inside the W-process groups, is what the model uses:
+  3 processes on 2 cores oversubscribe them (the table shows by how much);
 * **steps of a W-process gloo group** (W = 1..3, ``torch.distributed`` in spawned processes, the
   global batch ``B`` fixed and split over the ranks): compute, then one all-reduce of the whole
   flattened gradient (DDP with one bucket, no overlap), then the optimizer step; barriers around
   the all-reduce separate its time from the wait for the slowest rank;
-* **all-reduce alone**, at W = 2..3 and a sweep of sizes (the fastest of its repeats); fitted to the ring model below, which
-  gives the bandwidth and latency that gloo shows on this machine (loopback TCP);
+* **all-reduce alone**, at W = 2..3 and a sweep of sizes (the fastest of its repeats), fitted to
+  the ring model below: the bandwidth and latency that gloo shows on this machine (loopback TCP);
 * **cold start of a bare Ray Train group** (``bench/resize.py:cold_start``) at W = 1 and 2
   (0.5 CPU each), fitted as a constant plus a per-node term (``--cold-start-s C0,C1`` skips it).
 
@@ -292,8 +293,9 @@ class Workload:
 
 
 def measure_compute(w: Workload, sizes: list[int], steps: int, warmup: int = WARMUP) -> dict[int, float]:
-    """Median seconds of forward + backward + optimizer step per local batch size, the sizes
-    interleaved step by step (drift on a shared machine hits them all alike)."""
+    """Seconds of forward + backward + optimizer step per local batch size, the fastest of
+    ``steps`` (a worker of a cluster has its core to itself; on a shared machine the others' load
+    only adds), the sizes interleaved step by step (drift hits them all alike)."""
     times: dict[int, list[float]] = {b: [] for b in sizes}
     batches = w.batches(max(sizes))
     for i in range(warmup + steps):
@@ -304,7 +306,7 @@ def measure_compute(w: Workload, sizes: list[int], steps: int, warmup: int = WAR
             w.opt.step()
             if i >= warmup:
                 times[b].append(time.perf_counter() - t0)
-    return {b: median(ts) for b, ts in times.items()}
+    return {b: min(ts) for b, ts in times.items()}
 
 
 def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sweep: list[int],
@@ -381,11 +383,13 @@ def measure_group(cfg, world: int, batch: int, steps: int, sweep: list[int], rep
             with open(os.path.join(out, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
     per_step = list(zip(*(r["steps"] for r in ranks)))  # each step's rows of every rank
+    steps_s = [max(x["step"] for x in st) for st in per_step]
     return {
         "workers": world,
-        "step_s": median([max(x["step"] for x in st) for st in per_step]),
-        "comp_s": median([max(x["comp"] for x in st) for st in per_step]),  # the slowest rank's
-        "ar_s": median([statistics.fmean(x["ar"] for x in st) for st in per_step]),
+        "step_s": median(steps_s),
+        "fastest_step_s": min(steps_s),
+        "comp_s": min(max(x["comp"] for x in st) for st in per_step),  # the slowest rank's, fastest step
+        "ar_s": min(statistics.fmean(x["ar"] for x in st) for st in per_step),
         "sweep": [(world, b, t) for b, t in ranks[0]["sweep"]],
     }
 
@@ -490,7 +494,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=96, help="global batch of the measured W = 1..3 steps")
     ap.add_argument("--workers", default="1,2,3", help="measured group sizes")
     ap.add_argument("--steps", type=int, default=30, help="measured steps per size")
-    ap.add_argument("--sweep", default="4096,65536,1048576,4194304,16777216", help="all-reduce sizes in bytes (+ the gradient's)")
+    ap.add_argument("--sweep", default="4096,65536,1048576,4194304,16777216",
+                    help="all-reduce sizes in bytes (+ the gradient's)")
     ap.add_argument("--sweep-reps", type=int, default=20)
     ap.add_argument("--local-batch", type=int, default=32, help="the projection's local batch (B = b W)")
     ap.add_argument("--strong-batch", type=int, default=8192, help="the projection's fixed global batch")
@@ -570,18 +575,21 @@ def main(argv: list[str] | None = None) -> None:
           f"({cfg.data.factory or cfg.data.name}, {model_name}, optimizer {cfg.optimizer.name}); "
           f"{n_params:,} parameters, gradient S = {fmt_bytes(grad_bytes)}, model + optimizer state "
           f"{fmt_bytes(state_bytes)}")
-    print(f"this machine: {cores} cores, CPU, gloo over loopback; a worker = 1 torch thread; "
+    load = f"load average {os.getloadavg()[0]:.1f}; " if hasattr(os, "getloadavg") else ""
+    print(f"this machine: {cores} cores, CPU, gloo over loopback; a worker = 1 torch thread; {load}"
           f"{time.time() - t_start:.0f} s of measuring")
     print()
-    print(f"Measured: W-process gloo groups, global batch B = {a.batch} split over the ranks, median of {a.steps} steps")
+    print(f"Measured: W-process gloo groups, global batch B = {a.batch} split over the ranks, {a.steps} steps: the "
+          "median step; compute and all-reduce of the fastest step (what a dedicated core sees)")
     rows = []
     for g in groups:
         b = -(-a.batch // g["workers"])
         model_step = step_s(g["workers"], b, here, grad_bytes, gloo)[0] if gloo else here(b)
-        rows.append((g["workers"], b, fmt_s(g["step_s"]), fmt_s(g["comp_s"]), fmt_s(here(b)),
+        rows.append((g["workers"], b, fmt_s(g["step_s"]), fmt_s(g["fastest_step_s"]), fmt_s(g["comp_s"]),
+                     fmt_s(here(b)),
                      f"{g['comp_s'] / here(b):.2f}", fmt_s(g["ar_s"]), fmt_s(model_step),
                      f"{a.batch / g['step_s']:,.0f}"))
-    print(table(rows, ("W", "local b", "step", "compute (slowest rank)", "T_comp(b) alone", "group / alone",
+    print(table(rows, ("W", "local b", "step", "fastest", "compute (slowest rank)", "T_comp(b) alone", "group / alone",
                        "all-reduce", "model step (gloo fit)", "samples/s")))
     over = [g for g in groups if g["workers"] > cores]
     if over:
@@ -590,7 +598,7 @@ def main(argv: list[str] | None = None) -> None:
               f"W <= {cores}); the model takes compute from T_comp(b) measured alone and the all-reduce from the "
               "sweep, where the ranks wait on sockets")
     print()
-    print(f"Fits:  T_comp(b) = {fmt_s(ca)} + {fmt_s(cc)} x b  (one core; points "
+    print(f"Fits:  T_comp(b) = {fmt_s(ca)} + {fmt_s(cc)} x b  (one core, fastest of {a.steps}; points "
           + ", ".join(f"b={b}: {fmt_s(t)}" for b, t in comp_points.items()) + ")")
     resolved = gloo is not None and gloo.bandwidth_bps < UNRESOLVED_BPS
     if gloo:
@@ -646,7 +654,8 @@ def main(argv: list[str] | None = None) -> None:
     projections = {}
     for net in nets:
         print()
-        print(f"Projection, network {net.name}; local batch b = {a.local_batch} (B = b W) and B = {a.strong_batch} fixed:")
+        print(f"Projection, network {net.name}; local batch b = {a.local_batch} (B = b W) and "
+              f"B = {a.strong_batch} fixed:")
         projections[net.name] = projection(ws, comp, grad_bytes, net, local_batch=a.local_batch,
                                            strong_batch=a.strong_batch, overlap=a.overlap)
         print(projection_table(projections[net.name], a.strong_batch))
