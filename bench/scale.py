@@ -330,6 +330,9 @@ def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sw
         t1 = time.perf_counter()
         dist.barrier()  # the wait for the slowest rank, apart from the all-reduce
         t2 = time.perf_counter()
+        for p in w.params:  # a parameter this batch did not reach still takes part in the all-reduce
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         torch.cat([p.grad.reshape(-1) for p in w.params], out=flat)
         t3 = time.perf_counter()
         dist.all_reduce(flat)
