@@ -38,9 +38,10 @@ SUMMARY = {
     "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
+    "scale": ("cold_start_s", "projected_speedup_64", "strong_speedup_64", "recovery_s_64"),
     "search": ("steps_ratio", "gap_points"),
 }
-TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2 beside time-sliced loops)
+TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600, "scale": 420}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2 beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here)
 DEFAULT_TIMEOUT_S = 300
 PAIR = re.compile(r"(?<![\w.])([A-Za-z_]\w*)=(\S+)")  # key=value, the key not part of a longer name
 
@@ -78,7 +79,7 @@ def test_summary_parsing():
 
 
 def test_every_bench_is_found():
-    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo", "large_batch", "gpu", "cpu"} <= set(BENCHES)
+    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo", "large_batch", "gpu", "cpu", "scale"} <= set(BENCHES)
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 
