@@ -21,13 +21,13 @@ If the new group cannot start, the driver turns an overlap into a restart.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import ray
 
 from trainers.link.messages import (Event, FirstStep, HandoverAnswer, NewGroupReady, PushAnswer, Record, Resize,
                                     ResizeAnswer, ResizeDecided, ResizeSkipped)
-from trainers.policies.resize import ResizeEconomics, resize_pays
+from trainers.policies.resize import ResizeEconomics, WorkerCount, resize_pays
 
 DEFAULT_OVERLAP_PAUSE_S = 1.0  # an overlapping resize's pause until one is measured on this cluster
 
@@ -40,16 +40,14 @@ def has_room(available: dict[str, float], per_worker: dict[str, float], workers:
 class MonitorState:
     """The monitor's logic, plain Python (unit-tested without Ray); :data:`Monitor` is the actor.
 
-    ``resize_policy.decide(batch, max_local_batch, workers, min_workers, max_workers)`` gives the
-    workers a batch needs (orchestrator/resize.py); ``overlap_resources``: the per-worker
+    ``workers``: the run's worker count (:class:`~trainers.policies.resize.WorkerCount`, the one
+    the batch plan and ``plan`` ask), None: never resize; ``overlap_resources``: the per-worker
     resources when overlapping resizes are allowed (None: always restart)."""
 
-    def __init__(self, resize_policy: Any = None, max_local_batch: int = 1, min_workers: int = 1,
-                 max_workers: int = 1, overlap_resources: dict[str, float] | None = None,
+    def __init__(self, workers: WorkerCount | None = None, overlap_resources: dict[str, float] | None = None,
                  available: Callable[[], dict[str, float]] | None = None, only_if_pays: bool = False) -> None:
         self._available = available or ray.available_resources  # the cluster's free resources now
-        self._resize = resize_policy
-        self._limits = (max_local_batch, min_workers, max_workers)
+        self._workers = workers
         self._overlap = overlap_resources
         self._records: list[Record] = []
         self._events: list[Event] = []
@@ -96,10 +94,9 @@ class MonitorState:
         at the measured ``samples_per_s`` is skipped (:func:`trainers.policies.resize.resize_pays`)."""
         if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
             return ResizeAnswer(self.resize.to, self.resize.mode)
-        if self._resize is None:
+        if self._workers is None:
             return ResizeAnswer()
-        max_local, lo, hi = self._limits
-        d = self._resize.decide(batch_size, max_local, workers, lo, hi)
+        d = self._workers.decide(batch_size, workers)
         mode = ""
         if d:
             mode = "overlap" if self._overlap is not None and has_room(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainers.loop.state import TrainState
+from trainers.policies.plan import TrainState
 
 
 def test_train_state_round_trip_in_place():
