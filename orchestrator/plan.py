@@ -3,9 +3,9 @@
 It steps the same batch plan the workers step (:class:`trainers.policies.plan.BatchPlan`:
 the data order's global batches over ``num_train`` samples per epoch, the short last batch
 included, and the policy set's LR schedule, MF rule, batch policy, worker count and
-accumulation steps), so for everything decided ahead of time the preview *is* the run.  What only the run can decide (an ``auto`` warmup's end, a
-noise-scale or norm-test batch, AdaScale's gain) is named in ``notes`` and shown at
-its planned/initial value.
+accumulation steps), so for everything decided ahead of time the preview *is* the run.
+What only the run can decide (an ``auto`` warmup's end, a noise-scale or norm-test batch,
+AdaScale's gain) is named in ``notes`` and shown at its planned/initial value.
 """
 
 from __future__ import annotations
