@@ -25,7 +25,7 @@ from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
 from trainers.data.datasets import DatasetInfo  # noqa: E402
 from trainers.workload.models import ModelConfig, build_model  # noqa: E402
 from trainers.loop.checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
-from trainers.loop.state import TrainState  # noqa: E402
+from trainers.policies.plan import TrainState  # noqa: E402
 
 
 def payload(name: str) -> dict:

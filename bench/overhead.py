@@ -144,7 +144,7 @@ def local_step(cfg, threads: int):
 
     torch.set_num_threads(threads)
     t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), Runtime(), rank=0, world=1, device=torch.device("cpu"))
-    return (lambda ids: t.metrics_for_step(t.train_step(ids), len(ids))), t.n
+    return (lambda ids: t.metrics_for_step(t.train_step(ids))), t.plan.n
 
 
 def run_loop(cfg_json: dict, kind: str, threads: int, steps: int, out: str) -> None:

@@ -21,13 +21,13 @@ If the new group cannot start, the driver turns an overlap into a restart.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import ray
 
 from trainers.link.messages import (Event, FirstStep, HandoverAnswer, NewGroupReady, PushAnswer, Record, Resize,
                                     ResizeAnswer, ResizeDecided, ResizeSkipped)
-from trainers.policies.resize import ResizeEconomics, resize_pays
+from trainers.policies.resize import ResizeEconomics, WorkerCount, resize_pays
 
 DEFAULT_OVERLAP_PAUSE_S = 1.0  # an overlapping resize's pause until one is measured on this cluster
 
@@ -37,19 +37,45 @@ def has_room(available: dict[str, float], per_worker: dict[str, float], workers:
     return all(available.get(k, 0.0) + 1e-9 >= v * workers for k, v in per_worker.items() if v > 0)
 
 
+class ResizeCosts:
+    """What a resize costs on this cluster, as measured so far, and whether a resize must pay for
+    itself (``scaling.resize_when: pays``; :func:`trainers.policies.resize.resize_pays`)."""
+
+    def __init__(self, only_if_pays: bool = False) -> None:
+        self.only_if_pays = only_if_pays
+        self.start_s: float | None = None  # a group's start: its fit() call to its first step
+        self.pause_s = DEFAULT_OVERLAP_PAUSE_S  # an overlapping resize's pause
+        self._cold: dict[int, float] = {}  # phase -> when its group was started cold (not for a handover)
+
+    def starting(self, phase: int, when: float) -> None:
+        self._cold[phase] = when
+
+    def stepped(self, ev: FirstStep) -> None:
+        """A group's first step: if it was started cold, what a new group costs here."""
+        if ev.phase in self._cold:
+            self.start_s = max(ev.time - self._cold.pop(ev.phase), 0.0)
+
+    def economics(self, to: int, workers: int, mode: str, remaining_samples: float | None,
+                  samples_per_s: float | None) -> ResizeEconomics | None:
+        """The resize's gain and cost, or None where they cannot be judged yet (no throughput or
+        start time measured) or are not asked for: then the resize goes ahead."""
+        if not self.only_if_pays or self.start_s is None or not samples_per_s or remaining_samples is None:
+            return None
+        return resize_pays(remaining_samples, samples_per_s, workers, to, self.start_s, self.pause_s,
+                           overlap=mode == "overlap")
+
+
 class MonitorState:
     """The monitor's logic, plain Python (unit-tested without Ray); :data:`Monitor` is the actor.
 
-    ``resize_policy.decide(batch, max_local_batch, workers, min_workers, max_workers)`` gives the
-    workers a batch needs (orchestrator/resize.py); ``overlap_resources``: the per-worker
+    ``workers``: the run's worker count (:class:`~trainers.policies.resize.WorkerCount`, the one
+    the batch plan and ``plan`` ask), None: never resize; ``overlap_resources``: the per-worker
     resources when overlapping resizes are allowed (None: always restart)."""
 
-    def __init__(self, resize_policy: Any = None, max_local_batch: int = 1, min_workers: int = 1,
-                 max_workers: int = 1, overlap_resources: dict[str, float] | None = None,
+    def __init__(self, workers: WorkerCount | None = None, overlap_resources: dict[str, float] | None = None,
                  available: Callable[[], dict[str, float]] | None = None, only_if_pays: bool = False) -> None:
         self._available = available or ray.available_resources  # the cluster's free resources now
-        self._resize = resize_policy
-        self._limits = (max_local_batch, min_workers, max_workers)
+        self._workers = workers
         self._overlap = overlap_resources
         self._records: list[Record] = []
         self._events: list[Event] = []
@@ -58,19 +84,14 @@ class MonitorState:
         self.resize: Resize | None = None  # the resize of the current phase, once decided
         self._handover_paths: dict[int, str | None] = {}  # new phase -> checkpoint path (None: cancelled)
         self._done: list[Resize] = []
-        # Resize economics (trainers/policies/resize.py resize_pays): a group's start and an overlap's
-        # pause as measured on this cluster so far (the driver sets them, :meth:`set_costs`).
-        self._only_if_pays = only_if_pays
-        self._start_s: float | None = None
-        self._cold: dict[int, float] = {}  # phase -> when its group was started cold (not for a handover)
-        self._pause_s = DEFAULT_OVERLAP_PAUSE_S
+        self.costs = ResizeCosts(only_if_pays)  # measured here and set by the driver (:meth:`set_costs`)
 
     # -- rank 0 of the running group -----------------------------------------------------
 
     def push(self, records: list[Record], events: list[Event]) -> PushAnswer:
         for ev in events:  # a cold-started group's first step: what a new group costs on this cluster
-            if isinstance(ev, FirstStep) and ev.phase in self._cold:
-                self._start_s = max(ev.time - self._cold.pop(ev.phase), 0.0)
+            if isinstance(ev, FirstStep):
+                self.costs.stepped(ev)
         self._records.extend(records)
         self._events.extend(events)
         r = self.resize
@@ -79,15 +100,15 @@ class MonitorState:
     def starting(self, phase: int, when: float) -> None:
         """The driver starts ``phase``'s group cold (its ``fit()`` is called at ``when``); its first
         step gives the start cost of a group here."""
-        self._cold[phase] = when
+        self.costs.starting(phase, when)
 
     def set_costs(self, start_s: float | None = None, pause_s: float | None = None) -> None:
         """What a resize costs here, as the driver measured it: a new group's start (call to first
         step) and the pause of an overlapping resize."""
         if start_s is not None:
-            self._start_s = start_s
+            self.costs.start_s = start_s
         if pause_s is not None:
-            self._pause_s = pause_s
+            self.costs.pause_s = pause_s
 
     def on_batch_change(self, step: int, batch_size: int, workers: int, remaining_samples: float | None = None,
                         samples_per_s: float | None = None) -> ResizeAnswer:
@@ -96,15 +117,14 @@ class MonitorState:
         at the measured ``samples_per_s`` is skipped (:func:`trainers.policies.resize.resize_pays`)."""
         if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
             return ResizeAnswer(self.resize.to, self.resize.mode)
-        if self._resize is None:
+        if self._workers is None:
             return ResizeAnswer()
-        max_local, lo, hi = self._limits
-        d = self._resize.decide(batch_size, max_local, workers, lo, hi)
+        d = self._workers.decide(batch_size, workers)
         mode = ""
         if d:
             mode = "overlap" if self._overlap is not None and has_room(
                 self._available(), self._overlap, d.workers) else "restart"
-            econ = self._economics(d.workers, workers, mode, remaining_samples, samples_per_s)
+            econ = self.costs.economics(d.workers, workers, mode, remaining_samples, samples_per_s)
             if econ is not None and not econ.pays:
                 self._events.append(ResizeSkipped(step=step, batch=batch_size, workers=workers, wanted=d.workers,
                                                   gain_s=econ.gain_s, cost_s=econ.cost_s, reason=econ.reason))
@@ -114,15 +134,6 @@ class MonitorState:
         self._events.append(ResizeDecided(step=step, batch=batch_size, workers=getattr(d, "workers", workers),
                                           reason=d.reason, mode=mode))
         return ResizeAnswer(d.workers if d else 0, mode)
-
-    def _economics(self, to: int, workers: int, mode: str, remaining_samples: float | None,
-                   samples_per_s: float | None) -> ResizeEconomics | None:
-        """The resize's gain and cost, or None where they cannot be judged yet (no throughput or
-        start time measured) or are not asked for: then the resize goes ahead."""
-        if not self._only_if_pays or self._start_s is None or not samples_per_s or remaining_samples is None:
-            return None
-        return resize_pays(remaining_samples, samples_per_s, workers, to, self._start_s, self._pause_s,
-                           overlap=mode == "overlap")
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """The old group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""

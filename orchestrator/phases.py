@@ -232,9 +232,9 @@ class PhaseRunner:
         self._first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self._overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self._unmeasured: ResizeRecord | None = None  # the last resize, until its new group's first step
-        from trainers.policies.resize import build_resize_policy
+        from trainers.policies.resize import WorkerCount
 
-        self.resize_policy = build_resize_policy()
+        self.worker_count = WorkerCount.from_config(cfg)  # the one the batch plan asks (trainers/policies/plan.py)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -291,11 +291,8 @@ class PhaseRunner:
 
     def initial_workers(self) -> int:
         """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
-        from trainers.policies.resize import workers_for_batch
-
-        s = self.cfg.scaling
-        workers = workers_for_batch(self.cfg.batch.size, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers)
-        return max(workers, min(int(self.tracker.last_value(M.WORKERS, 0)), s.max_workers))
+        workers = self.worker_count.initial(self.cfg.batch.size)
+        return max(workers, min(int(self.tracker.last_value(M.WORKERS, 0)), self.cfg.scaling.max_workers))
 
     def phase_run_name(self, phase: int) -> str:
         """A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
@@ -384,8 +381,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         self.monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
         overlap = self.resources() if s.resize_mode == "overlap" else None
         self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace).remote(
-            self.resize_policy, self.cfg.batch.max_local_batch, s.min_workers, s.max_workers,
-            overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
+            self.worker_count, overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
 
     def poll(self, ph: _Phase) -> None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump."""

@@ -1,12 +1,11 @@
 """``plan``: preview a config's schedule without training.
 
-It walks the same data order the workers walk (global batches over ``num_train``
-samples per epoch, the short last batch included) and asks the same policy set the
-loop asks (:class:`trainers.policies.policy_set.PolicySet`: LR schedule, MF rule, batch policy,
-worker-count policy, accumulation steps), so for everything decided ahead of time
-the preview *is* the run.  What only the run can decide (an ``auto`` warmup's end, a
-noise-scale or norm-test batch, AdaScale's gain) is named in ``notes`` and shown at
-its planned/initial value.
+It steps the same batch plan the workers step (:class:`trainers.policies.plan.BatchPlan`:
+the data order's global batches over ``num_train`` samples per epoch, the short last batch
+included, and the policy set's LR schedule, MF rule, batch policy, worker count and
+accumulation steps), so for everything decided ahead of time the preview *is* the run.
+What only the run can decide (an ``auto`` warmup's end, a noise-scale or norm-test batch,
+AdaScale's gain) is named in ``notes`` and shown at its planned/initial value.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ import io
 from dataclasses import dataclass, field
 
 from orchestrator.config import RootConfig
+from trainers.policies.plan import BatchPlan
 from trainers.workload.build import train_size
-from trainers.policies.policy_set import PolicySet
 
 COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps", "batch_samples"]
 
@@ -51,33 +50,22 @@ def adaptive_notes(cfg: RootConfig) -> list[str]:
 
 def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
     """Rows at step 1, every ``every`` steps (0 = none), each epoch end, each batch change and the last step."""
-    n = train_size(cfg)
-    policies = PolicySet.from_config(cfg, dataset_size=n)
-    W, B = policies.initial_workers(), cfg.batch.size
-    step, epoch, cursor = 0, 0, 0
+    plan = BatchPlan.from_config(cfg, dataset_size=train_size(cfg))
     rows: list[dict[str, float]] = []
-    while epoch + cursor / n < cfg.train.epochs - 1e-12:
-        e = epoch + cursor / n
-        changed = False
-        d = policies.decide_batch(step, e, B)
-        if d:
-            B, changed = d.size, True
-            r = policies.decide_workers(B, W)
-            if r:
-                W = r.workers
-        st = policies.settings(e, B, W, samples=min(B, n - cursor))
-        policies.after_step(st.lr, None)  # an auto warmup grows on (its end is decided at run time)
-        step += 1
-        cursor += st.samples
-        epoch_end = cursor >= n
-        if epoch_end:
-            epoch, cursor = epoch + 1, 0
-        last = epoch + cursor / n >= cfg.train.epochs - 1e-12
-        if step == 1 or epoch_end or changed or last or (every and step % every == 0):
-            rows.append({"step": step, "epoch": epoch + cursor / n, "lr": st.lr, "mf": st.mf,
-                         "batch_global": st.batch, "workers": W, "batch_local": st.local,
-                         "accum_steps": st.accum, "batch_samples": st.samples})
-    return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=step)
+    while not plan.done:
+        change = plan.next_batch()  # nothing measured: a schedule's B, an adaptive policy's initial B
+        if change:
+            resize = plan.decide_workers()  # what a run's driver asks of the same WorkerCount
+            if resize:
+                plan.workers = resize.workers
+        s = plan.step_settings()
+        moved = plan.advance()  # no loss: an auto warmup grows on (its end is decided at run time)
+        step = plan.state.step
+        if step == 1 or moved.epoch_ended or change or plan.done or (every and step % every == 0):
+            rows.append({"step": step, "epoch": plan.epoch_float, "lr": s.lr, "mf": s.mf,
+                         "batch_global": s.batch, "workers": s.workers, "batch_local": s.local,
+                         "accum_steps": s.accum, "batch_samples": s.samples})
+    return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=plan.state.step)
 
 
 def to_csv(plan: Plan) -> str:

@@ -21,7 +21,7 @@ CFG = {
 
 def _worker(rank: int, world: int, out: dict) -> None:
     t = Trainer(LoopConfig.model_validate(CFG), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
-    inner, seen = t.inputs, {}
+    inner, seen = t.learner.inputs, {}
 
     def record(x, ids=None, epoch=0):
         y = inner(x, ids, epoch)
@@ -30,10 +30,10 @@ def _worker(rank: int, world: int, out: dict) -> None:
                 seen[(epoch, i)] = (raw.numpy().copy(), row.numpy().copy())
         return y
 
-    t.inputs = record
+    t.learner.inputs = record
     for epoch, cursor in ((0, 0), (0, 40), (1, 0)):
         t.state.epoch, t.state.cursor = epoch, cursor
-        t.train_step(t.batches.next(epoch, cursor, t.B))
+        t.train_step(t.learner.batches.next(epoch, cursor, t.plan.batch))
     out[rank] = seen
 
 

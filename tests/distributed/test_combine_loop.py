@@ -40,11 +40,12 @@ def _worker(rank: int, world: int, out: dict, cfg: dict, steps: int) -> None:
         batch = IDS + 24 * s
         loss = t.train_step(batch)
         t.state.step += 1
-        rows.append({"loss": loss, "params": [p.detach().clone() for p in t.params],
-                     "metrics": t.combine.metrics()})
+        rows.append({"loss": loss, "params": [p.detach().clone() for p in t.learner.params],
+                     "metrics": t.learner.combine.metrics()})
     out[rank] = rows
-    if t.combine.local is not None:
-        suggested, decision = t.combine.local.suggested, t.maybe_change_batch()  # every rank: a broadcast
+    if t.learner.combine.local is not None:
+        suggested = t.learner.combine.local.suggested
+        decision = t.plan.next_batch(agree=t.group.agree_int)  # every rank: a broadcast
         if rank == 0:
             out["suggested"], out["decision"] = suggested, decision
 
@@ -58,14 +59,14 @@ def test_adasum_step_is_the_tree_of_the_slice_gradients():
     got = _run(cfg)
     # by hand: each worker's mean gradient over its slice of the first global batch, then Adasum
     t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=0, world=1, device=torch.device("cpu"))
-    p0 = [p.detach().clone() for p in t.params]
+    p0 = [p.detach().clone() for p in t.learner.params]
     grads = []
     for r in range(2):
         lo, hi = slice_bounds(24, r, 2)
-        t.model.zero_grad()
-        for xs, ys in t.batches.batch(IDS[lo:hi]).micro:  # W = 1: this slice's samples
-            (summed_loss(t.work.loss_fn, t.model(xs), ys) / (hi - lo)).backward()
-        grads.append([p.grad.detach().clone() for p in t.params])
+        t.learner.model.zero_grad()
+        for xs, ys in t.learner.batches.batch(IDS[lo:hi]).micro:  # W = 1: this slice's samples
+            (summed_loss(t.work.loss_fn, t.learner.model(xs), ys) / (hi - lo)).backward()
+        grads.append([p.grad.detach().clone() for p in t.learner.params])
     combined = adasum_layers(grads)
     for r in (0, 1):
         for p, a, g in zip(got[r][0]["params"], p0, combined):
@@ -99,4 +100,4 @@ def test_local_sgd_syncs_every_h_steps_and_grows_the_batch_by_its_norm_test():
     assert m["combine/bytes_saved"] == 4 * (4 * P) - m["combine/bytes_sent"]  # H = 2 with all that: negative
     # a small eta asks for a bigger batch: the policy grows B at the check step after the sync
     assert got["suggested"] is not None and got["suggested"] > 24
-    assert got["decision"] is not None and got["decision"][0] == 24
+    assert got["decision"] is not None and got["decision"].old == 24

@@ -24,8 +24,8 @@ def _worker(rank: int, world: int, out: dict) -> None:
     losses = [t.train_step(ids) for _ in range(3)]
     if rank == 0:
         out["losses"] = losses
-        out["params"] = [p.detach().clone() for p in t.params]
-        out["gns"] = t.gns.state_dict()
+        out["params"] = [p.detach().clone() for p in t.learner.params]
+        out["gns"] = t.learner.gns.state_dict()
 
 
 def _run(world: int) -> dict:
@@ -84,4 +84,4 @@ def _one_step(rank: int, world: int, out: dict, cfg: dict) -> None:
     t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
     t.train_step(np.arange(24))
     if rank == 0:
-        out["gns"] = t.gns.state_dict()
+        out["gns"] = t.learner.gns.state_dict()

@@ -16,7 +16,7 @@ from trainers.policies.batching import BatchConfig, build_batch_policy
 from trainers.loop.checkpoint import (CheckpointConfig, CheckpointManager, CorruptCheckpoint, PendingRecords, RNGState, StateAdapter, prune_checkpoints, read_checkpoint, run_checkpoints, verify_checkpoint, write_checkpoint)
 from trainers.policies.noise import GradientNoiseScale
 from trainers.policies.schedules import AutoWarmup, ScheduleConfig
-from trainers.loop.state import TrainState
+from trainers.policies.plan import TrainState
 
 RUN = "elastic-abc"
 

@@ -143,9 +143,9 @@ def test_the_loop_trains_tiny_cifar_with_the_recipes_input_options(tmp_path):
         "batch": {"size": 12, "max_local_batch": 6}, "optimizer": {"base_batch_size": 12},
         "train": {"precision": "bf16", "epochs": 1}})
     t = Trainer(cfg, Runtime(), rank=0, world=1, device=torch.device("cpu"))
-    assert t.work.tensors.train_x.dtype == torch.uint8 and t.n == 30
+    assert t.work.tensors.train_x.dtype == torch.uint8 and t.plan.n == 30
     seen = []
-    t.model.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    t.learner.model.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     loss = t.train_step(np.arange(12))
     assert np.isfinite(loss) and seen[0].dtype == torch.float32
     assert seen[0].is_contiguous(memory_format=torch.channels_last)

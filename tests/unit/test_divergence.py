@@ -36,8 +36,8 @@ class Emitted:
 def test_a_non_finite_loss_stops_the_run_and_names_the_last_finite_checkpoint(tmp_path):
     runtime = Runtime(storage=str(tmp_path), run_prefix="elastic-x", run_name="elastic-x")
     t = Trainer(LoopConfig.model_validate(CFG), runtime, rank=0, world=1, device=torch.device("cpu"))
-    t.channel = Emitted(t.channel)
-    forward = t.model.forward
+    t.report.channel = Emitted(t.report.channel)
+    forward = t.learner.model.forward
     calls = []
 
     def poisoned(x):  # the loss of the 8th global batch is inf
@@ -45,12 +45,12 @@ def test_a_non_finite_loss_stops_the_run_and_names_the_last_finite_checkpoint(tm
         out = forward(x)
         return out * float("inf") if len(calls) == 8 else out
 
-    t.model.forward = poisoned
+    t.learner.model.forward = poisoned
     t.run()
-    diverged = [e for e in t.channel.events if isinstance(e, Diverged)]
+    diverged = [e for e in t.report.channel.events if isinstance(e, Diverged)]
     assert len(diverged) == 1 and diverged[0].step == 8 and not math.isfinite(diverged[0].value)
     assert t.state.step == 7, "training stopped at the diverged step"
-    assert all(torch.isfinite(p).all() for p in t.model.parameters()), "the inf never reached the weights"
+    assert all(torch.isfinite(p).all() for p in t.learner.model.parameters()), "the inf never reached the weights"
     assert diverged[0].checkpoint is not None and diverged[0].checkpoint.endswith("checkpoint_step00000005")
     assert t.checkpoints.checkpoints()[0] == diverged[0].checkpoint, "no checkpoint of the diverged state"
     assert "diverged at step 8" in diverged[0].message and "checkpoint_step00000005" in diverged[0].message
@@ -62,23 +62,23 @@ def _poisoned_trainer(tmp_path, poison_calls, **train):
     cfg = {**CFG, "train": {**CFG["train"], **train}}
     runtime = Runtime(storage=str(tmp_path), run_prefix="elastic-x", run_name="elastic-x")
     t = Trainer(LoopConfig.model_validate(cfg), runtime, rank=0, world=1, device=torch.device("cpu"))
-    t.channel = Emitted(t.channel)
-    forward, calls = t.model.forward, []
+    t.report.channel = Emitted(t.report.channel)
+    forward, calls = t.learner.model.forward, []
 
     def poisoned(x):
         calls.append(1)
         out = forward(x)
         return out * float("inf") if poison_calls(len(calls)) else out
 
-    t.model.forward = poisoned
+    t.learner.model.forward = poisoned
     applied = []
-    apply = t.policies.apply
+    apply = t.plan.policies.apply
 
     def spy(opt, s, first=False):
         applied.append((t.state.step + 1, s.lr))
         return apply(opt, s, first=first)
 
-    t.policies.apply = spy
+    t.plan.policies.apply = spy
     return t, applied
 
 
@@ -87,7 +87,7 @@ def test_rollback_reloads_the_last_checkpoint_halves_the_lr_and_finishes(tmp_pat
 
     t, applied = _poisoned_trainer(tmp_path, lambda n: n == 8, on_nonfinite="rollback", max_rollbacks=2, epochs=1)
     t.run()
-    events = t.channel.events
+    events = t.report.channel.events
     assert not [e for e in events if isinstance(e, Diverged)]
     rolled = [e for e in events if isinstance(e, RolledBack)]
     assert len(rolled) == 1
@@ -100,7 +100,7 @@ def test_rollback_reloads_the_last_checkpoint_halves_the_lr_and_finishes(tmp_pat
     assert min(again) == 6
     for step in (6, 7):  # the same steps replayed at half the learning rate
         assert again[step] == pytest.approx(0.5 * first[step])
-    assert all(torch.isfinite(p).all() for p in t.model.parameters())
+    assert all(torch.isfinite(p).all() for p in t.learner.model.parameters())
     # the factor is checkpoint state: a new group restoring the final checkpoint keeps it
     fresh = Trainer(LoopConfig.model_validate({**CFG, "train": {**CFG["train"], "epochs": 1}}),
                     Runtime(storage=str(tmp_path), run_prefix="elastic-x", run_name="elastic-x"),
@@ -114,8 +114,8 @@ def test_rollbacks_past_the_limit_stop_the_run_as_stop_does(tmp_path):
     # steps 8 and then (after going back to 5) 9 are not finite; one rollback allowed
     t, _ = _poisoned_trainer(tmp_path, lambda n: n in (8, 12), on_nonfinite="rollback", max_rollbacks=1)
     t.run()
-    rolled = [e for e in t.channel.events if isinstance(e, RolledBack)]
-    diverged = [e for e in t.channel.events if isinstance(e, Diverged)]
+    rolled = [e for e in t.report.channel.events if isinstance(e, RolledBack)]
+    diverged = [e for e in t.report.channel.events if isinstance(e, Diverged)]
     assert [(e.step, e.to_step, e.rollbacks) for e in rolled] == [(8, 5, 1)]
     assert len(diverged) == 1 and diverged[0].step == 9 and diverged[0].rollbacks == 1
     assert "after 1 rollback(s)" in diverged[0].message and not t.state.finished
@@ -127,7 +127,7 @@ def test_the_checkpoint_of_the_step_before_the_bad_loss_is_not_a_good_one(tmp_pa
 
     t, _ = _poisoned_trainer(tmp_path, lambda n: n == 11, on_nonfinite="rollback", epochs=1)
     t.run()
-    (rolled,) = [e for e in t.channel.events if isinstance(e, RolledBack)]
+    (rolled,) = [e for e in t.report.channel.events if isinstance(e, RolledBack)]
     assert (rolled.step, rolled.to_step) == (11, 5) and rolled.checkpoint.endswith("checkpoint_step00000005")
     assert t.state.finished and t.state.step == 23
 
@@ -135,7 +135,7 @@ def test_the_checkpoint_of_the_step_before_the_bad_loss_is_not_a_good_one(tmp_pa
 def test_stop_is_the_default_and_a_rollback_needs_a_checkpoint(tmp_path):
     t, _ = _poisoned_trainer(tmp_path, lambda n: n == 3, on_nonfinite="rollback")  # before the first checkpoint
     t.run()
-    assert [type(e).__name__ for e in t.channel.events if type(e).__name__ in ("Diverged", "RolledBack")] == [
+    assert [type(e).__name__ for e in t.report.channel.events if type(e).__name__ in ("Diverged", "RolledBack")] == [
         "Diverged"]
     assert LoopConfig.model_validate(CFG).train.on_nonfinite == "stop"
 

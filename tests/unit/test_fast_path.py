@@ -44,7 +44,7 @@ def _trainer(raw: dict, runtime: Runtime | None = None) -> Trainer:
 
 def _steps(t: Trainer, sizes) -> list[float]:
     rng = np.random.default_rng(0)
-    return [t.train_step(rng.permutation(t.n)[:n]) for n in sizes]
+    return [t.train_step(rng.permutation(t.plan.n)[:n]) for n in sizes]
 
 
 # --------------------------------------------------------------------------- precision
@@ -54,10 +54,10 @@ def test_bf16_loss_within_2e2_of_fp32_through_the_loop():
     fp32 = _trainer(CNN)
     bf16 = _trainer(_with(CNN, train={"precision": "bf16"}))
     dtypes = []
-    bf16.model.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    bf16.learner.model.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
     a, b = _steps(fp32, [32] * 3), _steps(bf16, [32] * 3)
     assert dtypes and set(dtypes) == {torch.bfloat16}, "the forward ran under bf16 autocast"
-    assert all(p.dtype == torch.float32 for p in bf16.params), "parameters stay fp32"
+    assert all(p.dtype == torch.float32 for p in bf16.learner.params), "parameters stay fp32"
     np.testing.assert_allclose(b, a, atol=2e-2)
     assert a != b  # not the same computation by accident
     ev = bf16.evaluate()
@@ -68,7 +68,7 @@ def _fp16_on_cpu(t: Trainer, init_scale: float = 2.0 ** 10) -> Precision:
     """fp16's scaler path without the CPU refusal (GradScaler itself runs on CPU), fp32 compute."""
     p = Precision("fp32", "cpu")
     p.scaler = LossScaler("cpu", init_scale=init_scale)
-    t.prec = p
+    t.learner.prec = p
     t.checkpoints.states["precision"] = p
     return p
 
@@ -81,21 +81,21 @@ def test_fp16_skipped_step_trains_nothing_counts_no_samples_and_is_logged():
     def backward_then_poison(loss):  # the 2nd step's gradients hold a NaN (an fp16 overflow)
         backward(loss)
         if t.state.step + 1 == poison["at"]:
-            t.params[0].grad.view(-1)[0] = float("nan")
+            t.learner.params[0].grad.view(-1)[0] = float("nan")
 
     prec.backward = backward_then_poison
-    meter = ThroughputMeter(10, 0)
-    t.advance(meter)
-    assert (t.state.samples_seen, t.gns.count, prec.skipped_steps) == (24, 1, 0)
-    before = [p.detach().clone() for p in t.params]
-    _, metrics = t.advance(meter)
+    meter = t.report.meter = ThroughputMeter(10, 0)
+    t.advance()
+    assert (t.state.samples_seen, t.learner.gns.count, prec.skipped_steps) == (24, 1, 0)
+    before = [p.detach().clone() for p in t.learner.params]
+    _, metrics = t.advance()
     assert (t.state.step, t.state.cursor) == (2, 48), "the data order moves on"
     assert t.state.samples_seen == 24 and meter._samples == 24, "a skipped step adds no samples"
-    assert t.gns.count == 1, "and no noise estimate"
-    assert all(torch.equal(a, b) for a, b in zip(before, t.params)), "and leaves the weights alone"
+    assert t.learner.gns.count == 1, "and no noise estimate"
+    assert all(torch.equal(a, b) for a, b in zip(before, t.learner.params)), "and leaves the weights alone"
     assert metrics["amp/skipped_steps"] == 1.0 and metrics["amp/loss_scale"] == 2.0 ** 9
-    t.advance(meter)
-    assert (t.state.samples_seen, t.gns.count, prec.skipped_steps) == (48, 2, 1)
+    t.advance()
+    assert (t.state.samples_seen, t.learner.gns.count, prec.skipped_steps) == (48, 2, 1)
     assert t.checkpoints.state_dict()["precision"]["skipped_steps"] == 1
 
 
@@ -105,8 +105,8 @@ def test_fp16_noise_statistics_match_the_unscaled_run():
     _fp16_on_cpu(scaled, init_scale=2.0 ** 8)
     a, b = _steps(plain, [24, 24, 24]), _steps(scaled, [24, 24, 24])
     np.testing.assert_allclose(b, a, rtol=1e-5)
-    for k, v in plain.gns.state_dict().items():
-        assert scaled.gns.state_dict()[k] == pytest.approx(v, rel=1e-4), k
+    for k, v in plain.learner.gns.state_dict().items():
+        assert scaled.learner.gns.state_dict()[k] == pytest.approx(v, rel=1e-4), k
 
 
 # --------------------------------------------------------------------------- compile
@@ -118,10 +118,10 @@ def test_compiled_loop_matches_eager_within_1e4_and_checkpoints_clean_keys(tmp_p
     eager = _trainer(MLP)
     runtime = Runtime(storage=str(tmp_path), run_prefix="elastic-c", run_name="elastic-c")
     compiled = _trainer(_with(MLP, train={"compile": True, "compile_backend": "aot_eager"}), runtime)
-    assert type(compiled.model).__name__ == "OptimizedModule"
+    assert type(compiled.learner.model).__name__ == "OptimizedModule"
     a, b = _steps(eager, [24, 20, 17]), _steps(compiled, [24, 20, 17])
     np.testing.assert_allclose(b, a, atol=1e-4)
-    for pa, pb in zip(eager.params, compiled.params):
+    for pa, pb in zip(eager.learner.params, compiled.learner.params):
         torch.testing.assert_close(pb, pa, atol=1e-4, rtol=0)
     keys = list(compiled.checkpoints.state_dict()["model"])
     assert keys == list(eager.work.model.state_dict())
@@ -131,10 +131,10 @@ def test_compiled_loop_matches_eager_within_1e4_and_checkpoints_clean_keys(tmp_p
     assert list(torch.load(os.path.join(path, "state.pt"), weights_only=True)["model"]) == keys
     fresh = _trainer(_with(MLP, train={"compile": True, "compile_backend": "aot_eager"}), runtime)
     assert fresh.restore() is True
-    for pa, pb in zip(compiled.params, fresh.params):
+    for pa, pb in zip(compiled.learner.params, fresh.learner.params):
         assert torch.equal(pa, pb)
     eager_again = _trainer(MLP, runtime)  # a compiled run's checkpoint loads into an eager one
-    assert eager_again.restore() is True and torch.equal(eager_again.params[0], compiled.params[0])
+    assert eager_again.restore() is True and torch.equal(eager_again.learner.params[0], compiled.learner.params[0])
 
 
 # --------------------------------------------------------------------------- augmentation and inputs
@@ -163,25 +163,25 @@ AUG = _with(MLP, data={"augment": ["random_crop", "hflip"], "crop_padding": 2},
 def test_augmentation_is_the_same_across_a_resume(tmp_path):
     runtime = Runtime(storage=str(tmp_path), run_prefix="elastic-a", run_name="elastic-a")
     first = _trainer(AUG, runtime)
-    first.inputs = Recorder(first.inputs)
+    first.learner.inputs = Recorder(first.learner.inputs)
     first.run()
-    whole = first.inputs.seen
-    assert len(whole) == 2 * first.n and first.state.epoch == 2
+    whole = first.learner.inputs.seen
+    assert len(whole) == 2 * first.plan.n and first.state.epoch == 2
     raw = first.work.tensors.train_x
-    changed = sum(not torch.equal(whole[(0, i)], raw[i]) for i in range(first.n))
-    assert changed > first.n // 2, "the inputs were augmented"
-    assert sum(not torch.equal(whole[(0, i)], whole[(1, i)]) for i in range(first.n)) > first.n // 2
+    changed = sum(not torch.equal(whole[(0, i)], raw[i]) for i in range(first.plan.n))
+    assert changed > first.plan.n // 2, "the inputs were augmented"
+    assert sum(not torch.equal(whole[(0, i)], whole[(1, i)]) for i in range(first.plan.n)) > first.plan.n // 2
     # resume at step 8 (mid-epoch: 15 steps an epoch): drop the newer checkpoints
     folder = os.path.join(str(tmp_path), "elastic-a")
     for name in os.listdir(folder):
         if name.startswith("checkpoint_step") and int(name[len("checkpoint_step"):][:8]) > 8:
             shutil.rmtree(os.path.join(folder, name))
     again = _trainer(AUG, runtime)
-    again.inputs = Recorder(again.inputs)
+    again.learner.inputs = Recorder(again.learner.inputs)
     again.run()
     assert again.state.epoch == 2
-    resumed = again.inputs.seen
-    assert len(resumed) == 2 * first.n - 8 * 100
+    resumed = again.learner.inputs.seen
+    assert len(resumed) == 2 * first.plan.n - 8 * 100
     for key, x in resumed.items():
         assert torch.equal(x, whole[key]), key
 
@@ -205,7 +205,7 @@ def test_input_pipeline_matches_device_data_and_is_none_when_idle():
 def test_channels_last_loop_matches_nchw():
     a = _trainer(CNN)
     b = _trainer(_with(CNN, model={"channels_last": True}))
-    conv = next(m for m in b.model.modules() if isinstance(m, torch.nn.Conv2d))
+    conv = next(m for m in b.learner.model.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     np.testing.assert_allclose(_steps(b, [32, 32]), _steps(a, [32, 32]), rtol=1e-4)
 

@@ -2,14 +2,14 @@
 
 from trainers.link.messages import HandoverAnswer, PushAnswer, ResizeAnswer, ResizeDecided
 from orchestrator.monitor import MonitorState, has_room
-from trainers.policies.resize import WorkersForBatch
+from trainers.policies.resize import WorkerCount, WorkersForBatch
 
 CPU = {"CPU": 0.5}
 
 
 def monitor(free: float | None, **kw) -> MonitorState:
     """max_local_batch 32, 1..4 workers; ``free`` CPUs in the cluster (None: overlap off)."""
-    return MonitorState(WorkersForBatch(), 32, 1, 4, overlap_resources=None if free is None else CPU,
+    return MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 4), overlap_resources=None if free is None else CPU,
                         available=lambda: {"CPU": free or 0.0}, **kw)
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import pytest
 
 from orchestrator.phases import Failed, Finished, PhaseRunner
-from trainers.policies.resize import WorkersForBatch
+from trainers.policies.resize import WorkerCount, WorkersForBatch
 from tests.helpers import make_config
 from trainers.link.messages import FirstStep, PhaseStart
 from orchestrator.monitor import MonitorState
@@ -70,8 +70,9 @@ def _runner(tmp_path, monkeypatch, plays: dict[int, Callable[[MonitorState, int]
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free_cpus})
     runner = PhaseRunner(cfg, tracker, progress=False)  # type: ignore[arg-type]
     runner.poll_s = 0.01
-    state = MonitorState(WorkersForBatch(), 32, 1, 4, overlap_resources={"CPU": 0.5} if resize_mode == "overlap"
-                         else None, available=lambda: {"CPU": free_cpus})
+    state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 4),
+                         overlap_resources={"CPU": 0.5} if resize_mode == "overlap" else None,
+                         available=lambda: {"CPU": free_cpus})
     started: list[tuple[int, int, bool]] = []
 
     def make_monitor() -> None:
@@ -227,7 +228,7 @@ def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
     monkeypatch.setattr(ray, "get", lambda x: x)
     runner = PhaseRunner(cfg, FakeTracker(), progress=False)  # type: ignore[arg-type]
     runner.listeners = [Recorder()]
-    state = MonitorState(WorkersForBatch(), 32, 1, 1)
+    state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 1))
     state.push([(s, {"train/loss": 1.0}, 0.0) for s in range(18, 23)], [BatchChange(step=20, old=16, new=32)])
     runner.monitor = FakeMonitor(state)
     runner.pump()

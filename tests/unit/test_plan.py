@@ -69,3 +69,34 @@ def test_csv_columns_and_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ",".join(COLUMNS) and png.stat().st_size > 1000
     assert main(["plan", str(p), "--set", "batch.size=0"]) == 2
+
+
+def test_the_worker_loop_logs_what_plan_previews(tmp_path, monkeypatch):
+    """Without Ray: the loop (one worker) and ``plan`` step the same batch plan, so every step's
+    settings agree exactly, through warmup, decay, a batch change and the MF rule."""
+    import torch
+
+    from trainers.link.channel import Channel
+    from trainers.link.runtime import Runtime
+    from trainers.loop.config import LoopConfig
+    from trainers.loop.trainer import Trainer
+
+    cfg = _cfg(optimizer={"mf_rule": "per_worker_batch", "mf_ref_batch": 16, "name": "lars"},
+               batch={"policy": "schedule", "schedule": [[1, 64]]}, scaling={"max_workers": 1},
+               schedule={"warmup": "gradual", "warmup_epochs": 0.5, "decay": "cosine"},
+               train={"epochs": 1.8, "eval_every": 0})
+    logged: dict[int, dict[str, float]] = {}
+    monkeypatch.setattr(Channel, "log", lambda self, step, metrics, when=None: logged.setdefault(step, metrics))
+    runtime = Runtime(storage=str(tmp_path), run_prefix="elastic-p", run_name="elastic-p")
+    t = Trainer(LoopConfig.model_validate(cfg.loop_dict()), runtime, rank=0, world=1, device=torch.device("cpu"))
+    t.run()
+    t.close()
+    plan = make_plan(cfg, every=1)
+    assert sorted(logged) == [int(r["step"]) for r in plan.rows] and t.state.finished
+    for r in plan.rows:
+        m = logged[int(r["step"])]
+        for key, col in (("lr", "lr"), ("mf", "mf"), ("batch/global", "batch_global"), ("workers", "workers"),
+                         ("batch/local", "batch_local"), ("batch/accum_steps", "accum_steps"),
+                         ("batch/samples", "batch_samples"), ("epoch", "epoch")):
+            assert m[key] == r[col], (int(r["step"]), key)
+    assert {r["accum_steps"] for r in plan.rows} == {1, 2} and plan.rows[-1]["epoch"] >= 1.8

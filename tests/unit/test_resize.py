@@ -54,3 +54,17 @@ def test_registry() -> None:
     assert all(issubclass(c, ResizePolicy) for c in RESIZE_POLICIES.values())
     with pytest.raises(ValueError, match="unknown 'goodput'; expected one of workers_for_batch"):
         build_resize_policy("goodput")
+
+
+def test_worker_count_is_the_policy_within_the_scaling_bounds() -> None:
+    from orchestrator.config import validate
+    from trainers.loop.config import LoopConfig
+    from trainers.policies.resize import WorkerCount
+
+    cfg = validate({"batch": {"size": 64, "max_local_batch": 32}, "scaling": {"min_workers": 1, "max_workers": 3}})
+    wc = WorkerCount.from_config(cfg)
+    assert (wc.max_local_batch, wc.min_workers, wc.max_workers, wc.initial(64)) == (32, 1, 3, 2)
+    assert wc.decide(128, 2) == WorkersForBatch().decide(128, 32, 2, 1, 3) and wc.decide(128, 2).workers == 3
+    assert not wc.decide(64, 2)
+    worker_side = WorkerCount.from_config(LoopConfig.model_validate({"batch": {"size": 64, "max_local_batch": 32}}))
+    assert (worker_side.min_workers, worker_side.max_workers, worker_side.initial(64)) == (1, 1, 1)

@@ -79,16 +79,16 @@ def test_factory_dataloader_path_trains_like_the_in_memory_path(policy):
     for name, raw in (("memory", DIGITS_IN_MEMORY), ("factory", DIGITS_FACTORY)):
         raw = {**raw, "batch": {**raw["batch"], **policy}}
         t = _trainer(raw)
-        assert type(t.batches).__name__ == ("TensorBatches" if name == "memory" else "LoaderBatches")
+        assert type(t.learner.batches).__name__ == ("TensorBatches" if name == "memory" else "LoaderBatches")
         out = []
         for _ in range(6):
-            b = t.batches.next(t.state.epoch, t.state.cursor, t.B)
+            b = t.learner.batches.next(t.state.epoch, t.state.cursor, t.plan.batch)
             out.append(t.train_step(b))
             t.state.cursor += len(b.ids)
             t.state.step += 1
         out.append(t.evaluate()[M.VAL_LOSS])
-        if t.gns is not None:
-            out.append(t.gns.b_simple)
+        if t.learner.gns is not None:
+            out.append(t.learner.gns.b_simple)
         losses[name] = out
         t.close()
     np.testing.assert_allclose(losses["factory"], losses["memory"], rtol=1e-5)
@@ -103,11 +103,11 @@ def test_language_model_metrics_and_perplexity(tmp_path, monkeypatch):
            "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
            "optimizer": {"name": "adamw", "lr": 0.01}, "batch": {"size": 8, "max_local_batch": 8}}
     t = _trainer(raw)
-    assert t.tokens == 16 and t.work.loss_fn is token_cross_entropy
-    b = t.batches.next(0, 0, 8)
+    assert t.work.tokens_per_sample == 16 and t.work.loss_fn is token_cross_entropy
+    b = t.learner.batches.next(0, 0, 8)
     t.train_step(b)
     t.state.samples_seen = 8
-    m = t.metrics_for_step(1.0, 8)
+    m = t.metrics_for_step(1.0)
     assert m[M.BATCH_GLOBAL_TOKENS] == 128 and m[M.TOKENS_SEEN] == 128
     ev = t.evaluate()
     assert ev[M.VAL_PERPLEXITY] == pytest.approx(math.exp(ev[M.VAL_LOSS]))
@@ -193,14 +193,14 @@ def test_noise_scale_policy_with_a_language_model(tmp_path, monkeypatch):
            "optimizer": {"name": "adamw", "lr": 0.01},
            "batch": {"size": 16, "max_local_batch": 16, "policy": "noise_scale", "max_size": 64, "check_every": 2}}
     t = _trainer(raw)
-    assert t.noise is not None
+    assert t.learner.noise is not None
     for _ in range(4):
-        b = t.batches.next(t.state.epoch, t.state.cursor, t.B)
+        b = t.learner.batches.next(t.state.epoch, t.state.cursor, t.plan.batch)
         assert [len(m) for m in b.micro_ids] == [8, 8]  # W = 1: the slice is cut in two small batches
         t.train_step(b)
         t.state.cursor += len(b.ids)
         t.state.step += 1
-    assert t.gns.b_simple is not None and math.isfinite(t.gns.b_simple)
-    m = t.metrics_for_step(1.0, 16)
+    assert t.learner.gns.b_simple is not None and math.isfinite(t.learner.gns.b_simple)
+    m = t.metrics_for_step(1.0)
     assert M.GNS_B_SIMPLE in m
     t.close()

@@ -2,7 +2,7 @@
 
 The pattern is torchtitan's ``components/checkpoint.py``: a :class:`CheckpointManager` is given
 ``states``, a mapping of names to objects with ``state_dict()`` / ``load_state_dict()`` (the
-model unwrapped from DDP, the optimizer, :class:`~trainers.loop.state.TrainState`, the policies, the
+model unwrapped from DDP, the optimizer, :class:`~trainers.policies.plan.TrainState`, the policies, the
 noise estimator, an :class:`RNGState`, the reporter's unconfirmed records), and saves, prunes and
 restores them all; the loop never lists keys.  A component that a run does not have (no noise
 estimator) is simply not registered.  How checkpoints fit in a run: ``docs/architecture.md``.

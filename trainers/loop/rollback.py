@@ -13,7 +13,8 @@ stable step size of gradient descent on a quadratic of curvature ``lambda`` is `
 (e.g. Cohen et al., 2021, "Gradient Descent on Neural Networks Typically Occurs at the Edge of
 Stability"), so a factor of 2 moves a run that just crossed the edge back inside it.
 
-The factor is policy state: ``lr = factor * policies' lr``, ``factor = 0.5 ** rollbacks``.  It is a
+The factor is policy state: ``lr = factor * policies' lr``, ``factor = 0.5 ** rollbacks`` (the batch
+plan applies it: ``BatchPlan.step_settings(lr_factor=...)``).  It is a
 checkpoint component (``rollback``), so it survives checkpoints, restarts and resizes; loading
 merges monotonically (the larger count wins) so the reload of the rollback itself, from a
 checkpoint written before it, does not undo it.
@@ -21,14 +22,10 @@ checkpoint written before it, does not undo it.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainers.loop.checkpoint import CorruptCheckpoint, checkpoint_step
 from trainers.link.messages import RolledBack
-
-if TYPE_CHECKING:
-    from trainers.policies.policy_set import StepSettings
 
 FACTOR = 0.5  # the learning rate is multiplied by this at each rollback
 
@@ -44,10 +41,6 @@ class RollbackPolicy:
     def lr_factor(self) -> float:
         """``FACTOR ** rollbacks``."""
         return FACTOR ** self.rollbacks
-
-    def scale(self, s: StepSettings) -> StepSettings:
-        """The step's settings with the learning rate times ``lr_factor``."""
-        return s if self.rollbacks == 0 else dataclasses.replace(s, lr=s.lr * self.lr_factor)
 
     def allowed(self) -> bool:
         return self.on_nonfinite == "rollback" and self.rollbacks < self.max_rollbacks
@@ -69,13 +62,13 @@ class RollbackPolicy:
             except CorruptCheckpoint:
                 self.rollbacks = before
                 continue
-            trainer.opt.zero_grad(set_to_none=True)  # the diverged step's gradients are not finite
+            trainer.learner.opt.zero_grad(set_to_none=True)  # the diverged step's gradients are not finite
             break
         else:
             return False
-        trainer.channel.emit(RolledBack(step=step, value=value, checkpoint=path, to_step=trainer.state.step,
-                                        rollbacks=self.rollbacks, lr_factor=self.lr_factor))
-        trainer.channel.flush(wait=True)
+        trainer.report.emit(RolledBack(step=step, value=value, checkpoint=path, to_step=trainer.state.step,
+                                       rollbacks=self.rollbacks, lr_factor=self.lr_factor))
+        trainer.report.flush(wait=True)
         return True
 
     def state_dict(self) -> dict[str, Any]:

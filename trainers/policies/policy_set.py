@@ -12,28 +12,28 @@ in its own module with its own config section:
 * the worker-count policy (``trainers/policies/resize.py``): the workers W a batch needs;
 * the accumulation steps of a step (``trainers/data/datasets.py`` :func:`~trainers.data.order.accum_steps`).
 
-:class:`PolicySet` composes them, and nothing else does: the worker loop
-(``trainers/loop/trainer.py``) asks it before every optimizer step, and ``plan``
-(``orchestrator/plan.py``) asks it while walking the same data order without
-training, so the preview is what a run does by construction.  For one step
-starting after ``e`` (fractional) epochs at global batch ``B`` on ``W`` workers,
-:meth:`PolicySet.settings` gives::
+:class:`PolicySet` composes them, and nothing else does.  It is stateless about *where* a
+run is: the batch plan (``trainers/policies/plan.py`` :class:`~trainers.policies.plan.BatchPlan`)
+holds the step, epoch, cursor, B and W and asks the set before every optimizer step, in the
+worker loop (``trainers/loop/trainer.py``) and in ``plan`` (``orchestrator/plan.py``) alike, so
+the preview is what a run does by construction.  For one step starting after ``e``
+(fractional) epochs at global batch ``B`` on ``W`` workers, :meth:`PolicySet.settings` gives::
 
     lr     = Schedule.lr(e, B, auto, noise)          eta0 * s(B/B0) through warmup and decay
     mf     = mf_for(optimizer, B / W)                 the MF rule at the per-worker batch
-    local  = ceil(n / W)                              rank 0's slice of the step's n samples
+    local  = ceil(B / W)                              rank 0's slice of B (also in a short last batch)
     accum  = max(1, ceil(local / max_local_batch))    micro-batches on rank 0
 
-and :meth:`PolicySet.decide_batch` / :meth:`PolicySet.decide_workers` give the batch
-and worker-count decisions (``trainers/policies/decisions.py``).  What only a run can measure
-(the gradient-noise estimates that drive AdaScale and the adaptive batch policies,
-the loss that ends an ``auto`` warmup) comes in as an argument; ``plan`` passes
-nothing and shows the planned values.
+and :meth:`PolicySet.decide_batch` and ``workers`` (:class:`~trainers.policies.resize.WorkerCount`)
+give the batch and worker-count decisions (``trainers/policies/decisions.py``).  What only a run
+can measure (the gradient-noise estimates that drive AdaScale and the adaptive batch policies,
+the loss that ends an ``auto`` warmup) comes in as an argument; ``plan`` passes nothing and
+shows the planned values.
 
 Stateful parts (the batch policy's bookkeeping and the auto warmup's loss history)
-checkpoint through :meth:`PolicySet.state_dict` / :meth:`PolicySet.load_state_dict`,
-plain types only (``torch.load(weights_only=True)``).  No Ray, no MLflow: unit-tested
-in milliseconds.  See ``docs/architecture.md`` for where the set sits in a run.
+checkpoint with the batch plan that holds the set (``BatchPlan.components``), plain types
+only (``torch.load(weights_only=True)``).  No Ray, no MLflow: unit-tested in milliseconds.
+See ``docs/architecture.md`` for where the set sits in a run.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ import torch
 
 from trainers.policies.batching import BatchConfig, BatchPolicy, BatchStats, build_batch_policy
 from trainers.data.order import accum_steps, slice_bounds
-from trainers.policies.decisions import BatchDecision, NoopDecision, ResizeDecision
+from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.policies.noise import GradientNoiseScale
 from trainers.policies.optim import OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf
-from trainers.policies.resize import ResizePolicy, build_resize_policy, workers_for_batch
+from trainers.policies.resize import WorkerCount, build_resize_policy
 from trainers.policies.schedules import AutoDecision, AutoWarmup, Schedule, ScheduleConfig
 
 __all__ = ["PolicySet", "StepSettings"]
@@ -87,7 +87,8 @@ class PolicySet:
 
     ``dataset_size`` (training samples per epoch) caps the batch; ``min_workers`` and
     ``max_workers`` bound the worker count (the ``scaling`` section; 1 and 1 on a worker
-    that never decides a resize itself); ``resize_policy`` names the worker-count policy.
+    that never decides a resize itself); ``resize_policy`` names the worker-count policy;
+    together they are ``workers``, the one :class:`~trainers.policies.resize.WorkerCount`.
     """
 
     def __init__(self, schedule: ScheduleConfig, optimizer: OptimizerConfig, batch: BatchConfig, epochs: float,
@@ -95,20 +96,20 @@ class PolicySet:
                  resize_policy: str = "workers_for_batch"):
         self.optimizer_cfg, self.batch_cfg = optimizer, batch
         self.dataset_size = int(dataset_size)
-        self.min_workers, self.max_workers = int(min_workers), int(max_workers)
+        self.epochs = float(epochs)
         self.schedule = Schedule(schedule, optimizer.lr, optimizer.base_batch_size, epochs)
         self.auto: AutoWarmup | None = self.schedule.new_auto()
         self.batch_policy: BatchPolicy = build_batch_policy(batch, dataset_size=self.dataset_size)
-        self.resize_policy: ResizePolicy = build_resize_policy(resize_policy)
+        self.workers = WorkerCount(build_resize_policy(resize_policy), batch.max_local_batch, int(min_workers),
+                                   int(max_workers))
 
     @classmethod
     def from_config(cls, cfg: _LoopSections, dataset_size: int) -> "PolicySet":
         """From a config with ``schedule``, ``optimizer``, ``batch``, ``train`` and, on the
         driver, ``scaling`` (its worker bounds; without it 1..1)."""
-        scaling = getattr(cfg, "scaling", None)
+        workers = WorkerCount.from_config(cfg)
         return cls(cfg.schedule, cfg.optimizer, cfg.batch, cfg.train.epochs, dataset_size,
-                   min_workers=scaling.min_workers if scaling else 1,
-                   max_workers=scaling.max_workers if scaling else 1)
+                   min_workers=workers.min_workers, max_workers=workers.max_workers)
 
     # -- what the policies need measured -------------------------------------------------------
 
@@ -123,11 +124,6 @@ class PolicySet:
         return self.batch_policy.name != "fixed"
 
     # -- the settings of one step ----------------------------------------------------------------
-
-    def initial_workers(self, batch_size: int | None = None) -> int:
-        """Workers the first phase starts with for ``batch_size`` (default ``batch.size``)."""
-        b = self.batch_cfg.size if batch_size is None else batch_size
-        return workers_for_batch(b, self.batch_cfg.max_local_batch, self.min_workers, self.max_workers)
 
     def lr(self, epoch: float, batch_size: int, noise: GradientNoiseScale | None = None) -> float:
         """The LR of the step taken after ``epoch`` epochs at global batch B (``Schedule.lr``),
@@ -172,16 +168,13 @@ class PolicySet:
             suggested = r.suggested if r else None
         return BatchStats(b_simple=noise.b_simple, norm_test=suggested)
 
-    def decide_batch(self, step: int, epoch: float, batch_size: int,
-                     noise: GradientNoiseScale | None = None) -> BatchDecision | NoopDecision:
+    def decide_batch(self, step: int, epoch: float, batch_size: int, noise: GradientNoiseScale | None = None,
+                     stats: BatchStats | None = None) -> BatchDecision | NoopDecision:
         """The batch policy's answer for the step about to run (``step`` steps taken, starting
-        at ``epoch``, B in force now)."""
-        return self.batch_policy.decide(step, epoch, batch_size, self.batch_stats(batch_size, noise))
-
-    def decide_workers(self, batch_size: int, current_workers: int) -> ResizeDecision | NoopDecision:
-        """The worker-count policy's answer for B, the current phase having asked for ``current_workers``."""
-        return self.resize_policy.decide(batch_size, self.batch_cfg.max_local_batch, current_workers,
-                                         self.min_workers, self.max_workers)
+        at ``epoch``, B in force now), from ``noise``'s statistics or, where given, ``stats``
+        measured elsewhere (local SGD's own norm test)."""
+        return self.batch_policy.decide(step, epoch, batch_size,
+                                        self.batch_stats(batch_size, noise) if stats is None else stats)
 
     # -- the auto warmup's hooks -------------------------------------------------------------------
 
@@ -197,19 +190,3 @@ class PolicySet:
         if self.auto is None or self.auto.done:
             return None
         return self.auto.check(epoch, batch_size)
-
-    # -- checkpoint --------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"batch_policy": ..., "auto_warmup": ...}`` (the latter only with ``warmup: auto``)."""
-        out: dict[str, Any] = {"batch_policy": self.batch_policy.state_dict()}
-        if self.auto is not None:
-            out["auto_warmup"] = self.auto.state_dict()
-        return out
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` gave; a part missing from ``state`` keeps its fresh state."""
-        if "batch_policy" in state:
-            self.batch_policy.load_state_dict(state["batch_policy"])
-        if self.auto is not None and "auto_warmup" in state:
-            self.auto.load_state_dict(state["auto_warmup"])

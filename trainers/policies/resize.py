@@ -3,16 +3,18 @@
 Ray Train resizes a worker group only by restarting it, so the driver runs training
 as phases (``docs/architecture.md``); inside a phase, rank 0 asks the driver after
 every batch change whether the group should grow, the driver asks this policy, and
-if so the group checkpoints and ends the phase with ``resize_to``.  ``plan`` asks the
-same policy through :class:`trainers.policies.policy_set.PolicySet`.  No Ray in here: the policy
+if so the group checkpoints and ends the phase with ``resize_to``.  No Ray in here: the policy
 is a pure function of its arguments, unit-tested in milliseconds.
 
 A policy answers a :class:`ResizeDecision` (start the next phase with ``workers``)
 or a :class:`NoopDecision` (keep the group; falsy, so ``if decision:`` reads "if
 the group changes"), each with the reason to log (``trainers/policies/decisions.py``).
 
-:func:`workers_for_batch` is the one formula for "workers a global batch needs";
-the driver's first phase, ``plan`` and :class:`WorkersForBatch` all use it.
+:func:`workers_for_batch` is the one formula for "workers a global batch needs".
+:class:`WorkerCount` is the policy within the ``scaling`` bounds, and the one object every
+worker count is asked of: the driver's first phase (its ``initial``), the monitor's resize
+decisions and the batch plan that ``plan`` steps (:class:`trainers.policies.plan.BatchPlan`)
+all call its :meth:`WorkerCount.decide`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 from trainers.policies.decisions import NoopDecision, ResizeDecision
 
-__all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkersForBatch",
-           "build_resize_policy", "resize_pays", "workers_for_batch"]
+__all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkerCount",
+           "WorkersForBatch", "build_resize_policy", "resize_pays", "workers_for_batch"]
 
 
 def workers_for_batch(batch_size: int, max_local_batch: int, min_workers: int, max_workers: int) -> int:
@@ -113,6 +116,35 @@ def build_resize_policy(name: str = "workers_for_batch") -> ResizePolicy:
         return RESIZE_POLICIES[name]()
     except KeyError:
         raise ValueError(f"resize policy: unknown {name!r}; expected one of {', '.join(RESIZE_POLICIES)}") from None
+
+
+@dataclass(frozen=True)
+class WorkerCount:
+    """The worker count of a global batch: ``policy`` within ``min_workers..max_workers``, for
+    micro-batches of at most ``max_local_batch``.  Plain data, so the driver ships it to its
+    monitor actor as is."""
+
+    policy: ResizePolicy
+    max_local_batch: int
+    min_workers: int = 1
+    max_workers: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "WorkerCount":
+        """From a config's ``batch`` section and, on the driver, its ``scaling`` bounds (a
+        worker's config has none: 1..1, it never decides a resize itself)."""
+        scaling = getattr(cfg, "scaling", None)
+        return cls(build_resize_policy(), cfg.batch.max_local_batch,
+                   scaling.min_workers if scaling else 1, scaling.max_workers if scaling else 1)
+
+    def initial(self, batch_size: int) -> int:
+        """Workers a run starting at global batch ``batch_size`` starts with (:func:`workers_for_batch`)."""
+        return workers_for_batch(batch_size, self.max_local_batch, self.min_workers, self.max_workers)
+
+    def decide(self, batch_size: int, current_workers: int) -> ResizeDecision | NoopDecision:
+        """The policy's answer for B, the current phase having asked for ``current_workers``."""
+        return self.policy.decide(batch_size, self.max_local_batch, current_workers, self.min_workers,
+                                  self.max_workers)
 
 
 # --------------------------------------------------------------------------- does it pay?
