@@ -1,5 +1,6 @@
-"""What a worker group tells the driver and asks it, as the loop uses it: the step's metrics, pushes
-at their pace with the window's throughput, events, the workers a new batch needs, and the
+"""What a worker group tells the driver and asks it, as the loop uses it.
+
+The step's metrics, pushes at their pace with the window's throughput, events, the workers a new batch needs, and the
 handover of an overlapping resize.  Rank 0 talks (``trainers/link/channel.py``); every rank
 agrees on the answers.  See ``docs/architecture.md`` (the driver <-> worker link)."""
 
