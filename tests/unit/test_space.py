@@ -145,8 +145,9 @@ BAD = [
     (with_params(optimizer__mf={"low": 0.5, "high": 1.5}), "params.optimizer.mf.high: 1.5 gives no valid training config"),
     (with_params(schedule__warmup={"choices": ["none", "lgew"]}),
      "params.schedule.warmup.choices[1]: lgew gives no valid training config (schedule.warmup: unknown 'lgew'"),
-    (with_params(batch__size={"choices": [8, 32]}),
-     "params.batch.size.choices[0]: 8 gives no valid training config (batch.max_local_batch: 16 is above batch.size 8"),
+    (with_params(batch__size={"choices": [4096, 32]}),
+     "params.batch.size.choices[0]: 4096 gives no valid training config (batch.size: 4096 is above the 1438 training "
+     "samples"),
     (with_params(schedule__warmup={"choices": ["none", "legw"]}),
      "params.schedule.warmup.choices[1]: legw gives no valid training config (schedule.scaling_rule"),
     (with_params(schedule__warmup_epochs={"low": 0.5, "high": 3.0, "when": "schedule.warmup == gradual"}),
