@@ -202,6 +202,13 @@ def _example(model: type[BaseModel], loc: tuple[Any, ...], fits: Callable[[Any],
     return ""
 
 
+ALIASES = {"learning_rate": "lr", "momentum": "mf", "beta1": "mf", "batch_size": "size", "global_batch": "size",
+           "micro_batch": "max_local_batch", "num_workers": "max_workers", "workers": "max_workers",
+           "wd": "weight_decay", "optimizer": "name", "model": "name", "dataset": "name", "num_epochs": "epochs",
+           "lr_schedule": "decay", "warmup_type": "warmup", "mlflow_uri": "uri", "experiment_name": "experiment"}
+"""Names other trainers use for a key, and the key this config calls it (a "did you mean" that
+``difflib`` alone would not find: ``optimizer.learning_rate`` -> ``optimizer.lr``)."""
+
 _OPS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 _CMP: dict[str, Callable[[float, float], bool]] = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__,
                                                    "<=": float.__le__}
@@ -214,7 +221,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel] = RootC
     field = _loc(loc) or "config"
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, loc)
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        alias = ALIASES.get(str(loc[-1]))
+        close = [alias] if alias in allowed else difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
         where = _loc(loc[:-1])
         if close:
             return (f"{field}: unknown key; did you mean {where + '.' if where else ''}{close[0]}? "

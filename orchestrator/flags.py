@@ -27,7 +27,8 @@ def number(kind: type = float, *, gt: float | None = None, ge: float | None = No
     to write instead."""
     bounds = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else "",
               f"<= {le:g}" if le is not None else ""]
-    wanted = " and ".join(b for b in bounds if b)
+    wanted = f"between {ge:g} and {le:g}" if ge is not None and le is not None and gt is None else \
+        " and ".join(b for b in bounds if b)
     what = ("a whole number" if kind is int else "a number") + (f" {wanted}" if wanted else "")
     hint = f", e.g. {example}" if example else ""
 
@@ -36,7 +37,13 @@ def number(kind: type = float, *, gt: float | None = None, ge: float | None = No
         try:
             value: int | float = int(word, 10) if kind is int else float(word)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expects {what} (got {text!r}); write {what}{hint}") from None
+            try:
+                finite = math.isfinite(float(word))
+            except ValueError:
+                finite = True
+            if finite:
+                raise argparse.ArgumentTypeError(f"expects {what} (got {text!r}); write {what}{hint}") from None
+            value = float(word)
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number (got {text!r}); inf and nan are not allowed, "
                                              f"write {what}{hint}")

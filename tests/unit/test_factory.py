@@ -269,4 +269,4 @@ def test_name_and_factory_are_mutually_exclusive():
     with pytest.raises(ValueError) as e:
         check_name_or_factory("data", "digits", "pkg.data:build")
     assert one_line(e) == ("data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
-                           "not both")
+                           "not both; remove one of them")
