@@ -93,7 +93,11 @@ def config_field(path: str, allow_section: bool = False) -> FieldInfo | None:
         fields = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in fields:
-            raise ValueError(f"unknown config field; {where} has: {', '.join(fields)}")
+            import difflib
+
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            guess = f"did you mean {'.'.join([*parts[:i], close[0]])}? " if close else ""
+            raise ValueError(f"unknown config field; {guess}{where} has: {', '.join(fields)}")
         info = fields[part]
         last = i == len(parts) - 1
         if not last:
