@@ -22,7 +22,7 @@ def test_a_one_sample_slice_of_the_epochs_tail_trains_through_batchnorm(ray_clus
     cfg = prepare({"data": {"name": "synthetic", "size": 66, "shape": [6]},
                    "model": {"name": "mlp", "norm": "batch", "hidden": 16},
                    "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 10},
-                   "batch": {"size": 10, "max_local_batch": 16},
+                   "batch": {"size": 10, "max_local_batch": 8},
                    "scaling": {"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5},
                    "train": {"epochs": 1, "seed": 0, "log_every": 1},
                    "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
