@@ -23,7 +23,7 @@ EXIT_INTERRUPTED = 130
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m orchestrator",
-                                description="Elastic large-batch training on Ray Train, tracked in MLflow.")
+                      description="Elastic large-batch training on Ray Train, tracked in MLflow.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="train a YAML config",

@@ -26,8 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     from search.storage import DEFAULT_STORAGE
 
     p = OneLineParser(prog="python -m search",
-                                description="Optuna search over training configs: trials are orchestrator runs on "
-                                            "Ray, pruned when hopeless, tracked in MLflow.")
+                      description="Optuna search over training configs: trials are orchestrator runs on "
+                                  "Ray, pruned when hopeless, tracked in MLflow.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run (or continue) a study from a search space file",

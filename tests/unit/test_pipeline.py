@@ -325,14 +325,16 @@ def test_a_single_sample_trains_through_guarded_batchnorm_with_running_statistic
     assert not torch.equal(m[1].running_mean, stats)
 
 
-def test_the_workers_model_is_guarded():
+def test_the_workers_model_is_guarded_and_a_model_to_log_is_not():
     from trainers.workload.build import build_workload
 
     cfg = validate({"data": {"name": "synthetic", "size": 40, "shape": [6]}, "model": {"name": "mlp", "norm": "batch"},
                     "batch": {"size": 8, "max_local_batch": 8}})
-    work = build_workload(cfg)
+    work = build_workload(cfg, single_sample_guard=True)  # as the worker loop builds it
     work.model.train()
     work.model(torch.zeros(1, 6))  # an epoch's one-sample tail: no ValueError
+    plain = build_workload(cfg).model  # as the driver builds the final model to log: no hooks of ours
+    assert not any(m._forward_pre_hooks for m in plain.modules())
 
 
 def _bn(max_workers: int = 1, min_workers: int = 1, **batch) -> dict:

@@ -100,7 +100,7 @@ class Trainer:
         self.device = device if device is not None else _device()
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         # The workload: datasets, then the model (same initial weights on every rank), the per-sample loss.
-        self.work = build_workload(cfg, functions, raw_pixels=True)  # CIFAR as uint8: see self.inputs
+        self.work = build_workload(cfg, functions, raw_pixels=True, single_sample_guard=True)  # uint8 CIFAR: self.inputs
         self.n = self.work.num_train
         self.tokens = self.work.tokens_per_sample  # T of a language model, else None
         # Policies: pure functions of (epoch, batch, world) plus small explicit state, in one set.

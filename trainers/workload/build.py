@@ -182,10 +182,13 @@ class Workload:
         return self.tensors.num_train if self.tensors is not None else len(self.train)
 
 
-def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: bool = False) -> Workload:
+def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: bool = False,
+                   single_sample_guard: bool = False) -> Workload:
     """Datasets, then model (in that order after the caller's ``torch.manual_seed``), then loss.
-    The model's BatchNorm layers take an epoch's single-sample tail with their running statistics
-    (:func:`trainers.workload.batchnorm.guard_single_samples`).
+    ``single_sample_guard`` (the worker loop): the model's BatchNorm layers take an epoch's
+    single-sample tail with their running statistics
+    (:func:`trainers.workload.batchnorm.guard_single_samples`); a model built to be logged or
+    exported is left as its factory made it.
 
     ``raw_pixels``: CIFAR-10's inputs stay uint8 with their mean/std (``load_data(raw=True)``) for a
     caller that normalises each batch (the worker loop's :class:`trainers.data.pipeline.InputPipeline`)."""
@@ -195,7 +198,7 @@ def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: boo
         tensors = load_data(data, cfg.train.seed, raw=raw_pixels)
         built = build_named_model(tensors.info, model) if model.factory is None else \
             build_factory_model(*model_factory(model, data, functions))
-        return Workload(guard_single_samples(built), loss_fn, tensors=tensors)
+        return Workload(guard_single_samples(built) if single_sample_guard else built, loss_fn, tensors=tensors)
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     train, val = build_datasets(data_fn, data_params, "data.factory" if data.factory else "data.name")
     built = build_factory_model(*model_factory(model, data, functions),
@@ -204,7 +207,8 @@ def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: boo
     if loss_fn is token_cross_entropy:
         _, y = train[0]
         tokens = int(torch.as_tensor(y).numel())
-    return Workload(guard_single_samples(built), loss_fn, train=train, val=val, tokens_per_sample=tokens)
+    return Workload(guard_single_samples(built) if single_sample_guard else built, loss_fn, train=train, val=val,
+                    tokens_per_sample=tokens)
 
 
 def train_size(cfg: Any, functions: Functions | None = None) -> int:
