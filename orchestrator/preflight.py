@@ -6,11 +6,12 @@ Two groups, both raising :class:`~orchestrator.config.ConfigError` with one line
 - :func:`check_config` is pure (no filesystem, no Ray, no MLflow): settings the user gave that
   have no effect in combination with others (:data:`IGNORED_UNLESS`), a batch that the training
   set cannot fill, and an input shape the model cannot take (a forward pass on the ``meta``
-  device: shapes only, no memory, no compute).  ``load_config`` runs it.
+  device: shapes only, no memory, no compute).  ``orchestrator.pipeline.prepare`` runs it, and
+  :func:`check_single_samples` after the workload probe (BatchNorm fed micro-batches of one).
 - :func:`check_environment` reads the filesystem and an existing tracking store, never creating
   anything: the checkpoint folder and the tracking store's folder must be creatable and
-  writable, and the experiment must not be a deleted one.  The train command runs it right
-  before ``run_training``.
+  writable, and the experiment must not be a deleted one.  ``prepare`` runs it last, for every
+  command that trains.
 
 "The user gave" is pydantic's ``model_fields_set`` of each section, and a value other than the
 field's default: a field left at its default, or written out at its default, is never reported.  So these checks belong on the driver, on the config validated from the
