@@ -14,14 +14,13 @@ message) before Ray starts or an MLflow run exists.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import ConfigError, read_yaml, validate
-from orchestrator.pipeline import load_config
+from orchestrator.config import ConfigError
+from orchestrator.pipeline import load, prepare
 
 
 @dataclass
@@ -97,9 +96,6 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
     """
     t0 = time.time()
     functions: dict[str, Callable[..., Any]] = {}
-    items = list(overrides)
-    if tracking_uri:
-        items.append(f"tracking.uri={tracking_uri}")
     resume_id = None
     if resume is not None:
         if config is not None:
@@ -118,15 +114,16 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
         missing = [f for f in by_value_fields(raw) if f.split(".")[0] not in functions]
         if missing:
             raise ConfigError(resume_hint(resume_id, raw) or f"{missing[0]}: pass the function again")
-        cfg = validate(raw)
+        if list(overrides):
+            raise ConfigError("overrides: a resumed run keeps its recorded config; drop overrides (or start a new "
+                              "run from the changed config)")
+        cfg = prepare(raw, functions=functions or None)  # the same checks as train, environment included
     else:
-        raw = read_yaml(config) if isinstance(config, str) else copy.deepcopy(config or {})
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config: expected a YAML path or a dict of sections, got {type(config).__name__}")
+        raw = load(config)
         for section, fn in (("model", model_fn), ("data", data_fn)):
             if fn is not None:
                 _record(section, fn, raw, functions)
-        cfg = load_config(raw, items, functions=functions or None)
+        cfg = prepare(raw, overrides, functions=functions or None, tracking_uri=tracking_uri)
 
     from orchestrator.runner import run_training
 

@@ -12,7 +12,8 @@ import sys
 import time
 
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
-from orchestrator.pipeline import load_config
+from orchestrator.flags import OneLineParser, number, set_without_equals
+from orchestrator.pipeline import prepare
 from orchestrator.ui import open_hint
 from orchestrator.uris import redact_uri
 from trainers.loop.storage import join
@@ -22,8 +23,8 @@ EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m orchestrator",
-                                description="Elastic large-batch training on Ray Train, tracked in MLflow.")
+    p = OneLineParser(prog="python -m orchestrator",
+                      description="Elastic large-batch training on Ray Train, tracked in MLflow.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="train a YAML config",
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("config", help="YAML config file")
     pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     pl.add_argument("--format", choices=["table", "csv"], default="table")
-    pl.add_argument("--every", type=int, default=0, metavar="N",
+    pl.add_argument("--every", type=number(int, ge=0, example="--every 50"), default=0, metavar="N",
                     help="also a row every N steps (default: step 1, epoch ends, batch changes, last step)")
     pl.add_argument("--plot", metavar="FILE.png", help="write a plot of lr and mf (and B, W) against steps")
 
@@ -59,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "that open each run in the model-training view. Stop it with Ctrl-C.")
     u.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
                                           f"{DEFAULT_TRACKING_URI})")
-    u.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 5000 if free, else a free one)")
+    u.add_argument("--port", type=number(int, ge=1, le=65535, example="--port 5000"),
+                   help="port on 127.0.0.1 (default: 5000 if free, else a free one)")
     u.add_argument("--run", help="link this run id only")
     u.add_argument("--experiment", help="link the newest runs of this experiment (default: all experiments)")
     u.add_argument("--verbose", action="store_true", help="show the MLflow server's own log")
@@ -96,16 +98,12 @@ def _summary(s, cfg) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Train a config.  ``ray job submit ... -- python -m orchestrator train CONFIG`` runs this same
+    command on the cluster, so a job's config passes the same checks (``orchestrator/pipeline.py``)."""
     t_invoked = time.time()
-    overrides = list(args.overrides)
     if args.register is not None and not args.register.strip():
         raise ConfigError("--register: empty model name; give the name to register the model under, e.g. --register digits-cnn")
-    if args.tracking_uri:
-        overrides.append(f"tracking.uri={args.tracking_uri}")
-    cfg = load_config(args.config, overrides)  # raises ConfigError before anything starts
-    from orchestrator.preflight import check_environment
-
-    check_environment(cfg)  # folders and the tracking store, read only
+    cfg = prepare(args.config, args.overrides, tracking_uri=args.tracking_uri)  # ConfigError before anything starts
     return _train_and_report(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
                              register_model=args.register)
 
@@ -127,9 +125,11 @@ def _train_and_report(cfg, **kwargs) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    if args.every < 0:
-        raise ConfigError(f"--every: must be >= 0 (got {args.every})")
-    cfg = load_config(args.config, args.overrides)
+    """Preview a config's schedule.  The config passes the same pipeline as ``train`` (the same
+    message for the same mistake) except the environment stage: ``plan`` trains nothing and writes
+    no checkpoint or MLflow run, so a checkpoint folder or tracking store that ``train`` could not
+    use is no reason to refuse a preview (one may plan on a laptop for a cluster's paths)."""
+    cfg = prepare(args.config, args.overrides, environment=False)
     from orchestrator.plan import make_plan, plot, to_csv, to_table
 
     plan = make_plan(cfg, every=args.every)
@@ -147,7 +147,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     t_invoked = time.time()
-    from orchestrator.config import validate
     from orchestrator.runner import find_run
 
     from orchestrator.run_info import DriverLock, check_resumable, run_folder
@@ -159,7 +158,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if hint:
         raise ConfigError(hint)
     raw.setdefault("tracking", {})["uri"] = uri
-    cfg = validate(raw)
+    cfg = prepare(raw)  # the recorded config through the same checks as train (code may have moved on)
     name = f"elastic-{run_id}"
     check_resumable(run_id, uri, cfg.checkpoint.storage_path, name)  # never a silent fresh start
     lock = DriverLock(run_folder(cfg.checkpoint.storage_path, name)).acquire(run_id)
@@ -180,8 +179,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from orchestrator import ui
 
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    if args.port is not None and not 0 < args.port < 65536:
-        raise ConfigError(f"--port: must be between 1 and 65535 (got {args.port})")
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):
         raise ConfigError(f"--tracking-uri: {uri} does not exist yet; train a run first "
@@ -238,7 +235,15 @@ def _quiet(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        hint = set_without_equals(argv)
+        if hint is not None:
+            raise hint
+        args = _parser().parse_args(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _quiet(getattr(args, "verbose", False))
     try:
         if args.command == "train":

@@ -7,6 +7,7 @@ Everything is validated here, before Ray starts or an MLflow run is created.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -130,10 +131,12 @@ class RootConfig(LoopConfig):
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def check_workload(self, functions: Mapping[str, Callable[..., Any]] | None = None) -> str | None:
+    def check_workload(self, functions: Mapping[str, Callable[..., Any]] | None = None) -> Any:
         """Probe a workload that is not all built-in (trainers/workload/build.py :func:`probe_config`): build,
         forward and loss on two samples, backward, state-dict round trip, and a training set that holds
-        the global batch.  Returns the probe's warning (BatchNorm) or None; a failure is a ConfigError."""
+        the global batch.  Returns the probe's report (``trainers.workload.factory.ProbeReport``: its
+        BatchNorm warning, the training set's size, the layers that cannot train on one sample), or
+        None for an all built-in workload; a failure is a ConfigError."""
         from trainers.workload.factory import FactoryError
         from trainers.workload.build import probe_config
 
@@ -147,7 +150,27 @@ class RootConfig(LoopConfig):
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-after")))
+    """``("batch", "schedule", 0, 1)`` -> ``batch.schedule[0][1]``."""
+    out = ""
+    for p in loc:
+        if isinstance(p, str) and p.startswith("function-after"):
+            continue
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _field_info(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The pydantic ``FieldInfo`` at ``loc`` (sections only; ``None`` past a list or a mapping)."""
+    cur: Any = model
+    info = None
+    for part in loc:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return None
+        info = cur.model_fields.get(str(part))
+        if info is None:
+            return None
+        cur = info.annotation
+    return info
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -162,6 +185,35 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return []
 
 
+def _example(model: type[BaseModel], loc: tuple[Any, ...], fits: Callable[[Any], bool] = lambda v: True) -> str:
+    """`` such as <the field's default>`` when the default is a plain value that ``fits``, else ``""``."""
+    info = _field_info(model, loc)
+    if info is None:
+        return ""
+    try:
+        default = info.get_default(call_default_factory=True)
+    except Exception:  # noqa: BLE001 - a default that needs arguments: no example
+        return ""
+    if isinstance(default, bool) or default is None or default == [] or default == {}:
+        return ""
+    if isinstance(default, (int, float, str, list)) and fits(default):
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        return f" such as {shown}"
+    return ""
+
+
+ALIASES = {"learning_rate": "lr", "momentum": "mf", "beta1": "mf", "batch_size": "size", "global_batch": "size",
+           "micro_batch": "max_local_batch", "num_workers": "max_workers", "workers": "max_workers",
+           "wd": "weight_decay", "optimizer": "name", "model": "name", "dataset": "name", "num_epochs": "epochs",
+           "lr_schedule": "decay", "warmup_type": "warmup", "mlflow_uri": "uri", "experiment_name": "experiment"}
+"""Names other trainers use for a key, and the key this config calls it (a "did you mean" that
+``difflib`` alone would not find: ``optimizer.learning_rate`` -> ``optimizer.lr``)."""
+
+_OPS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+_CMP: dict[str, Callable[[float, float], bool]] = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__,
+                                                   "<=": float.__le__}
+
+
 def format_validation_error(err: ValidationError, model: type[BaseModel] = RootConfig) -> str:
     """One line for the first error: ``field: problem (got X); fix``."""
     e = err.errors(include_url=False)[0]
@@ -169,36 +221,71 @@ def format_validation_error(err: ValidationError, model: type[BaseModel] = RootC
     field = _loc(loc) or "config"
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, loc)
-        return f"{field}: unknown key; allowed keys here: {', '.join(allowed)}"
+        alias = ALIASES.get(str(loc[-1]))
+        close = [alias] if alias in allowed else difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        where = _loc(loc[:-1])
+        if close:
+            return (f"{field}: unknown key; did you mean {where + '.' if where else ''}{close[0]}? "
+                    f"(allowed keys here: {', '.join(allowed)})")
+        return f"{field}: unknown key; remove it or use one of the keys allowed here: {', '.join(allowed)}"
     if kind == "literal_error":
         expected = e.get("ctx", {}).get("expected", "")
         expected = expected.replace("'", "").replace(" or ", ", ")
-        return f"{field}: unknown {got!r}; expected one of {expected}"
+        close = difflib.get_close_matches(str(got), [x.strip() for x in expected.split(",")], n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"{field}: unknown {got!r}; expected one of {expected}{hint}"
     if kind == "value_error":
         msg = str(e.get("ctx", {}).get("error", e["msg"]))
         # our own validators already name their field
         return msg if ":" in msg.split(" ")[0] else f"{field}: {msg}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        ops = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    if kind in _OPS:
+        op = _OPS[kind]
         bound = list(e.get("ctx", {}).values())[0]
-        return f"{field}: must be {ops[kind]} {bound} (got {got!r})"
+        example = _example(model, loc, lambda v: isinstance(v, (int, float)) and _CMP[op](float(v), float(bound)))
+        return f"{field}: must be {op} {bound} (got {got!r}); set a value {op} {bound}{example}"
     if kind == "missing":
-        return f"{field}: required but missing"
+        return f"{field}: required but missing; add it"
     if kind == "finite_number":
         return f"{field}: must be a finite number (got {got!r}); .inf and .nan are not allowed, write a plain number"
-    return f"{field}: {e['msg'].lower()} (got {got!r})"
+    fixes = {
+        "int_parsing": "expects a whole number", "int_type": "expects a whole number",
+        "int_from_float": "expects a whole number",
+        "float_parsing": "expects a number", "float_type": "expects a number",
+        "string_type": "expects text", "list_type": "expects a list", "tuple_type": "expects a list",
+        "dict_type": "expects a mapping", "bool_type": "expects true or false", "bool_parsing": "expects true or false",
+    }
+    writes = {
+        "int_parsing": "write an integer", "int_type": "write an integer", "int_from_float": "write an integer",
+        "float_parsing": "write a number", "float_type": "write a number",
+        "string_type": "write text (in quotes if it looks like a number)",
+        "list_type": "write a list in brackets, e.g. [a, b]", "tuple_type": "write a list in brackets, e.g. [a, b]",
+        "dict_type": "write key: value pairs in braces, e.g. {name: value}",
+        "bool_type": "write true or false", "bool_parsing": "write true or false",
+    }
+    if kind in fixes:
+        example = _example(model, loc) if kind not in ("list_type", "tuple_type", "dict_type") else ""
+        return f"{field}: {fixes[kind]} (got {got!r}); {writes[kind]}{example}"
+    if kind in ("too_short", "too_long"):
+        return f"{field}: {e['msg'].lower()} (got {got!r}); give the number of items it needs"
+    return f"{field}: {e['msg'].lower()} (got {got!r}); fix the value"
 
 
 # --------------------------------------------------------------------------- loading
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
+def parse_override(item: str, value_after: str | None = None) -> tuple[list[str], Any]:
+    """``"batch.size=128"`` -> ``(["batch", "size"], 128)`` (the value read as YAML).  ``value_after``:
+    the command-line word that followed an item without ``=`` (``--set batch.size 128``), for the hint."""
     if "=" not in item:
-        raise ConfigError(f"--set {item}: expected section.key=value, e.g. --set batch.size=128")
+        if value_after is not None:
+            raise ConfigError(f"--set {item} {value_after}: write the key and its value as one word joined by =: "
+                              f"--set {item}={value_after}")
+        raise ConfigError(f"--set {item}: expected KEY=VALUE; write --set {item or 'batch.size'}=VALUE, "
+                          f"e.g. --set batch.size=128")
     key, raw = item.split("=", 1)
     path = [p for p in key.strip().split(".") if p]
     if not path:
-        raise ConfigError(f"--set {item}: empty key; expected section.key=value")
+        raise ConfigError(f"--set {item}: empty key; write --set section.key=value, e.g. --set batch.size=128")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -215,7 +302,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {item}: {part} is not a section")
+                raise ConfigError(f"--set {item}: {part} is a value, not a section; set {'.'.join(path[:path.index(part) + 1])}"
+                                  f"=VALUE or a key of a section")
             node = child
         node[path[-1]] = value
     return raw
@@ -263,25 +351,41 @@ def load_yaml_text(text: str) -> Any:
         loader.dispose()
 
 
-def read_yaml(path: str) -> dict[str, Any]:
+def read_yaml(path: str, what: str = "config") -> dict[str, Any]:
+    """The mapping of sections in the YAML file ``path``.  A missing, unreadable, binary or empty file,
+    invalid YAML, a key given twice and anything but a mapping are one-line :class:`ConfigError`s
+    that start with ``what``.  An empty file (or one of comments only) is refused: training the
+    defaults because a file came out empty is never what was meant (``{}`` asks for them)."""
     try:
-        with open(path) as f:
-            raw = load_yaml_text(f.read())
+        with open(path, "rb") as f:
+            data = f.read()
+        text = data.decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config: file {path!r} not found; pass a YAML file such as configs/quickstart.yaml") from None
+        raise ConfigError(f"{what}: file {path!r} not found; pass a YAML file such as configs/quickstart.yaml") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what}: {path!r} is a folder; pass a YAML file such as configs/quickstart.yaml") from None
     except OSError as e:
-        raise ConfigError(f"config: cannot read {path!r} ({e.strerror})") from None
+        raise ConfigError(f"{what}: cannot read {path!r} ({e.strerror}); check its permissions") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what}: {path!r} is not a text file (byte {e.start} is not UTF-8); pass the YAML "
+                          f"config, such as configs/quickstart.yaml") from None
+    if "\x00" in text:
+        raise ConfigError(f"{what}: {path!r} is not a text file (it holds NUL bytes at byte {text.index(chr(0))}); "
+                          f"pass the YAML config, such as configs/quickstart.yaml")
+    try:
+        raw = load_yaml_text(text)
     except DuplicateKeyError as e:
         raise ConfigError(e.one_line(repr(path))) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config: {path!r} is not valid YAML{where}; fix the syntax there") from None
+        raise ConfigError(f"{what}: {path!r} is not valid YAML{where}; fix the syntax there") from None
     if raw is None:
-        return {}
+        raise ConfigError(f"{what}: {path!r} is empty (no settings); write the sections to train (data, model, "
+                          f"batch, ...), e.g. start from configs/quickstart.yaml, or write {{}} for all defaults")
     if not isinstance(raw, dict):
-        raise ConfigError(f"config: {path!r} must be a mapping of sections (data, model, ...), "
-                          f"got {type(raw).__name__}")
+        raise ConfigError(f"{what}: {path!r} must be a mapping of sections (data, model, ...), "
+                          f"got {type(raw).__name__}; write section: {{key: value}} lines")
     return raw
 
 

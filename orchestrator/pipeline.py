@@ -1,28 +1,90 @@
-"""The one way a config becomes a run's config: load, merge overrides, validate the schema,
-check the workload (and, for a command that trains, the environment), each error one line."""
+"""The one way a config becomes a run's config, for every entry point: load, merge overrides,
+validate the schema, check the workload, check the environment; each error one line.
+
+Every entry point calls :func:`prepare`: ``python -m orchestrator train`` (and so ``ray job submit
+... -- python -m orchestrator train CONFIG``, which runs that same command on the cluster),
+``resume`` (the run's recorded config), ``plan``, ``fit()`` and ``python -m search run`` (the
+space's base config).  So a bad config gets the same message and the same exit status 2 from
+each, before Ray starts or an MLflow run exists (``tests/integration/test_entry_points.py``).
+
+The stages, in the order a user fixes them:
+
+1. **load**: a YAML file (``orchestrator.config.read_yaml``: missing, binary, empty, invalid,
+   duplicate keys) or a dict of sections;
+2. **merge**: ``--set`` items (and ``--tracking-uri``) over it;
+3. **schema**: every section's types, ranges and cross-field validators (``RootConfig``), then the
+   pure cross-field checks of ``orchestrator/preflight.py`` (settings with no effect, a batch the
+   data cannot fill, an input shape the model cannot take) and the data files;
+4. **workload**: the factories probed on two samples (``RootConfig.check_workload``), and a model
+   whose batch statistics cannot take the micro-batches of one sample the config would give it
+   (``preflight.check_single_samples``);
+5. **environment**: the checkpoint folder and the tracking store, read only
+   (``preflight.check_environment``), for the commands that train.
+"""
 
 from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from orchestrator.config import RootConfig, apply_overrides, drop_replaced_choice, read_yaml, validate
-from orchestrator.preflight import check_config
+from orchestrator.config import (ConfigError, RootConfig, apply_overrides, drop_replaced_choice, read_yaml,
+                                 validate)
+from orchestrator.preflight import check_config, check_environment, check_single_samples, single_sample_facts
+
+Functions = Mapping[str, Callable[..., Any]]
 
 
-def load_config(path: str | dict[str, Any] | None, overrides: list[str] | None = None, *,
-                functions: Mapping[str, Callable[..., Any]] | None = None) -> RootConfig:
-    """Read (a YAML path, or a dict of sections), override, validate, check data and probe the
-    workload: every error is a one-line ConfigError before anything starts.  A probe's warning
-    (a BatchNorm model) is printed once to stderr."""
-    raw = read_yaml(path) if isinstance(path, str) else copy.deepcopy(path or {})
-    raw = drop_replaced_choice(raw, overrides or [])
-    cfg = validate(apply_overrides(raw, overrides or []))
-    check_config(cfg)
+def load(source: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """Stage 1: the raw sections of a YAML path, or a copy of a dict of sections (None: all defaults)."""
+    if isinstance(source, str):
+        return read_yaml(source)
+    if source is None:
+        return {}
+    if not isinstance(source, Mapping):
+        raise ConfigError(f"config: expected a YAML path or a dict of sections, got {type(source).__name__}; "
+                          f"pass a path such as configs/quickstart.yaml or a dict such as {{'batch': {{'size': 64}}}}")
+    return copy.deepcopy(dict(source))
+
+
+def merge(raw: dict[str, Any], overrides: Iterable[str] = (), tracking_uri: str | None = None) -> dict[str, Any]:
+    """Stage 2: ``--set`` items over the raw sections, then ``--tracking-uri`` (``tracking.uri``)."""
+    items = list(overrides)
+    if tracking_uri:
+        items.append(f"tracking.uri={tracking_uri}")
+    return apply_overrides(drop_replaced_choice(raw, items), items)
+
+
+def prepare(source: str | Mapping[str, Any] | None, overrides: Iterable[str] = (), *,
+            functions: Functions | None = None, environment: bool = True, tracking_uri: str | None = None,
+            search_base: bool = False) -> RootConfig:
+    """Load, merge, validate, check the workload and (``environment``) the environment: the config a
+    run trains, or a one-line :class:`ConfigError` before anything starts.
+
+    ``functions``: factories sent by value from Python (``fit(model_fn=...)``).  ``environment``:
+    check the checkpoint folder and the tracking store (every command that trains; ``plan`` trains
+    nothing and writes nothing, so it leaves them out).  ``search_base``: the config is a search
+    space's base, which each trial completes with its parameters, so a setting that acts only with
+    some other value is not refused here (a searched parameter may give it that value).  The
+    probe's BatchNorm note is printed once to stderr.
+    """
+    raw = merge(load(source), overrides, tracking_uri)
+    cfg = validate(raw)
+    check_config(cfg, ignored=not search_base)
     cfg.check_resources()
-    warning = cfg.check_workload(functions)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+    report = cfg.check_workload(functions)
+    if report is not None and report.warning:
+        print(f"warning: {report.warning}", file=sys.stderr)
+    n, layers = single_sample_facts(cfg, report)
+    check_single_samples(cfg, n, layers)
+    if environment:
+        check_environment(cfg)
     return cfg
+
+
+def load_config(path: str | Mapping[str, Any] | None, overrides: list[str] | None = None, *,
+                functions: Functions | None = None) -> RootConfig:
+    """:func:`prepare` without the environment stage (a config to look at, not to train: tests,
+    benches)."""
+    return prepare(path, overrides or [], functions=functions, environment=False)

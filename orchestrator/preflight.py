@@ -6,11 +6,12 @@ Two groups, both raising :class:`~orchestrator.config.ConfigError` with one line
 - :func:`check_config` is pure (no filesystem, no Ray, no MLflow): settings the user gave that
   have no effect in combination with others (:data:`IGNORED_UNLESS`), a batch that the training
   set cannot fill, and an input shape the model cannot take (a forward pass on the ``meta``
-  device: shapes only, no memory, no compute).  ``load_config`` runs it.
+  device: shapes only, no memory, no compute).  ``orchestrator.pipeline.prepare`` runs it, and
+  :func:`check_single_samples` after the workload probe (BatchNorm fed micro-batches of one).
 - :func:`check_environment` reads the filesystem and an existing tracking store, never creating
   anything: the checkpoint folder and the tracking store's folder must be creatable and
-  writable, and the experiment must not be a deleted one.  The train command runs it right
-  before ``run_training``.
+  writable, and the experiment must not be a deleted one.  ``prepare`` runs it last, for every
+  command that trains.
 
 "The user gave" is pydantic's ``model_fields_set`` of each section, and a value other than the
 field's default: a field left at its default, or written out at its default, is never reported.  So these checks belong on the driver, on the config validated from the
@@ -23,7 +24,7 @@ import glob
 import os
 import sqlite3
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.config import ConfigError
 
@@ -80,8 +81,7 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     *(Needs(f"schedule.{f}", _warmup("auto"), "schedule.warmup is auto", "schedule.warmup: auto")
       for f in _AUTO_FIELDS),
     # batch (trainers/policies/batching.py: the policies)
-    Needs("batch.max_size", lambda c: c.batch.policy != "fixed", "batch.policy changes the batch",
-          "batch.policy: noise_scale (or norm_test, schedule)"),
+    # batch.max_size is a cap: under the fixed policy it never binds, which changes nothing (not refused)
     Needs("batch.noise_scale_factor", _policy("noise_scale"), "batch.policy is noise_scale",
           "batch.policy: noise_scale"),
     Needs("batch.norm_test_eta", _policy("norm_test"), "batch.policy is norm_test", "batch.policy: norm_test"),
@@ -101,6 +101,12 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     Needs("model.zero_init_residual", lambda c: c.model.name.startswith("resnet") and c.model.norm == "batch",
           "model.name is a resnet with model.norm: batch", "model.name: resnet18 and model.norm: batch"),
     Needs("model.sync_bn", lambda c: c.model.norm == "batch", "model.norm is batch", "model.norm: batch"),
+    # factories' keyword arguments (trainers/workload/build.py: model_factory, data_factory)
+    Needs("model.params", lambda c: c.model.factory is not None or c.model.language_model,
+          "model.factory is given or model.name is gpt or lstm (the built-in image models take no params)",
+          "model.factory: package.module:function"),
+    Needs("data.params", lambda c: c.data.factory is not None, "data.factory is given (the built-in datasets "
+          "take their own keys)", "data.factory: package.module:function"),
     # data (trainers/data/datasets.py: the loaders)
     Needs("data.root", _dataset("cifar10"), "data.name is cifar10 (the others need no files)",
           "data.name: cifar10"),
@@ -171,16 +177,11 @@ def check_samples(cfg: "RootConfig") -> None:
     if b.size > n:
         raise ConfigError(f"batch.size: {b.size} is above the {n} training samples ({how}); lower batch.size to "
                           f"at most {n}{split_fix}")
-    if _user_set(cfg, "batch.max_local_batch") and b.max_local_batch > n:
-        raise ConfigError(f"batch.max_local_batch: {b.max_local_batch} is above the {n} training samples ({how}); "
-                          f"lower it to at most {n}{split_fix}")
     for i, (_, size) in enumerate(b.schedule):
         if size > n:
             raise ConfigError(f"batch.schedule[{i}]: batch {size} is above the {n} training samples ({how}) and "
                               f"would be cut to {n}; lower it to at most {n}{split_fix}")
-    if b.max_size is not None and b.policy != "fixed" and b.max_size > n:
-        raise ConfigError(f"batch.max_size: {b.max_size} is above the {n} training samples ({how}), which cap the "
-                          f"batch anyway; lower it to at most {n} or remove it")
+    # batch.max_size and batch.max_local_batch above n are caps that never bind (the training set caps B)
 
 
 # --------------------------------------------------------------------------- model input
@@ -215,14 +216,100 @@ def check_model_input(cfg: "RootConfig") -> None:
                           f"({detail[:160]}); {hint}") from None
 
 
-def check_config(cfg: "RootConfig") -> None:
-    """The pure cross-field checks, in the order a user fixes them."""
-    check_ignored(cfg)
+def check_config(cfg: "RootConfig", ignored: bool = True) -> None:
+    """The pure cross-field checks, in the order a user fixes them.  ``ignored``: refuse settings that
+    have no effect (:func:`check_ignored`; not for a search's base, whose trials change other fields)."""
+    if ignored:
+        check_ignored(cfg)
     builtin_data = cfg.data.factory is None and (cfg.data.name == "synthetic" or cfg.data.name in DATASET_SIZES)
     if builtin_data:  # a factory's or a text corpus's size is checked by the workload probe
         check_samples(cfg)
     if builtin_data and cfg.model.factory is None and cfg.model.name in ("mlp", "cnn", "resnet18", "resnet50"):
         check_model_input(cfg)
+
+
+# --------------------------------------------------------------------------- micro-batches of one sample
+
+
+def single_sample_facts(cfg: "RootConfig", report: Any = None) -> tuple[int | None, tuple[str, ...]]:
+    """The training samples per epoch and the model's batch-statistics layers that cannot train on a
+    single sample (``trainers/workload/batchnorm.py``).  From the workload probe's ``report`` when
+    there was one (a factory, text); for a built-in workload from the dataset's size and the model
+    built on the CPU (small models) or PyTorch's ``meta`` device (shapes only)."""
+    if report is not None:
+        return report.train_size, tuple(report.single_sample_layers)
+    if cfg.model.norm != "batch" or cfg.model.factory is not None or cfg.model.name not in MODELS_IN_MEMORY:
+        return None, ()
+    if cfg.data.factory is not None or (cfg.data.name != "synthetic" and cfg.data.name not in DATASET_SIZES):
+        return None, ()
+    import torch
+
+    from trainers.data.datasets import dataset_info
+    from trainers.workload.batchnorm import single_sample_layers
+    from trainers.workload.models import build_model
+
+    info = dataset_info(cfg.data)
+    device = "cpu" if cfg.model.name in SMALL_MODELS else "meta"
+    with torch.device(device):
+        model = build_model(info, cfg.model.model_copy(update={"sync_bn": False}))
+        layers = single_sample_layers(model, torch.zeros((1, *info.shape)))
+    return train_samples(cfg)[0], tuple(layers)
+
+
+MODELS_IN_MEMORY = ("mlp", "cnn", "resnet18", "resnet50")  # the built-in models of the in-memory image sets
+
+
+def check_single_samples(cfg: "RootConfig", n: int | None, layers: tuple[str, ...]) -> None:
+    """Refuse a config whose every step would put a micro-batch of one sample through a
+    batch-statistics layer that cannot train on one (``layers``, from :func:`single_sample_facts`).
+
+    Checked: each global batch the config names (``batch.size``, the ``batch.schedule`` sizes, the
+    cap ``batch.max_size`` of an adaptive policy, each at most the ``n`` training samples) on the
+    workers the run gives it (``workers_for_batch``), cut as the loop cuts it
+    (``trainers.data.order.smallest_micro_batch``, with the noise probe's halving at one worker).
+    What only some steps meet (an epoch's short last batch split over W workers, a group that a
+    lost worker left smaller) is not refused: there the layer uses its running statistics for
+    that forward (``trainers.workload.batchnorm.guard_single_samples``), since no batch size avoids
+    every such tail of an adaptive batch."""
+    if not layers or n is None:
+        return
+    from trainers.data.order import smallest_micro_batch
+    from trainers.policies.batching import BATCH_POLICIES
+    from trainers.policies.resize import workers_for_batch
+
+    b, s = cfg.batch, cfg.scaling
+    noise_split = cfg.combine.method == "mean" and (bool(BATCH_POLICIES[b.policy].needs)
+                                                    or cfg.schedule.scaling_rule == "adascale")
+    sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]
+    if b.policy in ("noise_scale", "norm_test") and b.max_size is not None:
+        sizes.append(("batch.max_size", b.max_size))
+    builtin = cfg.model.factory is None
+    who = f"model {cfg.model.name}'s BatchNorm" if builtin else "the model's BatchNorm"
+    where = f"layer {layers[0]} would see one value per channel" + (f", and {len(layers) - 1} more layers"
+                                                                    if len(layers) > 1 else "")
+    alt = ", or model.norm: group" if builtin else ", or GroupNorm/LayerNorm in model.factory's model"
+    for field, size in sizes:
+        batch = min(size, n)
+        w = workers_for_batch(batch, b.max_local_batch, s.min_workers, s.max_workers)
+        if smallest_micro_batch(batch, w, b.max_local_batch, noise_split) > 1:
+            continue
+        mlb, slice_ = b.max_local_batch, batch // w
+        if mlb == 1:
+            raise ConfigError(f"batch.max_local_batch: 1 puts one sample through the model at a time, and {who} "
+                              f"cannot train on one sample ({where}); set batch.max_local_batch to at least 2{alt}")
+        if slice_ <= 1:
+            raise ConfigError(f"scaling.min_workers: {w} workers share a batch of {batch} ({field}), so a worker "
+                              f"trains on one sample, and {who} cannot ({where}); raise {field} to at least "
+                              f"{2 * w} or lower scaling.min_workers to at most {max(1, batch // 2)}{alt}")
+        if noise_split and w == 1 and slice_ <= min(3, mlb):
+            why = f"batch.policy {b.policy}" if BATCH_POLICIES[b.policy].needs else "schedule.scaling_rule adascale"
+            raise ConfigError(f"{field}: {batch} on one worker is cut in two halves for the gradient-noise estimate "
+                              f"({why}), so a micro-batch holds one sample, and {who} cannot train on one "
+                              f"({where}); raise {field} to at least 4{alt}")
+        odd = slice_ if slice_ % 2 else slice_ + 1
+        raise ConfigError(f"batch.max_local_batch: {mlb} cuts a worker's slice of {odd} samples ({field} {batch} "
+                          f"over {w} worker{'s' if w > 1 else ''}) into micro-batches of 2 and 1, and {who} "
+                          f"cannot train on one sample ({where}); set batch.max_local_batch to at least 3{alt}")
 
 
 # --------------------------------------------------------------------------- filesystem and tracking store

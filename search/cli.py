@@ -15,6 +15,7 @@ import os
 import sys
 
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
+from orchestrator.flags import OneLineParser, number
 
 EXIT_BAD_INPUT = 2
 
@@ -24,31 +25,32 @@ def _parser() -> argparse.ArgumentParser:
     from search.liveness import DEFAULT_HEARTBEAT_S, GRACE_BEATS
     from search.storage import DEFAULT_STORAGE
 
-    p = argparse.ArgumentParser(prog="python -m search",
-                                description="Optuna search over training configs: trials are orchestrator runs on "
-                                            "Ray, pruned when hopeless, tracked in MLflow.")
+    p = OneLineParser(prog="python -m search",
+                      description="Optuna search over training configs: trials are orchestrator runs on "
+                                  "Ray, pruned when hopeless, tracked in MLflow.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run (or continue) a study from a search space file",
                        description="Run trials of a search space; running again with the same study name and "
                                    "storage continues the study (adds trials).")
     r.add_argument("space", help="search space YAML, e.g. configs/search_quickstart.yaml")
-    r.add_argument("--trials", type=int, metavar="N",
+    r.add_argument("--trials", type=number(int, gt=0, example="--trials 20"), metavar="N",
                    help=f"trials this command evaluates (default {DEFAULT_TRIALS}; with the grid sampler, the grid "
                         f"points not yet tried); the same command run again after its driver died evaluates only "
                         f"what is left, the dead driver's trials first")
-    r.add_argument("--parallel", type=int, default=1, metavar="P",
+    r.add_argument("--parallel", type=number(int, gt=0, example="--parallel 2"), default=1, metavar="P",
                    help="trials at once (default 1; never more than the cluster's resources fit)")
     r.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
                    help=f"Optuna storage: a journal file path (default {DEFAULT_STORAGE}) or an RDB URL "
                         f"(sqlite:///optuna.db, postgresql://user:pass@host/db)")
     r.add_argument("--study-name", metavar="NAME", help="study name (default: the space file's name without .yaml)")
-    r.add_argument("--timeout", type=float, metavar="S",
+    r.add_argument("--timeout", type=number(float, gt=0, example="--timeout 3600"), metavar="S",
                    help="start no new trial after S seconds (running trials finish)")
     r.add_argument("--tracking-uri", metavar="URI",
                    help=f"MLflow tracking URI (default: the base config's tracking.uri, $MLFLOW_TRACKING_URI or "
                         f"{DEFAULT_TRACKING_URI})")
-    r.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT_S, metavar="S",
+    r.add_argument("--heartbeat", type=number(int, gt=0, example=f"--heartbeat {DEFAULT_HEARTBEAT_S}"),
+                   default=DEFAULT_HEARTBEAT_S, metavar="S",
                    help=f"the driver beats every S seconds for its trials (default {DEFAULT_HEARTBEAT_S}); a trial "
                         f"without a beat for {GRACE_BEATS} x S seconds belongs to a dead driver: the next run of the "
                         f"study fails it and queues its config again. Give every driver of a study the same S")
@@ -61,49 +63,29 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("name", help="study name")
     s.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
                    help=f"Optuna storage holding the study (default {DEFAULT_STORAGE})")
-    s.add_argument("--trial", type=int, metavar="N", help="print trial N's config instead of the best one")
+    s.add_argument("--trial", type=number(int, ge=0, example="--trial 3"), metavar="N",
+                   help="print trial N's config instead of the best one")
     s.add_argument("--output", metavar="FILE.yaml", help="also write that config to FILE.yaml")
     s.add_argument("--full", action="store_true",
                    help="print every config field (default: the base config as written plus the trial's values)")
     return p
 
 
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{name}: must be > 0 (got {value:g})")
-
-
 # --------------------------------------------------------------------------- run
-
-
-def _check_environment(base: dict, tracking_uri: str | None) -> None:
-    """The base config's checkpoint folder and the tracking store, read only (as ``train`` does)."""
-    import copy
-
-    from orchestrator.config import validate
-    from orchestrator.preflight import check_environment
-
-    raw = copy.deepcopy(base)
-    if tracking_uri:
-        raw.setdefault("tracking", {})["uri"] = tracking_uri
-    check_environment(validate(raw))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from search.space import load_space
 
-    _positive("--trials", args.trials)
-    _positive("--parallel", args.parallel)
-    _positive("--timeout", args.timeout)
-    _positive("--heartbeat", args.heartbeat)
     name = args.study_name if args.study_name is not None else os.path.splitext(os.path.basename(args.space))[0]
     if not name.strip():
         raise ConfigError("--study-name: empty; give a name")
     from search.storage import check_storage
 
     check_storage(args.storage)  # the right kind of string, before anything starts
-    space = load_space(args.space)  # raises SpaceError before anything starts
-    _check_environment(space.base, args.tracking_uri)
+    # the space, and its base through the pipeline every entry point uses (orchestrator/pipeline.py),
+    # environment included: SpaceError / ConfigError before anything starts
+    space = load_space(args.space, environment=True, tracking_uri=args.tracking_uri)
 
     from search.driver import SearchOptions, run_search
 
@@ -244,8 +226,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
         if args.command == "run":
             return cmd_run(args)
         if args.command == "show":

@@ -93,7 +93,11 @@ def config_field(path: str, allow_section: bool = False) -> FieldInfo | None:
         fields = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in fields:
-            raise ValueError(f"unknown config field; {where} has: {', '.join(fields)}")
+            import difflib
+
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            guess = f"did you mean {'.'.join([*parts[:i], close[0]])}? " if close else ""
+            raise ValueError(f"unknown config field; {guess}{where} has: {', '.join(fields)}")
         info = fields[part]
         last = i == len(parts) - 1
         if not last:
@@ -622,9 +626,9 @@ def _load_base(raw: Any, base_dir: str) -> dict[str, Any]:
     if isinstance(raw, str):
         path = raw if os.path.isabs(os.path.expanduser(raw)) else os.path.join(base_dir, raw)
         try:
-            return read_yaml(os.path.expanduser(path))
+            return read_yaml(os.path.expanduser(path), what="base")
         except ConfigError as e:
-            raise SpaceError(_prefix_config_error(str(e), "base")) from None
+            raise SpaceError(str(e)) from None
     if isinstance(raw, dict):
         return copy.deepcopy(raw)
     raise SpaceError(f"base: expected a file path or a mapping of config sections (got {type(raw).__name__})")
@@ -656,9 +660,15 @@ def _apply_overrides(base: dict[str, Any], raw: Any) -> dict[str, Any]:
     return base
 
 
-def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: str | None = None) -> SearchSpace:
-    """Parse and check a space (the YAML mapping); raises ``SpaceError`` naming the field."""
-    from orchestrator.preflight import check_model_input, check_samples
+def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: str | None = None, *,
+                environment: bool = False, tracking_uri: str | None = None) -> SearchSpace:
+    """Parse and check a space (the YAML mapping); raises ``SpaceError`` naming the field.
+
+    The base goes through the pipeline every entry point uses (``orchestrator.pipeline.prepare``,
+    as a search's base), with the environment stage when ``environment`` (``search run``; against
+    ``tracking_uri`` when given).  An error in a base file reads as ``train`` would print it for
+    that file; one in an inline base is prefixed ``base.``, where it sits in the space file."""
+    from orchestrator.pipeline import prepare
 
     if not isinstance(raw, dict):
         raise SpaceError(f"space: expected a mapping with keys {', '.join(TOP_KEYS)} (got {type(raw).__name__})")
@@ -666,14 +676,10 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
     if unknown:
         raise SpaceError(f"{unknown[0]}: unknown key; allowed keys: {', '.join(TOP_KEYS)}")
     base = _apply_overrides(_load_base(raw.get("base"), base_dir), raw.get("overrides"))
-    try:
-        cfg = validate(base)
-        check_samples(cfg)
-        check_model_input(cfg)
-        cfg.check_resources()
-        cfg.check_workload()  # a factory or built-in workload probed once, on the base config
+    try:  # a factory or built-in workload probed once, on the base config
+        cfg = prepare(base, environment=environment, tracking_uri=tracking_uri, search_base=True)
     except ConfigError as e:
-        raise SpaceError(_prefix_config_error(str(e), "base")) from None
+        raise SpaceError(str(e) if isinstance(raw.get("base"), str) else _prefix_config_error(str(e), "base")) from None
     objectives = parse_objectives(raw.get("objective"))
     sampler = parse_algorithm("sampler", raw.get("sampler"), DEFAULT_SAMPLER, SAMPLERS)
     multi = len(objectives) > 1
@@ -711,8 +717,8 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
     return space
 
 
-def load_space(path: str) -> SearchSpace:
-    """Read and check a space file."""
+def load_space(path: str, *, environment: bool = False, tracking_uri: str | None = None) -> SearchSpace:
+    """Read and check a space file (``environment``, ``tracking_uri``: :func:`parse_space`)."""
     try:
         with open(path) as f:
             text = f.read()
@@ -729,4 +735,5 @@ def load_space(path: str) -> SearchSpace:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpaceError(f"space: {path!r} is not valid YAML{at}; fix the syntax there") from None
-    return parse_space(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path, text=text)
+    return parse_space(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path, text=text,
+                       environment=environment, tracking_uri=tracking_uri)

@@ -12,13 +12,21 @@ GOOD = textwrap.dedent("""
 
 # (yaml text or None for GOOD, overrides, expected message fragment)
 CASES = {
-    "unknown_key": (None, ["batch.sizee=3"], "batch.sizee: unknown key; allowed keys here: size, max_local_batch"),
-    "unknown_section": (None, ["optimiser.lr=1"], "optimiser: unknown key"),
+    "unknown_key": (None, ["batch.sizee=3"], "batch.sizee: unknown key; did you mean batch.size? (allowed keys here: "
+                                             "size, max_local_batch"),
+    "unknown_section": (None, ["optimiser.lr=1"], "optimiser: unknown key; did you mean optimizer?"),
+    "unknown_key_far": (None, ["batch.zzz=3"], "batch.zzz: unknown key; remove it or use one of the keys allowed "
+                                               "here: size, max_local_batch"),
     "wrong_type": (None, ["batch.size=abc"], "batch.size: expects an integer, got the string"),
-    "zero_batch": (None, ["batch.size=0"], "batch.size: must be > 0 (got 0)"),
+    "zero_batch": (None, ["batch.size=0"], "batch.size: must be > 0 (got 0); set a value > 0 such as 64"),
     "negative_batch": (None, ["batch.size=-4"], "batch.size: must be > 0 (got -4)"),
-    "max_local_above_batch": (None, ["batch.max_local_batch=64"],
-                              "batch.max_local_batch: 64 is above batch.size 32"),
+    "mapping_for_params": (None, ["model.params=3"], "model.params: expects a mapping (got 3); write key: value pairs"),
+    "params_of_a_builtin": (None, ["model.params={a: 1}"], "model.params: has no effect unless model.factory is given"),
+    "set_without_equals": (None, ["batch.size"], "--set batch.size: expected KEY=VALUE; write --set batch.size=VALUE"),
+    "bn_one_sample_micro_batches": (None, ["model.norm=batch", "batch.max_local_batch=1"],
+                                    "batch.max_local_batch: 1 puts one sample through the model at a time, and model "
+                                    "mlp's BatchNorm cannot train on one sample (layer 2 would see one value per "
+                                    "channel); set batch.max_local_batch to at least 2, or model.norm: group"),
     "min_above_max_workers": (None, ["scaling.min_workers=3"],
                               "scaling.min_workers: 3 is above scaling.max_workers 2"),
     "unknown_model": (None, ["model.name=vgg"], "model.name: unknown 'vgg'; expected one of mlp, cnn, resnet18, resnet50"),
@@ -30,7 +38,6 @@ CASES = {
     "unreadable_yaml": ("data: {name: digits\nmodel: [", [], "is not valid YAML at line"),
     "not_a_mapping": ("- 1\n- 2\n", [], "must be a mapping of sections"),
     "sync_bn_on_cpu": (None, ["model.sync_bn=true"], "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only"),
-    "bad_override_syntax": (None, ["batch.size"], "--set batch.size: expected section.key=value"),
     "storage_uri_scheme": (None, ["checkpoint.storage_path=ftp://host/runs"],
                            "checkpoint.storage_path: unknown URI scheme 'ftp://'; give a folder or a URI of one of s3://"),
     "storage_uri_credentials": (None, ["checkpoint.storage_path=s3://AKIA:hunter2@bucket/runs"],

@@ -69,7 +69,8 @@ def kind_problem(annotation: Any, value: Any) -> str | None:
         if isinstance(value, bool):
             return f"expects a number, got the boolean {str(value).lower()}; write a number such as 0.1"
     elif origin is Literal and isinstance(value, bool):
-        return f"expects one of {', '.join(repr(a) for a in get_args(ann))}, got the boolean {str(value).lower()}"
+        return (f"expects one of {', '.join(repr(a) for a in get_args(ann))}, got the boolean {str(value).lower()}; "
+                f"write one of those names")
     return None
 
 
@@ -93,4 +94,4 @@ def check_name_or_factory(section: str, name: str | None, factory: str | None) -
     """A ``model``/``data`` section names a built-in or a factory, never both (:class:`FactoryError`)."""
     if name is not None and factory is not None:
         raise ValueError(f"{section}.factory: give either {section}.name ({name!r}) or {section}.factory "
-                           f"({factory!r}), not both")
+                           f"({factory!r}), not both; remove one of them")

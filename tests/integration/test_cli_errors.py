@@ -49,7 +49,7 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator", "train", p, "--set", "batch.size=0"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip() == "error: batch.size: must be > 0 (got 0)"
+    assert out.stderr.strip() == "error: batch.size: must be > 0 (got 0); set a value > 0 such as 64"
 
 
 @pytest.mark.parametrize("override, start", [

@@ -119,7 +119,8 @@ def test_module_that_cannot_be_imported_says_how_to_fix(pkg):
 def test_module_that_raises_on_import_names_the_exception(pkg):
     with pytest.raises(FactoryError) as e:
         resolve("userpkg.broken:model", "model.factory")
-    assert one_line(e) == "model.factory: importing 'userpkg.broken' raised ZeroDivisionError: division by zero"
+    assert one_line(e) == ("model.factory: importing 'userpkg.broken' raised ZeroDivisionError: division by zero; "
+                           "fix the module so that it imports cleanly (python -c 'import userpkg.broken')")
     with pytest.raises(FactoryError) as e:  # a missing dependency is the module raising, not a path problem
         resolve("userpkg.needs_dep:model", "data.factory")
     msg = one_line(e)
@@ -135,13 +136,14 @@ def test_missing_attribute_suggests_the_nearest_name(pkg):
     assert one_line(e) == "model.factory: 'userpkg.good' has no attribute 'modle'; did you mean 'model'?"
     with pytest.raises(FactoryError) as e:
         resolve("userpkg.good:zzzzzz", "model.factory")
-    assert one_line(e) == "model.factory: 'userpkg.good' has no attribute 'zzzzzz'"
+    assert one_line(e) == "model.factory: 'userpkg.good' has no attribute 'zzzzzz'; name a function defined in userpkg.good"
 
 
 def test_not_callable(pkg):
     with pytest.raises(FactoryError) as e:
         resolve("userpkg.good:NUMBER", "model.factory")
-    assert one_line(e) == "model.factory: 'userpkg.good:NUMBER' is a int, not a callable"
+    assert one_line(e) == ("model.factory: 'userpkg.good:NUMBER' is a int, not a callable; name the function (or "
+                           "class) that builds it")
 
 
 def test_dotted_attribute_and_callables_resolve(pkg):
@@ -163,7 +165,7 @@ def test_wrong_return_types_name_field_and_expectation(pkg):
         build_datasets("userpkg.good:lists")
     with pytest.raises(FactoryError) as e:
         build_model("userpkg.good:not_a_module")
-    assert one_line(e) == "model.factory: returned str, expected a torch.nn.Module"
+    assert one_line(e) == "model.factory: returned str, expected a torch.nn.Module; return the model itself"
     with pytest.raises(FactoryError, match="^data.factory: train is a int without __len__/__getitem__"):
         build_datasets(lambda: (1, 2))
     with pytest.raises(FactoryError, match="^data.factory: the val dataset is empty"):
@@ -173,11 +175,17 @@ def test_wrong_return_types_name_field_and_expectation(pkg):
 def test_factory_that_raises_or_gets_wrong_params(pkg):
     with pytest.raises(FactoryError) as e:
         build_model("userpkg.good:raises")
-    assert one_line(e) == "model.factory: the factory raised RuntimeError: no GPU here"
+    assert one_line(e) == ("model.factory: the factory raised RuntimeError: no GPU here; fix the factory or the "
+                           "values in model.params")
+    with pytest.raises(FactoryError) as e:
+        build_model("userpkg.good:model", {"hiden": 3})
+    msg = one_line(e)
+    # the field to fix is model.params, with the nearest name the function takes
+    assert msg == "model.params: model() takes no argument 'hiden'; did you mean hidden? (it takes d, hidden, bn)", msg
     with pytest.raises(FactoryError) as e:
         build_model("userpkg.good:model", {"widht": 3})
-    msg = one_line(e)
-    assert msg.startswith("model.factory: calling it with params ['widht'] failed: TypeError")
+    assert one_line(e) == ("model.params: model() takes no argument 'widht'; remove it from model.params (it takes "
+                           "d, hidden, bn)")
 
 
 def test_dataset_smaller_than_global_batch(pkg):
@@ -261,4 +269,4 @@ def test_name_and_factory_are_mutually_exclusive():
     with pytest.raises(ValueError) as e:
         check_name_or_factory("data", "digits", "pkg.data:build")
     assert one_line(e) == ("data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
-                           "not both")
+                           "not both; remove one of them")

@@ -41,7 +41,7 @@ def test_bad_cli_values_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     space = write_space(tmp_path, "ok", **_good_space(tmp_path))
     assert main(["run", space, "--trials", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --trials: must be > 0 (got 0)"
+    assert capsys.readouterr().err.strip() == "error: --trials: must be > 0 (got 0); write a whole number > 0, e.g. --trials 20"
     assert main(["run", space, "--storage", str(tmp_path / "no" / "such" / "x.journal")]) == 2
     assert capsys.readouterr().err.startswith("error: --storage: folder")
     assert main(["show", "nope", "--storage", str(tmp_path / "j.journal")]) == 2

@@ -75,7 +75,7 @@ CASES = {
     "loss_not_per_sample": (None, [f"model.loss={PKG}.ok:mean_loss"], "model.loss",
                             "returned shape [] for 2 samples, expected [2]"),
     "unknown_loss": (None, ["model.loss=mse"], "model.loss", "'mse' is neither one of"),
-    "bad_params": (None, ["model.params.depth=3"], "model.factory", "calling it with params ['depth'] failed"),
+    "bad_params": (None, ["model.params.depth=3"], "model.params", "model() takes no argument 'depth'"),
     "name_and_factory": (GOOD.replace("data: {", "data: {name: digits, "), [], "data.factory",
                          "give either data.name ('digits') or data.factory"),
     "model_name_and_factory": (None, ["model.name=gpt", f"model.factory={PKG}.ok:model"], "model.factory",

@@ -104,7 +104,7 @@ def parse_augment(names: Sequence[str] | None) -> list[str]:
         if name not in AUGMENTS:
             raise ValueError(f"data.augment: unknown {name!r}; expected one of {', '.join(AUGMENTS)}")
         if name in out:
-            raise ValueError(f"data.augment: {name!r} is listed twice")
+            raise ValueError(f"data.augment: {name!r} is listed twice; list it once")
         out.append(name)
     return out
 

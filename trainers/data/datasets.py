@@ -55,7 +55,8 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     @classmethod
     def _shape_positive(cls, v: list[int]) -> list[int]:
         if not v or any(d <= 0 for d in v):
-            raise ValueError(f"must be a non-empty list of positive ints like [1, 8, 8], got {v}")
+            raise ValueError(f"must be a non-empty list of positive sizes (got {v}); write e.g. [1, 8, 8] (channels, "
+                             f"height, width)")
         return v
 
     @model_validator(mode="after")

@@ -50,3 +50,28 @@ def accum_steps(batch_size: int, world: int, max_local_batch: int) -> int:
     formula for accumulation steps: the loop's ``batch/accum_steps`` and ``plan`` use it.
     """
     return max(1, math.ceil(math.ceil(batch_size / world) / max_local_batch))
+
+
+def smallest_micro_batch(batch_len: int, world: int, max_local_batch: int, split_single: bool = False) -> int:
+    """The fewest samples any worker puts through the model at once for a global batch of
+    ``batch_len`` on ``world`` workers: the smallest micro-batch of :func:`micro_batches` over the
+    slices of :func:`slice_bounds`, or 0 when a worker's slice is empty (it then runs one stand-in
+    sample to join the all-reduce).  ``split_single``: the noise probe's rule at W = 1, which cuts a
+    slice of 2 to ``max_local_batch`` samples in two halves (``trainers/data/sampler.py``).
+
+    Arithmetic only (no arrays): the driver asks it for every batch a config can produce."""
+    if batch_len < 1 or world < 1 or max_local_batch < 1:
+        raise ValueError(f"need batch_len, world, max_local_batch >= 1, got {batch_len}, {world}, {max_local_batch}")
+    if batch_len < world:
+        return 0
+    base, extra = divmod(batch_len, world)
+    smallest = None
+    for n in {base, base + 1} if extra else {base}:
+        cap = max_local_batch
+        if split_single and world == 1 and 2 <= n <= max_local_batch:
+            cap = (n + 1) // 2
+        # np.array_split of n into ceil(n / cap) parts: the smaller parts hold n // parts samples
+        parts = max(1, math.ceil(n / cap))
+        size = n // parts
+        smallest = size if smallest is None else min(smallest, size)
+    return int(smallest)

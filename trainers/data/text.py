@@ -177,7 +177,7 @@ class ByteWindows(torch.utils.data.Dataset):
         span = self.hi - self.lo - self.context - 1
         if span < 0:
             raise ValueError(f"data.context: a split of {self.hi - self.lo} bytes holds no window of "
-                             f"{self.context} + 1 bytes")
+                             f"{self.context} + 1 bytes; lower data.context or give a longer text (data.path)")
         self.n = span // self.stride + 1
         self._offsets = np.arange(self.context + 1)
 

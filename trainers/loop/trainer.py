@@ -85,7 +85,7 @@ class Trainer:
         self.group = Group.current(rank, world, device)
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         # The workload: datasets, then the model (same initial weights on every rank), the per-sample loss.
-        self.work = build_workload(cfg, functions, raw_pixels=True)  # CIFAR as uint8: the learner's inputs
+        self.work = build_workload(cfg, functions, raw_pixels=True, single_sample_guard=True)  # uint8 CIFAR
         policies = PolicySet.from_config(cfg, dataset_size=self.work.num_train)
         self.learner = Learner(cfg, self.work, self.group, measure_noise=policies.needs_noise)
         # Where the run stands and what each step runs with; fed by what this group measures.

@@ -80,12 +80,13 @@ class BatchConfig(Section):
         for i, (epoch, batch) in enumerate(self.schedule):
             where = f"batch.schedule[{i}]"
             if not math.isfinite(epoch) or epoch < 0:
-                raise ValueError(f"{where}: epoch {epoch} must be a finite number >= 0")
+                raise ValueError(f"{where}: epoch {epoch} must be a finite number >= 0; write [epoch, batch] with "
+                                 f"an epoch from 0 on, e.g. [3, 256]")
             if epoch <= prev_epoch:
                 raise ValueError(f"{where}: epoch {epoch} is not after the previous entry's {prev_epoch}; "
                                  "list [epoch, batch] pairs in increasing epoch order")
             if batch <= 0:
-                raise ValueError(f"{where}: batch {batch} must be > 0")
+                raise ValueError(f"{where}: batch {batch} must be > 0; give a positive global batch, e.g. [3, 256]")
             if batch < prev_batch:
                 before = "batch.size" if i == 0 else "the previous entry's batch"
                 raise ValueError(f"{where}: batch {batch} is below {before} {prev_batch}; the batch only grows, "

@@ -103,12 +103,14 @@ class ScheduleConfig(Section):
         if self.decay == "step" and not self.milestones:
             raise ValueError("schedule.milestones: required when schedule.decay is 'step'; e.g. [30, 60, 80]")
         if any(m < 0 for m in self.milestones):
-            raise ValueError(f"schedule.milestones: epochs must be >= 0 (got {self.milestones})")
+            raise ValueError(f"schedule.milestones: epochs must be >= 0 (got {self.milestones}); list epochs from 0 "
+                             f"on, e.g. [30, 60, 80]")
         if any(b <= a for a, b in zip(self.milestones, self.milestones[1:])):
-            raise ValueError(f"schedule.milestones: must be strictly increasing (got {self.milestones})")
+            raise ValueError(f"schedule.milestones: must be strictly increasing (got {self.milestones}); list each "
+                             f"epoch once, in order, e.g. [30, 60, 80]")
         if self.auto_max_lr <= self.auto_init_lr:
             raise ValueError(f"schedule.auto_max_lr: {self.auto_max_lr} must be above schedule.auto_init_lr "
-                             f"{self.auto_init_lr}")
+                             f"{self.auto_init_lr}; raise auto_max_lr or lower auto_init_lr")
         return self
 
     def check_total_epochs(self, total_epochs: float) -> None:

@@ -37,7 +37,8 @@ from torch import nn
 
 from trainers.data.datasets import DataConfig, InMemoryData, dataset_info, load_data
 from trainers.data.order import epoch_permutation, global_batch
-from trainers.workload.factory import (FactoryError, LossFn, build_datasets, build_model as build_factory_model, cross_entropy, resolve_loss, token_cross_entropy)
+from trainers.workload.batchnorm import guard_single_samples
+from trainers.workload.factory import (FactoryError, LossFn, ProbeReport, build_datasets, build_model as build_factory_model, cross_entropy, resolve_loss, token_cross_entropy)
 from trainers.workload.models import ModelConfig, build_model as build_named_model
 from trainers.data.sampler import LoaderConfig, RankLoader, fetch, rank_micro_batches
 
@@ -134,23 +135,25 @@ def largest_batch(batch: Any) -> int:
     return int(max(sizes))
 
 
-def probe_config(cfg: Any, functions: Functions | None = None) -> str | None:
-    """Run :func:`trainers.workload.factory.probe` on the config's workload (driver, before Ray starts).
+def probe_config(cfg: Any, functions: Functions | None = None) -> ProbeReport | None:
+    """Run :func:`trainers.workload.factory.probe_report` on the config's workload (driver, before Ray starts).
 
-    Only workloads that are not entirely built-in image ones are probed (those are tested code).
-    Returns the probe's warning (a BatchNorm model) or ``None``; raises :class:`FactoryError`.
+    Only workloads that are not entirely built-in image ones are probed (those are tested code; the
+    driver checks their shapes on PyTorch's ``meta`` device): ``None`` for those.  Returns what the
+    probe saw (its BatchNorm warning, the training set's size, the layers that cannot train on one
+    sample); raises :class:`FactoryError`.
     """
     data, model = cfg.data, cfg.model
     if data.in_memory and model.factory is None and not model.loss:
         return None
-    from trainers.workload.factory import probe, resolve
+    from trainers.workload.factory import probe_report, resolve
 
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     resolve(data_fn, "data.factory")  # the data's import errors first
     model_fn, model_params = model_factory(model, data, functions)
 
     check_size = not data.in_memory
-    return probe(model_fn, data_fn, model.loss_name(), model_params=model_params, data_params=data_params,
+    return probe_report(model_fn, data_fn, model.loss_name(), model_params=model_params, data_params=data_params,
                  global_batch=largest_batch(cfg.batch) if check_size else None,
                  model_field="model.factory" if model.factory else "model.name",
                  data_field="data.factory" if data.factory else "data.name")
@@ -179,8 +182,13 @@ class Workload:
         return self.tensors.num_train if self.tensors is not None else len(self.train)
 
 
-def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: bool = False) -> Workload:
+def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: bool = False,
+                   single_sample_guard: bool = False) -> Workload:
     """Datasets, then model (in that order after the caller's ``torch.manual_seed``), then loss.
+    ``single_sample_guard`` (the worker loop): the model's BatchNorm layers take an epoch's
+    single-sample tail with their running statistics
+    (:func:`trainers.workload.batchnorm.guard_single_samples`); a model built to be logged or
+    exported is left as its factory made it.
 
     ``raw_pixels``: CIFAR-10's inputs stay uint8 with their mean/std (``load_data(raw=True)``) for a
     caller that normalises each batch (the worker loop's :class:`trainers.data.pipeline.InputPipeline`)."""
@@ -190,7 +198,7 @@ def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: boo
         tensors = load_data(data, cfg.train.seed, raw=raw_pixels)
         built = build_named_model(tensors.info, model) if model.factory is None else \
             build_factory_model(*model_factory(model, data, functions))
-        return Workload(built, loss_fn, tensors=tensors)
+        return Workload(guard_single_samples(built) if single_sample_guard else built, loss_fn, tensors=tensors)
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     train, val = build_datasets(data_fn, data_params, "data.factory" if data.factory else "data.name")
     built = build_factory_model(*model_factory(model, data, functions),
@@ -199,7 +207,8 @@ def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: boo
     if loss_fn is token_cross_entropy:
         _, y = train[0]
         tokens = int(torch.as_tensor(y).numel())
-    return Workload(built, loss_fn, train=train, val=val, tokens_per_sample=tokens)
+    return Workload(guard_single_samples(built) if single_sample_guard else built, loss_fn, train=train, val=val,
+                    tokens_per_sample=tokens)
 
 
 def train_size(cfg: Any, functions: Functions | None = None) -> int:

@@ -25,6 +25,7 @@ import difflib
 import importlib
 import io
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+FORM_HINT = "write it as package.module:function, e.g. my_project.models:build"
 PATH_HINT = ("put its folder on PYTHONPATH, install it with `pip install -e <project>`, "
              "or list it in code.py_modules")
 
@@ -62,30 +64,33 @@ def resolve(spec: str | Callable[..., Any], field: str) -> Callable[..., Any]:
     if callable(spec):
         return spec
     if not isinstance(spec, str) or ":" not in spec:
-        raise FactoryError(f"{field}: {spec!r} is not of the form 'package.module:function'")
+        raise FactoryError(f"{field}: {spec!r} is not of the form 'package.module:function'; {FORM_HINT}")
     module_name, _, attr = spec.partition(":")
     module_name, attr = module_name.strip(), attr.strip()
     if not module_name or not attr:
-        raise FactoryError(f"{field}: {spec!r} is not of the form 'package.module:function'")
+        raise FactoryError(f"{field}: {spec!r} is not of the form 'package.module:function'; {FORM_HINT}")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if _is_missing_module(exc, module_name):
             raise FactoryError(f"{field}: cannot import {module_name!r}: no module named {exc.name!r} on this "
                                f"Python's path; {PATH_HINT}") from None
-        raise FactoryError(f"{field}: importing {module_name!r} raised {_one_line(exc)}") from None
+        raise FactoryError(f"{field}: importing {module_name!r} raised {_one_line(exc)}; install what it imports "
+                           f"or fix that import") from None
     except (Exception, SystemExit) as exc:  # the user's module failed while running
-        raise FactoryError(f"{field}: importing {module_name!r} raised {_one_line(exc)}") from None
+        raise FactoryError(f"{field}: importing {module_name!r} raised {_one_line(exc)}; fix the module so that "
+                           f"it imports cleanly (python -c 'import {module_name}')") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]
             close = difflib.get_close_matches(part, names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else f"; name a function defined in {module_name}"
             raise FactoryError(f"{field}: {module_name!r} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise FactoryError(f"{field}: {spec!r} is a {type(obj).__name__}, not a callable")
+        raise FactoryError(f"{field}: {spec!r} is a {type(obj).__name__}, not a callable; name the function (or "
+                           f"class) that builds it")
     return obj
 
 
@@ -104,14 +109,47 @@ def qualified_name(fn: Callable[..., Any]) -> str | None:
     return f"{module}:{qual}" if found is fn else None
 
 
+def params_problem(fn: Callable[..., Any], params: Mapping[str, Any], params_field: str) -> str | None:
+    """Why ``fn(**params)`` cannot bind (a keyword ``fn`` does not take, one it needs and lacks), as
+    one line naming ``params_field`` and the fix; ``None`` when it binds or the signature is unknown."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    kinds = inspect.Parameter
+    takes = [p.name for p in sig.parameters.values() if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not any(p.kind is kinds.VAR_KEYWORD for p in sig.parameters.values()):
+        for key in params:
+            if key not in takes:
+                close = difflib.get_close_matches(str(key), takes, n=1)
+                fix = f"did you mean {close[0]}?" if close else f"remove it from {params_field}"
+                return (f"{params_field}: {name}() takes no argument {key!r}; {fix} (it takes "
+                        f"{', '.join(takes) or 'no arguments'})")
+    for p in sig.parameters.values():
+        if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY) and p.default is kinds.empty \
+                and p.name not in params:
+            return f"{params_field}: {name}() needs the argument {p.name!r}; add it to {params_field}, e.g. " \
+                   f"{{{p.name}: ...}}"
+    return None
+
+
 def _call(fn: Callable[..., Any], params: Mapping[str, Any] | None, field: str) -> Any:
+    params_field = f"{field.split('.')[0]}.params"
+    problem = params_problem(fn, dict(params or {}), params_field)
+    if problem:
+        raise FactoryError(problem)
     try:
         return fn(**dict(params or {}))
     except TypeError as exc:
-        raise FactoryError(f"{field}: calling it with params {sorted((params or {}))} failed: "
-                           f"{_one_line(exc)}") from None
+        raise FactoryError(f"{params_field}: calling {field.split('.', 1)[-1]} {getattr(fn, '__name__', '')} with "
+                           f"{sorted(params or {})} failed: {_one_line(exc)}; fix {params_field} (or the "
+                           f"factory)") from None
     except Exception as exc:
-        raise FactoryError(f"{field}: the factory raised {_one_line(exc)}") from None
+        raise FactoryError(f"{field}: the factory raised {_one_line(exc)}; fix the factory or the values in "
+                           f"{params_field}") from None
 
 
 def _is_map_style(ds: Any) -> bool:
@@ -124,23 +162,26 @@ def check_datasets(result: Any, field: str = "data.factory") -> tuple[Any, Any]:
     """``result`` as ``(train, val)`` map-style datasets, or a :class:`FactoryError` saying what was expected."""
     expected = "a (train, val) pair of map-style datasets with __len__ and __getitem__(i) -> (input, target)"
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise FactoryError(f"{field}: returned {type(result).__name__}, expected {expected}")
+        raise FactoryError(f"{field}: returned {type(result).__name__}, expected {expected}; return (train, val)")
     for name, ds in zip(("train", "val"), result):
         if not _is_map_style(ds):
             raise FactoryError(f"{field}: {name} is a {type(ds).__name__} without __len__/__getitem__, "
-                               f"expected {expected}")
+                               f"expected {expected}; return map-style datasets (torch.utils.data.Dataset)")
         if len(ds) == 0:
-            raise FactoryError(f"{field}: the {name} dataset is empty")
+            raise FactoryError(f"{field}: the {name} dataset is empty; check what the factory reads (and "
+                               f"{field.split('.')[0]}.params)")
     sample = result[0][0]
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise FactoryError(f"{field}: train[0] is a {type(sample).__name__}, expected an (input, target) pair")
+        raise FactoryError(f"{field}: train[0] is a {type(sample).__name__}, expected an (input, target) pair; "
+                           f"make __getitem__ return (input, target)")
     return result[0], result[1]
 
 
 def check_model(result: Any, field: str = "model.factory") -> nn.Module:
     """``result`` if it is a ``torch.nn.Module``, else a :class:`FactoryError`."""
     if not isinstance(result, nn.Module):
-        raise FactoryError(f"{field}: returned {type(result).__name__}, expected a torch.nn.Module")
+        raise FactoryError(f"{field}: returned {type(result).__name__}, expected a torch.nn.Module; return the "
+                           f"model itself")
     return result
 
 
@@ -148,7 +189,8 @@ def check_dataset_size(train: Any, global_batch: int, field: str = "data.factory
     """A training set smaller than the global batch cannot fill one step: :class:`FactoryError`."""
     if len(train) < global_batch:
         raise FactoryError(f"{field}: the training set has {len(train)} samples, fewer than the global batch "
-                           f"of {global_batch} (batch.size / the largest batch the policy reaches)")
+                           f"of {global_batch} (batch.size / the largest batch the policy reaches); lower "
+                           f"batch.size (and batch.max_size) to at most {len(train)}, or give more data")
 
 
 def build_datasets(spec: str | Callable[..., Any], params: Mapping[str, Any] | None = None,
@@ -192,7 +234,8 @@ def resolve_loss(spec: str | LossFn | None, field: str = "model.loss") -> LossFn
     if isinstance(spec, str) and spec in LOSSES:
         return LOSSES[spec]
     if isinstance(spec, str) and ":" not in spec:
-        raise FactoryError(f"{field}: {spec!r} is neither one of {sorted(LOSSES)} nor a 'package.module:function'")
+        raise FactoryError(f"{field}: {spec!r} is neither one of {sorted(LOSSES)} nor a 'package.module:function'; "
+                           f"use one of those names or {FORM_HINT}")
     return resolve(spec, field)
 
 
@@ -200,7 +243,7 @@ def check_loss_output(loss: Any, batch: int, field: str = "model.loss") -> torch
     """The loss of a micro-batch of ``batch`` samples must be a tensor of shape ``[batch]``."""
     if not isinstance(loss, torch.Tensor):
         raise FactoryError(f"{field}: returned {type(loss).__name__}, expected a tensor of shape [{batch}] "
-                           "(one loss per sample)")
+                           "(one loss per sample); return the per-sample losses (reduction='none')")
     if tuple(loss.shape) != (batch,):
         raise FactoryError(f"{field}: returned shape {list(loss.shape)} for {batch} samples, expected "
                            f"[{batch}] (one loss per sample, not a mean; use reduction='none')")
@@ -219,21 +262,46 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
+@dataclass(frozen=True)
+class ProbeReport:
+    """What :func:`probe_report` learned: the BatchNorm warning (or ``None``), the training set's
+    size, and the batch-statistics layers that cannot train on a micro-batch of one sample
+    (:func:`trainers.workload.batchnorm.single_sample_layers`)."""
+
+    warning: str | None
+    train_size: int
+    single_sample_layers: tuple[str, ...] = ()
+
+
 def probe(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
           loss_fn: str | LossFn | None = None, *, model_params: Mapping[str, Any] | None = None,
           data_params: Mapping[str, Any] | None = None, global_batch: int | None = None,
           model_field: str = "model.factory", data_field: str = "data.factory",
           loss_field: str = "model.loss") -> str | None:
-    """Run the workload contract once on two samples; return a warning or ``None``, raise :class:`FactoryError`.
+    """Run the workload contract once on two samples; return a warning or ``None``, raise :class:`FactoryError`
+    (:func:`probe_report`, its warning only)."""
+    return probe_report(model_fn, data_fn, loss_fn, model_params=model_params, data_params=data_params,
+                        global_batch=global_batch, model_field=model_field, data_field=data_field,
+                        loss_field=loss_field).warning
+
+
+def probe_report(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
+                 loss_fn: str | LossFn | None = None, *, model_params: Mapping[str, Any] | None = None,
+                 data_params: Mapping[str, Any] | None = None, global_batch: int | None = None,
+                 model_field: str = "model.factory", data_field: str = "data.factory",
+                 loss_field: str = "model.loss") -> ProbeReport:
+    """Run the workload contract once on two samples; raise :class:`FactoryError` or report what it saw.
 
     Steps: build the datasets and check them (and ``len(train) >= global_batch`` when given);
     build the model; fetch ``train[0:2]`` (batched via ``__getitems__`` when present); forward and
     loss in training mode (the loss must have shape ``[2]``); backward of its sum (every
     parameter that requires a gradient may get one); save the state dict and load it back with
     ``torch.load(weights_only=True)`` into a fresh model from the same factory
-    (``load_state_dict(strict=True)``).  The warning is returned when the model has BatchNorm.
+    (``load_state_dict(strict=True)``).  A model with BatchNorm gets the warning, and a forward of
+    ``train[0]`` alone names the layers that cannot train on one sample.
     """
     from trainers.data.sampler import fetch
+    from trainers.workload.batchnorm import single_sample_layers
 
     train, _ = build_datasets(data_fn, data_params, data_field)
     if global_batch is not None:
@@ -244,21 +312,25 @@ def probe(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
     try:
         x, y = fetch(train, idx)
     except Exception as exc:
-        raise FactoryError(f"{data_field}: loading train[{idx}] and collating failed: {_one_line(exc)}") from None
+        raise FactoryError(f"{data_field}: loading train[{idx}] and collating failed: {_one_line(exc)}; make "
+                           f"__getitem__ return (input, target) tensors of one shape") from None
     model.train()
     try:
         out = model(x)
     except Exception as exc:
-        raise FactoryError(f"{model_field}: forward on two training samples failed: {_one_line(exc)}") from None
+        raise FactoryError(f"{model_field}: forward on two training samples failed: {_one_line(exc)}; make the "
+                           f"model take a batch of the dataset's inputs") from None
     try:
         value = loss(out, y)
     except Exception as exc:
-        raise FactoryError(f"{loss_field}: failed on the model's output for two samples: {_one_line(exc)}") from None
+        raise FactoryError(f"{loss_field}: failed on the model's output for two samples: {_one_line(exc)}; make "
+                           f"it take (output, target) of a batch") from None
     value = check_loss_output(value, len(idx), loss_field)
     try:
         value.sum().backward()
     except Exception as exc:
-        raise FactoryError(f"{model_field}: backward through the loss failed: {_one_line(exc)}") from None
+        raise FactoryError(f"{model_field}: backward through the loss failed: {_one_line(exc)}; keep the "
+                           f"loss differentiable in the model's parameters") from None
     buf = io.BytesIO()
     try:
         torch.save(model.state_dict(), buf)
@@ -269,5 +341,9 @@ def probe(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
         raise
     except Exception as exc:
         raise FactoryError(f"{model_field}: the state dict does not survive torch.save/torch.load(weights_only=True) "
-                           f"into a fresh model: {_one_line(exc)}") from None
-    return BATCHNORM_WARNING if has_batchnorm(model) else None
+                           f"into a fresh model: {_one_line(exc)}; keep only tensors in the state dict and build "
+                           f"the same parameters on every call") from None
+    if not has_batchnorm(model):
+        return ProbeReport(None, len(train))
+    one, _ = fetch(train, [0])
+    return ProbeReport(BATCHNORM_WARNING, len(train), tuple(single_sample_layers(model, one)))

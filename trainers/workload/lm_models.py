@@ -32,7 +32,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0) -> None:
         super().__init__()
         if d_model % n_head:
-            raise ValueError(f"model.params: d_model ({d_model}) must be a multiple of n_head ({n_head})")
+            fit = max(n_head, d_model - d_model % n_head)
+            raise ValueError(f"model.params: d_model ({d_model}) must be a multiple of n_head ({n_head}); set "
+                             f"model.params d_model to {fit} or n_head to a divisor of {d_model}")
         self.n_head, self.dropout = n_head, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
