@@ -14,7 +14,7 @@ import time
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.pipeline import load_config
 from orchestrator.ui import open_hint
-from orchestrator.uris import redact_uri
+from orchestrator.uris import redact_text, redact_uri
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -183,15 +183,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port: must be between 1 and 65535 (got {args.port})")
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):
-        raise ConfigError(f"--tracking-uri: {uri} does not exist yet; train a run first "
+        raise ConfigError(f"--tracking-uri: {redact_uri(uri)} does not exist yet; train a run first "
                           f"(python -m orchestrator train configs/quickstart.yaml) or pass the store that holds your runs")
     try:
         runs = ui.recent_runs(uri, args.experiment, args.run)
     except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line
-        what = f"--run: no run {args.run!r} in {uri}" if args.run else f"--tracking-uri: cannot read {uri}"
+        shown = redact_uri(uri)
+        what = f"--run: no run {args.run!r} in {shown}" if args.run else f"--tracking-uri: cannot read {shown}"
         raise ConfigError(f"{what} ({type(e).__name__}); check the id and the tracking URI") from None
     if ui.is_server_uri(uri):
-        base, proc = uri.rstrip("/"), None
+        base, proc = ui.ui_base(uri), None  # links without the URI's user and password
     else:
         port = args.port or ui.free_port()
         base = f"http://127.0.0.1:{port}"
@@ -205,7 +206,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
             return 1
         print(f"MLflow UI at {base}  (answered after {time.monotonic() - t0:.1f} s; Ctrl-C stops it)")
     if not runs:
-        print(f"no runs yet in {uri}")
+        print(f"no runs yet in {redact_uri(uri)}")
     for r in runs:
         status = r.info.status.lower()
         print(f"  {r.info.run_name or r.info.run_id:<28} {status:<9} {ui.run_url(base, r.info.experiment_id, r.info.run_id)}")
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             return cmd_ui(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact_text(str(e))}", file=sys.stderr)  # a message may quote a URI given
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # before a run existed (a run's own interruption is reported above)
         print("\ninterrupted before training started: no run was recorded", file=sys.stderr)

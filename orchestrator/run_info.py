@@ -17,7 +17,7 @@ import socket
 from typing import Any, Protocol
 
 from orchestrator.config import ConfigError, RootConfig, public_config
-from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, redact_uri
+from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
 
 RUN_INFO = "elastic_run.json"
 DRIVER_LOCK = "driver.lock"
@@ -90,7 +90,7 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
     from mlflow.tracking import MlflowClient
 
     try:
-        run = MlflowClient(uri).get_run(ref)
+        run = MlflowClient(mlflow_uri(uri)).get_run(ref)
     except MlflowException:
         raise ConfigError(f"run: {ref!r} is neither an MLflow run id in {redact_uri(uri)} nor a run storage "
                           f"directory holding {RUN_INFO}; pass one of those (or --tracking-uri)") from None
@@ -116,7 +116,7 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
     from mlflow.tracking import MlflowClient
 
     try:
-        client = MlflowClient(uri)
+        client = MlflowClient(mlflow_uri(uri))
         run = client.get_run(run_id)
         steps = client.get_metric_history(run_id, "train/loss")
     except MlflowException:
