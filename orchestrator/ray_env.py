@@ -1,5 +1,6 @@
 """Starting (or joining) Ray for a training run or a search, with Ray's own noise and
-background CPU kept down (this machine's cores are the training's)."""
+background CPU kept down (this machine's cores are the training's), and a local Ray reachable
+from this machine only: its processes listen on 127.0.0.1, and it asks for Ray's token."""
 
 from __future__ import annotations
 
@@ -50,13 +51,67 @@ def quiet_ray_env(verbose: bool) -> None:
         os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
 
 
+RAY_SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch between its multi-node mode and its single-machine one (the default on macOS and
+Windows), where the node's address is 127.0.0.1 and so every Ray server binds loopback only."""
+
+
+@contextlib.contextmanager
+def _single_machine_ray() -> Iterator[None]:
+    """Within this block a Ray started with ``ray.init`` is a single-machine one: the node address
+    is 127.0.0.1, and the GCS, the raylet, Ray's agents and every worker process listen there only
+    (in multi-node mode Ray turns even ``_node_ip_address="127.0.0.1"`` into the machine's network
+    address, and its servers listen on all interfaces).
+
+    Ray reads the switch (:data:`RAY_SINGLE_MACHINE_SWITCH`) when it is imported, which here is
+    usually before (orchestrator.monitor imports ``ray`` at its top): the processes ``ray.init`` starts get it from
+    the environment (and hand it on to the workers they start), this process through Ray's constant;
+    both are put back afterwards, so a later ``ray start`` from this process is not changed.  A value
+    the user set is left alone."""
+    if os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
+        yield
+        return
+    from ray._private import ray_constants
+
+    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    os.environ[RAY_SINGLE_MACHINE_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        os.environ.pop(RAY_SINGLE_MACHINE_SWITCH, None)
+        ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def _token_auth() -> None:
+    """Ray's token authentication for a cluster started here (``RAY_AUTH_MODE=token``, what the
+    cluster files start their nodes with), unless ``RAY_AUTH_MODE`` is set already.  Ray caches
+    the mode when it is imported: it is read again here, as Ray does when it turns the token on by
+    itself (Ray 2.60 does for a new local cluster; this keeps it on whatever a version's default)."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except (ImportError, AttributeError):  # a Ray without that cache: its own default applies
+        del os.environ["RAY_AUTH_MODE"]
+
+
 def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
                runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the cluster in ``RAY_ADDRESS`` (e.g. under ``ray job submit``) or start a local one.
 
     ``runtime_env`` (the user's code, orchestrator/code.py) becomes the job's runtime environment
     of a local cluster started here, so every actor (a search's trial actors too) inherits it.
-    Returns True when this call started Ray (so the caller should shut it down)."""
+    Returns True when this call started Ray (so the caller should shut it down).
+
+    A local cluster is always a new one of this process (never a ``ray start`` cluster that happens
+    to run on the machine: that one is named with ``RAY_ADDRESS``), on 127.0.0.1 only
+    (:func:`_single_machine_ray`), with Ray's token authentication (``RAY_AUTH_MODE=token``, as the
+    cluster files start their nodes; the token is ``~/.ray/auth_token``, made if missing) unless
+    ``RAY_AUTH_MODE`` says otherwise."""
     quiet_ray_env(verbose)
     import ray
 
@@ -80,7 +135,9 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
             os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
         if runtime_env:
             kwargs["runtime_env"] = runtime_env
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        _token_auth()
+        with _single_machine_ray():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
     if _term_as_interrupt and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
     if not verbose:
