@@ -5,6 +5,7 @@ from this machine only: its processes listen on 127.0.0.1, and it asks for Ray's
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -56,19 +57,32 @@ RAY_SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 Windows), where the node's address is 127.0.0.1 and so every Ray server binds loopback only."""
 
 
+def _is_loopback(address: str) -> bool:
+    """Whether a Ray address (``host:port``) names this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address and "://" not in address else ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @contextlib.contextmanager
-def _single_machine_ray() -> Iterator[None]:
+def _single_machine_ray(active: bool = True) -> Iterator[None]:
     """Within this block a Ray started with ``ray.init`` is a single-machine one: the node address
     is 127.0.0.1, and the GCS, the raylet, Ray's agents and every worker process listen there only
     (in multi-node mode Ray turns even ``_node_ip_address="127.0.0.1"`` into the machine's network
-    address, and its servers listen on all interfaces).
+    address, and its servers listen on all interfaces).  A driver that joins such a Ray
+    (``RAY_ADDRESS=127.0.0.1:PORT``) needs the same mode, or Ray turns that address into the
+    machine's network one, where nothing answers.
 
     Ray reads the switch (:data:`RAY_SINGLE_MACHINE_SWITCH`) when it is imported, which here is
     usually before (orchestrator.monitor imports ``ray`` at its top): the processes ``ray.init`` starts get it from
     the environment (and hand it on to the workers they start), this process through Ray's constant;
     both are put back afterwards, so a later ``ray start`` from this process is not changed.  A value
     the user set is left alone."""
-    if os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
+    if not active or os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
         yield
         return
     from ray._private import ray_constants
@@ -119,8 +133,10 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
         return False
     level = logging.INFO if verbose else logging.ERROR
     kwargs: dict[str, Any] = dict(logging_level=level, log_to_driver=verbose, configure_logging=True)
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(**kwargs)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below
+            ray.init(**kwargs)
     else:
         # A local cluster we start ourselves has no node that a cloud provider could preempt:
         # Ray Train's preemption watcher only costs training throughput there (~10% on 2 cores).
