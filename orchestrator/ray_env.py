@@ -78,10 +78,10 @@ def _single_machine_ray(active: bool = True) -> Iterator[None]:
     machine's network one, where nothing answers.
 
     Ray reads the switch (:data:`RAY_SINGLE_MACHINE_SWITCH`) when it is imported, which here is
-    usually before (orchestrator.monitor imports ``ray`` at its top): the processes ``ray.init`` starts get it from
-    the environment (and hand it on to the workers they start), this process through Ray's constant;
-    both are put back afterwards, so a later ``ray start`` from this process is not changed.  A value
-    the user set is left alone."""
+    usually earlier (orchestrator.monitor imports ``ray`` at its top): the processes ``ray.init``
+    starts get it from the environment (and hand it on to the workers they start), this process
+    through Ray's constant; both are put back afterwards, so a later ``ray start`` from this
+    process is not changed.  A value the user set is left alone."""
     if not active or os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
         yield
         return
