@@ -132,6 +132,8 @@ def _files_holding(folder, secret: bytes) -> list[str]:
     for root, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(root, name)
+            if not os.path.isfile(path):  # a Ray session's sockets
+                continue
             with open(path, "rb") as f:
                 if secret in f.read():
                     found.append(path)
@@ -174,3 +176,36 @@ def test_a_password_in_the_tracking_uri_reaches_no_output_log_param_tag_or_artif
     out, err = capfd.readouterr()
     assert PASSWORD not in out + err and USER not in out + err
     assert f"http://127.0.0.1:{proxy.port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out, out
+
+
+def test_a_study_tracked_with_a_password_shows_it_nowhere(ray_cluster, tmp_path, guarded_server, capfd, caplog):
+    """``python -m search run`` with the same URI: the driver's lines, the parent and the trial's
+    runs, the files left and the shared Ray's logs (where a trial actor's own output goes)."""
+    from mlflow.tracking import MlflowClient
+
+    from search.cli import main as search_main
+    from tests.search_helpers import base_config, write_space
+
+    store, proxy = guarded_server
+    uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}"
+    space = write_space(tmp_path, "creds", base=base_config(tmp_path), objective={"metric": "val/accuracy"},
+                        sampler={"name": "random", "seed": 0}, pruner="none",
+                        params={"optimizer.lr": {"low": 0.02, "high": 0.2, "log": True}})
+    caplog.set_level(logging.INFO)
+    rc = search_main(["run", space, "--storage", str(tmp_path / "optuna.journal"), "--tracking-uri", uri,
+                      "--trials", "1", "--no-progress", "--verbose"])
+    out, err = capfd.readouterr()
+    assert rc == 0, out + err
+    assert proxy.allowed > 0 and proxy.denied == 0, (proxy.allowed, proxy.denied)
+    assert PASSWORD not in out + err and PASSWORD not in caplog.text
+    assert f"http://127.0.0.1:{proxy.port}/#/experiments/" in out, out
+
+    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = USER, PASSWORD
+    client = MlflowClient(f"http://127.0.0.1:{proxy.port}")
+    runs = client.search_runs([client.get_experiment_by_name("search-tests").experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}  # the parent and trial 0
+    assert not [(r.info.run_name, k) for r in runs for k, v in {**r.data.params, **r.data.tags}.items()
+                if PASSWORD in v]
+    assert _files_holding(tmp_path, PASSWORD.encode()) == []
+    logs = ray_cluster._private.worker._global_node.get_session_dir_path()
+    assert _files_holding(logs, PASSWORD.encode()) == []
