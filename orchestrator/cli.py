@@ -15,7 +15,7 @@ from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.flags import OneLineParser, number, set_without_equals
 from orchestrator.pipeline import prepare
 from orchestrator.ui import open_hint
-from orchestrator.uris import redact_uri
+from orchestrator.uris import redact_text, redact_uri
 from trainers.loop.storage import join
 
 EXIT_BAD_INPUT = 2
@@ -181,15 +181,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):
-        raise ConfigError(f"--tracking-uri: {uri} does not exist yet; train a run first "
+        raise ConfigError(f"--tracking-uri: {redact_uri(uri)} does not exist yet; train a run first "
                           f"(python -m orchestrator train configs/quickstart.yaml) or pass the store that holds your runs")
     try:
         runs = ui.recent_runs(uri, args.experiment, args.run)
     except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line
-        what = f"--run: no run {args.run!r} in {uri}" if args.run else f"--tracking-uri: cannot read {uri}"
+        shown = redact_uri(uri)
+        what = f"--run: no run {args.run!r} in {shown}" if args.run else f"--tracking-uri: cannot read {shown}"
         raise ConfigError(f"{what} ({type(e).__name__}); check the id and the tracking URI") from None
     if ui.is_server_uri(uri):
-        base, proc = uri.rstrip("/"), None
+        base, proc = ui.ui_base(uri), None  # links without the URI's user and password
     else:
         port = args.port or ui.free_port()
         base = f"http://127.0.0.1:{port}"
@@ -203,7 +204,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
             return 1
         print(f"MLflow UI at {base}  (answered after {time.monotonic() - t0:.1f} s; Ctrl-C stops it)")
     if not runs:
-        print(f"no runs yet in {uri}")
+        print(f"no runs yet in {redact_uri(uri)}")
     for r in runs:
         status = r.info.status.lower()
         print(f"  {r.info.run_name or r.info.run_id:<28} {status:<9} {ui.run_url(base, r.info.experiment_id, r.info.run_id)}")
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ui":
             return cmd_ui(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact_text(str(e))}", file=sys.stderr)  # a message may quote a URI given
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # before a run existed (a run's own interruption is reported above)
         print("\ninterrupted before training started: no run was recorded", file=sys.stderr)

@@ -1,9 +1,12 @@
-"""Starting (or joining) Ray for a training run or a search, with Ray's own noise and
-background CPU kept down (this machine's cores are the training's)."""
+"""Starting (or joining) Ray for a training run or a search.
+
+Ray's own noise and background CPU are kept down (this machine's cores are the training's), and a local Ray reachable
+from this machine only: its processes listen on 127.0.0.1, and it asks for Ray's token."""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -50,13 +53,80 @@ def quiet_ray_env(verbose: bool) -> None:
         os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
 
 
+RAY_SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch between its multi-node mode and its single-machine one (the default on macOS and
+Windows), where the node's address is 127.0.0.1 and so every Ray server binds loopback only."""
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a Ray address (``host:port``) names this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address and "://" not in address else ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def _single_machine_ray(active: bool = True) -> Iterator[None]:
+    """Within this block a Ray started with ``ray.init`` is a single-machine one: the node address
+    is 127.0.0.1, and the GCS, the raylet, Ray's agents and every worker process listen there only
+    (in multi-node mode Ray turns even ``_node_ip_address="127.0.0.1"`` into the machine's network
+    address, and its servers listen on all interfaces).  A driver that joins such a Ray
+    (``RAY_ADDRESS=127.0.0.1:PORT``) needs the same mode, or Ray turns that address into the
+    machine's network one, where nothing answers.
+
+    Ray reads the switch (:data:`RAY_SINGLE_MACHINE_SWITCH`) when it is imported, which here is
+    usually earlier (orchestrator.monitor imports ``ray`` at its top): the processes ``ray.init``
+    starts get it from the environment (and hand it on to the workers they start), this process
+    through Ray's constant; both are put back afterwards, so a later ``ray start`` from this
+    process is not changed.  A value the user set is left alone."""
+    if not active or os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
+        yield
+        return
+    from ray._private import ray_constants
+
+    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    os.environ[RAY_SINGLE_MACHINE_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        os.environ.pop(RAY_SINGLE_MACHINE_SWITCH, None)
+        ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def _token_auth() -> None:
+    """Ray's token authentication for a cluster started here (``RAY_AUTH_MODE=token``, what the
+    cluster files start their nodes with), unless ``RAY_AUTH_MODE`` is set already.  Ray caches
+    the mode when it is imported: it is read again here, as Ray does when it turns the token on by
+    itself (Ray 2.60 does for a new local cluster; this keeps it on whatever a version's default)."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except (ImportError, AttributeError):  # a Ray without that cache: its own default applies
+        del os.environ["RAY_AUTH_MODE"]
+
+
 def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
                runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the cluster in ``RAY_ADDRESS`` (e.g. under ``ray job submit``) or start a local one.
 
     ``runtime_env`` (the user's code, orchestrator/code.py) becomes the job's runtime environment
     of a local cluster started here, so every actor (a search's trial actors too) inherits it.
-    Returns True when this call started Ray (so the caller should shut it down)."""
+    Returns True when this call started Ray (so the caller should shut it down).
+
+    A local cluster is always a new one of this process (never a ``ray start`` cluster that happens
+    to run on the machine: that one is named with ``RAY_ADDRESS``), on 127.0.0.1 only
+    (:func:`_single_machine_ray`), with Ray's token authentication (``RAY_AUTH_MODE=token``, as the
+    cluster files start their nodes; the token is ``~/.ray/auth_token``, made if missing) unless
+    ``RAY_AUTH_MODE`` says otherwise."""
     quiet_ray_env(verbose)
     import ray
 
@@ -64,8 +134,10 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
         return False
     level = logging.INFO if verbose else logging.ERROR
     kwargs: dict[str, Any] = dict(logging_level=level, log_to_driver=verbose, configure_logging=True)
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(**kwargs)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below
+            ray.init(**kwargs)
     else:
         # A local cluster we start ourselves has no node that a cloud provider could preempt:
         # Ray Train's preemption watcher only costs training throughput there (~10% on 2 cores).
@@ -80,7 +152,9 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
             os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
         if runtime_env:
             kwargs["runtime_env"] = runtime_env
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        _token_auth()
+        with _single_machine_ray():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
     if _term_as_interrupt and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
     if not verbose:

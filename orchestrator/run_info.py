@@ -24,7 +24,7 @@ import uuid
 from typing import Any, Callable, Protocol
 
 from orchestrator.config import ConfigError, RootConfig, public_config
-from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, redact_uri
+from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
 from trainers.loop.storage import is_uri, join, pid_alive, reach_problem, resolve, store_for
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
     from mlflow.tracking import MlflowClient
 
     try:
-        run = MlflowClient(uri).get_run(ref)
+        run = MlflowClient(mlflow_uri(uri)).get_run(ref)
     except MlflowException:
         raise ConfigError(f"run: {ref!r} is neither an MLflow run id in {redact_uri(uri)} nor a run storage "
                           f"directory holding {RUN_INFO}; pass one of those (or --tracking-uri)") from None
@@ -149,7 +149,7 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
     from mlflow.tracking import MlflowClient
 
     try:
-        client = MlflowClient(uri)
+        client = MlflowClient(mlflow_uri(uri))
         run = client.get_run(run_id)
         steps = client.get_metric_history(run_id, "train/loss")
     except MlflowException:

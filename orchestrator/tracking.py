@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 from orchestrator.config import RootConfig, public_config
-from orchestrator.ui import mark_experiment
+from orchestrator.ui import experiment_id
+from orchestrator.uris import mlflow_uri, redact_text
 from trainers.link import metrics as M
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
@@ -115,9 +116,10 @@ class RunTracker:
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        self.uri = cfg.tracking.resolved_uri()
-        mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(self.uri)
+        self.uri = cfg.tracking.resolved_uri()  # as given (its credentials, redacted, tell resume to ask again)
+        self._mlflow_uri = mlflow_uri(self.uri)  # what MLflow sees: never a password (it prints its URI)
+        mlflow.set_tracking_uri(self._mlflow_uri)
+        self.client = MlflowClient(self._mlflow_uri)
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self._logged: set[tuple[str, int]] = set()
         self._segments: dict[str, _Segment] = {}  # piecewise metric -> its open segment
@@ -128,9 +130,8 @@ class RunTracker:
         self.written_upto = -1  # every record up to this step is written to MLflow (what the driver acks)
         self._system: Any = None  # MLflow's system-metrics monitor (start_system_metrics)
         if run_id is None:
-            exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
-            exp_id = exp.experiment_id if exp else self.client.create_experiment(cfg.tracking.experiment)
-            mark_experiment(self.client, exp_id)  # MLflow's UI opens it in the model-training view
+            # artifacts beside the store; MLflow's UI opens it in the model-training view
+            exp_id = experiment_id(self.client, self.uri, cfg.tracking.experiment)
             all_tags = {**source_tags(), **(tags or {})}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
@@ -238,8 +239,9 @@ class RunTracker:
         self.written_upto = self._buffered_upto
 
     def set_tags(self, tags: dict[str, Any]) -> None:
+        """Tags (failures, notes: free text that may quote a URI) with any credential redacted."""
         for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, str(v))
+            self.client.set_tag(self.run_id, k, redact_text(str(v)))
 
     # -- artifacts -----------------------------------------------------------------------
 
@@ -304,7 +306,8 @@ class RunTracker:
         try:
             return self.log_pytorch_model(model_state, cfg, functions, register)
         except Exception as e:  # noqa: BLE001 - the run trained; its weights are logged above
-            message = f"the MLflow model was not logged ({type(e).__name__}: {str(e)[:300]}); model/model.pt holds the weights"
+            why = redact_text(str(e))[:300]
+            message = f"the MLflow model was not logged ({type(e).__name__}: {why}); model/model.pt holds the weights"
             warn(f"warning: {message}")
             self.set_tags({"elastic.model_error": message})
             return None, None
@@ -372,7 +375,7 @@ class RunTracker:
         except ImportError:
             return False
         self._system = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_EVERY_S, resume_logging=resume,
-                                            tracking_uri=self.uri)
+                                            tracking_uri=self._mlflow_uri)
         self._system.start()
         return True
 

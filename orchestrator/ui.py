@@ -8,7 +8,9 @@ orchestrator tags every experiment it creates or uses (:func:`mark_experiment`) 
 with the parameter (:func:`run_url`).
 
 For a local store (a SQLite file or a folder) the command starts ``mlflow server`` on 127.0.0.1
-with one worker (a free port, or ``--port``); for a tracking server it only prints links to it.
+with one worker (a free port, or ``--port``), its artifacts where the store keeps them
+(orchestrator/uris.py ``artifacts_destination``); for a tracking server it only prints links to it,
+without the user and password a tracking URI may carry.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+from orchestrator.uris import (artifacts_destination, experiment_artifact_location, mlflow_uri, public_url,
+                               redact_uri)
 
 ML_VIEW = "workflowType=machine_learning"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -43,20 +48,18 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
 
 
 def ui_base(tracking_uri: str, port: int = DEFAULT_PORT) -> str:
-    """Where the UI for ``tracking_uri`` answers: the server itself, or ``orchestrator ui``'s address."""
-    return tracking_uri.rstrip("/") if is_server_uri(tracking_uri) else f"http://127.0.0.1:{port}"
+    """Where the UI for ``tracking_uri`` answers: the server itself (without the user and password
+    its URI may carry: the browser asks for them), or ``orchestrator ui``'s address."""
+    return public_url(tracking_uri).rstrip("/") if is_server_uri(tracking_uri) else f"http://127.0.0.1:{port}"
 
 
 def open_hint(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """The line an end-of-run summary prints: the direct link, and how to serve it for a local store."""
-    from orchestrator.uris import redact_uri
-
-    tracking_uri = redact_uri(tracking_uri)
     url = run_url(ui_base(tracking_uri), experiment_id, run_id)
     if is_server_uri(tracking_uri):
         return f"open the run:    {url}"
     return (f"open the run:    {url}\n"
-            f"                 (serve it first: python -m orchestrator ui --tracking-uri {tracking_uri})")
+            f"                 (serve it first: python -m orchestrator ui --tracking-uri {redact_uri(tracking_uri)})")
 
 
 def mark_experiment(client: Any, experiment_id: str) -> None:
@@ -67,6 +70,27 @@ def mark_experiment(client: Any, experiment_id: str) -> None:
             client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
     except Exception:  # noqa: BLE001 - a view preference must never fail a run
         pass
+
+
+def experiment_id(client: Any, tracking_uri: str, name: str) -> str:
+    """The id of experiment ``name``, created if it does not exist yet with its artifacts where the
+    store keeps them (beside a SQLite file, not in ``./mlruns`` of the current folder), and marked
+    as a model-training one (:func:`mark_experiment`)."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(name, artifact_location=experiment_artifact_location(tracking_uri, name))
+        except MlflowException:  # created by another process (a search's trials) since the lookup
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            exp_id = exp.experiment_id
+    else:
+        exp_id = exp.experiment_id
+    mark_experiment(client, exp_id)
+    return exp_id
 
 
 def free_port(preferred: int = DEFAULT_PORT) -> int:
@@ -99,9 +123,14 @@ def wait_until_answering(url: str, proc: subprocess.Popen | None = None, timeout
 
 def start_server(tracking_uri: str, port: int, verbose: bool = False) -> subprocess.Popen:
     """``mlflow server`` over a local store on 127.0.0.1:``port``, one worker.  Its artifacts are
-    the runs' own artifact locations (served through the server), so nothing is copied."""
+    the runs' own artifact locations (served through the server), so nothing is copied; what is
+    logged through it (an experiment created in the UI) goes where the store keeps its artifacts
+    (``--artifacts-destination``), not into ``./mlartifacts`` of the current folder."""
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    destination = artifacts_destination(tracking_uri)
+    if destination is not None:
+        cmd += ["--artifacts-destination", destination]
     out = None if verbose else subprocess.DEVNULL
     # no background job runner (it serves GenAI features, and starts ten worker processes)
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -128,7 +157,7 @@ def recent_runs(tracking_uri: str, experiment: str | None, run_id: str | None, l
     """The runs to link: ``run_id`` alone, else the newest top-level runs of ``experiment`` (all if None)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
+    client = MlflowClient(mlflow_uri(tracking_uri))
     if run_id:
         return [client.get_run(run_id)]
     if experiment:

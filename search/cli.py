@@ -126,7 +126,7 @@ def _run_summary(s, storage_arg: str) -> str:
         f"  storage        {s.storage}",
         f"  MLflow parent  {s.parent_run_id} (experiment id {s.experiment_id})",
         f"  tracking URI   {redact_uri(s.tracking_uri)}",
-        f"show it:         python -m search show {s.study_name} --storage {store}",
+        f"show it:         python -m search show {s.study_name} --storage {redact_uri(store)}",
         open_hint(s.tracking_uri, s.experiment_id, s.parent_run_id),
     ]
     return "\n".join(lines)
@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             return cmd_show(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from orchestrator.uris import redact_text
+
+        print(f"error: {redact_text(str(e))}", file=sys.stderr)  # a message may quote a URI given
         return EXIT_BAD_INPUT
     return EXIT_BAD_INPUT
 

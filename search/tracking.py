@@ -26,7 +26,8 @@ import time
 import warnings
 from typing import Any
 
-from orchestrator.ui import mark_experiment
+from orchestrator.ui import experiment_id
+from orchestrator.uris import mlflow_uri
 from search.space import SearchSpace
 from search.view import (best_key, best_note, best_points, objective_key, objective_points, settled_upto,
                          table_csv, table_json, trials_table)
@@ -44,6 +45,7 @@ def _client(uri: str) -> Any:
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    uri = mlflow_uri(uri)  # what MLflow sees: never a password (it prints and quotes its URI)
     mlflow.set_tracking_uri(uri)
     return MlflowClient(uri)
 
@@ -59,9 +61,8 @@ class StudyTracker:
                  existing_run_id: str | None = None):
         self.uri, self.study_name, self.storage, self.space = uri, study_name, storage, space
         self.client = _client(uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
-        mark_experiment(self.client, self.experiment_id)  # MLflow's UI opens it in the model-training view
+        # artifacts beside the store; MLflow's UI opens it in the model-training view
+        self.experiment_id = experiment_id(self.client, uri, experiment)
         self.run_id = self._find(existing_run_id)
         self.resumed = self.run_id is not None
         if self.run_id is None:

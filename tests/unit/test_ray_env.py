@@ -1,4 +1,5 @@
-"""orchestrator/ray_env.py: SIGTERM as Ctrl-C for the CLI drivers (no Ray started here)."""
+"""orchestrator/ray_env.py: SIGTERM as Ctrl-C for the CLI drivers, and the switches a local Ray is
+started with (no Ray started here; tests/integration/test_local_ray_loopback.py starts one)."""
 
 import os
 import signal
@@ -25,3 +26,25 @@ def test_sigterm_inside_the_block_raises_keyboard_interrupt_and_the_old_handler_
         assert seen == ["old"]
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("address, loopback", [("127.0.0.1:6379", True), ("localhost:6379", True), ("[::1]:6379", True),
+                                               ("192.0.2.2:6379", False), ("auto", False),
+                                               ("ray://127.0.0.1:10001", False)])
+def test_a_driver_joining_a_loopback_address_is_told_apart(address, loopback):
+    assert ray_env._is_loopback(address) is loopback
+
+
+def test_single_machine_mode_holds_for_ray_init_only_and_leaves_a_users_choice(monkeypatch):
+    from ray._private import ray_constants
+
+    switch = ray_env.RAY_SINGLE_MACHINE_SWITCH
+    monkeypatch.delenv(switch, raising=False)
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    with ray_env._single_machine_ray():
+        # what ray.init and the processes it starts read: the node address is 127.0.0.1
+        assert os.environ[switch] == "0" and ray_constants.ENABLE_RAY_CLUSTER is False
+    assert switch not in os.environ and ray_constants.ENABLE_RAY_CLUSTER is before
+    monkeypatch.setenv(switch, "1")
+    with ray_env._single_machine_ray():
+        assert os.environ[switch] == "1" and ray_constants.ENABLE_RAY_CLUSTER is before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from orchestrator.uris import absolute_tracking_uri
 
 
@@ -170,3 +172,17 @@ def test_interactive_plots_are_one_page_with_plotly_embedded_once(tracked, monke
     assert "<div id='optimization_history'><script>" in text and "<div id='intermediate_values'></div>" in text
     assert "param_importances" not in text  # needs two complete trials
     assert f"<title>study {study.study_name}: Optuna plots</title>" in text
+
+
+def test_a_studys_parent_run_keeps_its_artifacts_beside_the_store(tmp_path, monkeypatch):
+    """A study started from another folder: the space file (an artifact of the parent run) lands
+    under the store's folder, and nothing under ./mlruns of the command's folder."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    tracker = StudyTracker(uri, "studies", "s1", "optuna.journal", _space(tmp_path))
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    assert run.info.artifact_uri.startswith(str(tmp_path / "store" / "mlartifacts"))
+    assert (tmp_path / "store" / "mlartifacts" / "studies" / tracker.run_id / "artifacts" / "space.yaml").is_file()
+    assert os.listdir(tmp_path / "cwd") == []
