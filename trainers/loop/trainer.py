@@ -138,7 +138,8 @@ class Trainer:
         self.gns = self.noise.gns if self.noise is not None else None  # the estimator (checkpointed)
         self.opt = build_optimizer(base, cfg.optimizer)
         self.state = TrainState()
-        self.channel = Channel(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0)
+        self.channel = Channel(runtime.monitor_name, runtime.namespace, enabled=self.rank == 0,
+                               judged=runtime.judged_metrics)
         self.checkpoints = CheckpointManager(self.checkpoint_states(), storage=runtime.storage,
                                              run_prefix=runtime.run_prefix, run_name=runtime.run_name,
                                              keep=cfg.checkpoint.keep, writer=self.rank == 0, warn=self._warn,
@@ -525,7 +526,8 @@ class Trainer:
                     if not self.rollback.recover(self, e.step, e.value):
                         raise
                     continue
-                flush = self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
+                flush = (self.should_flush() or epoch_ended or self.finished() or overlap_to > 0
+                         or self.runtime.judges(metrics))  # a judged value goes to the driver at once
                 decision = self.push(metrics, meter, flush, overlap=overlap_to > 0)
                 if self.cfg.train.compile and self.state.step == first_step + 1:
                     meter.read()  # the throughput window starts after compilation (the first step)
