@@ -139,3 +139,10 @@ def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs
     assert trials[0].user_attrs["error"] == "interrupted (Ctrl-C)"
     assert {t.user_attrs["retry_of"]: t.params for t in trials[2:]} == {0: trials[0].params, 1: trials[1].params}
     assert [r.state for r in d.records] == ["FAIL", "FAIL"] and not d.running
+
+
+def test_the_driver_keeps_a_dozen_things_or_fewer():
+    """Slots, pruning, liveness and where trials write are objects of their own."""
+    d = FakeDriver([A], {})
+    assert len(vars(d)) - len(("outcomes", "launched", "most_running")) <= 12, sorted(vars(d))
+    assert d.objectives == ["val/accuracy"] and d.running is d.slots.running
