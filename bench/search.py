@@ -14,13 +14,20 @@ Aim: the pruned search within 1 accuracy point of the grid's best, at no more th
 steps.  Wall time is reported but on one small machine it is dominated by each trial's fixed cost
 (a Ray Train worker group starting and stopping, ~20 s), which pruning does not remove.
 
+What pruning saved, per search: what its pruned trials trained past the step they were judged at
+(steps and samples; a pruned trial stops by its next evaluation, ``train.eval_every`` = 10 steps
+here), what the search trained, what it would have trained had every trial run to its end
+(``orchestrator.plan``: each trial's planned steps and samples), and the share pruning saved.
+
     .venv/bin/python bench/search.py [--trials 8] [--parallel 2] [--pruners median,hyperband]
         [--space full] [--epochs 4] [--report both|samples|steps] [--quick]
 
 ``--quick`` (CI): the 2-point space (lr 0.03 or 0.3; momentum 0.9, B=32), 1 epoch, 2 trials
 of the median-pruned TPE search reporting at samples seen.
 
-Last line: ``steps_ratio=<best pruned search's steps / grid's steps> gap_points=<grid best - its best>``.
+Last line: ``steps_ratio=<best pruned search's steps / grid's steps> gap_points=<grid best - its best>
+saved_samples=<share of the samples that search's trials would have trained to their ends, saved by
+pruning> past_judged_steps=<most steps a pruned trial of any search trained past its judged step>``.
 """
 
 from __future__ import annotations
@@ -91,7 +98,43 @@ def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: in
     return {"name": name, "trials": len(recs), "complete": summary.count("COMPLETE"),
             "pruned": summary.count("PRUNED"), "failed": summary.count("FAIL"), "best": best,
             "steps": sum(r.steps for r in recs), "samples": sum(r.samples for r in recs), "wall_s": wall,
-            "best_params": summary.best[0].params if summary.best else {}}
+            "best_params": summary.best[0].params if summary.best else {},
+            **pruning_saved(recs, tmp, epochs)}
+
+
+_PLANNED: dict[tuple, tuple[int, int]] = {}
+
+
+def planned(tmp: str, epochs: float, values: dict) -> tuple[int, int]:
+    """The steps and samples a trial of these sampled values trains when it runs to its end."""
+    key = (epochs, tuple(sorted(values.items())))
+    if key not in _PLANNED:
+        from orchestrator.config import validate
+        from orchestrator.plan import make_plan
+        from orchestrator.progress import total_samples
+        from search.space import set_path
+
+        raw = base_config(tmp, epochs)
+        for path, v in values.items():
+            set_path(raw, path, v)
+        cfg = validate(raw)
+        _PLANNED[key] = (make_plan(cfg).total_steps, total_samples(cfg))
+    return _PLANNED[key]
+
+
+def pruning_saved(recs: list, tmp: str, epochs: float) -> dict:
+    """What pruning saved in one search: past the judged step (pruned trials: the steps and samples
+    trained after the step their value was judged at) and against running every trial to its end."""
+    ran = [r for r in recs if r.state != "FAIL" and r.duplicate_of is None]
+    pruned = [r for r in ran if r.state == "PRUNED" and r.pruned_at is not None]
+    past_steps = [r.steps - r.pruned_at for r in pruned]
+    past_samples = [r.samples - r.pruned_samples for r in pruned if r.pruned_samples is not None]
+    full = [planned(tmp, epochs, r.params) for r in ran]
+    to_end_steps, to_end_samples = sum(f[0] for f in full), sum(f[1] for f in full)
+    trained_steps, trained_samples = sum(r.steps for r in ran), sum(r.samples for r in ran)
+    return {"past_steps": sum(past_steps), "past_steps_max": max(past_steps, default=0),
+            "past_samples": sum(past_samples), "to_end_steps": to_end_steps, "to_end_samples": to_end_samples,
+            "saved_steps": to_end_steps - trained_steps, "saved_samples": to_end_samples - trained_samples}
 
 
 def main() -> None:
@@ -138,6 +181,16 @@ def main() -> None:
     print(table(rows, ("search", "trials", "complete", "pruned", "failed", "best_val_acc", "gap_points", "steps",
                        "steps_ratio", "samples", "samples_ratio", "wall_s", "wall_ratio")))
     print()
+    rows = []
+    for r in results:
+        share = r["saved_samples"] / r["to_end_samples"] if r["to_end_samples"] else 0.0
+        rows.append((r["name"], r["pruned"], r["past_steps"], r["past_steps_max"], r["past_samples"], r["samples"],
+                     r["to_end_samples"], r["saved_samples"], f"{share:.0%}", r["saved_steps"]))
+    print("compute saved by pruning (past_judged: trained by pruned trials after the step they were judged at; "
+          "to_end: every trial run to its end)")
+    print(table(rows, ("search", "pruned", "past_judged_steps", "max_per_trial", "past_judged_samples", "samples",
+                       "to_end_samples", "saved_samples", "saved", "saved_steps")))
+    print()
     for r in results:
         print(f"{r['name']:<16} best params: {r['best_params']}")
     by_name = {r["name"]: r for r in results}
@@ -157,7 +210,12 @@ def main() -> None:
         print(f"\n{pick['name']}: {gap:.2f} points below the grid's best at {ratio:.0%} of its steps "
               f"({pick['wall_s'] / grid['wall_s']:.0%} of its wall time); aim: <= 1 point at <= 35% of the steps: "
               f"{'met' if ok else 'not met'}")
-        print(f"steps_ratio={ratio:.3f} gap_points={gap:.2f}")
+        saved = pick["saved_samples"] / pick["to_end_samples"] if pick["to_end_samples"] else 0.0
+        past = max(r["past_steps_max"] for r in searched)
+        print(f"{pick['name']}: pruning saved {saved:.0%} of the samples its trials would have trained to their "
+              f"ends; a pruned trial trained at most {past} steps past the step it was judged at "
+              f"(bound: one evaluation interval, {base_config(tmp, args.epochs)['train']['eval_every']} steps)")
+        print(f"steps_ratio={ratio:.3f} gap_points={gap:.2f} saved_samples={saved:.3f} past_judged_steps={past}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class MonitorState:
         self._events: list[Event] = []
         self._stop = False
         self._acked = -1
+        self._judged = -1  # the driver judged the records up to this step (a search's pruner)
         self.resize: Resize | None = None  # the resize of the current phase, once decided
         self._handover_paths: dict[int, str | None] = {}  # new phase -> checkpoint path (None: cancelled)
         self._done: list[Resize] = []
@@ -95,7 +96,8 @@ class MonitorState:
         self._records.extend(records)
         self._events.extend(events)
         r = self.resize
-        return PushAnswer(stop=self._stop, acked=self._acked, handover=bool(r and r.ready and r.path is None))
+        return PushAnswer(stop=self._stop, acked=self._acked, handover=bool(r and r.ready and r.path is None),
+                          judged=self._judged)
 
     def starting(self, phase: int, when: float) -> None:
         """The driver starts ``phase``'s group cold (its ``fit()`` is called at ``when``); its first
@@ -186,6 +188,12 @@ class MonitorState:
 
     def request_stop(self) -> None:
         self._stop = True
+
+    def judged(self, step: int, stop: bool) -> None:
+        """The driver's verdict on the records up to ``step`` (a search trial's pruner): ``stop``
+        or go on.  Rank 0 waits for it at its next judged value (trainers/link/channel.py)."""
+        self._stop = self._stop or stop
+        self._judged = max(self._judged, int(step))
 
 
 Monitor = ray.remote(num_cpus=0)(MonitorState)

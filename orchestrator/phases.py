@@ -198,43 +198,227 @@ class Failed(RunState):
         return self
 
 
+# --------------------------------------------------------------------------- what the runner keeps
+
+
+class RunNames:
+    """Where a run's phases go: the storage they share and each phase's Ray Train run name."""
+
+    def __init__(self, run_id: str, storage_path: str) -> None:
+        self.train_run_name = f"elastic-{run_id}"  # all phases and resumes share it
+        self.storage_path = resolve(storage_path)  # a local folder made absolute, or a URI
+        self.resumes = 0  # set by run_training for a resumed run: keeps phase run names unique
+        self.last_idx = -1  # the newest phase started (a failed early start keeps its index)
+
+    def phase_run_name(self, phase: int) -> str:
+        """Each phase is its own Ray Train run (two may run at once during an overlapping
+        resize); the workers restore the newest checkpoint across all of them."""
+        if phase == 0:
+            return self.train_run_name
+        return f"{self.train_run_name}-r{self.resumes}p{phase}"
+
+
+class MonitorLink:
+    """The driver's handle on the run's monitor actor (orchestrator/monitor.py), and what the
+    workers are told about it (``Runtime``)."""
+
+    def __init__(self) -> None:
+        self.actor: Any = None
+        self.name, self.namespace = "", None
+        self.judged_metrics: list[str] = []  # values the driver judges (a pruned search trial)
+
+    def create(self, cfg: RootConfig, resources: dict[str, float]) -> None:
+        import ray
+
+        from orchestrator.monitor import Monitor
+        from trainers.policies.resize import WorkerCount
+
+        s = cfg.scaling
+        self.namespace = ray.get_runtime_context().namespace
+        self.name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
+        overlap = resources if s.resize_mode == "overlap" else None
+        self.actor = Monitor.options(name=self.name, namespace=self.namespace).remote(
+            WorkerCount.from_config(cfg), overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
+
+    def runtime(self, **fields: Any) -> Runtime:
+        """What a phase's workers are told: this monitor, the judged metrics, and ``fields``."""
+        return Runtime(monitor_name=self.name, namespace=self.namespace, judged_metrics=list(self.judged_metrics),
+                       **fields)
+
+    def kill(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+            self.actor = None
+
+
+class EventBook:
+    """What the workers' events told the driver: every event, when each phase's group entered its
+    loop and made its first step, restarts of a group, a divergence, a new group wanted beside the
+    running one."""
+
+    def __init__(self, restarts: int) -> None:
+        self.events: list[Event] = []
+        self.t_start = time.time()
+        self.restarts = restarts
+        self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
+        self.starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
+        self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
+        self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
+        self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
+
+    def observe(self, ev: Event) -> list[Event]:
+        """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
+        self.events.append(ev)
+        if isinstance(ev, Diverged):
+            self.diverged = ev
+        elif isinstance(ev, FirstStep):
+            self.first_step.setdefault(ev.phase, ev.time)
+        elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
+            self.overlap_wanted = ev.workers
+        elif isinstance(ev, PhaseStart):
+            self.starts[ev.phase] = self.starts.get(ev.phase, 0) + 1
+            self.entered.setdefault(ev.phase, ev.entered)
+            if self.starts[ev.phase] > 1:  # the same phase started again: Ray Train restarted the group
+                self.restarts += 1
+                return [GroupRestarted(step=ev.step, workers=ev.workers, restarts=self.restarts)]
+        return []
+
+    def take_overlap_wanted(self) -> int | None:
+        """The workers of a new group to start beside the running one, once."""
+        want, self.overlap_wanted = self.overlap_wanted, None
+        return want
+
+    def first_step_s(self) -> float | None:
+        """Seconds from the run's start to its first optimizer step."""
+        return next((ev.time - self.t_start for ev in self.events if isinstance(ev, FirstStep)), None)
+
+    def ended_since(self, seen: int) -> bool:
+        """Whether a group said it ended (stopped, finished, diverged) after the first ``seen`` events."""
+        return any(isinstance(ev, (msg.Stopped, msg.Finished, Diverged)) for ev in self.events[seen:])
+
+    @property
+    def stopped(self) -> bool:
+        """The last group stopped before the planned end (the driver asked it to)."""
+        ends = [ev for ev in self.events if isinstance(ev, (msg.Stopped, msg.Finished, Diverged))]
+        return bool(ends) and isinstance(ends[-1], msg.Stopped)
+
+
+class ResizeBook:
+    """The run's resizes: the last one until its new group's first step measures it, those
+    measured (as ``RunSummary.resizes`` lists them), and those called off."""
+
+    def __init__(self) -> None:
+        self.measured: list[dict[str, Any]] = []
+        self.called_off = 0  # overlapping resizes whose new group never took over
+        self.unmeasured: ResizeRecord | None = None
+
+    def record(self, old: _Phase, r: Resize) -> ResizeRecord:
+        record = ResizeRecord(from_workers=old.workers, to=r.to, mode=r.mode, step=int(r.handover_step),
+                              time=r.handover_time, decided=r.time, fit_returned=old.ended, phase=old.idx + 1)
+        self.unmeasured = record
+        return record
+
+    def measure(self, book: EventBook) -> ResizeRecord | None:
+        """The last resize, measured (:meth:`ResizeRecord.measure`) once its new group has made
+        its first step; ``None`` until then."""
+        r = self.unmeasured
+        if r is None or r.fit_called is None or r.phase not in book.first_step:
+            return None
+        self.unmeasured = None
+        r.measure(entered=book.entered.get(r.phase, r.fit_called), first=book.first_step[r.phase])
+        self.measured.append(r.as_dict())
+        return r
+
+
 # --------------------------------------------------------------------------- the runner
 
 
 class PhaseRunner:
-    """Runs one training run as a sequence of ``fit()`` phases (the context the states act on)."""
+    """Runs one training run as a sequence of ``fit()`` phases (the context the states act on).
+
+    What it keeps is split by concern: ``names`` (where phases go), ``link`` (the monitor actor),
+    ``book`` (what the workers' events said), ``resize_book`` (measured resizes), ``listeners``
+    (what is done with records and events)."""
 
     def __init__(self, cfg: RootConfig, tracker: RunTracker, verbose: bool = False, progress: bool = True,
                  on_records: Callable[[list[Record]], None] | None = None,
                  functions: dict[str, Callable[..., Any]] | None = None):
-        self.cfg, self.tracker, self.verbose = cfg, tracker, verbose
+        self.cfg, self.tracker = cfg, tracker
         self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
         self.progress = Progress(total_samples(cfg, functions), enabled=progress)
         self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
         if on_records is not None:
             self.listeners.append(RecordsCallback(on_records))
         self.poll_s = POLL_S  # how often the monitor is drained (a search lowers it to prune sooner)
-        self.train_run_name = f"elastic-{tracker.run_id}"  # all phases and resumes share it
-        self.storage_path = resolve(cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
-        self.events: list[Event] = []
-        self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
-        self.monitor: Any = None
-        self.monitor_name, self.namespace = "", None
-        self.t_start = time.time()
-        self.restarts = int(tracker.last_value(M.RESTARTS, 0))
-        self.resumes = 0  # set by run_training for a resumed run: keeps phase run names unique
+        self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path)
+        self.link = MonitorLink()
+        self.book = EventBook(restarts=int(tracker.last_value(M.RESTARTS, 0)))
+        self.resize_book = ResizeBook()
         self.state: RunState = Starting()
-        self.last_idx = -1
-        self.called_off = 0  # overlapping resizes whose new group never took over
-        self.resizes: list[dict[str, Any]] = []  # measured resizes, as RunSummary lists them
-        self._starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
-        self._entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
-        self._first_step: dict[int, float] = {}  # phase -> when its group made its first step
-        self._overlap_wanted: int | None = None  # workers of a new group to start beside the old one
-        self._unmeasured: ResizeRecord | None = None  # the last resize, until its new group's first step
-        from trainers.policies.resize import WorkerCount
 
-        self.worker_count = WorkerCount.from_config(cfg)  # the one the batch plan asks (trainers/policies/plan.py)
+    # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
+
+    @property
+    def train_run_name(self) -> str:
+        return self.names.train_run_name
+
+    @property
+    def storage_path(self) -> str:
+        return self.names.storage_path
+
+    @property
+    def resumes(self) -> int:
+        return self.names.resumes
+
+    @resumes.setter
+    def resumes(self, n: int) -> None:
+        self.names.resumes = n
+
+    @property
+    def t_start(self) -> float:
+        return self.book.t_start
+
+    @t_start.setter
+    def t_start(self, t: float) -> None:
+        self.book.t_start = t
+
+    @property
+    def monitor(self) -> Any:
+        return self.link.actor
+
+    @monitor.setter
+    def monitor(self, actor: Any) -> None:
+        self.link.actor = actor
+
+    @property
+    def events(self) -> list[Event]:
+        return self.book.events
+
+    @property
+    def diverged(self) -> Diverged | None:
+        return self.book.diverged
+
+    @property
+    def restarts(self) -> int:
+        return self.book.restarts
+
+    @property
+    def resizes(self) -> list[dict[str, Any]]:
+        return self.resize_book.measured
+
+    @property
+    def called_off(self) -> int:
+        return self.resize_book.called_off
+
+    @property
+    def last_idx(self) -> int:
+        return self.names.last_idx
+
+    def first_step_s(self) -> float | None:
+        """Seconds from the run's start to its first optimizer step."""
+        return self.book.first_step_s()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -262,9 +446,7 @@ class PhaseRunner:
                 ray.get(self.monitor.cancel_overlap.remote(early.idx))
             for listener in self.listeners:
                 listener.close()
-            if self.monitor is not None:
-                ray.kill(self.monitor)
-                self.monitor = None
+            self.link.kill()
 
     def _stop_and_drain(self, wait_s: float) -> None:
         """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the
@@ -273,7 +455,7 @@ class PhaseRunner:
         seen, deadline = len(self.events), time.monotonic() + wait_s
         while True:
             self.pump(timeout=max(0.1, deadline - time.monotonic()))
-            if any(isinstance(ev, (msg.Stopped, msg.Finished, Diverged)) for ev in self.events[seen:]):
+            if self.book.ended_since(seen):
                 return
             if time.monotonic() >= deadline:
                 return
@@ -283,26 +465,33 @@ class PhaseRunner:
         if self.monitor is not None:
             self.monitor.request_stop.remote()
 
-    def first_step_s(self) -> float | None:
-        """Seconds from the run's start to its first optimizer step."""
-        return next((ev.time - self.t_start for ev in self.events if isinstance(ev, FirstStep)), None)
+    def judge(self, metrics: list[str]) -> None:
+        """Before the run starts: the driver judges these metrics' values (a pruned search trial);
+        rank 0 waits for the verdict on one at the next (:meth:`verdict`)."""
+        self.link.judged_metrics = list(metrics)
+
+    def verdict(self, step: int, stop: bool) -> None:
+        """The driver judged the values up to ``step``: ``stop`` the run there, or go on."""
+        if self.monitor is not None:
+            self.monitor.judged.remote(int(step), bool(stop))
+
+    @property
+    def stopped(self) -> bool:
+        """The run ended because it was asked to stop, before its planned end."""
+        return self.book.stopped
 
     # -- phases ----------------------------------------------------------------------------------
 
     def initial_workers(self) -> int:
         """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
-        workers = self.worker_count.initial(self.cfg.batch.size)
+        from trainers.policies.resize import WorkerCount
+
+        # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
+        workers = WorkerCount.from_config(self.cfg).initial(self.cfg.batch.size)
         return max(workers, min(int(self.tracker.last_value(M.WORKERS, 0)), self.cfg.scaling.max_workers))
 
     def phase_run_name(self, phase: int) -> str:
-        """A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
-``FailureConfig``): the driver sees the same phase start again and counts it (``restarts``).
-
-Each phase is its own Ray Train run (two may run at once during an overlapping
-        resize); the workers restore the newest checkpoint across all of them."""
-        if phase == 0:
-            return self.train_run_name
-        return f"{self.train_run_name}-r{self.resumes}p{phase}"
+        return self.names.phase_run_name(phase)
 
     def resources(self) -> dict[str, float]:
         s = self.cfg.scaling
@@ -321,9 +510,8 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         num_workers: int | tuple[int, int] = workers
         if s.min_workers < workers:
             num_workers = (s.min_workers, workers)
-        runtime = Runtime(monitor_name=self.monitor_name, namespace=self.namespace, phase=phase, workers=workers,
-                          handover=handover, storage=self.storage_path, run_prefix=self.train_run_name,
-                          run_name=self.phase_run_name(phase))
+        runtime = self.link.runtime(phase=phase, workers=workers, handover=handover, storage=self.storage_path,
+                                    run_prefix=self.train_run_name, run_name=self.phase_run_name(phase))
         payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
         if self.functions:
             payload["functions"] = dict(self.functions)  # cloudpickled by Ray
@@ -344,7 +532,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         ph = _Phase(idx, workers, self._trainer(workers, idx, handover))
         if not handover and self.monitor is not None:  # a cold start: what a resize's new group costs here
             self.monitor.starting.remote(idx, time.time())
-        self.last_idx = max(self.last_idx, idx)  # a failed early start keeps its index (and run name)
+        self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
         ph.thread.start()
         return ph
 
@@ -372,16 +560,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
     # -- the monitor -------------------------------------------------------------------------------
 
     def make_monitor(self) -> None:
-        import ray
-
-        from orchestrator.monitor import Monitor
-
-        s = self.cfg.scaling
-        self.namespace = ray.get_runtime_context().namespace
-        self.monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
-        overlap = self.resources() if s.resize_mode == "overlap" else None
-        self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace).remote(
-            self.worker_count, overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
+        self.link.create(self.cfg, self.resources())
 
     def poll(self, ph: _Phase) -> None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump."""
@@ -403,8 +582,9 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
                 upto = next((i for i, r in enumerate(records) if r[0] > step), len(records))
                 self._deliver(records[:upto])
                 records = records[upto:]
-            self.events.append(ev)
-            self._observe(ev)
+            implied = self.book.observe(ev)
+            for driver_event in implied:
+                self.emit(driver_event)
             self.emit(ev)
             if isinstance(ev, FirstStep):
                 self.maybe_measure_resize()
@@ -419,25 +599,9 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         for listener in self.listeners:
             listener.on_event(event)
 
-    def _observe(self, ev: Event) -> None:
-        """The runner's own bookkeeping of the workers' events."""
-        if isinstance(ev, Diverged):
-            self.diverged = ev
-        elif isinstance(ev, FirstStep):
-            self._first_step.setdefault(ev.phase, ev.time)
-        elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
-            self._overlap_wanted = ev.workers
-        elif isinstance(ev, PhaseStart):
-            self._starts[ev.phase] = self._starts.get(ev.phase, 0) + 1
-            if self._starts[ev.phase] > 1:  # the same phase started again: Ray Train restarted the group
-                self.restarts += 1
-                self.emit(GroupRestarted(step=ev.step, workers=ev.workers, restarts=self.restarts))
-            self._entered.setdefault(ev.phase, ev.entered)
-
     def take_overlap_wanted(self) -> int | None:
         """The workers of a new group to start beside the running one, once."""
-        want, self._overlap_wanted = self._overlap_wanted, None
-        return want
+        return self.book.take_overlap_wanted()
 
     def handover_path(self, phase: int) -> str | None:
         import ray
@@ -463,26 +627,21 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         import ray
 
         ray.get(self.monitor.cancel_overlap.remote(nxt.idx))
-        self.called_off += 1
+        self.resize_book.called_off += 1
         self.emit(ResizeCalledOff(workers=nxt.workers))
         self.wait(nxt)
 
     def record_resize(self, old: _Phase, r: Resize) -> ResizeRecord:
-        record = ResizeRecord(from_workers=old.workers, to=r.to, mode=r.mode, step=int(r.handover_step),
-                              time=r.handover_time, decided=r.time, fit_returned=old.ended, phase=old.idx + 1)
-        self._unmeasured = record
+        record = self.resize_book.record(old, r)
         self.emit(ResizeHandedOver(resize=record))
         return record
 
     def maybe_measure_resize(self) -> None:
         """Measure (and log, through the listeners) the last resize once its new group has made
         its first step (:meth:`ResizeRecord.measure`)."""
-        r = self._unmeasured
-        if r is None or r.fit_called is None or r.phase not in self._first_step:
+        r = self.resize_book.measure(self.book)
+        if r is None:
             return
-        self._unmeasured = None
-        r.measure(entered=self._entered.get(r.phase, r.fit_called), first=self._first_step[r.phase])
         if r.mode == "overlap" and self.monitor is not None and r.latency_s is not None:
             self.monitor.set_costs.remote(pause_s=r.latency_s)
         self.emit(ResizeMeasured(resize=r))
-        self.resizes.append(r.as_dict())

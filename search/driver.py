@@ -3,9 +3,12 @@
 * Parallel trials: each trial runs in its own ``TrialActor`` (``search.trial``, pooled by
   ``search.pool``); at most ``parallel`` at once, and only as many as the cluster's resources fit
   (``search.capacity``: a trial holds its ``max_workers`` times the per-worker CPUs/GPUs).
-* Pruning: the driver polls each running trial for the objective's values at their global steps,
-  ``trial.report``s them and asks ``trial.should_prune()``; on prune it tells the actor to stop
-  (every worker stops at the same step), waits for the run to close, and tells the study PRUNED.
+* Pruning (``search.pruning``): the driver polls each running trial for the objective's values at
+  their global steps, ``trial.report``s them and asks ``trial.should_prune()`` after each; its
+  verdict goes back to the trial's run, which waits for it at its next evaluation, so a condemned
+  trial stops within one evaluation interval (every worker at the same step).  The study is told
+  PRUNED, with the step and value it was judged at, once the run closed before its planned end; a
+  run that reached its end first is judged on its result.
 * A trial whose sampled config is invalid, or whose run raises, is told FAIL with its message
   (user attribute ``error``; tag ``search.error`` on its MLflow run); the study goes on.
 * A trial whose config equals a COMPLETE trial's (``skip_duplicates``) takes that trial's value and
@@ -15,13 +18,16 @@
   deletes their checkpoints and queues their configs again; a re-run of a command whose driver died
   finishes that command's ``--trials``.
 
-Only this driver touches the study's storage (``search.storage``).  A trial's bookkeeping is in
-``search.records``, what the driver shows in ``search.progress``.  See ``docs/architecture.md``
-(the search layer).
+Only this driver touches the study's storage (``search.storage``), through Optuna's public API.
+What it keeps is split by concern: ``slots`` (``search.pool``: trials in flight), ``pruning``
+(``search.pruning``), ``life`` (``search.liveness``), ``targets`` (where a trial's run writes),
+``records``, ``tracker`` and ``bar`` (what it shows: ``search.records``, ``search.tracking``,
+``search.progress``).  See ``docs/architecture.md`` (the search layer).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -30,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, validate
 from search.capacity import Capacity, trial_needs
-from search.liveness import (DEFAULT_HEARTBEAT_S, INVOCATION_ATTR, LOST_ERROR, Heartbeat, Invocation, fail_stale,
-                             grace_s, request_key, requeue, start_invocation, wait_for_verdict)
-from search.pool import ActorPool
+from search.liveness import DEFAULT_HEARTBEAT_S, LOST_ERROR, DriverLife, StudyStore, request_key, requeue
+from search.pool import Slots
 from search.progress import ProgressBar, best_text, trial_line, write_line
-from search.records import PendingTrial, ReportUnit, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
+from search.pruning import Pruning
+from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
 from search.space import SearchSpace
 from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
@@ -43,8 +49,11 @@ from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lo
 from search.view import trial_run_name
 from trainers.loop.storage import join, resolve, store_for
 
+logger = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from optuna import Study
+    from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial, Trial
 
     from search.trial import TrialResult
@@ -68,42 +77,69 @@ class SearchOptions:
     heartbeat_s: int = DEFAULT_HEARTBEAT_S  # the driver's beat; a trial is stale after 3 missed beats
 
 
+class Targets:
+    """Where a trial's run writes: the study's MLflow experiment (``tracking_uri``), the base config's
+    checkpoint folder (``storage_path``), and the user's code its actors need (``runtime_env``);
+    ``storage``: where the study itself lives, as shown."""
+
+    def __init__(self, space: SearchSpace, tracking_uri: str | None, storage_desc: str) -> None:
+        from orchestrator.code import runtime_env
+
+        base_cfg = validate(space.base)
+        self.tracking_uri = absolute_tracking_uri(tracking_uri or base_cfg.tracking.resolved_uri())
+        self.experiment = base_cfg.tracking.experiment
+        self.runtime_env = runtime_env(base_cfg)  # the user's code, for the trial actors (orchestrator/code.py)
+        self.storage_path = resolve(base_cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
+        self.storage = storage_desc
+        self.base_batch = float(base_cfg.batch.size)  # the unit of equal work (records.ReportUnit)
+
+    def runtime(self, raw: dict[str, Any], number: int) -> dict[str, Any]:
+        """Where trial ``number``'s results go: the study's MLflow experiment and the checkpoint folder."""
+        raw.setdefault("tracking", {}).update(uri=self.tracking_uri, experiment=self.experiment,
+                                              run_name=trial_run_name(number))
+        raw.setdefault("checkpoint", {})["storage_path"] = self.storage_path
+        return raw
+
+    def delete_checkpoints(self, run_id: str) -> None:
+        """Every checkpoint folder of the training run of MLflow run ``run_id`` (all its phases)."""
+        store = store_for(self.storage_path)
+        try:
+            for name, kind in store.children(self.storage_path):
+                if kind == "dir" and name.startswith(f"elastic-{run_id}"):
+                    store.remove(join(self.storage_path, name))
+        except OSError as e:  # an object store that does not answer now: the folders stay
+            logger.warning("could not delete the checkpoints of run %s (%s)", run_id, e)
+
+
 class SearchDriver:
     """Runs ``options.trials`` trials of ``space`` in ``study``, ``options.parallel`` at a time, on Ray.
 
     ``run()`` is the whole life of one invocation: open (Ray, capacity, the MLflow parent run, the
-    bar), loop (ask, launch, watch, finish), close (actors, parent run, Ray).
+    bar), loop (ask, launch, watch, finish), close (actors, parent run, Ray).  ``storage``: the
+    storage the study was opened on (``search.storage.open_storage``); without it the driver keeps
+    no heartbeat (a study in memory, as in tests).
     """
 
-    def __init__(self, space: SearchSpace, study: Study, options: SearchOptions, storage_desc: str) -> None:
-        self.space, self.study, self.opts, self.storage_desc = space, study, options, storage_desc
+    def __init__(self, space: SearchSpace, study: Study, options: SearchOptions, storage_desc: str,
+                 storage: BaseStorage | None = None) -> None:
+        self.space, self.study, self.opts = space, study, options
+        self.targets = Targets(space, options.tracking_uri, storage_desc)
+        self.pruning = Pruning(space, study, self.targets.base_batch)
+        self.slots = Slots(options.parallel)
+        self.life = DriverLife(StudyStore(study, storage) if storage is not None else None, options.heartbeat_s)
         self.records: list[TrialRecord] = []
-        self.running: dict[int, RunningTrial] = {}
-        self.pool = ActorPool()
-        base_cfg = validate(space.base)
-        self.tracking_uri = absolute_tracking_uri(options.tracking_uri or base_cfg.tracking.resolved_uri())
-        self.experiment = base_cfg.tracking.experiment
-        from orchestrator.code import runtime_env
-
-        self.runtime_env = runtime_env(base_cfg)  # the user's code, for the trial actors (orchestrator/code.py)
-        self.storage_path = resolve(base_cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
-        self.objectives = [o.metric for o in space.objectives]
-        self.metrics = [o.metric for o in space.objectives if o.per_step]  # what trial actors relay per step
-        # Intermediate values reach the pruner only for a single objective reported per step.
-        self.reports = not space.multi_objective and bool(self.metrics) and self.metrics[0] == self.objectives[0]
-        # ... at equal work (samples, or tokens, in base steps) unless the space asks for global steps
-        stored = study.user_attrs.get("report_unit") or {}
-        self.unit = ReportUnit(space.report_against, float(base_cfg.batch.size),
-                               stored.get("tokens_per_step") if space.report_against == "samples" else None)
-        self.parallel = max(1, options.parallel)
         self.tracker: StudyTracker | None = None
-        self.capacity: Capacity | None = None
         self.bar: ProgressBar | None = None
-        self.to_ask = 0                         # trials still to ask in this invocation
-        self.pending: PendingTrial | None = None  # the asked trial waiting for a slot
-        self.heartbeat: Heartbeat | None = None   # beats for every asked, untold trial (search.liveness)
-        self.invocation: Invocation | None = None  # this command's request, kept in the study
-        self.last_recovery = time.time()
+
+    # -- what other modules and tests read -------------------------------------------------------
+
+    @property
+    def running(self) -> dict[int, RunningTrial]:
+        return self.slots.running
+
+    @property
+    def objectives(self) -> list[str]:
+        return self.pruning.objectives
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -115,15 +151,12 @@ class SearchDriver:
         t0 = time.time()
         self._recover(wait=True)  # the trials of a dead driver: FAIL, runs KILLED, configs queued again
         n_trials = self._trials_to_run()
-        self.heartbeat = Heartbeat(self.study, self.opts.heartbeat_s, self.invocation)
-        self.heartbeat.start()
+        self.life.start_beating()
         status = "FAILED"
         try:
-            started_ray = ensure_ray(self.opts.verbose, runtime_env=self.runtime_env)
+            started_ray = ensure_ray(self.opts.verbose, runtime_env=self.targets.runtime_env)
         except BaseException:
-            self.heartbeat.stop()
-            if self.invocation is not None:
-                self.invocation.beat(stopped=True)  # a re-run of the command takes it over at once
+            self.life.end(done=False)  # a re-run of the command takes it over at once
             raise
         try:
             self._open(n_trials)
@@ -153,15 +186,15 @@ class SearchDriver:
                 self._write(f"the grid is done: all {self.space.grid_size()} points of study "
                             f"{self.study.study_name!r} have been tried")
         n = DEFAULT_TRIALS if n_trials is None else n_trials
-        key = request_key(self.space.text, self.opts.trials)
-        self.invocation, taken = start_invocation(self.study, key, n, self.opts.heartbeat_s, say=self._write)
-        if taken is None:
+        taken = self.life.begin(request_key(self.space.text, self.opts.trials), n, say=self._write)
+        inv = self.life.invocation
+        if taken is None or inv is None:
             return n
-        left = self.invocation.left()
+        left = inv.left()
         if remaining_grid is not None:
             left = min(left, remaining_grid)
-        self._write(f"continuing the same command of a driver that died: {self.invocation.total - left} of its "
-                    f"{self.invocation.total} trials were evaluated, {left} left")
+        self._write(f"continuing the same command of a driver that died: {inv.total - left} of its "
+                    f"{inv.total} trials were evaluated, {left} left")
         return left
 
     def _open(self, n_trials: int) -> None:
@@ -172,12 +205,12 @@ class SearchDriver:
         # what the cluster can ever hold: an autoscaling cluster may start with no workers at all
         from orchestrator.feasibility import autoscaler_max_resources, capacity
 
-        self.capacity = Capacity(capacity(ray.cluster_resources(), autoscaler_max_resources()))
-        self.tracker = StudyTracker(self.tracking_uri, self.experiment, self.study.study_name,
-                                    self.storage_desc, self.space,
+        self.slots.capacity = Capacity(capacity(ray.cluster_resources(), autoscaler_max_resources()))
+        self.tracker = StudyTracker(self.targets.tracking_uri, self.targets.experiment, self.study.study_name,
+                                    self.targets.storage, self.space,
                                     existing_run_id=self.study.user_attrs.get(PARENT_RUN_ATTR))
         self.study.set_user_attr(PARENT_RUN_ATTR, self.tracker.run_id)
-        self.study.set_user_attr("tracking_uri", redact_uri(self.tracking_uri))  # never credentials
+        self.study.set_user_attr("tracking_uri", redact_uri(self.targets.tracking_uri))  # never credentials
         self.study.set_user_attr("base_config", self.space.base)
         self.study.set_user_attr("space", self.space.summary())
         self.bar = ProgressBar(n_trials, self.opts.progress)
@@ -187,7 +220,7 @@ class SearchDriver:
         """Called by ``run`` after ``_open``: each turn asks trials into the free slot, settles a
         waiting duplicate, launches the pending trial if it fits, else watches the running trials for
         ``POLL_S``; ends when nothing runs and nothing is left to ask (or ``--timeout`` stopped the asking)."""
-        self.to_ask, self.pending = n_trials, None
+        self.slots.to_ask, self.slots.pending = n_trials, None
         timed_out = False
         while True:
             timed_out = self.opts.timeout_s is not None and time.time() - t0 >= self.opts.timeout_s
@@ -197,8 +230,8 @@ class SearchDriver:
             if self._drained(timed_out):
                 break
             self._watch()
-        if timed_out and self.to_ask > 0:
-            self._write(f"--timeout reached: {self.to_ask} trial(s) not started")
+        if timed_out and self.slots.to_ask > 0:
+            self._write(f"--timeout reached: {self.slots.to_ask} trial(s) not started")
 
     def _close(self, status: str, wall_s: float, started_ray: bool) -> None:
         """Called by ``run`` at the end, whatever happened: the bar, the actors, the heartbeat (the
@@ -206,14 +239,8 @@ class SearchDriver:
         was running before, or ``ELASTIC_KEEP_RAY`` is set)."""
         if self.bar is not None:
             self.bar.close()
-        self.pool.close()
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
-        if self.invocation is not None:
-            try:  # an unfinished request (Ctrl-C, an error) is taken over at once by a re-run of the command
-                self.invocation.beat(done=status == "FINISHED", stopped=status != "FINISHED")
-            except Exception:
-                pass
+        self.slots.pool.close()
+        self.life.end(done=status == "FINISHED")  # an unfinished request is taken over at once by a re-run
         if self.tracker is not None:
             self._close_parent(status, wall_s)
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
@@ -224,41 +251,41 @@ class SearchDriver:
     def _summary(self, wall_s: float) -> SearchSummary:
         """Called by ``run`` after a normal end: what this invocation did, and the study's best."""
         assert self.tracker is not None
-        return SearchSummary(self.study.study_name, self.storage_desc, self.tracker.run_id, self.tracking_uri,
-                             self.tracker.experiment_id, self.records, len(self.study.trials),
-                             best_trials(self.study), wall_s, list(self.objectives))
+        return SearchSummary(self.study.study_name, self.targets.storage, self.tracker.run_id,
+                             self.targets.tracking_uri, self.tracker.experiment_id, self.records,
+                             len(self.study.trials), best_trials(self.study), wall_s, list(self.objectives))
 
     # -- the loop's steps --------------------------------------------------------------------------
 
     def _ask_into_free_slot(self, timed_out: bool) -> None:
         """Ask trials while none is pending, some are left to ask, the timeout has not passed and a
         slot is free; one that fails on the spot or repeats a completed config counts as asked."""
-        while self.pending is None and self.to_ask > 0 and not timed_out and len(self.running) < self.parallel:
-            self.to_ask -= 1
-            self.pending = self._ask()
+        s = self.slots
+        while s.pending is None and s.to_ask > 0 and not timed_out and s.free:
+            s.to_ask -= 1
+            s.pending = self._ask()
 
     def _settle_twin(self) -> bool:
         """Once the running twin of the pending trial has ended: take its value if it completed (``True``:
         the slot is free again), else let the pending trial run (``False``)."""
-        p = self.pending
+        p = self.slots.pending
         if p is None or p.twin is None or p.twin in self.running:
             return False
         same = completed_twin(self.study, p.key)
         if same is not None:
             self._reuse(p.trial, p.values, same)
-            self.pending = None
+            self.slots.pending = None
             return True
         p.twin = None  # the twin was pruned or failed: run this one
         return False
 
     def _launch_pending(self) -> bool:
         """Launch the pending trial if it waits for no twin, a slot is free and the cluster fits it."""
-        p = self.pending
-        if (p is None or p.twin is not None or len(self.running) >= self.parallel
-                or self.capacity is None or not self.capacity.fits(p.need)):
+        p = self.slots.pending
+        if p is None or p.twin is not None or not self.slots.fits(p):
             return False
         self._launch(p)
-        self.pending = None
+        self.slots.pending = None
         self._refresh()
         return True
 
@@ -267,9 +294,9 @@ class SearchDriver:
         cluster cannot happen (``Capacity.never_fits`` failed it when asked): ``RuntimeError``."""
         if self.running:
             return False
-        if self.pending is None and (self.to_ask == 0 or timed_out):
+        if self.slots.pending is None and (self.slots.to_ask == 0 or timed_out):
             return True
-        if self.pending is not None:
+        if self.slots.pending is not None:
             raise RuntimeError("a trial does not fit an idle cluster")
         return False
 
@@ -283,21 +310,11 @@ class SearchDriver:
         self._poll()
         for n in [n for n, r in self.running.items() if r.ref in done]:
             self._finish(self.running.pop(n))
-        if time.time() - self.last_recovery > grace_s(self.opts.heartbeat_s):
+        if self.life.recovery_due():
             self._recover(wait=False)  # another driver of the study may have died meanwhile
         self._refresh()
 
     # -- one trial ---------------------------------------------------------------------------------
-
-    def _run_name(self, number: int) -> str:
-        return trial_run_name(number)
-
-    def _runtime(self, raw: dict[str, Any], number: int) -> dict[str, Any]:
-        """Where a trial's results go: the study's MLflow experiment and the base config's checkpoint folder."""
-        raw.setdefault("tracking", {}).update(uri=self.tracking_uri, experiment=self.experiment,
-                                              run_name=self._run_name(number))
-        raw.setdefault("checkpoint", {})["storage_path"] = self.storage_path
-        return raw
 
     def _ask(self) -> PendingTrial | None:
         """A new trial with its config, or ``None`` if it failed on the spot (told FAIL) or took a
@@ -305,18 +322,16 @@ class SearchDriver:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna warns that its heartbeat is meant for optimize()
             trial = self.study.ask()
-        if self.heartbeat is not None:
-            self.heartbeat.watch(trial._trial_id)
-        if self.invocation is not None:
-            trial.set_user_attr(INVOCATION_ATTR, self.invocation.id)
+        self.life.asked(trial)
         values: dict[str, Any] = {}
+        capacity = self.slots.capacity
         try:
             values = self.space.sample(trial)
             trial.set_user_attr("config_values", values)
-            cfg = validate(self._runtime(self.space.raw_config(values), trial.number))
+            cfg = validate(self.targets.runtime(self.space.raw_config(values), trial.number))
             cfg.check_resources()
             need = trial_needs(cfg)
-            why = self.capacity.never_fits(need) if self.capacity else None
+            why = capacity.never_fits(need) if capacity else None
             if why:
                 raise ConfigError(f"scaling: this trial {why}; lower scaling.max_workers or cpus_per_worker")
         except (ConfigError, ValueError, TypeError) as e:
@@ -340,9 +355,9 @@ class SearchDriver:
         run_id = None
         if self.tracker is not None:
             run_id = self.tracker.duplicate_child(trial.number, values, same, self.objectives,
-                                                  run_name=self._run_name(trial.number))
+                                                  run_name=trial_run_name(trial.number))
             trial.set_user_attr("mlflow_run_id", run_id)
-        self._forget(trial)
+        self.life.forget(trial.number)
         self.study.tell(trial, list(same.values) if self.space.multi_objective else same.value)
         self._record(TrialRecord(trial.number, "COMPLETE", list(same.values), values, run_id=run_id,
                                  duplicate_of=same.number))
@@ -354,25 +369,26 @@ class SearchDriver:
         trial.set_user_attr("error", error)
         run_id = None
         if self.tracker is not None:
-            run_id = self.tracker.failed_child(trial.number, values, error, run_name=self._run_name(trial.number))
+            run_id = self.tracker.failed_child(trial.number, values, error, run_name=trial_run_name(trial.number))
             trial.set_user_attr("mlflow_run_id", run_id)
-        self._forget(trial)
+        self.life.forget(trial.number)
         self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         self._record(TrialRecord(trial.number, "FAIL", None, values, error=error, run_id=run_id))
 
     def _launch(self, p: PendingTrial) -> None:
         """Start the pending trial's run on a pooled actor, as a child of the parent run, and book its resources."""
-        assert self.capacity is not None
-        actor = self.pool.get()
+        assert self.slots.capacity is not None
+        actor = self.slots.pool.get()
         tags = self.tracker.child_tags(p.trial.number, p.values) if self.tracker else {}
         parent = self.tracker.run_id if self.tracker else None
-        ref = actor.run.remote(p.trial.number, p.cfg.model_dump(mode="json"), parent, tags, self.metrics,
-                               self.space.keep_checkpoints)
-        self.capacity.take(p.need)
+        ref = actor.run.remote(p.trial.number, p.cfg.model_dump(mode="json"), parent, tags, self.pruning.metrics,
+                               self.space.keep_checkpoints, self.pruning.judged_metrics)
+        self.slots.capacity.take(p.need)
         self.running[p.trial.number] = RunningTrial.launched(p, actor, ref, time.time())
 
     def _poll(self) -> None:
-        """Report new objective values; stop the trials the pruner gives up on."""
+        """Relay the running trials' new objective values to the pruner, and its verdicts back to
+        their runs (a condemned one stops; the others may go past their next evaluation)."""
         import ray
 
         refs = {n: r.actor.poll.remote(n) for n, r in self.running.items()}
@@ -385,40 +401,26 @@ class SearchDriver:
             if info["run_id"] and info["run_id"] != r.run_id:
                 r.trial.set_user_attr("mlflow_run_id", info["run_id"])  # found again if this driver dies
             r.run_id = info["run_id"] or r.run_id
-            if not self.reports:
-                continue
-            self._learn_tokens(info["values"])
-            r.report(info["values"], self.unit)
-            if self.space.prunes and r.pruned_at is None and r.reported >= 0 and r.trial.should_prune():
-                r.pruned_at = r.last_step
-                r.actor.stop.remote(n)
-
-    def _learn_tokens(self, values: list[tuple[Any, ...]]) -> None:
-        """A language model reports tokens: the tokens of one base step (``B_base`` sequences of the
-        first reporting trial's ``T``) become the unit for good, kept in the study."""
-        if self.unit.by != "samples" or self.unit.tokens_per_step is not None:
-            return
-        for _step, _key, _value, *work in values:
-            samples, tokens = (list(work) + [None, None])[:2]
-            if tokens and samples:
-                self.unit.tokens_per_step = self.unit.samples_per_step * tokens / samples
-                self.study.set_user_attr("report_unit", {"by": "tokens", "tokens_per_step": self.unit.tokens_per_step})
-                return
+            verdict = self.pruning.hear(r, info["values"])
+            if verdict is not None:
+                r.actor.verdict.remote(n, verdict.step, verdict.stop)
 
     def _finish(self, r: RunningTrial) -> None:
         """Called by ``_watch`` when a trial's run returned (or its actor died): free its actor and
         resources, judge the outcome, tell the study, close its MLflow run and record it."""
-        assert self.capacity is not None
+        assert self.slots.capacity is not None
         res, healthy = self._result(r)
-        self.pool.put(r.actor, healthy)
-        self.capacity.give(r.need)
+        self.slots.pool.put(r.actor, healthy)
+        self.slots.capacity.give(r.need)
         run_id = res.run_id or r.run_id
         out = r.outcome(res, self.objectives)
+        pruned = r.pruned if out.state == "PRUNED" else None  # a run that reached its end was not pruned
         self._tell(r, res, out, run_id)
-        self._close_child(r.trial.number, run_id, out, res.error_detail)
+        self._close_child(r.trial.number, run_id, out, res.error_detail, pruned.step if pruned else None)
         self._record(TrialRecord(r.trial.number, out.state, out.values, r.values, steps=res.steps,
                                  samples=res.samples, wall_s=res.wall_s, worker_seconds=res.worker_seconds,
-                                 error=out.error, run_id=run_id, pruned_at=r.pruned_at))
+                                 error=out.error, run_id=run_id, pruned_at=pruned.step if pruned else None,
+                                 pruned_samples=pruned.samples if pruned else None))
 
     def _result(self, r: RunningTrial) -> tuple[TrialResult, bool]:
         """The run's result and whether its actor is healthy (a dead actor gives a FAILED result)."""
@@ -429,34 +431,37 @@ class SearchDriver:
         try:
             return TrialResult(**ray.get(r.ref)), True
         except Exception as e:  # the actor process died
-            return TrialResult(run_id=r.run_id, status="FAILED", stopped=r.pruned_at is not None, steps=0,
+            return TrialResult(run_id=r.run_id, status="FAILED", stopped=False, steps=0,
                                wall_s=time.time() - r.t0, worker_seconds=0.0,
                                error=f"trial actor died: {short_error(e)}"), False
 
     def _tell(self, r: RunningTrial, res: TrialResult, out: TrialOutcome, run_id: str | None) -> None:
-        """The run's figures as the trial's user attributes, then its state (and values) to the study."""
+        """The run's figures as the trial's user attributes, then its state (and values) to the study.
+        A PRUNED trial's value is the one it was judged at (its last intermediate value)."""
         import optuna
 
         t = r.trial
+        pruned_at = r.pruned_at if out.state == "PRUNED" else None
         for key, v in (("mlflow_run_id", run_id), ("steps", res.steps), ("samples", res.samples),
                        ("wall_s", round(res.wall_s, 3)),
                        ("worker_seconds", round(res.worker_seconds, 3)), ("error", out.error),
-                       ("pruned_at_step", r.pruned_at)):
+                       ("pruned_at_step", pruned_at)):
             if v is not None:
                 t.set_user_attr(key, v)
-        self._forget(t)
+        self.life.forget(t.number)
         if out.state == "COMPLETE":
             assert out.values is not None
             self.study.tell(t, out.values if self.space.multi_objective else out.values[0])
         else:
             self.study.tell(t, state=getattr(optuna.trial.TrialState, out.state))
 
-    def _close_child(self, number: int, run_id: str | None, out: TrialOutcome, detail: str | None) -> None:
+    def _close_child(self, number: int, run_id: str | None, out: TrialOutcome, detail: str | None,
+                     pruned_at: int | None = None) -> None:
         """The trial's MLflow run gets its final state; MLflow trouble is a warning, not a stop."""
         if not run_id or self.tracker is None:
             return
         try:
-            self.tracker.finish_child(run_id, out.state, out.values, out.error, detail)
+            self.tracker.finish_child(run_id, out.state, out.values, out.error, detail, pruned_at=pruned_at)
         except Exception as e:  # MLflow trouble must not stop the study
             self._write(f"warning: trial {number}: cannot update MLflow run {run_id} ({e})")
 
@@ -469,35 +474,28 @@ class SearchDriver:
         import optuna
 
         asked = [(n, r.trial, r.values, r.run_id) for n, r in self.running.items()]
-        if self.pending is not None:
-            asked.append((self.pending.trial.number, self.pending.trial, self.pending.values, None))
+        p = self.slots.pending
+        if p is not None:
+            asked.append((p.trial.number, p.trial, p.values, None))
         for n, trial, values, run_id in asked:
             try:
                 trial.set_user_attr("error", why)
-                self._forget(trial)
+                self.life.forget(n)
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                self._bury(self.study._storage.get_trial(trial._trial_id), run_id, why)
+                told = next(t for t in self.study.get_trials(deepcopy=False) if t.number == n)
+                self._bury(told, run_id, why)
             except Exception:
                 pass
             self.records.append(TrialRecord(n, "FAIL", None, values, error=why, run_id=run_id))
         self.running.clear()
-        self.pending = None
+        self.slots.pending = None
 
     # -- a dead driver's trials ----------------------------------------------------------------------
-
-    def _forget(self, trial: Trial) -> None:
-        """Stop beating for ``trial`` (just before its state is told)."""
-        if self.heartbeat is not None:
-            self.heartbeat.forget(trial._trial_id)
 
     def _recover(self, wait: bool) -> None:
         """Fail the trials of dead drivers (no beat for a grace period; with ``wait``, first give
         fresh-looking ones a grace period to beat again), close their runs, queue them again."""
-        hb = self.opts.heartbeat_s
-        if wait:
-            wait_for_verdict(self.study, hb, self._write)
-        self.last_recovery = time.time()
-        for t in fail_stale(self.study, hb):
+        for t in self.life.find_dead(wait, self._write):
             try:
                 self._bury(t, t.user_attrs.get("mlflow_run_id"), LOST_ERROR)
             except Exception as e:  # MLflow or the disk: the trial is FAIL and queued again all the same
@@ -508,16 +506,10 @@ class SearchDriver:
         """A lost trial (told FAIL): queue its config again, close its MLflow run KILLED and delete
         its checkpoints (unless the space keeps them)."""
         requeue(self.study, t)
-        run_id = close_lost_child(self.tracking_uri, self.study.user_attrs.get(PARENT_RUN_ATTR),
+        run_id = close_lost_child(self.targets.tracking_uri, self.study.user_attrs.get(PARENT_RUN_ATTR),
                                   self.study.study_name, t.number, run_id, why)
         if run_id and not self.space.keep_checkpoints:
-            store = store_for(self.storage_path)
-            try:
-                for name, kind in store.children(self.storage_path):
-                    if kind == "dir" and name.startswith(f"elastic-{run_id}"):
-                        store.remove(join(self.storage_path, name))
-            except OSError as e:  # an object store that does not answer now: the folders stay
-                self._write(f"warning: could not delete the checkpoints of run {run_id} ({e})")
+            self.targets.delete_checkpoints(run_id)
 
     def _close_parent(self, status: str, wall_s: float) -> None:
         """End the MLflow parent run with the study's figures and the best config; a failure is a warning."""
@@ -561,4 +553,4 @@ def run_search(space: SearchSpace, options: SearchOptions) -> SearchSummary:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     storage = open_storage(options.storage, heartbeat_s=options.heartbeat_s)
     study = create_or_load_study(space, options.study_name, storage)
-    return SearchDriver(space, study, options, describe_storage(options.storage)).run()
+    return SearchDriver(space, study, options, describe_storage(options.storage), storage=storage).run()

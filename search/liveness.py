@@ -12,6 +12,10 @@ therefore beats (``Heartbeat``):
 * for its own invocation record (``Invocation``, study system attribute ``search:request:<id>``:
   what ``--trials`` asked, how many trials of the chain were already finished, its last beat).
 
+Only Optuna's public API is used: the driver keeps the storage it opened (``StudyStore``) and asks
+it for the study's and the trials' ids (``get_study_id_from_name``,
+``get_trial_id_from_study_id_trial_number``); ``Study`` and ``Trial`` keep theirs private.
+
 A RUNNING trial whose beat is older than ``GRACE_BEATS`` intervals belongs to a dead driver
 (``fail_stale``): it is told FAIL, its MLflow child run is closed KILLED, its checkpoints are deleted
 (unless the space keeps them) and its config is queued again as a WAITING trial with user attribute
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from optuna import Study
+    from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
 
 DEFAULT_HEARTBEAT_S = 10
@@ -64,10 +69,30 @@ class StaleCollector:
         self.trials.append(trial)
 
 
-def _rdb_heartbeat(storage: Any) -> bool:
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+class StudyStore:
+    """A study and the storage the driver opened it on (``search.storage.open_storage``).  The
+    study's id and its trials' ids come from the storage; ``rdb``: an RDB storage opened with
+    Optuna's heartbeat (``RDBStorage(heartbeat_interval=...)``), else the driver beats itself."""
 
-    return is_heartbeat_enabled(storage)
+    def __init__(self, study: Study, storage: BaseStorage) -> None:
+        import optuna
+
+        self.study, self.storage = study, storage
+        self.study_id = storage.get_study_id_from_name(study.study_name)
+        self.rdb = isinstance(storage, optuna.storages.RDBStorage) and storage.get_heartbeat_interval() is not None
+        self._ids: dict[int, int] = {}  # trial number -> the storage's trial id (they never change)
+
+    def trial_id(self, number: int) -> int:
+        """The storage's id of the study's trial ``number``."""
+        if number not in self._ids:
+            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        return self._ids[number]
+
+    def system_attrs(self) -> dict[str, Any]:
+        return self.storage.get_study_system_attrs(self.study_id)
+
+    def set_system_attr(self, key: str, value: Any) -> None:
+        self.storage.set_study_system_attr(self.study_id, key, value)
 
 
 def lost_numbers(trials: list[FrozenTrial]) -> set[int]:
@@ -83,26 +108,25 @@ class Heartbeat:
     (until ``forget``) and for the invocation record.  Storage trouble in a beat is ignored (the
     next beat tries again); a trial told meanwhile is simply dropped."""
 
-    def __init__(self, study: Study, interval_s: float, invocation: Invocation | None = None) -> None:
-        self.storage, self.study_id = study._storage, study._study_id
+    def __init__(self, store: StudyStore, interval_s: float, invocation: Invocation | None = None) -> None:
+        self.store = store
         self.interval_s = float(interval_s)
-        self.rdb = _rdb_heartbeat(self.storage)
         self.invocation = invocation
-        self._trials: set[int] = set()
+        self._trials: set[int] = set()  # the numbers of the trials beaten for
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, trial_id: int) -> None:
-        """Beat for ``trial_id`` from now on (and once at once)."""
+    def watch(self, number: int) -> None:
+        """Beat for trial ``number`` from now on (and once at once)."""
         with self._lock:
-            self._trials.add(trial_id)
-        self._beat_trial(trial_id)
+            self._trials.add(number)
+        self._beat_trial(number)
 
-    def forget(self, trial_id: int) -> None:
-        """Stop beating for ``trial_id`` (call it before telling the trial's state)."""
+    def forget(self, number: int) -> None:
+        """Stop beating for trial ``number`` (call it before telling the trial's state)."""
         with self._lock:
-            self._trials.discard(trial_id)
+            self._trials.discard(number)
 
     def beat(self) -> None:
         """One beat for every watched trial and the invocation record."""
@@ -116,17 +140,15 @@ class Heartbeat:
             except Exception:
                 pass
 
-    def _beat_trial(self, trial_id: int) -> None:
+    def _beat_trial(self, number: int) -> None:
         try:
-            if self.rdb:
-                self.storage.record_heartbeat(trial_id)
+            trial_id = self.store.trial_id(number)
+            if self.store.rdb:
+                self.store.storage.record_heartbeat(trial_id)
             else:
-                self.storage.set_trial_system_attr(trial_id, BEAT_ATTR, time.time())
-        except Exception:  # told meanwhile (UpdateFinishedTrialError) or a storage hiccup
-            with self._lock:
-                still = trial_id in self._trials
-            if not still:
-                return
+                self.store.storage.set_trial_system_attr(trial_id, BEAT_ATTR, time.time())
+        except Exception:  # told meanwhile (UpdateFinishedTrialError) or a storage hiccup: the next beat
+            pass
 
     def start(self) -> None:
         self.beat()
@@ -160,13 +182,13 @@ def last_beat(t: FrozenTrial) -> float:
     return t.datetime_start.timestamp() if t.datetime_start is not None else 0.0
 
 
-def fail_stale(study: Study, interval_s: float, now: Callable[[], float] = time.time) -> list[FrozenTrial]:
+def fail_stale(store: StudyStore, interval_s: float, now: Callable[[], float] = time.time) -> list[FrozenTrial]:
     """Tell FAIL every RUNNING trial whose beat is older than ``grace_s(interval_s)``; return them
     (as they were before, RUNNING).  RDB: Optuna's ``fail_stale_trials``; journal: our beat attribute."""
     import optuna
 
-    storage = study._storage
-    if _rdb_heartbeat(storage):
+    storage, study = store.storage, store.study
+    if store.rdb:
         cb = storage.get_heartbeat_stale_trial_callback()
         if not isinstance(cb, StaleCollector):
             raise RuntimeError("the RDB storage was opened without search's stale-trial collector")
@@ -182,23 +204,24 @@ def fail_stale(study: Study, interval_s: float, now: Callable[[], float] = time.
         if t_now - last_beat(t) <= limit:
             continue
         try:
-            storage.set_trial_system_attr(t._trial_id, "fail_reason", LOST_ERROR)
-            if storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
+            trial_id = store.trial_id(t.number)
+            storage.set_trial_system_attr(trial_id, "fail_reason", LOST_ERROR)
+            if storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
                 lost.append(t)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another driver failed it first, or its own driver told it just now
     return lost
 
 
-def wait_for_verdict(study: Study, interval_s: float, say: Callable[[str], None],
+def wait_for_verdict(store: StudyStore, interval_s: float, say: Callable[[str], None],
                      sleep: Callable[[float], None] = time.sleep) -> None:
     """Before recovering: if RUNNING trials have fresh beats, wait until each is either stale or has
     beaten again (at most one grace period), so that a driver killed a moment ago is recognised."""
-    running = running_trials(study)
+    running = running_trials(store.study)
     if not running:
         return
     limit = grace_s(interval_s)
-    if _rdb_heartbeat(study._storage):
+    if store.rdb:
         wait = limit + 1.0  # Optuna does not show the beat times: wait one whole grace period
     else:
         wait = max(0.0, max(last_beat(t) for t in running) + limit + 0.5 - time.time())
@@ -234,7 +257,7 @@ class Invocation:
     ``total`` trials asked by the command chain, ``base`` of them finished by earlier (dead)
     invocations of the chain."""
 
-    study: Study
+    store: StudyStore
     id: str
     key: str
     total: int
@@ -250,11 +273,11 @@ class Invocation:
                 "done": done}
 
     def beat(self, done: bool = False, stopped: bool = False) -> None:
-        self.study._storage.set_study_system_attr(self.study._study_id, self.attr, self.record(done, stopped))
+        self.store.set_system_attr(self.attr, self.record(done, stopped))
 
     def finished(self) -> int:
         """Trials of the chain finished so far (lost ones, whose driver died, do not count)."""
-        return self.base + finished_by(self.study, self.id)
+        return self.base + finished_by(self.store.study, self.id)
 
     def left(self) -> int:
         return max(0, self.total - self.finished())
@@ -268,15 +291,15 @@ def finished_by(study: Study, invocation_id: str) -> int:
                and t.state.is_finished() and t.number not in lost)
 
 
-def _open_requests(study: Study, key: str) -> list[tuple[float, str, dict[str, Any]]]:
+def _open_requests(store: StudyStore, key: str) -> list[tuple[float, str, dict[str, Any]]]:
     """``(last beat, attribute, record)`` of the unfinished invocations of the command ``key``."""
-    attrs = study._storage.get_study_system_attrs(study._study_id)
+    attrs = store.system_attrs()
     return [(float(rec.get("beat", 0)), name, rec) for name, rec in attrs.items()
             if name.startswith(REQUEST_PREFIX) and isinstance(rec, dict) and not rec.get("done")
             and rec.get("key") == key]
 
 
-def start_invocation(study: Study, key: str, total: int, interval_s: float,
+def start_invocation(store: StudyStore, key: str, total: int, interval_s: float,
                      now: Callable[[], float] = time.time, say: Callable[[str], None] | None = None,
                      sleep: Callable[[float], None] = time.sleep) -> tuple[Invocation, str | None]:
     """This command's invocation record.  If an unfinished invocation of the same command (same
@@ -284,9 +307,8 @@ def start_invocation(study: Study, key: str, total: int, interval_s: float,
     its chain (``base`` = what the chain finished) and the old one is marked done.  One that beat
     less than a grace period ago is given that long to beat again (it may be alive: then this is a
     new invocation).  Returns the record and the id of the invocation taken over (or ``None``)."""
-    storage = study._storage
     limit = grace_s(interval_s)
-    fresh = [b for b, _, _ in _open_requests(study, key) if now() - b <= limit]
+    fresh = [b for b, _, _ in _open_requests(store, key) if now() - b <= limit]
     if fresh:
         wait = max(fresh) + limit + 0.5 - now()
         if wait > 0:
@@ -294,15 +316,77 @@ def start_invocation(study: Study, key: str, total: int, interval_s: float,
                 say(f"another driver ran this command {now() - max(fresh):.0f} s ago: waiting {wait:.0f} s to see "
                     f"whether it is alive")
             sleep(wait)
-    dead = [r for r in _open_requests(study, key) if now() - r[0] > limit]
-    inv = Invocation(study, uuid.uuid4().hex[:12], key, total)
+    dead = [r for r in _open_requests(store, key) if now() - r[0] > limit]
+    inv = Invocation(store, uuid.uuid4().hex[:12], key, total)
     taken = None
     if dead:
         _, name, rec = max(dead)
         old_id = name[len(REQUEST_PREFIX):]
         inv.total = int(rec.get("total", total))
-        inv.base = int(rec.get("base", 0)) + finished_by(study, old_id)
-        storage.set_study_system_attr(study._study_id, name, {**rec, "done": True, "taken_over_by": inv.id})
+        inv.base = int(rec.get("base", 0)) + finished_by(store.study, old_id)
+        store.set_system_attr(name, {**rec, "done": True, "taken_over_by": inv.id})
         taken = old_id
     inv.beat()
     return inv, taken
+
+
+# --------------------------------------------------------------------------- one driver
+
+
+class DriverLife:
+    """One search driver's liveness: its invocation record, its beat for the trials it asked and
+    has not told, and when it last looked for the trials of dead drivers."""
+
+    def __init__(self, store: StudyStore | None, interval_s: float) -> None:
+        self.store, self.interval_s = store, interval_s
+        self.invocation: Invocation | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.last_recovery = time.time()
+
+    def begin(self, key: str, total: int, say: Callable[[str], None]) -> str | None:
+        """This command's invocation record (``start_invocation``); the id of a dead one taken over."""
+        assert self.store is not None
+        self.invocation, taken = start_invocation(self.store, key, total, self.interval_s, say=say)
+        return taken
+
+    def start_beating(self) -> None:
+        assert self.store is not None
+        self.heartbeat = Heartbeat(self.store, self.interval_s, self.invocation)
+        self.heartbeat.start()
+
+    def end(self, done: bool) -> None:
+        """Stop beating; the request is done, or (``done`` false: Ctrl-C, an error) stopped, which
+        a re-run of the command takes over at once."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.invocation is not None:
+            try:
+                self.invocation.beat(done=done, stopped=not done)
+            except Exception:
+                pass
+
+    def asked(self, trial: Any) -> None:
+        """A trial was asked: beat for it, and tag it with this invocation."""
+        if self.heartbeat is not None:
+            self.heartbeat.watch(trial.number)
+        if self.invocation is not None:
+            trial.set_user_attr(INVOCATION_ATTR, self.invocation.id)
+
+    def forget(self, number: int) -> None:
+        """Stop beating for trial ``number`` (just before its state is told)."""
+        if self.heartbeat is not None:
+            self.heartbeat.forget(number)
+
+    def recovery_due(self) -> bool:
+        """A grace period has passed since the last look for dead drivers' trials."""
+        return time.time() - self.last_recovery > grace_s(self.interval_s)
+
+    def find_dead(self, wait: bool, say: Callable[[str], None]) -> list[FrozenTrial]:
+        """Fail the RUNNING trials of dead drivers (with ``wait``, first give fresh-looking ones a
+        grace period to beat again) and return them (``fail_stale``)."""
+        if self.store is None:
+            return []
+        if wait:
+            wait_for_verdict(self.store, self.interval_s, say)
+        self.last_recovery = time.time()
+        return fail_stale(self.store, self.interval_s)

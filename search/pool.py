@@ -1,4 +1,4 @@
-"""The trial actors of one search invocation, reused across trials.
+"""The trial actors of one search invocation, reused across trials, and the slots they fill.
 
 Each trial still gets a fresh orchestrator run (``search.trial.TrialActor.run``); reusing the
 actor only saves its process start.  An actor whose process died is killed, never reused.
@@ -6,7 +6,11 @@ actor only saves its process start.  An actor whose process died is killed, neve
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from search.capacity import Capacity
+    from search.records import PendingTrial, RunningTrial
 
 
 class ActorPool:
@@ -46,3 +50,26 @@ class ActorPool:
             except Exception:
                 pass
         self.idle, self.busy = [], []
+
+
+class Slots:
+    """The driver's trials in flight: at most ``parallel`` running (each on a pooled actor, its
+    resources booked in ``capacity``), one asked trial ``pending`` a slot, and ``to_ask``: the
+    trials this invocation has still to ask."""
+
+    def __init__(self, parallel: int) -> None:
+        self.parallel = max(1, parallel)
+        self.pool = ActorPool()
+        self.capacity: Capacity | None = None  # what the cluster can ever hold, once Ray is up
+        self.running: dict[int, RunningTrial] = {}  # by trial number
+        self.pending: PendingTrial | None = None
+        self.to_ask = 0
+
+    @property
+    def free(self) -> bool:
+        """A slot is free for one more running trial."""
+        return len(self.running) < self.parallel
+
+    def fits(self, p: PendingTrial) -> bool:
+        """``p`` may start now: a slot is free and the cluster has room for it."""
+        return self.free and self.capacity is not None and self.capacity.fits(p.need)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from orchestrator.config import RootConfig
 from search.capacity import Resources
@@ -51,6 +51,16 @@ class ReportUnit:
         return int(samples / self.samples_per_step + 0.5)
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """Where the pruner condemned a trial: the global ``step`` of the value it judged, that
+    ``value`` (as the run logged it at that step) and the training samples seen by then."""
+
+    step: int
+    value: float
+    samples: int | None = None
+
+
 @dataclass
 class PendingTrial:
     """An asked trial whose config is valid, waiting for a free slot and for the cluster to fit it."""
@@ -78,7 +88,7 @@ class RunningTrial:
     run_id: str | None = None        # its MLflow run, once the actor knows it
     last_step: int = -1              # the global step of the last value relayed
     last_value: float | None = None  # the last value reported to the study
-    pruned_at: int | None = None     # the global step at which the pruner stopped it
+    pruned: Pruned | None = None     # where the pruner condemned it (nothing is reported after)
     reported: int = -1               # the last Optuna step reported (``ReportUnit.step``)
 
     @classmethod
@@ -86,32 +96,50 @@ class RunningTrial:
         """The running form of pending trial ``p``, started on ``actor`` at ``t0``."""
         return cls(p.trial, p.values, p.cfg, p.need, p.key, actor, ref, t0)
 
-    def report(self, values: Sequence[tuple[Any, ...]], unit: ReportUnit | None = None) -> None:
+    @property
+    def pruned_at(self) -> int | None:
+        """The global step of the value the pruner condemned the trial at (``None``: not condemned)."""
+        return self.pruned.step if self.pruned is not None else None
+
+    def report(self, values: Sequence[tuple[Any, ...]], unit: ReportUnit | None = None,
+               should_prune: Callable[[], bool] | None = None) -> bool:
         """Report the objective's new ``(step, metric, value[, samples, tokens])`` to the study
         (``trial.report``) at ``unit.step(...)`` (the global step without a unit); global steps at
         or before ``last_step`` were relayed already and are skipped, and of several values that
-        fall on one Optuna step the first is reported (Optuna keeps one per step)."""
+        fall on one Optuna step the first is reported (Optuna keeps one per step).
+
+        With ``should_prune`` (the trial's ``should_prune``), the pruner judges each reported
+        value: once it condemns one, the trial is ``pruned`` at that value's step and nothing after
+        it is reported (Optuna's value for a PRUNED trial is its last intermediate value).
+        Returns whether the trial is condemned."""
         unit = unit or ReportUnit(by="steps")
         for step, _key, value, *work in values:
             if step <= self.last_step:
                 continue
             self.last_step = step
+            if self.pruned is not None:
+                continue  # relayed after the verdict: the trial stops, nothing more reaches the study
             samples, tokens = (work + [None, None])[:2]
             at = unit.step(int(step), samples, tokens)
             if at <= self.reported:
                 continue
             self.trial.report(float(value), at)
             self.reported, self.last_value = at, float(value)
+            if should_prune is not None and should_prune():
+                self.pruned = Pruned(int(step), float(value), None if samples is None else int(samples))
+        return self.pruned is not None
 
     def outcome(self, res: TrialResult, metrics: Sequence[str]) -> TrialOutcome:
         """The trial's final state from its run's result, in this order: the run raised -> FAIL;
-        pruned -> PRUNED (value: the last reported one, as Optuna keeps it); an objective missing or
-        not finite, or the run not FINISHED -> FAIL; else COMPLETE with the objectives' values."""
+        condemned by the pruner and stopped before its planned end -> PRUNED (value: the one it
+        was judged at); an objective missing or not finite, or the run not FINISHED -> FAIL; else
+        COMPLETE with the objectives' values.  A run that reached its planned end before the stop
+        reached it is judged on its result, never PRUNED."""
         if res.error is not None:
             return TrialOutcome("FAIL", None, res.error)
-        if self.pruned_at is not None:
-            last = self.last_value
-            return TrialOutcome("PRUNED", [last] if last is not None and math.isfinite(last) else None, None)
+        if self.pruned is not None and res.stopped:
+            v = self.pruned.value
+            return TrialOutcome("PRUNED", [v] if math.isfinite(v) else None, None)
         figures = [res.figure(m) for m in metrics]
         missing = [m for m, v in zip(metrics, figures) if v is None]
         bad = [m for m, v in zip(metrics, figures) if v is not None and not math.isfinite(v)]
@@ -149,7 +177,8 @@ class TrialRecord:
     worker_seconds: float = 0.0
     error: str | None = None
     run_id: str | None = None
-    pruned_at: int | None = None
+    pruned_at: int | None = None     # PRUNED: the global step of the value it was judged at
+    pruned_samples: int | None = None  # PRUNED: training samples seen at that step
     duplicate_of: int | None = None
 
 

@@ -249,11 +249,14 @@ class StudyTracker:
         return run.info.run_id
 
     def finish_child(self, run_id: str, state: str, value: list[float] | None, error: str | None,
-                     detail: str | None = None) -> None:
-        """The trial's final state as tag ``search.state`` and run status (PRUNED runs end KILLED)."""
+                     detail: str | None = None, pruned_at: int | None = None) -> None:
+        """The trial's final state as tag ``search.state`` and run status (PRUNED runs end KILLED);
+        a PRUNED trial's ``search.value`` is the value it was judged at, at step ``search.pruned_at_step``."""
         self.client.set_tag(run_id, STATE_TAG, state)
         if value is not None:
             self.client.set_tag(run_id, "search.value", ", ".join(f"{v:.6g}" for v in value))
+        if pruned_at is not None:
+            self.client.set_tag(run_id, "search.pruned_at_step", str(pruned_at))
         if error:
             self.client.set_tag(run_id, "search.error", error[:5000])
         if detail:

@@ -2,10 +2,12 @@
 
 The actor calls ``orchestrator.runner.run_training`` (phases, resizes, MLflow child run and all).
 While it runs, the driver polls ``poll()`` for the objective's intermediate values (from the
-records rank 0 pushes to the run's monitor) and may call ``stop()``: the actor then asks the run's
-``PhaseRunner`` to stop, the monitor answers rank 0's next push with ``stop``, rank 0 broadcasts it,
-and every worker writes a final checkpoint and stops at the same step.  Only the driver touches
-Optuna's storage, so the actor never needs to reach it.
+records rank 0 pushes to the run's monitor) and answers with ``verdict()`` (go on, or stop) on the
+values up to a step: the actor hands it to the run's ``PhaseRunner``, the monitor answers rank 0's
+pushes with it, and rank 0, which waits for it at its next evaluation when the objective is an
+evaluation metric (``search.pruning``), broadcasts a stop: every worker writes a final checkpoint
+and stops at the same step.  Only the driver touches Optuna's storage, so the actor never needs to
+reach it.
 
 The actor takes no CPU of its own (the run's workers hold the trial's resources) and is threaded:
 ``run`` occupies one thread while ``poll`` and ``stop`` are answered on others.  It is reused for
@@ -30,7 +32,7 @@ from trainers.loop.storage import join, store_for
 
 # How often the trial's run drains its monitor: the objective's values reach the pruner, and a
 # stop reaches the workers, within about this (the orchestrator's default is 0.5 s).
-RUNNER_POLL_S = 0.2
+RUNNER_POLL_S = 0.1
 
 
 @dataclass
@@ -39,7 +41,7 @@ class TrialResult:
 
     run_id: str | None
     status: str                      # the MLflow run's end status (FINISHED, FAILED) or "ERROR"
-    stopped: bool                    # a stop was requested (the trial was pruned)
+    stopped: bool                    # the run stopped before its planned end, as the driver asked (pruned)
     steps: int                       # optimizer steps the run took
     wall_s: float
     worker_seconds: float            # workers x seconds held, integrated over the run
@@ -96,6 +98,8 @@ class TrialActor:
         self._runner: Any = None
         self._run_id: str | None = None
         self._stop = False
+        self._judged = -1  # the driver's verdicts cover the values up to this step
+        self._judged_metrics: list[str] = []
         self._token: int | None = None
         self._workers = 0.0
         self._t_mark = time.time()
@@ -104,15 +108,17 @@ class TrialActor:
     # -- called by the driver ------------------------------------------------------------
 
     def run(self, token: int, config: dict[str, Any], parent_run_id: str | None, tags: dict[str, str],
-            metrics: list[str], keep_checkpoints: bool = False) -> dict[str, Any]:
+            metrics: list[str], keep_checkpoints: bool = False, judged: list[str] | None = None) -> dict[str, Any]:
         """Train ``config`` (a resolved, validated config as JSON) as a child run of ``parent_run_id``;
-        watch ``metrics`` (their values at each step go to ``poll``).  ``token`` (the trial number)
-        ties later ``stop`` calls to this run: a late stop for an earlier trial is ignored."""
+        watch ``metrics`` (their values at each step go to ``poll``); the run waits for the
+        driver's verdict on ``judged`` metrics at its next value of them.  ``token`` (the trial
+        number) ties later ``verdict`` calls to this run: a late one for an earlier trial is ignored."""
         from orchestrator.config import validate
         from orchestrator.runner import run_training
 
         with self._lock:
             self._reset(list(metrics))
+            self._judged_metrics = list(judged or [])
             self._token = token
         cfg = validate(config)
         t0 = time.time()
@@ -130,7 +136,9 @@ class TrialActor:
             result.status = "FAILED"
         with self._lock:
             self._integrate(time.time())
-            result.run_id, result.stopped = self._run_id, self._stop
+            runner = self._runner
+            # pruned only if the run stopped before its planned end: one that finished first is not
+            result.run_id, result.stopped = self._run_id, bool(self._stop and runner is not None and runner.stopped)
             result.steps = result.steps or self._step
             result.last, result.worker_seconds = dict(self._last), self._worker_s
             result.samples = self._samples
@@ -151,23 +159,26 @@ class TrialActor:
             values, self._values = self._values, []
             return {"values": values, "run_id": self._run_id, "step": self._step}
 
-    def stop(self, token: int) -> None:
-        """Stop run ``token`` at the next step all workers agree on (the trial is pruned)."""
+    def verdict(self, token: int, step: int, stop: bool) -> None:
+        """The driver judged run ``token``'s values up to ``step``: ``stop`` it (pruned; every worker
+        stops at the same step, at the latest at its next evaluation), or let it go on."""
         with self._lock:
             if token != self._token:
                 return
-            self._stop = True
-            runner = self._runner
+            self._stop = self._stop or stop
+            self._judged = max(self._judged, int(step))
+            runner, stop, step = self._runner, self._stop, self._judged
         if runner is not None:
             try:
-                runner.request_stop()
-            except Exception:  # the phase's monitor is being replaced: _on_records asks again
+                runner.verdict(step, stop)
+            except Exception:  # the run is ending: nothing left to stop
                 pass
 
     # -- callbacks from run_training (on the actor's run thread) -----------------------------
 
     def _on_start(self, runner: Any) -> None:
         runner.poll_s = RUNNER_POLL_S
+        runner.judge(self._judged_metrics)
         with self._lock:
             self._runner = runner
             self._run_id = runner.tracker.run_id
@@ -195,6 +206,6 @@ class TrialActor:
                         self._last[key] = v
                         self._values.append((int(step), key, v if math.isfinite(v) else float("nan"),
                                              self._samples, self._tokens))
-            stop, runner = self._stop, self._runner
+            stop, runner, step = self._stop, self._runner, self._judged
         if stop and runner is not None:
-            runner.request_stop()  # a new phase has a new monitor: ask it too
+            runner.verdict(step, True)  # a stop asked before the monitor was there

@@ -181,8 +181,8 @@ def test_show_prints_trials_and_a_ready_to_train_config(study_a, capsys, tmp_pat
 # --------------------------------------------------------------------------- (b) pruning stops hopeless trials
 
 
-# Long enough that the stop's way (the pruner's value reaches the driver at a push, the stop goes
-# back at the next push: ~2 x train.push_every_s, hundreds of fast steps here) is a small part.
+# 20 epochs: the condemned trial stops by its next evaluation (tests/integration/test_search_pruned_trials.py
+# pins that bound), far before half of them.
 FULL_STEPS = 20 * 45  # 20 epochs of 1438 samples at B = 32
 
 

@@ -267,3 +267,14 @@ def test_an_interrupted_driver_stops_the_group_and_drains_its_last_records(tmp_p
         runner.run()
     assert tracker.metrics[-1][1] == {"train/loss": 0.5}  # pushed after the stop, drained before the end
     assert any(isinstance(ev, Stopped) for ev in runner.events) and runner.monitor is None
+
+
+def test_the_runner_keeps_a_dozen_things_or_fewer(tmp_path):
+    """What the runner knows is split by concern (names, monitor link, event book, resizes), so
+    the runner itself holds a dozen attributes or fewer; runner.py reads them through it."""
+    runner = PhaseRunner(make_config(tmp_path, "mem://"), FakeTracker(), progress=False)  # type: ignore[arg-type]
+    assert len(vars(runner)) <= 12, sorted(vars(runner))
+    assert runner.train_run_name == "elastic-abc" and runner.storage_path.startswith(str(tmp_path))
+    runner.resumes, runner.t_start = 2, 5.0
+    assert runner.phase_run_name(3) == "elastic-abc-r2p3" and runner.book.t_start == 5.0
+    assert (runner.resizes, runner.called_off, runner.restarts, runner.monitor) == ([], 0, 0, None)

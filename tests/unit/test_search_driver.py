@@ -45,13 +45,13 @@ class FakeDriver(SearchDriver):
         for c in configs:
             study.enqueue_trial(c)
         super().__init__(space, study, SearchOptions(progress=False, **options), "memory")
-        self.capacity = Capacity({"CPU": 8.0})
+        self.slots.capacity = Capacity({"CPU": 8.0})
         self.outcomes = outcomes
         self.launched: list[int] = []
         self.most_running = 0
 
     def _launch(self, p: PendingTrial) -> None:
-        self.capacity.take(p.need)
+        self.slots.capacity.take(p.need)
         self.running[p.trial.number] = RunningTrial.launched(p, actor=f"actor{p.trial.number}", ref=None, t0=0.0)
         self.launched.append(p.trial.number)
         self.most_running = max(self.most_running, len(self.running))
@@ -79,7 +79,7 @@ def test_a_completed_config_is_not_run_again():
     assert run(d, 3) == [("COMPLETE", 0.7), ("COMPLETE", 0.7), ("COMPLETE", 0.8)]
     assert d.launched == [0, 2] and d.most_running == 1
     assert d.study.trials[1].user_attrs["duplicate_of"] == 0 and d.records[1].duplicate_of == 0
-    assert d.capacity.used == {"CPU": 0.0} and d.to_ask == 0 and d.pending is None
+    assert d.slots.capacity.used == {"CPU": 0.0} and d.slots.to_ask == 0 and d.slots.pending is None
 
 
 def test_a_running_twin_is_waited_for_then_its_value_reused():
@@ -116,8 +116,8 @@ def test_timeout_starts_nothing_more(capsys):
 
 def test_a_pending_trial_that_cannot_fit_an_idle_cluster_is_a_bug():
     d = FakeDriver([A], {})
-    d.capacity = Capacity({"CPU": 0.5})  # asked before capacity existed: never_fits could not fail it
-    d.capacity.never_fits = lambda need: None  # type: ignore[method-assign]
+    d.slots.capacity = Capacity({"CPU": 0.5})  # asked before capacity existed: never_fits could not fail it
+    d.slots.capacity.never_fits = lambda need: None  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="a trial does not fit an idle cluster"):
         run(d, 1)
 
@@ -139,3 +139,10 @@ def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs
     assert trials[0].user_attrs["error"] == "interrupted (Ctrl-C)"
     assert {t.user_attrs["retry_of"]: t.params for t in trials[2:]} == {0: trials[0].params, 1: trials[1].params}
     assert [r.state for r in d.records] == ["FAIL", "FAIL"] and not d.running
+
+
+def test_the_driver_keeps_a_dozen_things_or_fewer():
+    """Slots, pruning, liveness and where trials write are objects of their own."""
+    d = FakeDriver([A], {})
+    assert len(vars(d)) - len(("outcomes", "launched", "most_running")) <= 12, sorted(vars(d))
+    assert d.objectives == ["val/accuracy"] and d.running is d.slots.running

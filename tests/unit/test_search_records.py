@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from search.records import PendingTrial, ReportUnit, RunningTrial, SearchSummary, TrialRecord
+from search.records import PendingTrial, Pruned, ReportUnit, RunningTrial, SearchSummary, TrialRecord
 from search.trial import TrialResult
 
 
@@ -74,9 +74,11 @@ def test_language_models_report_at_tokens_and_one_value_per_optuna_step():
 
 @pytest.mark.parametrize("r, res, expected", [
     (running(), result(), ("COMPLETE", [0.9], None)),
-    (running(pruned_at=5, last_value=0.4), result(), ("PRUNED", [0.4], None)),
-    (running(pruned_at=5, last_value=math.nan), result(), ("PRUNED", None, None)),
-    (running(pruned_at=5), result(error="boom"), ("FAIL", None, "boom")),
+    (running(pruned=Pruned(5, 0.4), last_value=0.7), result(stopped=True), ("PRUNED", [0.4], None)),
+    (running(pruned=Pruned(5, math.nan)), result(stopped=True), ("PRUNED", None, None)),
+    (running(pruned=Pruned(5, 0.4)), result(stopped=True, error="boom"), ("FAIL", None, "boom")),
+    # condemned, but the run reached its planned end before the stop reached it: not pruned
+    (running(pruned=Pruned(5, 0.4)), result(stopped=False), ("COMPLETE", [0.9], None)),
     (running(), result(last={}), ("FAIL", None, "objective val/accuracy was never reported by the run; "
                                                 "check train.eval_every / the metric name")),
     (running(), result(last={"val/accuracy": math.inf}),
@@ -98,3 +100,23 @@ def test_summary_counts():
             TrialRecord(2, "COMPLETE", [2.0], {})]
     s = SearchSummary("s", "st", "p", "uri", "0", recs, 3, [], 1.0)
     assert (s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL"), s.total_steps) == (2, 0, 1, 5)
+
+
+def test_the_pruner_judges_each_value_and_nothing_after_its_verdict_reaches_the_study():
+    """The trial is condemned at the value the pruner judged (its step, value and samples), not at
+    the last one relayed; values relayed after the verdict are not reported."""
+    r = running()
+    verdicts = iter([False, True])
+    values = [(10, "val/accuracy", 0.5, 320, None), (20, "val/accuracy", 0.4, 640, None),
+              (30, "val/accuracy", 0.9, 960, None)]
+    assert r.report(values, ReportUnit("steps"), lambda: next(verdicts)) is True
+    assert r.pruned == Pruned(20, 0.4, 640) and r.pruned_at == 20
+    assert r.trial.reported == [(0.5, 10), (0.4, 20)] and r.last_step == 30
+
+    def judged_again() -> bool:
+        raise AssertionError("judged after the verdict")
+
+    assert r.report([(40, "val/accuracy", 0.95, 1280, None)], ReportUnit("steps"), judged_again) is True
+    assert r.trial.reported == [(0.5, 10), (0.4, 20)] and r.last_step == 40 and r.pruned.value == 0.4
+    out = r.outcome(result(stopped=True, last={"val/accuracy": 0.95}), ["val/accuracy"])
+    assert (out.state, out.values) == ("PRUNED", [0.4])

@@ -5,7 +5,13 @@ Rank 0 buffers ``(step, metrics, time)`` records and events and pushes them abou
 reads at the next flush, so the training loop never waits on the driver.  Other ranks do not
 talk to the monitor; the loop broadcasts rank 0's decisions to them (trainers/link/agreement.py).
 Records the driver has not yet confirmed it logged ride in each checkpoint (:meth:`Channel.state_dict`),
-so a driver killed before logging them gets them again on resume.  See ``docs/architecture.md``.
+so a driver killed before logging them gets them again on resume.
+
+A run whose driver judges some metrics (a pruned search trial: ``Runtime.judged_metrics``) gates
+on the verdicts: at each push that carries a judged value, rank 0 first waits until the driver has
+judged the previous one (``PushAnswer.judged``), so a run the driver condemns at step N stops at the
+next judged step at the latest (one evaluation interval), however fast it trains.  See
+``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -15,12 +21,16 @@ from typing import Any, Sequence
 
 from trainers.link.messages import Event, HandoverAnswer, PushAnswer, Record, ResizeAnswer, record_from_list
 
+VERDICT_POLL_S = 0.02  # how often rank 0 asks for a verdict it waits for
+VERDICT_WAIT_S = 120.0  # the longest it waits for one (a driver that no longer answers: train on)
+
 
 class Channel:
     """Rank 0's buffered channel; on other ranks (or without a monitor) every call is a no-op
     (``flush`` returns False, ``ask_resize`` keeps the group)."""
 
-    def __init__(self, monitor_name: str | None, namespace: str | None, enabled: bool) -> None:
+    def __init__(self, monitor_name: str | None, namespace: str | None, enabled: bool,
+                 judged: Sequence[str] = ()) -> None:
         self._handle: Any = None
         self._system: Any = None  # the node's system metrics, sent with the records (trainers/link/system.py)
         if enabled and monitor_name:
@@ -37,6 +47,9 @@ class Channel:
         self._pending: Any = None  # the ObjectRef of the push in flight
         self._stop = False
         self._handover = False
+        self._judged_metrics = tuple(judged)  # values the driver judges before the run may go on
+        self._awaiting = -1  # the step of the last judged value pushed (its verdict may be out)
+        self._judged = -1  # the driver has judged every value up to this step
 
     # -- records and events -------------------------------------------------------------------
 
@@ -78,6 +91,7 @@ class Channel:
         """Take in the monitor's answer to a push (a stop is never taken back)."""
         self._stop = answer.stop or self._stop
         self._handover = answer.handover
+        self._judged = max(self._judged, answer.judged)
         if self._unacked and answer.acked >= 0:
             # The newest record stays even once logged: restored with a checkpoint, it gives the
             # driver's piecewise metrics (orchestrator/tracking.py) the point where training resumes.
@@ -99,13 +113,32 @@ class Channel:
             self._pending = None
         if self._system is not None and self._records and self._system.due():
             self._records[-1][1].update(self._system.sample())
+        judged = max((s for s, m, _ in self._records if any(k in m for k in self._judged_metrics)), default=-1)
         if self._records or self._events or wait:
             self._pending = self._handle.push.remote(self._records, self._events)
             self._records, self._events = [], []
             if wait:
                 self.receive(ray.get(self._pending))
                 self._pending = None
+        if judged >= 0 and not wait:  # (a last push, wait=True, ends the group anyway)
+            self._await_verdict()
+            self._awaiting = judged
         return self._stop
+
+    def _await_verdict(self) -> None:
+        """Called at a push that carries a judged value: wait until the driver has judged the
+        previous one (or stopped the run); the push just sent brings its answer first."""
+        import ray
+
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        while not self._stop and self._judged < self._awaiting:
+            if self._pending is None:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(VERDICT_POLL_S)
+                self._pending = self._handle.push.remote([], [])
+            self.receive(ray.get(self._pending))
+            self._pending = None
 
     # -- resizes ----------------------------------------------------------------------------------
 

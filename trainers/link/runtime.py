@@ -19,3 +19,12 @@ class Runtime(BaseModel):
     storage: str = ""  # checkpoint storage and the training run's folder prefix there (all phases)
     run_prefix: str = ""
     run_name: str = ""  # this phase's Ray Train run (a folder under ``storage``)
+    # Metrics the driver judges before the run may go far past them (a pruned search trial's
+    # objective): rank 0 pushes a record that carries one at once, and at the next such record
+    # waits for the verdict on the previous one (trainers/link/channel.py), so a condemned run
+    # stops within one evaluation interval of the step it was judged at.
+    judged_metrics: list[str] = []
+
+    def judges(self, metrics: dict[str, float]) -> bool:
+        """Whether a step's ``metrics`` carry a value the driver judges (the same on every rank)."""
+        return any(k in metrics for k in self.judged_metrics)

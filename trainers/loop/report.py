@@ -26,7 +26,8 @@ class Reporter:
     def __init__(self, runtime: Runtime, group: Group, log_every: int, push_every_s: float,
                  tokens_per_sample: int | None = None) -> None:
         self.runtime, self.group = runtime, group
-        self.channel = Channel(runtime.monitor_name, runtime.namespace, enabled=group.rank == 0)
+        self.channel = Channel(runtime.monitor_name, runtime.namespace, enabled=group.rank == 0,
+                               judged=runtime.judged_metrics)
         self.log_every, self.push_every_s = log_every, push_every_s
         self.tokens = tokens_per_sample  # T of a language model: tokens ride beside samples
         self.meter = ThroughputMeter(log_every, push_every_s)

@@ -312,7 +312,8 @@ class Trainer:
                     raise
                 continue
             done = self.plan.done
-            flush = self.report.due(self.state.step) or epoch_ended or done or overlap_to > 0
+            flush = (self.report.due(self.state.step) or epoch_ended or done or overlap_to > 0
+                     or self.runtime.judges(metrics))  # a judged value goes to the driver at once
             decision = self.report.push(self.state.step, metrics, flush, overlap=overlap_to > 0)
             if self.cfg.train.compile and self.state.step == first_step + 1:
                 self.report.meter.read()  # the throughput window starts after compilation (the first step)
