@@ -66,4 +66,6 @@ class LoopConfig(Section):
             raise ValueError(f"batch.max_local_batch: {b.max_local_batch} is above {what} "
                              f"{largest}; set it to at most {largest}")
         self.schedule.check_total_epochs(self.train.epochs)
+        b.check_with(self.schedule, self.train.epochs)
+        self.optimizer.check_schedule(self.schedule.scaling_rule)
         return self
