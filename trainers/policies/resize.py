@@ -13,6 +13,8 @@ the group changes"), each with the reason to log (``trainers/policies/decisions.
 
 :func:`workers_for_batch` is the one formula for "workers a global batch needs";
 the driver's first phase, ``plan`` and :class:`WorkersForBatch` all use it.
+:class:`GoodputResize` (``goodput``) chooses W, and B with it, by Pollux's goodput
+(``trainers/policies/goodput.py``), shrinking the group too when that is better.
 """
 
 from __future__ import annotations
@@ -86,9 +88,9 @@ class WorkersForBatch(ResizePolicy):
     restart costs a fixed ~20 s (``docs/architecture.md``), which shrinking to save
     resources does not repay within a run; and a group that Ray shrank after a
     failure keeps training correctly (B is the math, W a resource), so it must not
-    trigger a restart either.  A throughput-aware policy (Pollux-style goodput:
-    measured samples/s per W times statistical efficiency from the noise scale) can
-    subclass :class:`ResizePolicy` and may also shrink.
+    trigger a restart either.  The throughput-aware policy, :class:`GoodputResize`
+    (Pollux's goodput: measured step times per W times the statistical efficiency from
+    the noise scale), may also shrink.
     """
 
     name = "workers_for_batch"
