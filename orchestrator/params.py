@@ -39,6 +39,7 @@ EXTRA_RULES: tuple[Rule, ...] = (
     (lambda c: c.batch.policy in ("noise_scale", "norm_test", "cbs_warmup") or c.schedule.scaling_rule == "adascale",
      ("batch.ema",)),
     (lambda c: c.batch.policy == "schedule", ("batch.schedule",)),
+    (lambda c: c.batch.policy == "ramp", ("batch.ramp_to", "batch.ramp_epochs")),
     # orchestrator/phases.py: the resize mode matters when the group can resize
     (lambda c: c.scaling.max_workers > c.scaling.min_workers, ("scaling.resize_mode",)),
     # orchestrator/code.py: shipping packages matters only with a factory

@@ -95,8 +95,6 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     Needs("batch.round_to", _policy(*_ADAPTIVE, "cbs_warmup", "ramp"),
           "batch.policy is noise_scale, norm_test, cbs_warmup or ramp", "batch.policy: noise_scale (or norm_test, "
           "cbs_warmup, ramp)"),
-    *(Needs(f"batch.{f}", _policy("ramp"), "batch.policy is ramp", "batch.policy: ramp")
-      for f in ("ramp_to", "ramp_epochs")),
     *(Needs(f"batch.{f}", _policy("cbs_warmup"), "batch.policy is cbs_warmup", "batch.policy: cbs_warmup")
       for f in ("cbs_window", "cbs_growth")),
     # optimizer (trainers/policies/optim.py: OPTIMIZERS, MF rules)
