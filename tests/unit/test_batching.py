@@ -409,3 +409,13 @@ def test_cbs_warmup_window_survives_a_checkpoint() -> None:
     assert q.window == [500.0, 300.0]
     a, b = p.decide(30, 0.0, 64, BatchStats(b_simple=100.0)), q.decide(30, 0.0, 64, BatchStats(b_simple=100.0))
     assert a == b and a.size == 256
+
+
+def test_cbs_warmup_is_refused_with_local_sgd() -> None:
+    """Local SGD computes no per-step combined gradient, so cbs_warmup would never see a B_simple."""
+    from orchestrator.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=r"^batch\.policy: 'cbs_warmup' cannot be used with combine\.method "
+                                          r"local_sgd"):
+        validate({"batch": {"policy": "cbs_warmup"}, "combine": {"method": "local_sgd", "local_steps": 4},
+                  "scaling": {"max_workers": 2}})
