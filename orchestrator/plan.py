@@ -19,6 +19,7 @@ from trainers.policies.plan import BatchPlan
 from trainers.workload.build import train_size
 
 COLUMNS = ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps", "batch_samples"]
+WD_COLUMN = "weight_decay"  # added when optimizer.wd_rule sets the weight decay per step
 
 
 @dataclass
@@ -38,9 +39,12 @@ def adaptive_notes(cfg: RootConfig) -> list[str]:
     if cfg.schedule.scaling_rule == "adascale":
         notes.append("lr: AdaScale's gain comes from the measured gradient noise scale at run time; "
                      "shown without it (gain 1)")
-    if cfg.batch.policy in ("noise_scale", "norm_test"):
+    if cfg.batch.policy in ("noise_scale", "norm_test", "cbs_warmup"):
+        growth = (f"in powers of x{cfg.batch.cbs_growth:g} up to the critical batch averaged over "
+                  f"{cfg.batch.cbs_window} checks" if cfg.batch.policy == "cbs_warmup"
+                  else f"growth >= x{cfg.batch.min_growth:g}")
         notes.append(f"batch: policy '{cfg.batch.policy}' grows B at run time from measured gradients "
-                     f"(checked every {cfg.batch.check_every} steps, growth >= x{cfg.batch.min_growth:g}, "
+                     f"(checked every {cfg.batch.check_every} steps, {growth}, "
                      f"cap {cfg.batch.max_size}); shown at its initial size, and workers with it")
     if cfg.optimizer.mf_rule == "per_worker_batch":
         notes.append("mf: per_worker_batch rule, recomputed when B or the worker count changes "
@@ -65,23 +69,28 @@ def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
             rows.append({"step": step, "epoch": plan.epoch_float, "lr": s.lr, "mf": s.mf,
                          "batch_global": s.batch, "workers": s.workers, "batch_local": s.local,
                          "accum_steps": s.accum, "batch_samples": s.samples})
+            if s.weight_decay is not None:
+                rows[-1][WD_COLUMN] = s.weight_decay
     return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=plan.state.step)
 
 
 def to_csv(plan: Plan) -> str:
     out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    wd = bool(plan.rows) and WD_COLUMN in plan.rows[0]
+    w = csv.DictWriter(out, fieldnames=COLUMNS + ([WD_COLUMN] if wd else []), lineterminator="\n")
     w.writeheader()
     for r in plan.rows:
-        w.writerow({k: (repr(float(v)) if k in ("epoch", "lr", "mf") else int(v)) for k, v in r.items()})
+        w.writerow({k: (repr(float(v)) if k in ("epoch", "lr", "mf", WD_COLUMN) else int(v)) for k, v in r.items()})
     return out.getvalue()
 
 
 def to_table(plan: Plan) -> str:
-    header = ["step", "epoch", "lr", "mf", "B", "W", "b/worker", "accum", "samples"]
+    wd = bool(plan.rows) and WD_COLUMN in plan.rows[0]
+    header = ["step", "epoch", "lr", "mf", "B", "W", "b/worker", "accum", "samples"] + (["wd"] if wd else [])
     cells = [header] + [[f"{int(r['step'])}", f"{r['epoch']:.3f}", f"{r['lr']:.5g}", f"{r['mf']:.4f}",
                          f"{int(r['batch_global'])}", f"{int(r['workers'])}", f"{int(r['batch_local'])}",
-                         f"{int(r['accum_steps'])}", f"{int(r['batch_samples'])}"] for r in plan.rows]
+                         f"{int(r['accum_steps'])}", f"{int(r['batch_samples'])}"]
+                        + ([f"{r[WD_COLUMN]:.5g}"] if wd else []) for r in plan.rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

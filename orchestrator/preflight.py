@@ -70,8 +70,10 @@ _AUTO_FIELDS = ("auto_init_lr", "auto_growth", "auto_max_lr", "auto_patience", "
 
 IGNORED_UNLESS: tuple[Needs, ...] = (
     # schedule (trainers/policies/schedules.py: DECAYS, WARMUPS, AutoWarmup)
-    Needs("schedule.milestones", _decay("step"), "schedule.decay is step", "schedule.decay: step"),
-    Needs("schedule.decay_factor", _decay("step"), "schedule.decay is step", "schedule.decay: step"),
+    Needs("schedule.milestones", _decay("step", "seesaw"), "schedule.decay is step or seesaw",
+          "schedule.decay: step"),
+    Needs("schedule.decay_factor", _decay("step", "seesaw"), "schedule.decay is step or seesaw",
+          "schedule.decay: step"),
     Needs("schedule.poly_power", _decay("poly"), "schedule.decay is poly", "schedule.decay: poly"),
     Needs("schedule.min_lr", lambda c: c.schedule.decay != "none", "schedule.decay is not none",
           "schedule.decay: cosine (or step, poly, linear)"),
@@ -82,11 +84,19 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
       for f in _AUTO_FIELDS),
     # batch (trainers/policies/batching.py: the policies)
     # batch.max_size is a cap: under the fixed policy it never binds, which changes nothing (not refused)
-    Needs("batch.noise_scale_factor", _policy("noise_scale"), "batch.policy is noise_scale",
-          "batch.policy: noise_scale"),
+    Needs("batch.noise_scale_factor", _policy("noise_scale", "cbs_warmup"),
+          "batch.policy is noise_scale or cbs_warmup", "batch.policy: noise_scale (or cbs_warmup)"),
     Needs("batch.norm_test_eta", _policy("norm_test"), "batch.policy is norm_test", "batch.policy: norm_test"),
-    *(Needs(f"batch.{f}", _policy(*_ADAPTIVE), "batch.policy is noise_scale or norm_test",
-            "batch.policy: noise_scale (or norm_test)") for f in ("check_every", "min_growth", "round_to")),
+    Needs("batch.check_every", _policy(*_ADAPTIVE, "cbs_warmup"),
+          "batch.policy is noise_scale, norm_test or cbs_warmup", "batch.policy: noise_scale (or norm_test, "
+          "cbs_warmup)"),
+    Needs("batch.min_growth", _policy(*_ADAPTIVE), "batch.policy is noise_scale or norm_test (cbs_warmup grows "
+          "by cbs_growth)", "batch.policy: noise_scale (or norm_test)"),
+    Needs("batch.round_to", _policy(*_ADAPTIVE, "cbs_warmup", "ramp"),
+          "batch.policy is noise_scale, norm_test, cbs_warmup or ramp", "batch.policy: noise_scale (or norm_test, "
+          "cbs_warmup, ramp)"),
+    *(Needs(f"batch.{f}", _policy("cbs_warmup"), "batch.policy is cbs_warmup", "batch.policy: cbs_warmup")
+      for f in ("cbs_window", "cbs_growth")),
     # optimizer (trainers/policies/optim.py: OPTIMIZERS, MF rules)
     Needs("optimizer.mf_ref_batch", lambda c: c.optimizer.mf_rule == "per_worker_batch",
           "optimizer.mf_rule is per_worker_batch", "optimizer.mf_rule: per_worker_batch"),

@@ -45,3 +45,35 @@ def test_plan_matches_what_the_run_logs(ray_cluster, tmp_path):
     assert rows[steps1]["batch_global"] == 32 and rows[steps1 + 1]["batch_global"] == 64  # the policy's B
     assert rows[steps1]["batch_samples"] == N - 32 * (steps1 - 1)  # the epoch's short last batch
     assert rows[1]["lr"] < rows[steps1 // 2]["lr"] and rows[plan.total_steps]["lr"] < rows[steps1 + 1]["lr"]
+
+
+@pytest.mark.parametrize("policy", ["ramp", "seesaw"])
+def test_plan_matches_the_run_for_the_literature_batch_schedules(ray_cluster, tmp_path, policy):
+    """A linear batch ramp (Megatron/OLMo) and Seesaw (B x 2 and LR x 1/sqrt(2) at a step schedule's
+    milestone, with AdamW's timescale weight-decay rule) log, at every step, the plan's B and LR."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    if policy == "ramp":
+        sections = {"batch": {"size": 32, "max_local_batch": 32, "policy": "ramp", "ramp_to": 96, "ramp_epochs": 1,
+                              "round_to": 32},
+                    "schedule": {"warmup": "gradual", "warmup_epochs": 0.5, "decay": "cosine"}}
+    else:
+        sections = {"optimizer": {"name": "adamw", "lr": 0.003, "base_batch_size": 32, "weight_decay": 0.01,
+                                  "wd_rule": "timescale"},
+                    "batch": {"size": 32, "max_local_batch": 32, "policy": "seesaw"},
+                    "schedule": {"scaling_rule": "sqrt", "decay": "seesaw", "milestones": [1], "decay_factor": 0.5}}
+    cfg = make_config(tmp_path, uri, train={"epochs": 2, "eval_every": 0}, **sections)
+    plan = make_plan(cfg, every=1)
+    run = run_training(cfg, progress=False)
+    assert run.status == "FINISHED"
+    for key, col in (("lr", "lr"), ("batch/global", "batch_global"), ("batch/samples", "batch_samples")):
+        logged = dense_series(uri, run.run_id, key)
+        assert [s for s, _ in logged] == [int(r["step"]) for r in plan.rows], key
+        np.testing.assert_allclose([v for _, v in logged], [float(r[col]) for r in plan.rows], rtol=0, atol=1e-9,
+                                   err_msg=key)
+    sizes = sorted({int(r["batch_global"]) for r in plan.rows})
+    assert sizes == ([32, 64, 96] if policy == "ramp" else [32, 64])  # the batch really changed
+    if policy == "seesaw":
+        rows = plan.rows
+        cut = next(i for i, r in enumerate(rows) if r["batch_global"] == 64)
+        assert rows[cut]["lr"] == pytest.approx(rows[cut - 1]["lr"] / 2 ** 0.5)
+        assert rows[cut]["weight_decay"] == pytest.approx(0.01 * 2 ** 0.5)

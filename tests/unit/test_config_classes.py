@@ -292,6 +292,8 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "batch.check_every": (5, {"batch.policy": "norm_test"}, {}),
     "batch.min_growth": (2.0, {"batch.policy": "noise_scale"}, {}),
     "batch.round_to": (16, {"batch.policy": "noise_scale"}, {}),
+    "batch.cbs_window": (5, {"batch.policy": "cbs_warmup"}, {"batch.policy": "noise_scale"}),
+    "batch.cbs_growth": (1.5, {"batch.policy": "cbs_warmup"}, {}),
     "optimizer.mf_ref_batch": (16, {"optimizer.mf_rule": "per_worker_batch"}, {}),
     "optimizer.trust_coefficient": (0.01, {"optimizer.name": "lars"}, {"optimizer.name": "lamb"}),
     "optimizer.beta2": (0.99, {"optimizer.name": "adamw"}, {"optimizer.name": "nesterov"}),

@@ -289,3 +289,72 @@ def test_state_dict_round_trip_with_weights_only(name):
     steps(resumed_model, resumed, 2)
     for a, b in zip(whole_model.parameters(), resumed_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- weight-decay rule
+
+
+def test_adamw_timescale_by_hand():
+    from trainers.policies.optim import adamw_timescale
+
+    # tau = B / (eta * lambda * D) = 64 / (1e-3 * 0.1 * 50_000) = 12.8 epochs
+    assert adamw_timescale(64, 1e-3, 0.1, 50_000) == pytest.approx(12.8)
+    with pytest.raises(ValueError, match="adamw_timescale"):
+        adamw_timescale(64, 0.0, 0.1, 50_000)
+
+
+@pytest.mark.parametrize("rule, scale, expected", [
+    ("linear", 4.0, 0.1),    # eta x 4 and B x 4: lambda stays
+    ("sqrt", 2.0, 0.2),      # eta x 2, B x 4: lambda x 2
+    ("none", 1.0, 0.4),      # eta fixed, B x 4: lambda x 4 (Power Lines: linear in B)
+])
+def test_timescale_rule_keeps_tau_at_its_tuned_value(rule, scale, expected):
+    from trainers.policies.optim import adamw_timescale, weight_decay_for
+
+    cfg = OptimizerConfig(name="adamw", lr=1e-3, base_batch_size=64, weight_decay=0.1, wd_rule="timescale")
+    wd = weight_decay_for(cfg, 256, scale)
+    assert wd == pytest.approx(expected)
+    assert adamw_timescale(256, 1e-3 * scale, wd, 50_000) == pytest.approx(adamw_timescale(64, 1e-3, 0.1, 50_000))
+    assert weight_decay_for(OptimizerConfig(weight_decay=0.1), 256, scale) == 0.1  # rule none: as configured
+
+
+@pytest.mark.parametrize("cfg, start", [
+    ({"name": "adam", "weight_decay": 0.1, "wd_rule": "timescale"}, "optimizer.wd_rule: timescale is defined for "
+                                                                    "AdamW"),
+    ({"name": "adamw", "wd_rule": "timescale"}, "optimizer.weight_decay: wd_rule timescale scales it"),
+    ({"wd_rule": "power"}, "wd_rule"),
+])
+def test_wd_rule_config_errors(cfg, start):
+    with pytest.raises(ValidationError) as e:
+        OptimizerConfig(**cfg)
+    assert start in str(e.value)
+
+
+def test_wd_rule_refuses_adascale_in_one_line():
+    from orchestrator.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=r"^optimizer\.wd_rule: timescale needs the LR a batch gets ahead of time"):
+        validate({"optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
+                  "schedule": {"scaling_rule": "adascale"}})
+
+
+def test_policy_set_applies_the_timescale_weight_decay():
+    from trainers.policies.batching import BatchConfig
+    from trainers.policies.optim import set_weight_decay
+    from trainers.policies.policy_set import PolicySet
+    from trainers.policies.schedules import ScheduleConfig
+
+    cfg = OptimizerConfig(name="adamw", lr=1e-3, base_batch_size=64, weight_decay=0.1, wd_rule="timescale")
+    p = PolicySet(ScheduleConfig(scaling_rule="sqrt"), cfg, BatchConfig(size=64), epochs=1, dataset_size=1000)
+    assert p.settings(0.0, 64, 1).weight_decay == pytest.approx(0.1)
+    s = p.settings(0.0, 256, 2)
+    assert s.weight_decay == pytest.approx(0.2) and s.lr == pytest.approx(2e-3)
+    opt = build_optimizer(_model(), cfg)
+    p.apply(opt, s, first=True)
+    assert [g["weight_decay"] for g in opt.param_groups] == [pytest.approx(0.2)]
+    # without a rule the optimizer keeps its own weight decay
+    plain = PolicySet(ScheduleConfig(), OptimizerConfig(name="adamw", weight_decay=0.1), BatchConfig(), 1, 1000)
+    assert plain.settings(0.0, 256, 1).weight_decay is None
+    set_weight_decay(opt, 0.3)
+    plain.apply(opt, plain.settings(0.0, 256, 1), first=True)
+    assert opt.param_groups[0]["weight_decay"] == 0.3

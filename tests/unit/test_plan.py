@@ -100,3 +100,27 @@ def test_the_worker_loop_logs_what_plan_previews(tmp_path, monkeypatch):
                          ("batch/samples", "batch_samples"), ("epoch", "epoch")):
             assert m[key] == r[col], (int(r["step"]), key)
     assert {r["accum_steps"] for r in plan.rows} == {1, 2} and plan.rows[-1]["epoch"] >= 1.8
+
+
+def test_new_batch_policies_and_the_wd_rule_in_the_plan():
+    """ramp and seesaw are planned exactly; the timescale rule adds a weight-decay column; cbs_warmup is
+    decided at run time and says so."""
+    ramp = make_plan(_cfg(batch={"policy": "ramp", "ramp_to": 96, "ramp_epochs": 1, "round_to": 32}), every=1)
+    e = {int(r["step"]): r["epoch"] for r in ramp.rows}
+    sizes = {int(r["step"]): int(r["batch_global"]) for r in ramp.rows}
+    first64 = min(s for s, b in sizes.items() if b == 64)
+    assert e[first64 - 1] >= 0.5 > e[first64 - 2]  # the row's epoch is after the step: it started at >= 0.5
+    assert max(sizes.values()) == 96
+    seesaw = make_plan(_cfg(optimizer={"name": "adamw", "lr": 0.001, "base_batch_size": 32, "mf": 0.9,
+                                       "weight_decay": 0.1, "wd_rule": "timescale"},
+                            batch={"policy": "seesaw"},
+                            schedule={"scaling_rule": "sqrt", "decay": "seesaw", "milestones": [1, 2],
+                                      "decay_factor": 0.5}), every=1)
+    by_b = {int(r["batch_global"]): r for r in seesaw.rows}
+    assert sorted(by_b) == [32, 64, 128]
+    assert [by_b[b]["lr"] for b in (32, 64, 128)] == pytest.approx([0.001, 0.001 / 2 ** 0.5, 0.0005])
+    assert [by_b[b]["weight_decay"] for b in (32, 64, 128)] == pytest.approx([0.1, 0.1 * 2 ** 0.5, 0.2])
+    assert list(csv.DictReader(io.StringIO(to_csv(seesaw))))[0]["weight_decay"] == "0.1"
+    assert to_table(seesaw).splitlines()[0].split()[-1] == "wd"
+    cbs = make_plan(_cfg(batch={"policy": "cbs_warmup", "max_size": 256}))
+    assert any("cbs_warmup" in n and "powers of x2" in n for n in cbs.notes)

@@ -52,8 +52,9 @@ def test_bad_arguments_show_the_value(kw: dict[str, int], msg: str) -> None:
 def test_registry() -> None:
     assert isinstance(build_resize_policy(), WorkersForBatch)
     assert all(issubclass(c, ResizePolicy) for c in RESIZE_POLICIES.values())
-    with pytest.raises(ValueError, match="unknown 'goodput'; expected one of workers_for_batch"):
-        build_resize_policy("goodput")
+    with pytest.raises(ValueError, match="unknown 'pollux'; expected one of workers_for_batch, goodput"):
+        build_resize_policy("pollux")
+
 
 
 def test_worker_count_is_the_policy_within_the_scaling_bounds() -> None:

@@ -62,3 +62,15 @@ def test_a_factory_run_logs_the_factory_and_its_params_not_the_builtin_knobs():
     assert "data.name" not in p and "model.hidden" not in p and "model.norm" not in p
     assert p["data.loader.workers"] == 0 and "data.loader.prefetch" not in p  # no loader processes
     assert p["code.auto"] is True
+
+
+def test_the_new_batch_policies_log_their_own_fields():
+    ramp = _params(batch={"policy": "ramp", "ramp_to": 128, "ramp_epochs": 1})
+    assert (ramp["batch.ramp_to"], ramp["batch.ramp_epochs"], ramp["batch.round_to"]) == (128, 1, 8)
+    assert "batch.cbs_window" not in ramp and "batch.ema" not in ramp and "batch.check_every" not in ramp
+    cbs = _params(batch={"policy": "cbs_warmup"})
+    assert cbs["batch.cbs_window"] == 3 and cbs["batch.cbs_growth"] == 2.0 and "batch.ema" in cbs
+    assert "batch.min_growth" not in cbs and "batch.ramp_to" not in cbs
+    seesaw = _params(batch={"policy": "seesaw"},
+                     schedule={"scaling_rule": "sqrt", "decay": "seesaw", "milestones": [0.5]})
+    assert seesaw["schedule.milestones"] == [0.5] and "schedule.decay_factor" in seesaw

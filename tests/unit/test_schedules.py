@@ -332,3 +332,54 @@ def test_auto_stops_on_nonfinite_loss_and_at_max_lr():
     assert capped.current_lr() == pytest.approx(2e-4)
     d = capped.check(1.0, B0)
     assert d.done and "auto_max_lr" in d.reason and capped.peak_lr <= 2e-4 * (1 + 1e-9)
+
+
+# --------------------------------------------------------------------------- seesaw
+
+
+def test_milestones_passed_is_the_step_decays_count():
+    from trainers.policies.schedules import milestones_passed
+
+    assert [milestones_passed([1.0, 2.5], e) for e in (0.0, 0.999, 1.0, 2.49, 2.5, 9.0)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_seesaw_lr_and_batch_change_together_by_hand():
+    """Seesaw with decay_factor 0.5 at epochs 1 and 2, B0 = batch.size = 64, eta0 = 0.1: each milestone
+    gives B x 2 and LR x 1/sqrt(2) (Meterez et al. 2025), where the step schedule would halve the LR."""
+    from trainers.policies.batching import BatchConfig
+    from trainers.policies.optim import OptimizerConfig
+    from trainers.policies.policy_set import PolicySet
+
+    sched = ScheduleConfig(scaling_rule="sqrt", decay="seesaw", milestones=[1.0, 2.0], decay_factor=0.5)
+    p = PolicySet(sched, OptimizerConfig(lr=ETA0, base_batch_size=B0), BatchConfig(size=64, policy="seesaw"),
+                  epochs=3, dataset_size=1000)
+    batch, seen = 64, []
+    for step, e in enumerate((0.0, 0.5, 0.999, 1.0, 1.5, 2.0, 2.9)):
+        d = p.decide_batch(step, e, batch)
+        batch = d.size if d else batch
+        seen.append((batch, p.settings(e, batch, 1).lr))
+    want = [(64, 0.1), (64, 0.1), (64, 0.1), (128, 0.1 / math.sqrt(2)), (128, 0.1 / math.sqrt(2)),
+            (256, 0.05), (256, 0.05)]
+    assert [b for b, _ in seen] == [b for b, _ in want]
+    np.testing.assert_allclose([lr for _, lr in seen], [lr for _, lr in want], rtol=1e-12)
+    # lr / sqrt(B) is what the step schedule (LR halved at each milestone, B fixed) would have
+    step = schedule(total_epochs=3, scaling_rule="sqrt", decay="step", milestones=[1.0, 2.0], decay_factor=0.5)
+    for (b, lr), e in zip(seen, (0.0, 0.5, 0.999, 1.0, 1.5, 2.0, 2.9)):
+        assert lr / math.sqrt(b) == pytest.approx(step.lr(e, 64) / math.sqrt(64))
+
+
+def test_seesaw_with_a_capped_batch_takes_the_full_cut():
+    """B capped at 128: the second milestone cannot double B, so the LR is halved there (what the
+    step schedule does): the schedule reads the B in force."""
+    s = schedule(total_epochs=3, scaling_rule="sqrt", decay="seesaw", milestones=[1.0, 2.0], decay_factor=0.5)
+    assert s.lr(1.5, 128) == pytest.approx(0.1 / math.sqrt(2))
+    assert s.lr(2.5, 128) == pytest.approx(0.1 / math.sqrt(2) / 2)
+
+
+def test_seesaw_config_errors():
+    with pytest.raises(ValidationError, match="schedule.scaling_rule: decay 'seesaw'"):
+        ScheduleConfig(decay="seesaw", milestones=[1])
+    with pytest.raises(ValidationError, match="schedule.milestones: required when schedule.decay is 'seesaw'"):
+        ScheduleConfig(decay="seesaw", scaling_rule="sqrt")
+    with pytest.raises(ValueError, match=r"^schedule.milestones: \[3\.0\] at or after"):
+        ScheduleConfig(decay="seesaw", scaling_rule="sqrt", milestones=[1, 3]).check_total_epochs(3)

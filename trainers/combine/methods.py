@@ -204,8 +204,9 @@ def check_combination(combine: CombineConfig, *, optimizer_name: str = "sgd", ba
       * ``scaling.min_workers == scaling.max_workers``: an elastic restart at fewer workers changes
         the number of inputs, hence the math.
     local_sgd:
-      * ``schedule.scaling_rule`` ``adascale`` and ``batch.policy: noise_scale`` need the per-step
-        combined gradient, which local SGD does not compute (only ``norm_test`` has a local form).
+      * ``schedule.scaling_rule`` ``adascale`` and ``batch.policy: noise_scale`` (or ``cbs_warmup``)
+        need the per-step combined gradient, which local SGD does not compute (only ``norm_test``
+        has a local form).
       * ``batch.policy: norm_test`` decides only at syncs: ``batch.check_every`` must be a
         multiple of ``combine.local_steps``, and it needs ``scaling.max_workers >= 2``.
     ``optimizer_name`` is accepted for completeness: every optimizer here works with each method
@@ -229,8 +230,8 @@ def check_combination(combine: CombineConfig, *, optimizer_name: str = "sgd", ba
         if scaling_rule == "adascale":
             return ("schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd (it needs "
                     "the per-step combined gradient); choose linear, sqrt or none")
-        if batch_policy == "noise_scale":
-            return ("batch.policy: 'noise_scale' cannot be used with combine.method local_sgd (it needs the "
+        if batch_policy in ("noise_scale", "cbs_warmup"):
+            return (f"batch.policy: {batch_policy!r} cannot be used with combine.method local_sgd (it needs the "
                     "per-step combined gradient); use batch.policy: norm_test, its local form")
         if batch_policy == "norm_test":
             if max_workers < 2:

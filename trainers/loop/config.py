@@ -61,4 +61,6 @@ class LoopConfig(Section):
         # batch.max_local_batch above every batch the policy reaches is a cap that never binds: one
         # micro-batch per worker, nothing wrong (so it is not checked against batch.size).
         self.schedule.check_total_epochs(self.train.epochs)
+        self.batch.check_with(self.schedule, self.train.epochs)
+        self.optimizer.check_schedule(self.schedule.scaling_rule)
         return self

@@ -13,6 +13,27 @@ training:
   batch estimated by :class:`trainers.policies.noise.GradientNoiseScale`.
 * ``norm_test``: B grows to what the norm test asks for (Byrd et al. 2012; Lau, Liu,
   Kolar 2024), see :func:`trainers.policies.noise.norm_test`.
+* ``ramp``: B grows linearly in samples from ``size`` to ``ramp_to`` over ``ramp_epochs``, in
+  increments of ``round_to`` (the Megatron-LM ``rampup_batch_size`` and OLMo batch ramps)::
+
+      n = (ramp_to - size) / round_to        increments
+      B(e) = min(ramp_to, size + round_to * floor(e * n / ramp_epochs))
+
+* ``seesaw``: at each of ``schedule.milestones``, B x ``1 / schedule.decay_factor``, with
+  ``schedule.decay: seesaw`` cutting the LR by ``sqrt(decay_factor)`` at the same steps
+  (Meterez et al. 2025; ``trainers/policies/schedules.py``)::
+
+      B(e) = round(size / decay_factor ** m(e)),  m(e) = milestones passed at e
+
+* ``cbs_warmup``: batch-size warmup from the measured critical batch (Merrill et al. 2025,
+  "Critical batch size revisited": the critical batch starts near 0, rises, then plateaus, so
+  B can start small and grow with it).  The critical batch is ``c * B_simple`` (McCandlish et
+  al.), smoothed over the last ``cbs_window`` check steps; B grows by whole factors of
+  ``cbs_growth`` (doubling by default, as Merrill et al. do) while it stays at or below it::
+
+      B_crit = c * mean(last cbs_window estimates of B_simple)
+      j      = floor(log(B_crit / B) / log(cbs_growth))     grow when j >= 1
+      B'     = round_up(B * cbs_growth ** j, round_to), clamped to the cap
 
 Rules shared by the adaptive policies (``noise_scale``, ``norm_test``), in order:
 look only on steps with ``step % check_every == 0``; round the wanted size up to
@@ -20,7 +41,10 @@ a multiple of ``round_to``; grow only if that is at least ``min_growth`` times t
 current B (no thrashing on noisy estimates); clamp to ``max_size`` (and to the
 training-set size when known), so a policy that wants far more than the cap moves
 straight to the cap even if the cap is less than ``min_growth`` above B; never
-shrink.  B never shrinks because worker resizing is grow-only too
+shrink.  ``cbs_warmup`` looks on the same check steps and rounds and clamps the same way, but
+grows by powers of ``cbs_growth`` instead of the ``min_growth`` threshold.  ``ramp`` and
+``seesaw`` are, like ``schedule``, pure functions of the epoch and the config: ``plan`` shows
+exactly what a run does.  B never shrinks because worker resizing is grow-only too
 (``trainers/policies/resize.py``) and because a smaller batch after a larger one buys
 nothing the LR schedule cannot.
 
@@ -44,8 +68,9 @@ from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
 from trainers.policies.decisions import BatchDecision, NoopDecision
+from trainers.policies.schedules import ScheduleConfig, milestones_passed
 
-BatchPolicyName = Literal["fixed", "schedule", "noise_scale", "norm_test"]
+BatchPolicyName = Literal["fixed", "schedule", "noise_scale", "norm_test", "ramp", "seesaw", "cbs_warmup"]
 
 EPOCH_EPS = 1e-9  # tolerance when comparing a step's starting epoch to a listed epoch
 
@@ -60,16 +85,26 @@ class BatchConfig(Section):
     policy: BatchPolicyName = Field(default="fixed", description="how B changes during training")
     max_size: int | None = Field(default=None, gt=0, description="largest B a policy may choose; "
                                  "none = no cap but the training-set size")
-    check_every: int = Field(default=20, gt=0, description="steps between decisions (noise_scale, norm_test)")
+    check_every: int = Field(default=20, gt=0, description="steps between decisions (noise_scale, norm_test, "
+                                                            "cbs_warmup)")
     min_growth: float = Field(default=1.25, ge=1.0, description="grow only to at least this times the current B")
     schedule: list[tuple[float, int]] = Field(default_factory=list,
                                               description="[epoch, batch] pairs for policy schedule")
-    noise_scale_factor: float = Field(default=1.0, gt=0.0, description="c in B = c * B_simple (noise_scale)")
+    noise_scale_factor: float = Field(default=1.0, gt=0.0, description="c in B = c * B_simple (noise_scale; "
+                                                                        "cbs_warmup's critical batch)")
     norm_test_eta: float = Field(default=0.5, gt=0.0, lt=1.0,
                                  description="eta in Var/B <= eta^2 |g|^2 (norm_test); in expectation the test "
                                              "asks for B >= B_simple (1/eta^2 - 1), so eta must be < 1")
-    round_to: int = Field(default=8, gt=0, description="new sizes from adaptive policies are multiples of this")
+    round_to: int = Field(default=8, gt=0, description="new sizes from adaptive policies are multiples of this; "
+                                                        "the increment of ramp")
     ema: float = Field(default=0.95, ge=0.0, lt=1.0, description="EMA decay of the gradient-noise estimates")
+    ramp_to: int | None = Field(default=None, gt=0, description="ramp: the batch the linear ramp ends at")
+    ramp_epochs: float | None = Field(default=None, gt=0.0, description="ramp: epochs (of samples) over which B "
+                                                                       "grows from size to ramp_to")
+    cbs_window: int = Field(default=3, ge=1, description="cbs_warmup: check steps whose B_simple estimates are "
+                                                         "averaged into the critical batch")
+    cbs_growth: float = Field(default=2.0, gt=1.0, description="cbs_warmup: B grows by whole powers of this factor, "
+                                                               "staying at or below the critical batch")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "BatchConfig":
@@ -101,7 +136,45 @@ class BatchConfig(Section):
         if self.policy != "schedule" and self.schedule:
             raise ValueError(f"batch.schedule: given but batch.policy is {self.policy!r}; set batch.policy: "
                              "schedule or remove the schedule")
+        self._check_ramp()
         return self
+
+    def _check_ramp(self) -> None:
+        if self.policy != "ramp":
+            for name in ("ramp_to", "ramp_epochs"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"batch.{name}: given but batch.policy is {self.policy!r}; set batch.policy: "
+                                     f"ramp or remove {name}")
+            return
+        if self.ramp_to is None or self.ramp_epochs is None:
+            missing = "ramp_to" if self.ramp_to is None else "ramp_epochs"
+            raise ValueError(f"batch.{missing}: required by batch.policy ramp; give both, e.g. ramp_to: 512 and "
+                             "ramp_epochs: 2")
+        if self.ramp_to <= self.size:
+            raise ValueError(f"batch.ramp_to: {self.ramp_to} is not above batch.size {self.size}; the ramp grows "
+                             f"B, so set it above {self.size}")
+        if (self.ramp_to - self.size) % self.round_to:
+            raise ValueError(f"batch.ramp_to: {self.ramp_to} - batch.size {self.size} is not a multiple of "
+                             f"batch.round_to {self.round_to} (the ramp's increment); use ramp_to "
+                             f"{self.size + round_up(self.ramp_to - self.size, self.round_to)} or another round_to")
+        if self.max_size is not None and self.ramp_to > self.max_size:
+            raise ValueError(f"batch.ramp_to: {self.ramp_to} is above batch.max_size {self.max_size}; raise "
+                             "max_size or lower ramp_to")
+
+    def check_with(self, schedule: ScheduleConfig, total_epochs: float) -> None:
+        """Cross-checks with the ``schedule`` section and ``train.epochs`` (for the root config's
+        validator).  Raises ``ValueError`` with a one-line message naming the field."""
+        if self.policy == "seesaw" and schedule.decay != "seesaw":
+            raise ValueError(f"schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones "
+                             f"cut the LR, got decay '{schedule.decay}'; set schedule.decay: seesaw (with "
+                             f"milestones and scaling_rule: sqrt)")
+        if schedule.decay == "seesaw" and self.policy != "seesaw":
+            raise ValueError(f"batch.policy: schedule.decay seesaw cuts the LR by only sqrt(decay_factor) because "
+                             f"the batch grows at the same milestones, got batch.policy '{self.policy}'; set "
+                             f"batch.policy: seesaw (or schedule.decay: step)")
+        if self.policy == "ramp" and self.ramp_epochs is not None and self.ramp_epochs >= total_epochs:
+            raise ValueError(f"batch.ramp_epochs: {self.ramp_epochs:g} is not below train.epochs "
+                             f"{total_epochs:g}, so B never reaches ramp_to {self.ramp_to}; lower it")
 
 
 # --------------------------------------------------------------------------- decisions
@@ -162,8 +235,9 @@ class BatchPolicy(ABC):
     #: which entries of ``BatchStats`` this policy reads; the loop may skip measuring the others
     needs: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, cfg: BatchConfig, dataset_size: int | None = None):
+    def __init__(self, cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None):
         self.cfg = cfg
+        self.schedule_cfg = schedule
         caps = [c for c in (cfg.max_size, dataset_size) if c is not None]
         self.max_size: int | None = min(caps) if caps else None
         self.changes = 0
@@ -273,14 +347,137 @@ class NormTestBatch(BatchPolicy):
         return self._grow(step, current, float(stats.norm_test), "norm test")
 
 
+def ramp_batch(size: int, ramp_to: int, ramp_epochs: float, increment: int, epoch: float) -> int:
+    """The linear ramp's batch for the step starting at ``epoch`` (Megatron-LM's ``rampup_batch_size``).
+
+    ``n = (ramp_to - size) / increment`` increments spread evenly over ``ramp_epochs`` of samples:
+    ``min(ramp_to, size + increment * floor(epoch * n / ramp_epochs))``."""
+    n = (ramp_to - size) // increment
+    done = math.floor(max(epoch, 0.0) * n / ramp_epochs + EPOCH_EPS)
+    return min(ramp_to, size + increment * done)
+
+
+def seesaw_batch(size: int, milestones: Sequence[float], decay_factor: float, epoch: float) -> int:
+    """Seesaw's batch for the step starting at ``epoch``: ``round(size / decay_factor ** m)``, ``m`` the
+    milestones passed (:func:`trainers.policies.schedules.milestones_passed`, the LR's own count)."""
+    return int(round(size / decay_factor ** milestones_passed(list(milestones), epoch)))
+
+
+def cbs_warmup_batch(current: int, critical: float, growth: float, round_to: int) -> int | None:
+    """The grown batch of ``cbs_warmup``: ``round_up(B * growth ** j, round_to)`` for the largest whole
+    ``j`` with ``B * growth ** j <= critical``; None when ``j < 1`` (the critical batch is not yet
+    ``growth`` times B)."""
+    if not (math.isfinite(critical) and critical > 0):
+        return None
+    j = math.floor(math.log(critical / current) / math.log(growth) + 1e-9)
+    if j < 1:
+        return None
+    return round_up(current * growth ** j, round_to)
+
+
+class RampBatch(BatchPolicy):
+    """B grows linearly in samples from ``size`` to ``ramp_to`` over ``ramp_epochs`` (:func:`ramp_batch`).
+
+    Megatron-LM's ``--rampup-batch-size <start> <increment> <samples>`` and OLMo's batch ramps, with
+    ``round_to`` as the increment and the length in epochs of samples.  Applies at every step; clamped
+    to the training-set size; grow-only."""
+
+    name = "ramp"
+
+    def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
+        cfg = self.cfg
+        assert cfg.ramp_to is not None and cfg.ramp_epochs is not None  # BatchConfig checks it
+        wanted = self._clamp(ramp_batch(cfg.size, cfg.ramp_to, cfg.ramp_epochs, cfg.round_to, epoch))
+        if wanted <= current:
+            return NoopDecision(f"ramp gives {wanted} at epoch {epoch:.4g}")
+        return self._record(step, wanted, f"ramp gives {wanted} at epoch {epoch:.4g} (to {cfg.ramp_to} at epoch "
+                                          f"{cfg.ramp_epochs:g})")
+
+
+class SeesawBatch(BatchPolicy):
+    """B x ``1 / schedule.decay_factor`` at each of ``schedule.milestones`` (Meterez et al. 2025, Seesaw).
+
+    Reads the ``schedule`` section, so the batch grows at exactly the steps where ``decay: seesaw``
+    cuts the LR (:func:`seesaw_batch`).  Clamped to ``max_size`` and the training-set size: a batch
+    that cannot grow leaves the LR with the step schedule's full cut (the sqrt scaling rule reads
+    the B in force).  Grow-only."""
+
+    name = "seesaw"
+
+    def __init__(self, cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None):
+        super().__init__(cfg, dataset_size=dataset_size, schedule=schedule)
+        if schedule is None or not schedule.milestones:
+            raise ValueError("batch.policy: seesaw reads schedule.milestones and schedule.decay_factor; give the "
+                             "schedule section with decay: seesaw and milestones")
+
+    def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
+        s = self.schedule_cfg
+        assert s is not None
+        wanted = self._clamp(seesaw_batch(self.cfg.size, s.milestones, s.decay_factor, epoch))
+        if wanted <= current:
+            return NoopDecision(f"seesaw gives {wanted} at epoch {epoch:.4g}")
+        m = milestones_passed(s.milestones, epoch)
+        return self._record(step, wanted, f"seesaw: milestone {m} of {len(s.milestones)} at epoch {epoch:.4g}, "
+                                          f"B x {1 / s.decay_factor:g}, LR x {math.sqrt(s.decay_factor):.4g}")
+
+
+class CbsWarmupBatch(BatchPolicy):
+    """Batch-size warmup that follows the measured critical batch (Merrill et al. 2025), see
+    :func:`cbs_warmup_batch`.
+
+    On each check step the latest ``B_simple`` joins a window of the last ``cbs_window``
+    estimates; once the window is full, the critical batch is ``c * mean(window)`` and B grows by
+    the largest whole power of ``cbs_growth`` that keeps it at or below that (rounded up to
+    ``round_to``, clamped to the cap).  The window is checkpointed, so a resumed run decides as
+    the uninterrupted one."""
+
+    name = "cbs_warmup"
+    needs = frozenset({"b_simple"})
+
+    def __init__(self, cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None):
+        super().__init__(cfg, dataset_size=dataset_size, schedule=schedule)
+        self.window: list[float] = []
+
+    def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
+        if not self._is_check_step(step):
+            return NoopDecision("not a check step")
+        if stats.b_simple is None or not math.isfinite(stats.b_simple):
+            return NoopDecision("no noise-scale estimate yet")
+        self.window = (self.window + [float(stats.b_simple)])[-self.cfg.cbs_window:]
+        if len(self.window) < self.cfg.cbs_window:
+            return NoopDecision(f"critical batch window {len(self.window)}/{self.cfg.cbs_window}")
+        c = self.cfg.noise_scale_factor
+        critical = c * sum(self.window) / len(self.window)
+        grown = cbs_warmup_batch(current, critical, self.cfg.cbs_growth, self.cfg.round_to)
+        source = f"critical batch {c:g} x mean B_simple {critical / c:.4g} over {len(self.window)} checks"
+        if grown is None:
+            return NoopDecision(f"{source} is below {self.cfg.cbs_growth:g} x {current}")
+        new = self._clamp(grown)
+        if new <= current:
+            return NoopDecision(f"{source} wants {grown}, the cap {self.max_size} is reached")
+        return self._record(step, new, f"{source} allows {grown}" + (f", clamped to {new}" if new != grown else ""))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "window": list(self.window)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.window = [float(x) for x in state.get("window", [])]
+
+
 BATCH_POLICIES: dict[str, type[BatchPolicy]] = {
     "fixed": FixedBatch,
     "schedule": ScheduleBatch,
     "noise_scale": NoiseScaleBatch,
     "norm_test": NormTestBatch,
+    "ramp": RampBatch,
+    "seesaw": SeesawBatch,
+    "cbs_warmup": CbsWarmupBatch,
 }
 
 
-def build_batch_policy(cfg: BatchConfig, dataset_size: int | None = None) -> BatchPolicy:
-    """The policy ``cfg.policy`` names; ``dataset_size`` (training samples) caps B besides ``max_size``."""
-    return BATCH_POLICIES[cfg.policy](cfg, dataset_size=dataset_size)
+def build_batch_policy(cfg: BatchConfig, dataset_size: int | None = None,
+                       schedule: ScheduleConfig | None = None) -> BatchPolicy:
+    """The policy ``cfg.policy`` names; ``dataset_size`` (training samples) caps B besides ``max_size``;
+    ``schedule`` is the LR schedule's section, which ``seesaw`` reads its milestones from."""
+    return BATCH_POLICIES[cfg.policy](cfg, dataset_size=dataset_size, schedule=schedule)

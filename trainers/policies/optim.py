@@ -14,6 +14,21 @@ MF rules (``optimizer.mf_rule``, registry ``MF_RULES``), ``b`` = B / W the per-w
                                                      docs/architecture.md); b_ref = optimizer.mf_ref_batch
                                                      or, unset, optimizer.base_batch_size
 
+Weight-decay rules (``optimizer.wd_rule``), ``lambda0`` = ``optimizer.weight_decay`` tuned with
+``eta0`` = ``optimizer.lr`` at ``B0`` = ``optimizer.base_batch_size``::
+
+    none       lambda = lambda0
+    timescale  lambda(B) = lambda0 * (B / B0) * (eta0 / eta(B)),  eta(B) = eta0 * s(B / B0)
+
+``timescale`` keeps AdamW's EMA timescale in epochs, ``tau = B / (eta * lambda * D)`` (D the
+training-set size), equal to the tuned one when B and with it the LR change (Wang & Aitchison
+2024, "How to set AdamW's weight decay as you scale model and dataset size"; Bergsma et al. 2025,
+"Power Lines": the best lambda grows linearly with B at a fixed LR).  ``eta(B)`` is the LR the
+scaling rule gives B (the schedule's peak at B), not the warmed-up or decayed LR of the step:
+warmup and decay are the schedule's shape, which the timescale is defined across.  So with the
+linear rule lambda stays lambda0, with sqrt it grows as sqrt(B / B0), with none as B / B0.
+PyTorch's AdamW multiplies its ``weight_decay`` by the LR, as this ``lambda`` assumes.
+
 LARS (You, Gitman, Ginsburg 2017, "Large Batch Training of Convolutional Networks"), per
 parameter tensor (layer) w with gradient g, in *velocity form*::
 
@@ -57,11 +72,12 @@ import math
 from typing import Any, Callable, ClassVar, Iterable, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 from trainers.section import Section
 
 OptimizerName = Literal["sgd", "nesterov", "adam", "adamw", "lars", "lamb"]
 MFRuleName = Literal["fixed", "per_worker_batch"]
+WDRuleName = Literal["none", "timescale"]
 
 
 class OptimizerConfig(Section):
@@ -81,6 +97,26 @@ class OptimizerConfig(Section):
     beta2: float = Field(default=0.999, gt=0.0, lt=1.0, description="adam/adamw/lamb: second-moment decay")
     eps: float = Field(default=1e-8, gt=0.0, description="adam/adamw/lamb: added to the denominator")
     trust_coefficient: float = Field(default=0.001, gt=0.0, description="LARS eta_tc")
+    wd_rule: WDRuleName = Field(default="none", description="none, or timescale (adamw): weight_decay x (B/B0) / "
+                                                          "s(B/B0), s the scaling rule, keeps tau = B / (lr x wd x "
+                                                          "D) at its tuned value as B and its LR change")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "OptimizerConfig":
+        if self.wd_rule == "timescale":
+            if self.name != "adamw":
+                raise ValueError(f"optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay, got "
+                                 f"optimizer.name '{self.name}'; set optimizer.name: adamw or wd_rule: none")
+            if self.weight_decay <= 0:
+                raise ValueError("optimizer.weight_decay: wd_rule timescale scales it with B, so it must be > 0; "
+                                 "set the value tuned at base_batch_size, e.g. 0.1")
+        return self
+
+    def check_schedule(self, scaling_rule: str) -> None:
+        """Cross-check with ``schedule.scaling_rule`` (for the root config's validator)."""
+        if self.wd_rule == "timescale" and scaling_rule == "adascale":
+            raise ValueError("optimizer.wd_rule: timescale needs the LR a batch gets ahead of time, but adascale's "
+                             "gain is measured at run time; use schedule.scaling_rule linear, sqrt or none")
 
 
 # --------------------------------------------------------------------------- LARS and LAMB
@@ -250,6 +286,12 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
+def set_weight_decay(opt: torch.optim.Optimizer, weight_decay: float) -> None:
+    for g in opt.param_groups:
+        if "weight_decay" in g:
+            g["weight_decay"] = weight_decay
+
+
 def set_mf(opt: torch.optim.Optimizer, mf: float) -> None:
     for g in opt.param_groups:
         if "betas" in g:
@@ -281,6 +323,35 @@ def mf_for(cfg: OptimizerConfig, per_worker_batch: float) -> float:
     if not per_worker_batch > 0 or not math.isfinite(per_worker_batch):
         raise ValueError(f"per_worker_batch: must be a finite number > 0 (got {per_worker_batch})")
     return MF_RULES[cfg.mf_rule](cfg, per_worker_batch)
+
+
+# --------------------------------------------------------------------------- weight-decay rule
+
+
+def adamw_timescale(batch_size: float, lr: float, weight_decay: float, dataset_size: float) -> float:
+    """AdamW's EMA timescale in epochs, ``tau = B / (eta * lambda * D)`` (Wang & Aitchison 2024):
+    ``1 / (eta * lambda)`` optimizer steps, of which an epoch has ``D / B``."""
+    if min(batch_size, lr, weight_decay, dataset_size) <= 0:
+        raise ValueError(f"adamw_timescale: needs B, lr, weight_decay and D > 0 (got {batch_size}, {lr}, "
+                         f"{weight_decay}, {dataset_size})")
+    return batch_size / (lr * weight_decay * dataset_size)
+
+
+def timescale_weight_decay(weight_decay: float, base_batch: float, batch_size: float, lr_scale: float) -> float:
+    """The weight decay that keeps ``tau = B / (eta * lambda * D)`` at its tuned value:
+    ``lambda0 * (B / B0) / (eta(B) / eta0)``, with ``lr_scale = eta(B) / eta0`` the scaling rule's
+    factor at ``B`` (see the module docstring)."""
+    if base_batch <= 0 or batch_size <= 0 or not lr_scale > 0:
+        raise ValueError(f"timescale_weight_decay: needs B0, B and lr_scale > 0 (got {base_batch}, {batch_size}, "
+                         f"{lr_scale})")
+    return weight_decay * (batch_size / base_batch) / lr_scale
+
+
+def weight_decay_for(cfg: OptimizerConfig, batch_size: float, lr_scale: float) -> float:
+    """The weight decay at global batch B under ``cfg.wd_rule``; ``lr_scale`` = eta(B) / eta0."""
+    if cfg.wd_rule == "timescale":
+        return timescale_weight_decay(cfg.weight_decay, cfg.base_batch_size, batch_size, lr_scale)
+    return cfg.weight_decay
 
 
 # --------------------------------------------------------------------------- momentum correction

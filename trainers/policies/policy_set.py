@@ -47,7 +47,8 @@ from trainers.policies.batching import BatchConfig, BatchPolicy, BatchStats, bui
 from trainers.data.order import accum_steps, slice_bounds
 from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.policies.noise import GradientNoiseScale
-from trainers.policies.optim import OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf
+from trainers.policies.optim import (OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf,
+                                     set_weight_decay, weight_decay_for)
 from trainers.policies.resize import WorkerCount, build_resize_policy
 from trainers.policies.schedules import AutoDecision, AutoWarmup, Schedule, ScheduleConfig
 
@@ -61,7 +62,8 @@ class StepSettings:
     ``batch`` is the global batch B in force (the policies' B), ``samples`` the samples
     this step actually takes (fewer than B for an epoch's short last batch); ``local`` and
     ``accum`` are rank 0's share of B and its micro-batches (they describe the policy's batch,
-    not the short tail); ``workers`` is W.
+    not the short tail); ``workers`` is W.  ``weight_decay`` is set only by a weight-decay rule
+    (``optimizer.wd_rule``; None: the optimizer keeps its own).
     """
 
     lr: float
@@ -71,6 +73,7 @@ class StepSettings:
     samples: int
     local: int
     accum: int
+    weight_decay: float | None = None
 
 
 class _LoopSections(Protocol):
@@ -99,7 +102,7 @@ class PolicySet:
         self.epochs = float(epochs)
         self.schedule = Schedule(schedule, optimizer.lr, optimizer.base_batch_size, epochs)
         self.auto: AutoWarmup | None = self.schedule.new_auto()
-        self.batch_policy: BatchPolicy = build_batch_policy(batch, dataset_size=self.dataset_size)
+        self.batch_policy: BatchPolicy = build_batch_policy(batch, dataset_size=self.dataset_size, schedule=schedule)
         self.workers = WorkerCount(build_resize_policy(resize_policy), batch.max_local_batch, int(min_workers),
                                    int(max_workers))
 
@@ -143,7 +146,9 @@ class PolicySet:
         lo, hi = slice_bounds(batch_size, 0, workers)
         return StepSettings(lr=self.lr(epoch, batch_size, noise), mf=self.mf(batch_size, workers),
                             batch=batch_size, workers=workers, samples=n, local=hi - lo,
-                            accum=accum_steps(batch_size, workers, self.batch_cfg.max_local_batch))
+                            accum=accum_steps(batch_size, workers, self.batch_cfg.max_local_batch),
+                            weight_decay=None if self.optimizer_cfg.wd_rule == "none" else
+                            weight_decay_for(self.optimizer_cfg, batch_size, self.schedule.scale(batch_size)))
 
     @staticmethod
     def apply(opt: torch.optim.Optimizer, settings: StepSettings, first: bool) -> None:
@@ -154,6 +159,8 @@ class PolicySet:
             apply_momentum_correction(opt, opt.param_groups[0]["lr"], settings.lr)
         set_lr(opt, settings.lr)
         set_mf(opt, settings.mf)
+        if settings.weight_decay is not None:
+            set_weight_decay(opt, settings.weight_decay)
 
     # -- decisions -------------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ the group changes"), each with the reason to log (``trainers/policies/decisions.
 worker count is asked of: the driver's first phase (its ``initial``), the monitor's resize
 decisions and the batch plan that ``plan`` steps (:class:`trainers.policies.plan.BatchPlan`)
 all call its :meth:`WorkerCount.decide`.
+:class:`GoodputResize` (``goodput``) chooses W, and B with it, by Pollux's goodput
+(``trainers/policies/goodput.py``), shrinking the group too when that is better.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainers.policies.decisions import NoopDecision, ResizeDecision
+from trainers.policies.goodput import GoodputDecision, StepTimeModel, optimize
 
 __all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkerCount",
+           "GoodputResize",
            "WorkersForBatch", "build_resize_policy", "resize_pays", "workers_for_batch"]
 
 
@@ -88,9 +92,9 @@ class WorkersForBatch(ResizePolicy):
     restart costs a fixed ~20 s (``docs/architecture.md``), which shrinking to save
     resources does not repay within a run; and a group that Ray shrank after a
     failure keeps training correctly (B is the math, W a resource), so it must not
-    trigger a restart either.  A throughput-aware policy (Pollux-style goodput:
-    measured samples/s per W times statistical efficiency from the noise scale) can
-    subclass :class:`ResizePolicy` and may also shrink.
+    trigger a restart either.  The throughput-aware policy, :class:`GoodputResize`
+    (Pollux's goodput: measured step times per W times the statistical efficiency from
+    the noise scale), may also shrink.
     """
 
     name = "workers_for_batch"
@@ -108,7 +112,55 @@ class WorkersForBatch(ResizePolicy):
                                       f"{max_local_batch}; growing {current_workers} -> {wanted}{capped}")
 
 
-RESIZE_POLICIES: dict[str, type[ResizePolicy]] = {"workers_for_batch": WorkersForBatch}
+class GoodputResize(ResizePolicy):
+    """Pollux's choice of W (and B) by goodput, grown or shrunk (``trainers/policies/goodput.py``).
+
+    Fed by the caller between decisions: :meth:`observe` with measured step times (the
+    :class:`~trainers.policies.goodput.StepTimeModel` it fits) and, in :meth:`decide`, the
+    noise scale ``b_noise`` (``B_simple``), the base batch B0, the remaining samples of the run
+    and what a resize costs here (``start_s`` or the overlap's pause, as the monitor measures).
+    ``max_batch`` > B lets it pick a larger batch too; the chosen one is in ``last.batch``.
+
+    Until a step time has been measured it decides as :class:`WorkersForBatch` (the workers the
+    batch needs); after that, by :func:`~trainers.policies.goodput.optimize`, which may keep a
+    W the batch "needs" more of (accumulating instead), or shrink the group when the fitted
+    synchronisation cost outweighs the compute it spreads.  ``last`` keeps the latest
+    :class:`~trainers.policies.goodput.GoodputDecision` (its reason lists the predicted goodput
+    of the best batch at every W).
+    """
+
+    name = "goodput"
+
+    def __init__(self, model: StepTimeModel | None = None, round_to: int = 1):
+        self.model = model if model is not None else StepTimeModel()
+        self.round_to = round_to
+        self.last: GoodputDecision | None = None
+
+    def observe(self, local_batch: int, workers: int, seconds: float, count: int = 1) -> None:
+        """A measured step time (or the mean of ``count`` steps) at local batch b on W workers."""
+        self.model.observe(local_batch, workers, seconds, count)
+
+    def decide(self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int,
+               max_workers: int, *, b_noise: float | None = None, base_batch: int | None = None,
+               remaining_samples: float | None = None, resize_cost_s: float = 0.0,
+               max_batch: int | None = None) -> ResizeDecision | NoopDecision:
+        self._check(batch_size, max_local_batch, current_workers, min_workers, max_workers)
+        fit = self.model.fit()
+        if fit is None:
+            self.last = None
+            d = WorkersForBatch().decide(batch_size, max_local_batch, current_workers, min_workers, max_workers)
+            why = f"no step time measured yet, deciding as workers_for_batch: {d.reason}"
+            return ResizeDecision(d.workers, why) if d else NoopDecision(why)
+        self.last = optimize(fit, batch_size, current_workers, min_workers, max_workers,
+                             base_batch=base_batch or batch_size, b_noise=b_noise, max_batch=max_batch,
+                             round_to=self.round_to, remaining_samples=remaining_samples,
+                             resize_cost_s=resize_cost_s)
+        if self.last.resize:
+            return ResizeDecision(self.last.workers, self.last.reason)
+        return NoopDecision(self.last.reason)
+
+
+RESIZE_POLICIES: dict[str, type[ResizePolicy]] = {"workers_for_batch": WorkersForBatch, "goodput": GoodputResize}
 
 
 def build_resize_policy(name: str = "workers_for_batch") -> ResizePolicy:

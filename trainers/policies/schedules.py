@@ -38,9 +38,23 @@ Decay after warmup, registry ``DECAYS``; ``p = (e - E_end) / (E - E_end)`` clipp
     poly    min_lr + (eta_peak - min_lr) * (1 - p)^poly_power        Chen et al. (DeepLab); You et al. (LARS)
     linear  min_lr + (eta_peak - min_lr) * (1 - p)
     step    max(min_lr, eta_peak * decay_factor^m), m = #milestones <= e   Goyal et al. (30, 60, 80)
+    seesaw  as step; with ``batch.policy: seesaw`` B grows x 1/decay_factor   Meterez et al. 2025
+            at the same milestones, and the sqrt scaling rule it requires      ("Seesaw")
+            gives the net cut: eta x sqrt(decay_factor) (x 1/sqrt(2) for 0.5)
     none    eta_peak
 
-Milestones are absolute epochs (as in Goyal et al.: warmup 5, then x0.1 at 30, 60, 80).
+Milestones are absolute epochs (as in Goyal et al.: warmup 5, then x0.1 at 30, 60, 80); a
+milestone ``m`` has passed for the step starting at ``e`` when ``e >= m``
+(:func:`milestones_passed`, shared with the seesaw batch policy so that B and the LR change at
+the same step).
+
+Seesaw (Meterez et al. 2025, "Seesaw: accelerating training by balancing learning rate and
+batch size scheduling"): where a step schedule would cut the LR by ``a = 1/decay_factor``,
+cut it by ``sqrt(a)`` and multiply B by ``a`` instead.  The two keep ``eta / sqrt(B)`` equal,
+which is what the sqrt scaling rule keeps equal too: so ``decay: seesaw`` is the step decay's
+formula on ``eta0 * sqrt(B / B0)`` at the current B.  With ``decay_factor: 0.5`` each milestone
+gives LR x 1/sqrt(2) and B x 2.  When the batch cannot grow (``batch.max_size``, the data) the
+LR takes the cut the batch could not: the schedule reads the B actually in force.
 
 Because ``Schedule.lr`` is a pure function of (epoch, batch, auto-warmup state), a
 resize or a batch change just recomputes it; the checkpoint needs only the training
@@ -60,7 +74,7 @@ from trainers.section import Section
 
 ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]
 WarmupName = Literal["none", "constant", "gradual", "linear", "legw", "auto"]
-DecayName = Literal["cosine", "step", "poly", "linear", "none"]
+DecayName = Literal["cosine", "step", "seesaw", "poly", "linear", "none"]
 
 
 class ScheduleConfig(Section):
@@ -72,10 +86,12 @@ class ScheduleConfig(Section):
     warmup: WarmupName = Field(default="none", description="how the LR reaches its scaled value: none, constant, "
                                                         "gradual, linear (from zero), legw or auto")
     warmup_epochs: float = Field(default=0.0, ge=0.0, description="E_w; for legw, the warmup length at k = 1")
-    decay: DecayName = Field(default="none", description="after warmup: cosine, step (milestones), poly, linear "
-                                                      "or none")
-    milestones: list[float] = Field(default_factory=list, description="absolute epochs, for step decay")
-    decay_factor: float = Field(default=0.1, gt=0.0, le=1.0, description="gamma of step decay")
+    decay: DecayName = Field(default="none", description="after warmup: cosine, step (milestones), seesaw (step "
+                                                      "milestones with batch.policy seesaw), poly, linear or none")
+    milestones: list[float] = Field(default_factory=list, description="absolute epochs, for step and seesaw decay")
+    decay_factor: float = Field(default=0.1, gt=0.0, le=1.0,
+                                description="gamma of step decay; for seesaw, B grows x 1/gamma and the LR "
+                                            "falls x sqrt(gamma) at each milestone")
     poly_power: float = Field(default=2.0, gt=0.0, description="exponent of poly decay")
     min_lr: float = Field(default=0.0, ge=0.0, description="floor the decay ends at")
     # -- warmup: auto (Kim et al. 2021) --------------------------------------------------
@@ -100,8 +116,14 @@ class ScheduleConfig(Section):
         if self.warmup == "auto" and self.decay == "none":
             raise ValueError("schedule.decay: warmup 'auto' decays from the LR it finds (Kim et al. use cosine); "
                              "set schedule.decay: cosine")
-        if self.decay == "step" and not self.milestones:
-            raise ValueError("schedule.milestones: required when schedule.decay is 'step'; e.g. [30, 60, 80]")
+        if self.decay in ("step", "seesaw") and not self.milestones:
+            raise ValueError(f"schedule.milestones: required when schedule.decay is '{self.decay}'; e.g. [30, 60, 80]")
+        if self.decay == "seesaw" and self.scaling_rule != "sqrt":
+            raise ValueError(f"schedule.scaling_rule: decay 'seesaw' keeps lr / sqrt(B) as the step schedule would "
+                             f"(Meterez et al. 2025), got '{self.scaling_rule}'; set schedule.scaling_rule: sqrt")
+        if self.decay == "seesaw" and self.decay_factor >= 1.0:
+            raise ValueError("schedule.decay_factor: 1 makes seesaw neither cut the LR nor grow the batch; set it "
+                             "below 1, e.g. 0.5")
         if any(m < 0 for m in self.milestones):
             raise ValueError(f"schedule.milestones: epochs must be >= 0 (got {self.milestones}); list epochs from 0 "
                              f"on, e.g. [30, 60, 80]")
@@ -119,7 +141,7 @@ class ScheduleConfig(Section):
             raise ValueError(f"schedule.warmup_epochs: {self.warmup_epochs} leaves no epoch after warmup "
                              f"(train.epochs is {total_epochs}); lower it")
         late = [m for m in self.milestones if m >= total_epochs]
-        if self.decay == "step" and late:
+        if self.decay in ("step", "seesaw") and late:
             raise ValueError(f"schedule.milestones: {late} at or after train.epochs {total_epochs} never apply; "
                              f"remove them")
 
@@ -226,9 +248,16 @@ def _linear_decay(cfg: ScheduleConfig, peak: float, epoch: float, start: float, 
     return cfg.min_lr + (peak - cfg.min_lr) * (1.0 - p)
 
 
+def milestones_passed(milestones: list[float], epoch: float) -> int:
+    """How many of ``milestones`` the step starting at ``epoch`` has passed (``epoch >= m``).
+
+    The one comparison both the step/seesaw decay and the seesaw batch policy
+    (``trainers/policies/batching.py``) use, so the LR cut and the batch growth fall on the same step."""
+    return sum(1 for m in milestones if epoch >= m)
+
+
 def _step(cfg: ScheduleConfig, peak: float, epoch: float, start: float, end: float) -> float:
-    passed = sum(1 for m in cfg.milestones if epoch >= m)
-    return max(cfg.min_lr, peak * cfg.decay_factor ** passed)
+    return max(cfg.min_lr, peak * cfg.decay_factor ** milestones_passed(cfg.milestones, epoch))
 
 
 def _no_decay(cfg: ScheduleConfig, peak: float, epoch: float, start: float, end: float) -> float:
@@ -236,7 +265,9 @@ def _no_decay(cfg: ScheduleConfig, peak: float, epoch: float, start: float, end:
 
 
 DECAYS: dict[str, Decay] = {"cosine": _cosine, "poly": _poly, "linear": _linear_decay, "step": _step,
-                            "none": _no_decay}
+                            "seesaw": _step, "none": _no_decay}
+"""``seesaw`` is the step formula: its batch growth comes from ``batch.policy: seesaw`` and its
+smaller LR cut from the sqrt scaling rule at the grown batch (see the module docstring)."""
 
 
 # --------------------------------------------------------------------------- auto warmup
