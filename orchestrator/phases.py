@@ -24,6 +24,7 @@ does with records and events (MLflow, the progress bar) is up to listeners
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -34,6 +35,7 @@ from typing import Any, Callable, ClassVar
 from orchestrator.config import RootConfig
 from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured,
                                  ResizeRecord)
+from orchestrator.nodes import CapacityWait
 from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
 from orchestrator.progress import Progress, total_samples
 from orchestrator.tracking import RunTracker
@@ -44,6 +46,19 @@ from trainers.link.runtime import Runtime
 from trainers.loop.storage import resolve
 
 POLL_S = 0.5
+CAPACITY_EVERY_S = 2.0  # how often the driver counts the workers the live nodes hold
+CAPACITY_SAY_EVERY_S = 15.0  # how often it says that it waits for capacity
+
+
+def _live_nodes() -> list[dict] | None:
+    """The cluster's nodes as ``ray.nodes()`` lists them (None without a Ray to ask)."""
+    import ray
+
+    return ray.nodes() if ray.is_initialized() else None
+
+
+class CapacityLost(Exception):
+    """Fewer than ``scaling.min_workers`` fit the live nodes for ``scaling.capacity_timeout_s``."""
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
 # driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
 STOP_WAIT_S = 2.0
@@ -218,6 +233,10 @@ class PhaseRunner:
         self.storage_path = resolve(cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
         self.events: list[Event] = []
         self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
+        self.failure: str | None = None  # the run could not go on (no room for min_workers): why
+        self.capacity = CapacityWait(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s)
+        self._capacity_at = self._capacity_said = -math.inf
+        self.live_nodes: Callable[[], list[dict] | None] = _live_nodes
         self.monitor: Any = None
         self.monitor_name, self.namespace = "", None
         self.t_start = time.time()
@@ -249,6 +268,9 @@ class PhaseRunner:
             if isinstance(self.state, Failed):
                 raise self.state.error
             return self.state.result
+        except CapacityLost as e:  # the checkpoints are kept: resume once the cluster has room again
+            self.failure = str(e)
+            return None
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers cleanly, what they trained reaches MLflow
             if self.monitor is not None:
                 try:
@@ -331,7 +353,9 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
             train_loop_per_worker,
             train_loop_config=payload,
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
-                                         resources_per_worker=self.resources()),
+                                         resources_per_worker=self.resources(),
+                                         placement_strategy=s.placement.upper(),
+                                         elastic_resize_monitor_interval_s=s.capacity_check_s),
             run_config=RunConfig(
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
@@ -373,6 +397,7 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
 
     def make_monitor(self) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from orchestrator.monitor import Monitor
 
@@ -380,13 +405,38 @@ Each phase is its own Ray Train run (two may run at once during an overlapping
         self.namespace = ray.get_runtime_context().namespace
         self.monitor_name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
         overlap = self.resources() if s.resize_mode == "overlap" else None
-        self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace).remote(
+        # On the driver's own node: a lost worker node must not take the driver's link with it.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self.monitor = Monitor.options(name=self.monitor_name, namespace=self.namespace,
+                                       scheduling_strategy=here).remote(
             self.worker_count, overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
 
     def poll(self, ph: _Phase) -> None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump."""
         ph.thread.join(self.poll_s)
         self.pump()
+        self.watch_capacity()
+
+    def watch_capacity(self) -> None:
+        """Every few seconds, whether ``scaling.min_workers`` still fit the live nodes; while they do
+        not (a node was lost), say so, and end the run once ``scaling.capacity_timeout_s`` is over."""
+        from orchestrator.nodes import workers_that_fit
+
+        now = time.monotonic()
+        if now - self._capacity_at < CAPACITY_EVERY_S:
+            return
+        self._capacity_at = now
+        nodes = self.live_nodes()
+        if nodes is None:
+            return
+        status = self.capacity.update(workers_that_fit(nodes, self.resources()))
+        if status is not None and now - self._capacity_said >= CAPACITY_SAY_EVERY_S:
+            self._capacity_said = now
+            self.progress.write(status)
+        if self.capacity.expired():
+            how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
+                   else f"python -m orchestrator resume {self.tracker.run_id}")
+            raise CapacityLost(self.capacity.message(how))
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,

@@ -267,3 +267,37 @@ def test_an_interrupted_driver_stops_the_group_and_drains_its_last_records(tmp_p
         runner.run()
     assert tracker.metrics[-1][1] == {"train/loss": 0.5}  # pushed after the stop, drained before the end
     assert any(isinstance(ev, Stopped) for ev in runner.events) and runner.monitor is None
+
+
+def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_to_resume(tmp_path, monkeypatch):
+    """A lost node left fewer than ``scaling.min_workers`` places: the driver says it waits, and once
+    ``capacity_timeout_s`` is over it ends the run with one message (the group never ran again)."""
+    from orchestrator.nodes import CapacityWait
+
+    stop = threading.Event()
+
+    def stuck(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        stop.wait(30)  # Ray Train waits for room that never comes
+        return "never"
+
+    runner, _, _ = _runner(tmp_path, monkeypatch, {0: stuck}, "restart")
+    now = [0.0]
+    runner.capacity = CapacityWait(min_workers=1, timeout_s=60, clock=lambda: now[0])
+    said: list[str] = []
+    runner.progress.write = said.append  # type: ignore[method-assign]
+    nodes = [{"Alive": False, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 0.25}}]
+
+    def live_nodes():
+        now[0] += 7.0  # each look at the cluster is a few seconds later
+        return nodes
+
+    runner.live_nodes = live_nodes
+    monkeypatch.setattr("orchestrator.phases.CAPACITY_EVERY_S", 0.0)
+    try:
+        assert runner.run() is None
+    finally:
+        stop.set()
+    assert runner.failure.startswith("lost capacity: only 0 of scaling.min_workers 1 workers fit the live nodes")
+    assert runner.failure.endswith(f"with: python -m orchestrator resume {runner.tracker.run_id}")
+    assert said and said[0].startswith("waiting for capacity: 0 of scaling.min_workers 1 workers fit")
