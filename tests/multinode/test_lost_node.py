@@ -21,12 +21,12 @@ from tests.helpers import dense_series, metric_series
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EPOCHS = 12
+EPOCHS = 30  # long enough that the returning node is used before the end
 STEPS = EPOCHS * 30  # ceil(1438 / 48)
 
 
 def _config(tmp, **scaling) -> dict:
-    return {"data": {"name": "digits", "val_fraction": 0.2}, "model": {"name": "mlp"},
+    return {"data": {"name": "digits", "val_fraction": 0.2}, "model": {"name": "mlp", "norm": "none"},
             "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 48},
             "batch": {"size": 48, "max_local_batch": 16},
             "scaling": {"min_workers": 2, "max_workers": 3, "cpus_per_worker": 1, "max_failures": 3,
@@ -44,7 +44,25 @@ def _driver(c, tmp, cfg) -> subprocess.Popen:
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
     env.pop("ELASTIC_KEEP_RAY", None)
     return subprocess.Popen([sys.executable, "-m", "orchestrator", "train", path, "--no-progress"], cwd=tmp,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=open(os.path.join(tmp, "out.txt"), "w"),
+                            stderr=open(os.path.join(tmp, "err.txt"), "w"), text=True)
+
+
+def _finish(p: subprocess.Popen, tmp, timeout: float = 600) -> tuple[int, str]:
+    p.wait(timeout)
+    with open(os.path.join(tmp, "out.txt")) as f, open(os.path.join(tmp, "err.txt")) as g:
+        return p.returncode, f.read() + g.read()
+
+
+def _workers_logged(tmp) -> set[int]:
+    """The worker counts the run has logged so far (its MLflow store, read while it trains)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"{tmp}/mlflow.db") as db:
+            return {int(v) for (v,) in db.execute("select value from metrics where key = 'workers'")}
+    except sqlite3.Error:
+        return set()
 
 
 def _run_id(tmp) -> str:
@@ -67,15 +85,16 @@ def test_a_lost_worker_node_is_a_capacity_change_and_returning_capacity_is_used(
     try:
         # the uninterrupted reference, on the same cluster
         ref = _driver(cluster, str(tmp_path / "ref"), _config(tmp_path / "ref"))
-        out, err = ref.communicate(timeout=600)
-        assert ref.returncode == 0, out + err
+        rc, text = _finish(ref, tmp_path / "ref")
+        assert rc == 0, text
         ref_uri, ref_id = f"sqlite:///{tmp_path}/ref/mlflow.db", _run_id(tmp_path / "ref")
 
         tmp = tmp_path / "lost"
+        os.makedirs(tmp)
         driver = _driver(cluster, str(tmp), _config(tmp))
         deadline = time.time() + 300
         while not glob.glob(f"{tmp}/ray_runs/elastic-*/checkpoint_step*"):
-            assert driver.poll() is None, driver.communicate()
+            assert driver.poll() is None, _finish(driver, tmp)
             assert time.time() < deadline, "no checkpoint in 300 s"
             time.sleep(0.3)
         head = cluster.head_node.node_id
@@ -83,11 +102,15 @@ def test_a_lost_worker_node_is_a_capacity_change_and_returning_capacity_is_used(
         watcher = _alive_actor_nodes("PreemptionWatcher")
         victim = next((n for n in nodes if n.node_id in watcher), nodes[-1])
         cluster.remove_node(victim, allow_graceful=False)  # its raylet and every process under it
-        time.sleep(20)
+        deadline = time.time() + 300
+        while 2 not in _workers_logged(tmp):  # the group went on with the two nodes left
+            assert driver.poll() is None, _finish(driver, tmp)
+            assert time.time() < deadline, "the run never went on at W=2"
+            time.sleep(0.5)
         cluster.add_node(num_cpus=1)  # capacity comes back
-        out, err = driver.communicate(timeout=600)
-        assert driver.returncode == 0, out + err
-        assert "Traceback" not in err, err
+        rc, text = _finish(driver, tmp)
+        assert rc == 0, text
+        assert "Traceback" not in text, text
     finally:
         ray.shutdown()
 
