@@ -49,6 +49,17 @@ class ScalingConfig(Section):
                                     "group's start (restart), both measured on this cluster; always: whenever "
                                     "the batch needs more workers")
 
+    placement: Literal["pack", "spread"] = Field(
+        default="pack", description="pack: crowd the workers onto as few nodes as fit (Ray Train's default; "
+                                    "less traffic between nodes); spread: one per node as far as possible (a lost "
+                                    "node takes fewer workers with it)")
+    capacity_check_s: float = Field(
+        default=30.0, gt=0, description="while a group runs smaller than it asked for (a node was lost), how often "
+                                        "Ray Train looks for capacity that came back and grows the group again")
+    capacity_timeout_s: float = Field(
+        default=600.0, gt=0, description="after a node is lost, how long the driver waits for room for "
+                                         "scaling.min_workers before it ends the run FAILED (resume it later)")
+
     @model_validator(mode="after")
     def _order(self) -> "ScalingConfig":
         if self.min_workers > self.max_workers:

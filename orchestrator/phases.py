@@ -34,6 +34,7 @@ from typing import Any, Callable, ClassVar
 from orchestrator.config import RootConfig
 from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured,
                                  ResizeRecord)
+from orchestrator.nodes import CapacityWatch
 from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
 from orchestrator.progress import Progress, total_samples
 from orchestrator.tracking import RunTracker
@@ -44,6 +45,10 @@ from trainers.link.runtime import Runtime
 from trainers.loop.storage import resolve
 
 POLL_S = 0.5
+
+
+class CapacityLost(Exception):
+    """Fewer than ``scaling.min_workers`` fit the live nodes for ``scaling.capacity_timeout_s``."""
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
 # driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
 STOP_WAIT_S = 2.0
@@ -230,6 +235,8 @@ class MonitorLink:
     def create(self, cfg: RootConfig, resources: dict[str, float]) -> None:
         import ray
 
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         from orchestrator.monitor import Monitor
         from trainers.policies.resize import WorkerCount
 
@@ -237,7 +244,9 @@ class MonitorLink:
         self.namespace = ray.get_runtime_context().namespace
         self.name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
         overlap = resources if s.resize_mode == "overlap" else None
-        self.actor = Monitor.options(name=self.name, namespace=self.namespace).remote(
+        # On the driver's own node: a lost worker node must not take the driver's link with it.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self.actor = Monitor.options(name=self.name, namespace=self.namespace, scheduling_strategy=here).remote(
             WorkerCount.from_config(cfg), overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
 
     def runtime(self, **fields: Any) -> Runtime:
@@ -263,6 +272,7 @@ class EventBook:
         self.t_start = time.time()
         self.restarts = restarts
         self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
+        self.failure: str | None = None  # the run could not go on (no room for min_workers): why
         self.starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
         self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
         self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
@@ -357,6 +367,7 @@ class PhaseRunner:
         self.book = EventBook(restarts=int(tracker.last_value(M.RESTARTS, 0)))
         self.resize_book = ResizeBook()
         self.state: RunState = Starting()
+        self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s)
 
     # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
 
@@ -401,6 +412,10 @@ class PhaseRunner:
         return self.book.diverged
 
     @property
+    def failure(self) -> str | None:
+        return self.book.failure
+
+    @property
     def restarts(self) -> int:
         return self.book.restarts
 
@@ -433,6 +448,9 @@ class PhaseRunner:
             if isinstance(self.state, Failed):
                 raise self.state.error
             return self.state.result
+        except CapacityLost as e:  # the checkpoints are kept: resume once the cluster has room again
+            self.book.failure = str(e)
+            return None
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers cleanly, what they trained reaches MLflow
             if self.monitor is not None:
                 try:
@@ -519,7 +537,9 @@ class PhaseRunner:
             train_loop_per_worker,
             train_loop_config=payload,
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
-                                         resources_per_worker=self.resources()),
+                                         resources_per_worker=self.resources(),
+                                         placement_strategy=s.placement.upper(),
+                                         elastic_resize_monitor_interval_s=s.capacity_check_s),
             run_config=RunConfig(
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
@@ -566,6 +586,13 @@ class PhaseRunner:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump."""
         ph.thread.join(self.poll_s)
         self.pump()
+        status = self.capacity.look(self.resources())
+        if status is not None:
+            self.progress.write(status)
+        if self.capacity.wait.expired():
+            how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
+                   else f"python -m orchestrator resume {self.tracker.run_id}")
+            raise CapacityLost(self.capacity.wait.message(how))
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,

@@ -182,8 +182,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         runner.run()
         tracker.release_held()
         tracker.log_timeline(timeline.timeline)
-        if runner.diverged is not None:  # FAILED, the diverged model not logged, the good checkpoint kept
-            error = runner.diverged.message
+        if runner.diverged is not None or runner.failure is not None:
+            # FAILED, no final model logged, the checkpoints kept (a diverged run's last finite one)
+            error = runner.diverged.message if runner.diverged is not None else runner.failure
             tracker.set_tags({"elastic.failure": error})
             return _summary(tracker, runner, "FAILED", t0, error, timeline)
         status = "FINISHED"

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-TIERS = {"unit": 60, "distributed": 300, "integration": 900}  # tier -> default seconds per test
+TIERS = {"unit": 60, "distributed": 300, "integration": 900, "multinode": 900}  # tier -> default seconds per test
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 os.environ.setdefault("ELASTIC_KEEP_RAY", "1")  # runs inside tests must not stop the shared Ray

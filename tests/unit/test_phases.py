@@ -278,3 +278,35 @@ def test_the_runner_keeps_a_dozen_things_or_fewer(tmp_path):
     runner.resumes, runner.t_start = 2, 5.0
     assert runner.phase_run_name(3) == "elastic-abc-r2p3" and runner.book.t_start == 5.0
     assert (runner.resizes, runner.called_off, runner.restarts, runner.monitor) == ([], 0, 0, None)
+
+
+def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_to_resume(tmp_path, monkeypatch):
+    """A lost node left fewer than ``scaling.min_workers`` places: the driver says it waits, and once
+    ``capacity_timeout_s`` is over it ends the run with one message (the group never ran again)."""
+    from orchestrator.nodes import CapacityWatch
+
+    stop = threading.Event()
+
+    def stuck(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        stop.wait(30)  # Ray Train waits for room that never comes
+        return "never"
+
+    runner, _, _ = _runner(tmp_path, monkeypatch, {0: stuck}, "restart")
+    now = [0.0]
+
+    def live_nodes():
+        now[0] += 7.0  # each look at the cluster is a few seconds later
+        return [{"Alive": False, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 0.25}}]
+
+    runner.capacity = CapacityWatch(min_workers=1, timeout_s=60, every_s=0.0, nodes=live_nodes,
+                                    clock=lambda: now[0])
+    said: list[str] = []
+    runner.progress.write = said.append  # type: ignore[method-assign]
+    try:
+        assert runner.run() is None
+    finally:
+        stop.set()
+    assert runner.failure.startswith("lost capacity: only 0 of scaling.min_workers 1 workers fit the live nodes")
+    assert runner.failure.endswith(f"with: python -m orchestrator resume {runner.tracker.run_id}")
+    assert said and said[0].startswith("waiting for capacity: 0 of scaling.min_workers 1 workers fit")

@@ -1,0 +1,24 @@
+"""The multi-node tier: a real Ray cluster of several nodes on this machine, started and stopped by
+the tests (``ray.cluster_utils.Cluster``: a head and worker nodes, each its own raylet).
+
+The head has no CPUs: it is the driver's node (the driver, Ray Train's controller and the run's
+monitor live there, as on a real cluster's head), and the worker nodes hold the training workers.
+Ray's health check is shortened so a lost node is noticed in a few seconds (a user does the same
+with ``ray start --head --system-config``; README, "On a cluster")."""
+
+from __future__ import annotations
+
+import pytest
+
+HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
+          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": HEALTH})
+    yield c
+    c.shutdown()  # stops every node it started (by their processes), never `ray stop`
+
