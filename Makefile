@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 TORCH_INDEX ?=
 
-.PHONY: demo test test-fast bench-check install clean
+.PHONY: demo test test-unit test-fast bench-check install clean
 
 $(STAMP): pyproject.toml
 	@echo "install 1/4: the virtual environment $(VENV) ($(PY))"
@@ -37,8 +37,11 @@ test: $(STAMP)
 bench-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m bench tests/integration/test_benches.py
 
-test-fast: $(STAMP)
+# the unit tier: no processes, no Ray (under a minute)
+test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
+
+test-fast: test-unit
 
 clean:
 	rm -rf ray_runs mlruns mlflow.db .pytest_cache
