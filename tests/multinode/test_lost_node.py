@@ -21,7 +21,7 @@ from tests.helpers import dense_series, metric_series
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EPOCHS = 30  # long enough that the returning node is used before the end
+EPOCHS = 150  # long enough (a step takes milliseconds) that the returning node is used before the end
 STEPS = EPOCHS * 30  # ceil(1438 / 48)
 
 
@@ -32,7 +32,7 @@ def _config(tmp, **scaling) -> dict:
             "scaling": {"min_workers": 2, "max_workers": 3, "cpus_per_worker": 1, "max_failures": 3,
                         "capacity_check_s": 5, **scaling},
             "train": {"epochs": EPOCHS, "log_every": 5},
-            "checkpoint": {"every_steps": 10, "storage_path": f"{tmp}/ray_runs"},
+            "checkpoint": {"every_steps": 50, "storage_path": f"{tmp}/ray_runs"},
             "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"}}
 
 
