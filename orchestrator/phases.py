@@ -556,10 +556,11 @@ class PhaseRunner:
         ph.thread.start()
         return ph
 
-    def await_room(self, workers: int, timeout_s: float = 10.0) -> bool:
+    def await_room(self, workers: int, timeout_s: float = 60.0) -> bool:
         """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a
         finished group's resources a moment after its ``fit()`` returns; started before that, an
-        elastic group (``min_workers < max_workers``) would start with fewer workers than wanted."""
+        elastic group (``min_workers < max_workers``) would start with fewer workers than wanted.
+        On a loaded machine the old group's processes take many seconds to go: hence a minute."""
         import ray
 
         from orchestrator.monitor import has_room
