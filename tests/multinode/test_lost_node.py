@@ -70,49 +70,50 @@ def _run_id(tmp) -> str:
     return os.path.basename(folder)[len("elastic-"):].split("-r")[0]
 
 
-def _alive_actor_nodes(class_name: str) -> set[str]:
-    from ray.util.state import list_actors
-
-    return {a["node_id"] for a in list_actors(filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")])}
+def _alive_actor_nodes(c, class_name: str) -> set[str]:
+    """The nodes of the live actors of ``class_name`` on cluster ``c``, asked from a process of its
+    own (this test process may already hold another Ray: the integration tier's shared one)."""
+    code = ("import ray, sys; from ray.util.state import list_actors; ray.init(address=sys.argv[1]); "
+            "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[2]), "
+            "('state', '=', 'ALIVE')])))")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code, c.address, class_name], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
 
 
 def test_a_lost_worker_node_is_a_capacity_change_and_returning_capacity_is_used(cluster, tmp_path):
-    import ray
-
     nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    try:
-        # the uninterrupted reference, on the same cluster
-        ref = _driver(cluster, str(tmp_path / "ref"), _config(tmp_path / "ref"))
-        rc, text = _finish(ref, tmp_path / "ref")
-        assert rc == 0, text
-        ref_uri, ref_id = f"sqlite:///{tmp_path}/ref/mlflow.db", _run_id(tmp_path / "ref")
+    # the uninterrupted reference, on the same cluster
+    ref = _driver(cluster, str(tmp_path / "ref"), _config(tmp_path / "ref"))
+    rc, text = _finish(ref, tmp_path / "ref")
+    assert rc == 0, text
+    ref_uri, ref_id = f"sqlite:///{tmp_path}/ref/mlflow.db", _run_id(tmp_path / "ref")
 
-        tmp = tmp_path / "lost"
-        os.makedirs(tmp)
-        driver = _driver(cluster, str(tmp), _config(tmp))
-        deadline = time.time() + 300
-        while not glob.glob(f"{tmp}/ray_runs/elastic-*/checkpoint_step*"):
-            assert driver.poll() is None, _finish(driver, tmp)
-            assert time.time() < deadline, "no checkpoint in 300 s"
-            time.sleep(0.3)
-        head = cluster.head_node.node_id
-        assert _alive_actor_nodes("MonitorState") == {head}, "the run's monitor must live on the driver's node"
-        watcher = _alive_actor_nodes("PreemptionWatcher")
-        victim = next((n for n in nodes if n.node_id in watcher), nodes[-1])
-        cluster.remove_node(victim, allow_graceful=False)  # its raylet and every process under it
-        deadline = time.time() + 300
-        while 2 not in _workers_logged(tmp):  # the group went on with the two nodes left
-            assert driver.poll() is None, _finish(driver, tmp)
-            assert time.time() < deadline, "the run never went on at W=2"
-            time.sleep(0.5)
-        cluster.add_node(num_cpus=1)  # capacity comes back
-        rc, text = _finish(driver, tmp)
-        assert rc == 0, text
-        assert "Traceback" not in text, text
-    finally:
-        ray.shutdown()
+    tmp = tmp_path / "lost"
+    os.makedirs(tmp)
+    driver = _driver(cluster, str(tmp), _config(tmp))
+    deadline = time.time() + 300
+    while not glob.glob(f"{tmp}/ray_runs/elastic-*/checkpoint_step*"):
+        assert driver.poll() is None, _finish(driver, tmp)
+        assert time.time() < deadline, "no checkpoint in 300 s"
+        time.sleep(0.3)
+    head = cluster.head_node.node_id
+    assert _alive_actor_nodes(cluster, "MonitorState") == {head}, "the run's monitor must live on the driver's node"
+    watcher = _alive_actor_nodes(cluster, "PreemptionWatcher")
+    victim = next((n for n in nodes if n.node_id in watcher), nodes[-1])
+    cluster.remove_node(victim, allow_graceful=False)  # its raylet and every process under it
+    deadline = time.time() + 300
+    while 2 not in _workers_logged(tmp):  # the group went on with the two nodes left
+        assert driver.poll() is None, _finish(driver, tmp)
+        assert time.time() < deadline, "the run never went on at W=2"
+        time.sleep(0.5)
+    cluster.add_node(num_cpus=1)  # capacity comes back
+    rc, text = _finish(driver, tmp)
+    assert rc == 0, text
+    assert "Traceback" not in text, text
 
     from mlflow.tracking import MlflowClient
 
