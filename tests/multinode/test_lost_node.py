@@ -73,11 +73,12 @@ def _run_id(tmp) -> str:
 def _alive_actor_nodes(c, class_name: str) -> set[str]:
     """The nodes of the live actors of ``class_name`` on cluster ``c``, asked from a process of its
     own (this test process may already hold another Ray: the integration tier's shared one)."""
-    code = ("import ray, sys; from ray.util.state import list_actors; ray.init(address=sys.argv[1]); "
-            "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[2]), "
+    code = ("import sys; from orchestrator.ray_env import ensure_ray; ensure_ray(); "
+            "from ray.util.state import list_actors; "
+            "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[1]), "
             "('state', '=', 'ALIVE')])))")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run([sys.executable, "-c", code, c.address, class_name], env=env, capture_output=True,
+    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)  # joined as the orchestrator joins it
+    out = subprocess.run([sys.executable, "-c", code, class_name], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return set(out.stdout.split())
