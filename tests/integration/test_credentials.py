@@ -140,28 +140,40 @@ def _files_holding(folder, secret: bytes) -> list[str]:
     return found
 
 
-def test_a_password_in_the_tracking_uri_reaches_no_output_log_param_tag_or_artifact(
-        ray_cluster, tmp_path, guarded_server, capfd, caplog):
+def _assert_shown_nowhere(rc, capfd, caplog, proxy) -> str:
+    """The command succeeded, the credentials reached the server with every request, and no printed
+    or logged line shows them, though links to the server were printed.  Returns stdout."""
+    out, err = capfd.readouterr()
+    assert rc == 0, out + err
+    assert proxy.allowed > 0 and proxy.denied == 0, (proxy.allowed, proxy.denied)
+    assert PASSWORD not in out + err and PASSWORD not in caplog.text
+    assert f"http://127.0.0.1:{proxy.port}/#/experiments/" in out, out
+    return out
+
+
+def _client(proxy, monkeypatch):
+    """A client of the guarded server, its credentials in MLflow's variables for this test only."""
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
+    return MlflowClient(f"http://127.0.0.1:{proxy.port}")
+
+
+def test_a_password_in_the_tracking_uri_reaches_no_output_log_param_tag_or_artifact(
+        ray_cluster, tmp_path, guarded_server, capfd, caplog, monkeypatch):
 
     store, proxy = guarded_server
     uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}"
     caplog.set_level(logging.INFO)
     rc = cli.main(["train", _config(tmp_path), "--tracking-uri", uri, "--no-progress", "--verbose",
                    "--register", "credentials-model"])
-    out, err = capfd.readouterr()
-    assert rc == 0, out + err
-
-    # the credentials reached the server with every request ...
-    assert proxy.allowed > 0 and proxy.denied == 0, (proxy.allowed, proxy.denied)
-    # ... and nothing printed or logged shows them, though links to the server were printed
-    assert PASSWORD not in out + err and PASSWORD not in caplog.text
-    assert f"http://127.0.0.1:{proxy.port}/#/experiments/" in out, out
+    # the credentials reached the server with every request, and nothing printed or logged shows them
+    out = _assert_shown_nowhere(rc, capfd, caplog, proxy)
 
     # nothing MLflow holds (params, tags, the run's and the model's artifacts, all in the store's
     # database and its artifacts folder) nor any file the run left has the password
-    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = USER, PASSWORD
-    client = MlflowClient(f"http://127.0.0.1:{proxy.port}")
+    client = _client(proxy, monkeypatch)
     (run,) = client.search_runs([client.get_experiment_by_name("credentials").experiment_id])
     assert run.info.status == "FINISHED"
     assert not [k for k, v in {**run.data.params, **run.data.tags}.items() if PASSWORD in v]
@@ -178,10 +190,10 @@ def test_a_password_in_the_tracking_uri_reaches_no_output_log_param_tag_or_artif
     assert f"http://127.0.0.1:{proxy.port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out, out
 
 
-def test_a_study_tracked_with_a_password_shows_it_nowhere(ray_cluster, tmp_path, guarded_server, capfd, caplog):
+def test_a_study_tracked_with_a_password_shows_it_nowhere(ray_cluster, tmp_path, guarded_server, capfd, caplog,
+                                                           monkeypatch):
     """``python -m search run`` with the same URI: the driver's lines, the parent and the trial's
     runs, the files left and the shared Ray's logs (where a trial actor's own output goes)."""
-    from mlflow.tracking import MlflowClient
 
     from search.cli import main as search_main
     from tests.search_helpers import base_config, write_space
@@ -194,14 +206,8 @@ def test_a_study_tracked_with_a_password_shows_it_nowhere(ray_cluster, tmp_path,
     caplog.set_level(logging.INFO)
     rc = search_main(["run", space, "--storage", str(tmp_path / "optuna.journal"), "--tracking-uri", uri,
                       "--trials", "1", "--no-progress", "--verbose"])
-    out, err = capfd.readouterr()
-    assert rc == 0, out + err
-    assert proxy.allowed > 0 and proxy.denied == 0, (proxy.allowed, proxy.denied)
-    assert PASSWORD not in out + err and PASSWORD not in caplog.text
-    assert f"http://127.0.0.1:{proxy.port}/#/experiments/" in out, out
-
-    os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = USER, PASSWORD
-    client = MlflowClient(f"http://127.0.0.1:{proxy.port}")
+    _assert_shown_nowhere(rc, capfd, caplog, proxy)
+    client = _client(proxy, monkeypatch)
     runs = client.search_runs([client.get_experiment_by_name("search-tests").experiment_id])
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}  # the parent and trial 0
     assert not [(r.info.run_name, k) for r in runs for k, v in {**r.data.params, **r.data.tags}.items()
