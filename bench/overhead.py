@@ -194,6 +194,14 @@ def _proc_stat(pid) -> list[str]:
     return s[s.rfind(")") + 2:].split()  # fields from the 3rd on: state, ppid, ..., utime (14th), stime
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:  # ended meanwhile
+        return b""
+
+
 def processes() -> dict[int, tuple[int, int]]:
     """Every process's (parent, CPU ticks), from one pass over /proc."""
     out = {}
@@ -247,8 +255,9 @@ class Slices:
         self.log = log
 
     def run(self, desc: str = "", lead_s: float = 0.0) -> "Slices":
-        """Slice until ``a`` ends; its first slice lasts ``lead_s`` when longer than a slice (Ray's
-        node start allows the raylet 30 s of wall time, which stopped slices would eat)."""
+        """Slice until ``a`` ends; its first slice lasts until a Ray Train worker runs, at most
+        ``lead_s`` (Ray's node start allows the raylet 30 s of wall time, which stopped slices
+        would eat)."""
         from tqdm import tqdm
 
         send([self.b.pid], signal.SIGSTOP)
@@ -258,9 +267,11 @@ class Slices:
         try:
             while True:
                 bar.update()
-                if who == "a":
+                if who == "a" and not self.slices and lead_s > self.slice_s:
+                    self._lead(lead_s)
+                elif who == "a":
                     try:
-                        self.a.wait(timeout=max(self.slice_s, lead_s) if not self.slices else self.slice_s)
+                        self.a.wait(timeout=self.slice_s)
                     except subprocess.TimeoutExpired:
                         pass
                 else:
@@ -290,6 +301,16 @@ class Slices:
             with open(self.log) as f:
                 raise SystemExit(f"the loop under test failed ({self.a.returncode}):\n{f.read()[-3000:]}")
         return self
+
+    def _lead(self, lead_s: float) -> None:
+        """The first slice of ``a``: until a Ray Train worker runs in its tree (Ray's node start is
+        then over) or ``lead_s`` has passed, or ``a`` has ended.  A fixed lead is not enough: a fast
+        Ray start lets a short loop finish inside it, leaving no slice to pair."""
+        end = time.time() + lead_s
+        while time.time() < end and self.a.poll() is None:
+            if any(b"RayTrainWorker" in _cmdline(p) for p in tree(self.a.pid)):
+                return
+            time.sleep(0.25)
 
     def _snapshot(self) -> tuple[int, dict[str, list[int]], dict[int, int]]:
         """(the machine's busy ticks, each side's processes, their CPU ticks), from one /proc pass."""

@@ -44,9 +44,7 @@ SUMMARY = {
 TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600, "scale": 420}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2 beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here)
 DEFAULT_TIMEOUT_S = 300
 # A bench whose quick form is known to fail, with what is missing (kept visible as a skip, not dropped).
-BROKEN = {"byo": "bench/byo.py --quick: since this session's merges its orchestrator rows pair no time "
-                 "slices (nan) and its bare-Ray row writes no step times (ray-b.json missing); the cause is "
-                 "not found yet (the overhead bench's local and orchestrator rows still measure)"}
+BROKEN: dict[str, str] = {}  # bench name -> why its quick form cannot run now (skipped with that reason)
 PAIR = re.compile(r"(?<![\w.])([A-Za-z_]\w*)=(\S+)")  # key=value, the key not part of a longer name
 
 
