@@ -116,16 +116,16 @@ class RootConfig(LoopConfig):
             raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
                              "or model.sync_bn: false (per-worker BatchNorm)")
         self.check_fast_path()
+        if self.scaling.policy == "goodput" and self.combine.method != "mean":
+            raise ValueError(f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
+                             f"{self.combine.method} does not measure; use combine.method: mean or scaling.policy: "
+                             f"workers_for_batch")
         why = check_combination(self.combine, optimizer_name=self.optimizer.name, batch_policy=self.batch.policy,
                                 scaling_rule=self.schedule.scaling_rule, min_workers=self.scaling.min_workers,
                                 max_workers=self.scaling.max_workers,
                                 check_every=self.batch.check_every if self.batch.policy == "norm_test" else None)
         if why:  # what combine.method cannot honour (trainers/combine/methods.py)
             raise ValueError(why)
-        if self.scaling.policy == "goodput" and self.combine.method != "mean":
-            raise ValueError(f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
-                             f"{self.combine.method} does not measure; use combine.method: mean or scaling.policy: "
-                             f"workers_for_batch")
         if self.train.precision == "fp16" and self.combine.method != "mean":
             # a step fp16's scaler skips would still be combined (adasum) or counted toward a sync (local_sgd)
             raise ValueError(f"train.precision: fp16 cannot be used with combine.method {self.combine.method}; "
