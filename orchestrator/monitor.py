@@ -132,13 +132,15 @@ class MonitorState:
         """Rank 0 reports its global batch; answer the workers it needs now (0 = keep) and how.
         With ``only_if_pays``, a resize that cannot pay for itself over the ``remaining_samples``
         at the measured ``samples_per_s`` is skipped (:func:`trainers.policies.resize.resize_pays`).
-        With goodput's ``inputs`` (``scaling.policy: goodput``), goodput decides (:meth:`_goodput`)."""
+        With goodput's ``inputs`` (``scaling.policy: goodput``) that hold a measured step time,
+        goodput decides (:meth:`_goodput`)."""
         if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
             return ResizeAnswer(self.resize.to, self.resize.mode)
         if self._workers is None:
             return ResizeAnswer()
-        if inputs is not None and self._workers.measures:
+        if inputs is not None and self._workers.measures and inputs.step_times.get("profile"):
             return self._goodput(step, batch_size, workers, remaining_samples, inputs)
+        # (goodput before any step time was measured: the workers the batch needs, judged as below)
         d = self._workers.decide(batch_size, workers)
         mode = ""
         if d:

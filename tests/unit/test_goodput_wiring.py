@@ -294,3 +294,13 @@ def test_plan_says_goodput_is_decided_online_within_its_bounds():
     assert "W in 1..3 and B in 64..256 (multiples of 16) online, every 7 steps" in note
     assert "step times measured" in note and "B_noise" in note and "not plannable" in note
     assert {r["workers"] for r in plan.rows} == {1}  # shown: the workers the batch needs
+
+
+def test_before_any_step_time_the_batchs_need_must_still_pay():
+    """Nothing measured yet: goodput answers what the batch needs, and resize_when: pays judges it as
+    for workers_for_batch (a short remainder does not pay for a group's start)."""
+    m = _monitor(only_if_pays=True)
+    m.set_costs(start_s=30.0)
+    answer = m.on_batch_change(0, 256, 1, remaining_samples=256 * 2, samples_per_s=1000.0,
+                               inputs=StepTimeFeed(10).inputs(None, 64, 256))
+    assert answer.workers == 0 and m.resize is None
