@@ -304,3 +304,41 @@ def test_before_any_step_time_the_batchs_need_must_still_pay():
     answer = m.on_batch_change(0, 256, 1, remaining_samples=256 * 2, samples_per_s=1000.0,
                                inputs=StepTimeFeed(10).inputs(None, 64, 256))
     assert answer.workers == 0 and m.resize is None
+
+
+def test_the_decisions_reach_mlflow_as_metrics_and_tags(tmp_path):
+    from orchestrator.listeners import TrackingListener
+    from tests.unit.test_phases import FakeTracker
+
+    tracker = FakeTracker()
+    listener = TrackingListener(tracker)  # type: ignore[arg-type]
+    common = dict(batch=64, workers=3, mode="", goodput=50.0, b_noise=120.0, gain_s=0.0, cost_s=0.0,
+                  alternatives=((64, 1, 80.0), (64, 3, 50.0)))
+    listener.on_event(GoodputDecided(step=10, to_batch=64, to_workers=1, chosen_goodput=80.0,
+                                     reason="shrinking W 3 -> 1, at B=64: ...", **common))
+    listener.on_event(GoodputDecided(step=20, to_batch=64, to_workers=3, chosen_goodput=50.0,
+                                     reason="keeping B=64 W=3: ...", **common))
+    listener.close()
+    assert tracker.metrics == [(10, {"goodput/current": 50.0, "goodput/chosen": 80.0, "goodput/b_noise": 120.0}),
+                               (20, {"goodput/current": 50.0, "goodput/chosen": 50.0, "goodput/b_noise": 120.0})]
+    assert tracker.tags["elastic.goodput.change.1"] == "step 10: shrinking W 3 -> 1, at B=64: ..."
+    assert "elastic.goodput.change.2" not in tracker.tags  # a decision that keeps B and W is no change
+    assert tracker.tags["elastic.goodput.reason"] == "step 20: keeping B=64 W=3: ..."
+    assert tracker.tags["elastic.goodput.decisions"] == 2
+
+
+def test_a_resumed_goodput_run_goes_on_at_the_w_it_had(tmp_path):
+    """goodput may have shrunk the group below what the batch needs: a resume starts at the W the run
+    logged last, not at the batch's need (workers_for_batch's runs only ever grew)."""
+    from orchestrator.phases import PhaseRunner
+    from tests.helpers import make_config
+    from tests.unit.test_phases import FakeTracker
+
+    class Resumed(FakeTracker):
+        def last_value(self, key, default=0.0):
+            return 1.0 if key == "workers" else default
+
+    for policy, expected in (("goodput", 1), ("workers_for_batch", 2)):
+        cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 16},
+                          scaling={"min_workers": 1, "max_workers": 3, "policy": policy})
+        assert PhaseRunner(cfg, Resumed(), progress=False).initial_workers() == expected  # type: ignore[arg-type]
