@@ -39,6 +39,15 @@ class ScalingConfig(Section):
     cpus_per_worker: float = Field(default=1.0, gt=0, description="CPUs Ray reserves per worker (fractions allowed)")
     gpus_per_worker: float = Field(default=1.0, gt=0, description="used when use_gpu")
     max_failures: int = Field(default=3, ge=0, description="worker-group restarts Ray Train may do")
+    policy: Literal["workers_for_batch", "goodput"] = Field(
+        default="workers_for_batch",
+        description="how many workers train: workers_for_batch: as many as the batch needs "
+                    "(ceil(B / batch.max_local_batch)), grown only; goodput: Pollux's goodput (throughput from "
+                    "step times measured per local batch and W, times the statistical efficiency from the "
+                    "gradient noise scale, which it turns on), asked every batch.check_every steps, may grow or "
+                    "shrink W within min_workers..max_workers (and, with batch.policy fixed and batch.max_size "
+                    "above batch.size, grow B up to max_size) when the gain over the remaining samples pays for "
+                    "the resize (resize_when)")
     resize_mode: Literal["overlap", "restart"] = Field(
         default="overlap", description="overlap: start the bigger group while the old one trains on and "
                                        "hand over at a checkpoint (when the cluster has room for both); "
@@ -47,7 +56,8 @@ class ScalingConfig(Section):
         default="pays", description="pays: grow the group only when the time it saves over the rest of "
                                     "training (at the ideal speed-up) is more than its pause (overlap) or a "
                                     "group's start (restart), both measured on this cluster; always: whenever "
-                                    "the batch needs more workers")
+                                    "the batch needs more workers (goodput: whenever another W predicts a higher "
+                                    "goodput, its cost not counted)")
 
     placement: Literal["pack", "spread"] = Field(
         default="pack", description="pack: crowd the workers onto as few nodes as fit (Ray Train's default; "
@@ -106,6 +116,10 @@ class RootConfig(LoopConfig):
             raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
                              "or model.sync_bn: false (per-worker BatchNorm)")
         self.check_fast_path()
+        if self.scaling.policy == "goodput" and self.combine.method != "mean":
+            raise ValueError(f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
+                             f"{self.combine.method} does not measure; use combine.method: mean or scaling.policy: "
+                             f"workers_for_batch")
         why = check_combination(self.combine, optimizer_name=self.optimizer.name, batch_policy=self.batch.policy,
                                 scaling_rule=self.schedule.scaling_rule, min_workers=self.scaling.min_workers,
                                 max_workers=self.scaling.max_workers,

@@ -6,6 +6,7 @@ it cares about.  The pattern is Ray Train V2's controller callbacks; see ``docs/
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
@@ -13,8 +14,11 @@ from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, ResizeSkipped,
-                                    RolledBack, WorkerWarning)
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, GoodputDecided, PhaseStart, Record,
+                                    ResizeSkipped, RolledBack, WorkerWarning)
+
+
+TAG_EVERY_S = 5.0  # goodput's latest reason is tagged at most this often (one MLflow call per tag)
 
 
 class RunListener:
@@ -33,13 +37,29 @@ class RunListener:
 class TrackingListener(RunListener):
     """Everything MLflow holds about a run's progress: step metrics, ``restarts``, ``resize/from``,
     ``resize/to``, ``resize/latency_s``
-    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``."""
+    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``; goodput's
+    decisions (``scaling.policy: goodput``): ``goodput/*`` metrics at each, the tags
+    ``elastic.goodput.decisions``, ``elastic.goodput.reason`` (the latest) and, for each that
+    changed B or W, ``elastic.goodput.change.<n>`` (its reason, with every alternative's goodput)."""
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
         self.warnings: list[str] = []
         self.called_off = 0
         self.skipped = 0
+        self.goodput_decisions = 0
+        self.goodput_changes = 0
+        self._goodput_reason: str | None = None  # the latest decision's, tagged at most every TAG_EVERY_S
+        self._goodput_tagged = -TAG_EVERY_S
+
+    def _tag_goodput(self, now: float) -> None:
+        self._goodput_tagged = now
+        self.tracker.set_tags({"elastic.goodput.decisions": self.goodput_decisions,
+                               "elastic.goodput.reason": self._goodput_reason})
+
+    def close(self) -> None:
+        if self._goodput_reason is not None:  # the last decision's reason, whenever it came
+            self._tag_goodput(time.monotonic())
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -79,6 +99,19 @@ class TrackingListener(RunListener):
                                          flush=True)
                 self.tracker.set_tags({"elastic.resizes_skipped": self.skipped,
                                        "elastic.resize_skipped_reason": reason})
+            case GoodputDecided(step=step):
+                self.goodput_decisions += 1
+                m = {M.GOODPUT_CURRENT: event.goodput, M.GOODPUT_CHOSEN: event.chosen_goodput}
+                if event.b_noise is not None:
+                    m[M.GOODPUT_B_NOISE] = event.b_noise
+                self.tracker.log_metrics([(step, m)], flush=event.changes)
+                self._goodput_reason = f"step {step}: {event.reason}"[:5000]
+                if event.changes:
+                    self.goodput_changes += 1
+                    self.tracker.set_tags({f"elastic.goodput.change.{self.goodput_changes}": self._goodput_reason})
+                now = time.monotonic()
+                if event.changes or now - self._goodput_tagged >= TAG_EVERY_S:  # a decision can come every few steps
+                    self._tag_goodput(now)
             case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
                 self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
                                                     M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
@@ -111,6 +144,8 @@ class ProgressListener(RunListener):
             case OverlapFellBack(workers=workers, error=err):
                 write(f"warning: the new group of {workers} workers did not start "
                       f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
+            case GoodputDecided(step=step, reason=reason) if event.changes:
+                write(f"goodput at step {step}: {reason}")
             case ResizeSkipped(step=step, wanted=wanted, reason=reason):
                 write(f"resize to {wanted} workers skipped at step {step}: {reason}")
             case ResizeCalledOff(workers=workers):

@@ -16,6 +16,10 @@ It also coordinates a resize (``docs/architecture.md``, resizes).  Two modes:
   Training never stands still for the new group's start.
 
 If the new group cannot start, the driver turns an overlap into a restart.
+
+With ``scaling.policy: goodput`` rank 0 also asks every ``batch.check_every`` steps, sending what
+it measured (:class:`~trainers.policies.goodput.GoodputInputs`); the monitor adds what a resize
+costs here and answers goodput's ``(B, W)``, with a :class:`GoodputDecided` event that says why.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Callable
 
 import ray
 
-from trainers.link.messages import (Event, FirstStep, HandoverAnswer, NewGroupReady, PushAnswer, Record, Resize,
-                                    ResizeAnswer, ResizeDecided, ResizeSkipped)
+from trainers.link.messages import (Event, FirstStep, GoodputDecided, HandoverAnswer, NewGroupReady, PushAnswer,
+                                    Record, Resize, ResizeAnswer, ResizeDecided, ResizeSkipped)
+from trainers.policies.goodput import GoodputInputs
 from trainers.policies.resize import ResizeEconomics, WorkerCount, resize_pays
 
 DEFAULT_OVERLAP_PAUSE_S = 1.0  # an overlapping resize's pause until one is measured on this cluster
@@ -63,6 +68,16 @@ class ResizeCosts:
             return None
         return resize_pays(remaining_samples, samples_per_s, workers, to, self.start_s, self.pause_s,
                            overlap=mode == "overlap")
+
+    def goodput_cost(self, mode: str) -> tuple[float, float]:
+        """What goodput charges a resize in ``mode``: ``(cost_s, lead_s)``, the seconds training stands
+        still (a restart: a group's start; an overlap: its pause) and the seconds the old group trains
+        on before the new one takes over (an overlap: a group's start).  Nothing without
+        ``only_if_pays`` (``resize_when: always``); a start not measured yet counts as 0."""
+        if not self.only_if_pays:
+            return 0.0, 0.0
+        start = self.start_s or 0.0
+        return (self.pause_s, start) if mode == "overlap" else (start, 0.0)
 
 
 class MonitorState:
@@ -113,14 +128,19 @@ class MonitorState:
             self.costs.pause_s = pause_s
 
     def on_batch_change(self, step: int, batch_size: int, workers: int, remaining_samples: float | None = None,
-                        samples_per_s: float | None = None) -> ResizeAnswer:
+                        samples_per_s: float | None = None, inputs: GoodputInputs | None = None) -> ResizeAnswer:
         """Rank 0 reports its global batch; answer the workers it needs now (0 = keep) and how.
         With ``only_if_pays``, a resize that cannot pay for itself over the ``remaining_samples``
-        at the measured ``samples_per_s`` is skipped (:func:`trainers.policies.resize.resize_pays`)."""
+        at the measured ``samples_per_s`` is skipped (:func:`trainers.policies.resize.resize_pays`).
+        With goodput's ``inputs`` (``scaling.policy: goodput``) that hold a measured step time,
+        goodput decides (:meth:`_goodput`)."""
         if self.resize is not None:  # already decided (e.g. a restarted old group asks again)
             return ResizeAnswer(self.resize.to, self.resize.mode)
         if self._workers is None:
             return ResizeAnswer()
+        if inputs is not None and self._workers.measures and inputs.step_times.get("profile"):
+            return self._goodput(step, batch_size, workers, remaining_samples, inputs)
+        # (goodput before any step time was measured: the workers the batch needs, judged as below)
         d = self._workers.decide(batch_size, workers)
         mode = ""
         if d:
@@ -136,6 +156,45 @@ class MonitorState:
         self._events.append(ResizeDecided(step=step, batch=batch_size, workers=getattr(d, "workers", workers),
                                           reason=d.reason, mode=mode))
         return ResizeAnswer(d.workers if d else 0, mode)
+
+    def _mode(self, to: int) -> str:
+        return "overlap" if self._overlap is not None and has_room(self._available(), self._overlap, to) \
+            else "restart"
+
+    def _goodput(self, step: int, batch_size: int, workers: int, remaining_samples: float | None,
+                 inputs: GoodputInputs) -> ResizeAnswer:
+        """Goodput's ``(B, W)`` from rank 0's measurements and the resize costs measured here: judged
+        first with the costs of the mode a resize would take (an overlap where configured), and again
+        with a restart's when the chosen group has no room beside this one."""
+        wc = self._workers
+        assert wc is not None
+
+        def decide(mode: str):  # noqa: ANN202 - (decision, goodput's choice)
+            cost, lead = self.costs.goodput_cost(mode)
+            return wc.decide_measured(batch_size, workers, inputs, remaining_samples, cost, lead)
+
+        d, g = decide("overlap" if self._overlap is not None else "restart")
+        mode = self._mode(d.workers) if d else ""
+        if d and mode == "restart" and self._overlap is not None:
+            d, g = decide("restart")
+            mode = "restart" if d else ""
+        to_batch = g.batch if g is not None else batch_size
+        to_workers = d.workers if d else workers
+        if d:
+            self.resize = Resize(from_workers=workers, to=d.workers, mode=mode, step=step, time=time.time(),
+                                 ready=mode == "restart")
+            self._events.append(ResizeDecided(step=step, batch=to_batch, workers=d.workers, reason=d.reason,
+                                              mode=mode))
+        if g is not None:
+            self._events.append(GoodputDecided(
+                step=step, batch=batch_size, workers=workers, to_batch=to_batch, to_workers=to_workers, mode=mode,
+                goodput=g.current.goodput, chosen_goodput=g.chosen.goodput, b_noise=inputs.b_noise,
+                gain_s=g.gain_s, cost_s=g.cost_s,
+                alternatives=tuple((c.batch, c.workers, c.goodput) for c in g.alternatives), reason=g.reason))
+        elif not d:
+            self._events.append(ResizeDecided(step=step, batch=batch_size, workers=workers, reason=d.reason,
+                                              mode=""))
+        return ResizeAnswer(d.workers if d else 0, mode, to_batch if to_batch != batch_size else 0)
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """The old group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""

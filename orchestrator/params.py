@@ -36,8 +36,8 @@ EXTRA_RULES: tuple[Rule, ...] = (
     (lambda c: c.model.factory is None and not c.model.language_model, ("model.norm",)),
     (lambda c: c.scaling.use_gpu, ("model.sync_bn",)),
     # trainers/policies/policy_set.py needs_noise: the gradient-noise estimator runs for these only
-    (lambda c: c.batch.policy in ("noise_scale", "norm_test", "cbs_warmup") or c.schedule.scaling_rule == "adascale",
-     ("batch.ema",)),
+    (lambda c: c.batch.policy in ("noise_scale", "norm_test", "cbs_warmup") or c.schedule.scaling_rule == "adascale"
+     or c.scaling.policy == "goodput", ("batch.ema",)),
     (lambda c: c.batch.policy == "schedule", ("batch.schedule",)),
     (lambda c: c.batch.policy == "ramp", ("batch.ramp_to", "batch.ramp_epochs")),
     # orchestrator/phases.py: the resize mode matters when the group can resize

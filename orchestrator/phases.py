@@ -505,8 +505,12 @@ class PhaseRunner:
         from trainers.policies.resize import WorkerCount
 
         # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
+        s = self.cfg.scaling
         workers = WorkerCount.from_config(self.cfg).initial(self.cfg.batch.size)
-        return max(workers, min(int(self.tracker.last_value(M.WORKERS, 0)), self.cfg.scaling.max_workers))
+        last = min(int(self.tracker.last_value(M.WORKERS, 0)), s.max_workers)
+        if s.policy == "goodput" and last:  # goodput may have shrunk the group: a resumed run goes on at its W
+            return max(last, s.min_workers)
+        return max(workers, last)
 
     def phase_run_name(self, phase: int) -> str:
         return self.names.phase_run_name(phase)
@@ -529,7 +533,8 @@ class PhaseRunner:
         if s.min_workers < workers:
             num_workers = (s.min_workers, workers)
         runtime = self.link.runtime(phase=phase, workers=workers, handover=handover, storage=self.storage_path,
-                                    run_prefix=self.train_run_name, run_name=self.phase_run_name(phase))
+                                    run_prefix=self.train_run_name, run_name=self.phase_run_name(phase),
+                                    goodput=s.policy == "goodput")
         payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
         if self.functions:
             payload["functions"] = dict(self.functions)  # cloudpickled by Ray

@@ -29,6 +29,22 @@ class Plan:
     total_steps: int = 0
 
 
+def goodput_note(cfg: RootConfig) -> str:
+    """What ``scaling.policy: goodput`` decides at run time, and within which bounds: nothing of it can
+    be planned, since it depends on measured step times and the measured noise scale."""
+    s, b = cfg.scaling, cfg.batch
+    chooses_b = b.policy == "fixed" and b.max_size is not None and b.max_size > b.size
+    batch = (f"and B in {b.size}..{b.max_size} (multiples of {b.round_to})" if chooses_b else
+             f"at the B of batch.policy '{b.policy}'" + (" (set batch.max_size above batch.size to let goodput "
+                                                         "grow B)" if b.policy == "fixed" else ""))
+    pays = ("when the time it saves over the remaining samples is more than the resize's measured cost"
+            if s.resize_when == "pays" else "whenever it predicts more goodput (resize_when: always)")
+    return (f"workers: scaling.policy 'goodput' chooses W in {s.min_workers}..{s.max_workers} {batch} online, "
+            f"every {b.check_every} steps (batch.check_every), from the step times measured per local batch and "
+            f"W and the measured noise scale B_noise (Pollux's goodput), growing or shrinking the group {pays}; "
+            f"not plannable: shown are the workers the batch needs (workers_for_batch) until then")
+
+
 def adaptive_notes(cfg: RootConfig) -> list[str]:
     notes = []
     if cfg.schedule.warmup == "auto":
@@ -46,6 +62,8 @@ def adaptive_notes(cfg: RootConfig) -> list[str]:
         notes.append(f"batch: policy '{cfg.batch.policy}' grows B at run time from measured gradients "
                      f"(checked every {cfg.batch.check_every} steps, {growth}, "
                      f"cap {cfg.batch.max_size}); shown at its initial size, and workers with it")
+    if cfg.scaling.policy == "goodput":
+        notes.append(goodput_note(cfg))
     if cfg.optimizer.mf_rule == "per_worker_batch":
         notes.append("mf: per_worker_batch rule, recomputed when B or the worker count changes "
                      "(a worker loss would change it too)")

@@ -65,6 +65,13 @@ def _dataset(*names: str) -> Callable[["RootConfig"], bool]:
 
 
 _ADAPTIVE = ("noise_scale", "norm_test")
+
+
+def goodput_chooses_batch(c: "RootConfig") -> bool:
+    """``scaling.policy: goodput`` chooses B too: the batch policy is fixed and ``batch.max_size`` is
+    above ``batch.size`` (trainers/loop/trainer.py ``goodput_max_batch``)."""
+    b = c.batch
+    return c.scaling.policy == "goodput" and b.policy == "fixed" and b.max_size is not None and b.max_size > b.size
 _AUTO_FIELDS = ("auto_init_lr", "auto_growth", "auto_max_lr", "auto_patience", "auto_confidence",
                 "auto_min_steps", "auto_max_points", "auto_seed")
 
@@ -87,14 +94,14 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     Needs("batch.noise_scale_factor", _policy("noise_scale", "cbs_warmup"),
           "batch.policy is noise_scale or cbs_warmup", "batch.policy: noise_scale (or cbs_warmup)"),
     Needs("batch.norm_test_eta", _policy("norm_test"), "batch.policy is norm_test", "batch.policy: norm_test"),
-    Needs("batch.check_every", _policy(*_ADAPTIVE, "cbs_warmup"),
-          "batch.policy is noise_scale, norm_test or cbs_warmup", "batch.policy: noise_scale (or norm_test, "
-          "cbs_warmup)"),
+    Needs("batch.check_every", lambda c: _policy(*_ADAPTIVE, "cbs_warmup")(c) or c.scaling.policy == "goodput",
+          "batch.policy is noise_scale, norm_test or cbs_warmup, or scaling.policy is goodput",
+          "batch.policy: noise_scale (or norm_test, cbs_warmup, or scaling.policy: goodput)"),
     Needs("batch.min_growth", _policy(*_ADAPTIVE), "batch.policy is noise_scale or norm_test (cbs_warmup grows "
           "by cbs_growth)", "batch.policy: noise_scale (or norm_test)"),
-    Needs("batch.round_to", _policy(*_ADAPTIVE, "cbs_warmup", "ramp"),
-          "batch.policy is noise_scale, norm_test, cbs_warmup or ramp", "batch.policy: noise_scale (or norm_test, "
-          "cbs_warmup, ramp)"),
+    Needs("batch.round_to", lambda c: _policy(*_ADAPTIVE, "cbs_warmup", "ramp")(c) or goodput_chooses_batch(c),
+          "batch.policy is noise_scale, norm_test, cbs_warmup or ramp, or scaling.policy goodput chooses B "
+          "(batch.policy fixed with batch.max_size)", "batch.policy: noise_scale (or norm_test, cbs_warmup, ramp)"),
     *(Needs(f"batch.{f}", _policy("cbs_warmup"), "batch.policy is cbs_warmup", "batch.policy: cbs_warmup")
       for f in ("cbs_window", "cbs_growth")),
     # optimizer (trainers/policies/optim.py: OPTIMIZERS, MF rules)
@@ -289,9 +296,10 @@ def check_single_samples(cfg: "RootConfig", n: int | None, layers: tuple[str, ..
 
     b, s = cfg.batch, cfg.scaling
     noise_split = cfg.combine.method == "mean" and (bool(BATCH_POLICIES[b.policy].needs)
-                                                    or cfg.schedule.scaling_rule == "adascale")
+                                                    or cfg.schedule.scaling_rule == "adascale"
+                                                    or s.policy == "goodput")
     sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]
-    if b.policy in ("noise_scale", "norm_test") and b.max_size is not None:
+    if (b.policy in ("noise_scale", "norm_test") or goodput_chooses_batch(cfg)) and b.max_size is not None:
         sizes.append(("batch.max_size", b.max_size))
     builtin = cfg.model.factory is None
     who = f"model {cfg.model.name}'s BatchNorm" if builtin else "the model's BatchNorm"
@@ -312,7 +320,8 @@ def check_single_samples(cfg: "RootConfig", n: int | None, layers: tuple[str, ..
                               f"trains on one sample, and {who} cannot ({where}); raise {field} to at least "
                               f"{2 * w} or lower scaling.min_workers to at most {max(1, batch // 2)}{alt}")
         if noise_split and w == 1 and slice_ <= min(3, mlb):
-            why = f"batch.policy {b.policy}" if BATCH_POLICIES[b.policy].needs else "schedule.scaling_rule adascale"
+            why = (f"batch.policy {b.policy}" if BATCH_POLICIES[b.policy].needs else "scaling.policy goodput"
+                   if s.policy == "goodput" else "schedule.scaling_rule adascale")
             raise ConfigError(f"{field}: {batch} on one worker is cut in two halves for the gradient-noise estimate "
                               f"({why}), so a micro-batch holds one sample, and {who} cannot train on one "
                               f"({where}); raise {field} to at least 4{alt}")

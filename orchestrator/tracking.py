@@ -26,7 +26,7 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 # Metrics whose per-step series is piecewise linear (constant for long stretches, or growing by
 # the same amount every step): logged only where the series bends (see RunTracker.log_metrics),
 # with the tolerance a dropped point may miss the line by, relative to its value.
-PIECEWISE = {M.LR: 0.0, M.MF: 0.0, M.BATCH_GLOBAL: 0.0, M.BATCH_SAMPLES: 0.0, M.BATCH_LOCAL: 0.0, M.BATCH_ACCUM_STEPS: 0.0,
+PIECEWISE = {M.LR: 0.0, M.WEIGHT_DECAY: 0.0, M.MF: 0.0, M.BATCH_GLOBAL: 0.0, M.BATCH_SAMPLES: 0.0, M.BATCH_LOCAL: 0.0, M.BATCH_ACCUM_STEPS: 0.0,
              M.WORKERS: 0.0, M.SAMPLES_SEEN: 0.0, M.EPOCH: 1e-12}
 PIECEWISE.update({M.COMBINE_SYNCS: 0.0, M.COMBINE_BYTES_SENT: 0.0, M.COMBINE_BYTES_SAVED: 0.0})  # change at syncs
 HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI stays current

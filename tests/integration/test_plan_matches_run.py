@@ -50,7 +50,8 @@ def test_plan_matches_what_the_run_logs(ray_cluster, tmp_path):
 @pytest.mark.parametrize("policy", ["ramp", "seesaw"])
 def test_plan_matches_the_run_for_the_literature_batch_schedules(ray_cluster, tmp_path, policy):
     """A linear batch ramp (Megatron/OLMo) and Seesaw (B x 2 and LR x 1/sqrt(2) at a step schedule's
-    milestone, with AdamW's timescale weight-decay rule) log, at every step, the plan's B and LR."""
+    milestone, with AdamW's timescale weight-decay rule) log, at every step, the plan's B and LR (and
+    the weight decay)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     if policy == "ramp":
         sections = {"batch": {"size": 32, "max_local_batch": 32, "policy": "ramp", "ramp_to": 96, "ramp_epochs": 1,
@@ -65,7 +66,10 @@ def test_plan_matches_the_run_for_the_literature_batch_schedules(ray_cluster, tm
     plan = make_plan(cfg, every=1)
     run = run_training(cfg, progress=False)
     assert run.status == "FINISHED"
-    for key, col in (("lr", "lr"), ("batch/global", "batch_global"), ("batch/samples", "batch_samples")):
+    pairs = [("lr", "lr"), ("batch/global", "batch_global"), ("batch/samples", "batch_samples")]
+    if policy == "seesaw":  # the weight decay in effect is logged next to the LR (the timescale rule moves it)
+        pairs.append(("train/weight_decay", "weight_decay"))
+    for key, col in pairs:
         logged = dense_series(uri, run.run_id, key)
         assert [s for s, _ in logged] == [int(r["step"]) for r in plan.rows], key
         np.testing.assert_allclose([v for _, v in logged], [float(r[col]) for r in plan.rows], rtol=0, atol=1e-9,

@@ -31,10 +31,12 @@ class Action(enum.IntEnum):
 @dataclass(frozen=True)
 class WorkersNeeded:
     """The driver's answer to a batch change: ``workers`` the batch needs (0: keep this group);
-    ``overlap``: a new group starts beside this one, which trains on until it is ready."""
+    ``overlap``: a new group starts beside this one, which trains on until it is ready; ``batch``:
+    the global batch goodput chose (0: keep B)."""
 
     workers: int = 0
     overlap: bool = False
+    batch: int = 0
 
 
 @dataclass(frozen=True)

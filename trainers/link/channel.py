@@ -143,17 +143,18 @@ class Channel:
     # -- resizes ----------------------------------------------------------------------------------
 
     def ask_resize(self, step: int, batch_size: int, workers: int, remaining_samples: float | None = None,
-                   samples_per_s: float | None = None) -> ResizeAnswer:
-        """The batch changed: the workers the driver wants now (0 = keep the group), and how;
-        the samples training has left and its measured throughput let the driver judge whether a
-        resize pays."""
+                   samples_per_s: float | None = None, inputs: Any = None) -> ResizeAnswer:
+        """The batch changed (or goodput's periodic question): the workers the driver wants now (0 =
+        keep the group), and how; the samples training has left and its measured throughput let the
+        driver judge whether a resize pays; ``inputs``: goodput's measurements
+        (:class:`~trainers.policies.goodput.GoodputInputs`), whose answer may carry a new batch."""
         if self._handle is None:
             return ResizeAnswer()
         import ray
 
         self.flush()
         return ray.get(self._handle.on_batch_change.remote(step, batch_size, workers, remaining_samples,
-                                                           samples_per_s))
+                                                           samples_per_s, inputs))
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""

@@ -107,6 +107,36 @@ class ResizeSkipped(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GoodputDecided(Event):
+    """The monitor asked Pollux's goodput (``scaling.policy: goodput``) at ``step``, with the group at
+    global batch ``batch`` on ``workers`` workers: it chose ``to_batch`` on ``to_workers`` (``mode`` ""
+    when the group stays).  ``goodput``: the predicted goodput (B0-equivalent samples/s) of the
+    current ``(B, W)`` and of the chosen one; ``alternatives``: ``(B, W, goodput)`` of the best batch
+    at every W; ``gain_s``/``cost_s``: what the best resize would save over the remaining budget and
+    what it costs; ``reason``: all of it in words (trainers/policies/goodput.py)."""
+
+    kind: ClassVar[str] = "goodput_decision"
+    step: int
+    batch: int
+    workers: int
+    to_batch: int
+    to_workers: int
+    mode: ResizeMode
+    goodput: float
+    chosen_goodput: float
+    b_noise: float | None
+    gain_s: float
+    cost_s: float
+    alternatives: tuple[tuple[int, int, float], ...]
+    reason: str
+
+    @property
+    def changes(self) -> bool:
+        """B or W changes."""
+        return (self.to_batch, self.to_workers) != (self.batch, self.workers)
+
+
+@dataclass(frozen=True, kw_only=True)
 class NewGroupReady(Event):
     """A group started early (overlapping resize) is set up and waits for the handover."""
 
@@ -223,11 +253,13 @@ class PushAnswer:
 
 @dataclass(frozen=True)
 class ResizeAnswer:
-    """The monitor's answer to a batch change: the workers the group must have now (0: keep it)
-    and how to get there."""
+    """The monitor's answer to a batch change (or to goodput's periodic question): the workers the
+    group must have now (0: keep it) and how to get there; ``batch``: the global batch goodput chose
+    (0: keep B)."""
 
     workers: int = 0
     mode: ResizeMode = ""
+    batch: int = 0
 
     @property
     def overlap(self) -> bool:

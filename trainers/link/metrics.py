@@ -11,6 +11,7 @@ TRAIN_LOSS = "train/loss"
 VAL_LOSS = "val/loss"
 VAL_ACCURACY = "val/accuracy"
 LR = "lr"
+WEIGHT_DECAY = "train/weight_decay"  # the optimizer's weight decay in effect (optimizer.wd_rule may change it)
 MF = "mf"
 BATCH_GLOBAL = "batch/global"  # the global batch the policy has in force
 BATCH_SAMPLES = "batch/samples"  # the samples a step took (an epoch's short last batch: fewer than B)
@@ -47,6 +48,11 @@ RESIZE_LATENCY_S = "resize/latency_s"
 # a resize that could not pay for itself (trainers/policies/resize.py resize_pays): its best-case gain and its cost
 RESIZE_SKIPPED_GAIN_S = "resize/skipped_gain_s"
 RESIZE_SKIPPED_COST_S = "resize/skipped_cost_s"
+# scaling.policy goodput (trainers/policies/goodput.py), at each decision: the predicted goodput
+# (B0-equivalent samples/s) of the (B, W) in force and of the one chosen, and the B_noise it used
+GOODPUT_CURRENT = "goodput/current"
+GOODPUT_CHOSEN = "goodput/chosen"
+GOODPUT_B_NOISE = "goodput/b_noise"
 
 
 def resize_part(part: str) -> str:

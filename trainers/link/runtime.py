@@ -24,6 +24,9 @@ class Runtime(BaseModel):
     # waits for the verdict on the previous one (trainers/link/channel.py), so a condemned run
     # stops within one evaluation interval of the step it was judged at.
     judged_metrics: list[str] = []
+    # ``scaling.policy: goodput`` (a driver's section the workers' config lacks): the loop measures
+    # step times and the noise scale and asks the driver every batch.check_every steps.
+    goodput: bool = False
 
     def judges(self, metrics: dict[str, float]) -> bool:
         """Whether a step's ``metrics`` carry a value the driver judges (the same on every rank)."""

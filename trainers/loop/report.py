@@ -7,6 +7,7 @@ agrees on the answers.  See ``docs/architecture.md`` (the driver <-> worker link
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -98,14 +99,17 @@ class Reporter:
 
     # -- questions to the driver ------------------------------------------------------------------------
 
-    def ask_workers(self, step: int, batch_size: int, remaining_samples: float) -> WorkersNeeded:
-        """The workers global batch ``batch_size`` needs (0 = keep this group) and whether a new group
-        starts beside this one: rank 0 asks the driver, every rank agrees."""
+    def ask_workers(self, step: int, batch_size: int, remaining_samples: float, inputs: Any = None,
+                    ask: bool = True) -> WorkersNeeded:
+        """The workers global batch ``batch_size`` needs (0 = keep this group), whether a new group
+        starts beside this one and (goodput) the batch to take: rank 0 asks the driver, with
+        goodput's measurements ``inputs`` (:class:`~trainers.policies.goodput.GoodputInputs`), unless
+        ``ask`` is false on rank 0 (nothing to ask yet); every rank agrees."""
         mine = WorkersNeeded()
-        if self.group.rank == 0:
+        if self.group.rank == 0 and ask:
             answer = self.channel.ask_resize(step, batch_size, self.runtime.workers, remaining_samples,
-                                             self.samples_per_s)
-            mine = WorkersNeeded(answer.workers, answer.overlap)
+                                             self.samples_per_s, inputs)
+            mine = WorkersNeeded(answer.workers, answer.overlap, answer.batch)
         return self.group.agree(mine)
 
     def await_handover(self) -> str | None:

@@ -38,6 +38,7 @@ from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
 from trainers.loop.rollback import RollbackPolicy
 from trainers.policies.batching import BatchStats
+from trainers.policies.goodput import StepTimeFeed
 from trainers.policies.plan import BatchPlan, TrainState
 from trainers.policies.policy_set import PolicySet
 from trainers.workload.build import Functions, StepBatch, build_workload, perplexity
@@ -87,7 +88,10 @@ class Trainer:
         # The workload: datasets, then the model (same initial weights on every rank), the per-sample loss.
         self.work = build_workload(cfg, functions, raw_pixels=True, single_sample_guard=True)  # uint8 CIFAR
         policies = PolicySet.from_config(cfg, dataset_size=self.work.num_train)
-        self.learner = Learner(cfg, self.work, self.group, measure_noise=policies.needs_noise)
+        # scaling.policy goodput: step times per (local batch, W) and the noise scale, for the driver's question
+        self.goodput = StepTimeFeed(cfg.batch.check_every) if runtime.goodput else None
+        self.learner = Learner(cfg, self.work, self.group,
+                               measure_noise=policies.needs_noise or self.goodput is not None)
         # Where the run stands and what each step runs with; fed by what this group measures.
         self.plan = BatchPlan(policies, workers=self.group.world, noise=self.learner.gns,
                               batch_stats=self._local_norm_test())
@@ -127,6 +131,8 @@ class Trainer:
         if learner.prec.scaler is not None:  # fp16: the loss scale and the skipped steps
             states["precision"] = learner.prec
         states.update(learner.combine.states())
+        if self.goodput is not None:  # the measured step times: a resumed run decides with them
+            states["goodput"] = self.goodput
         states["reporter"] = PendingRecords(self.report.channel)
         states["rollback"] = self.rollback
         return states
@@ -196,9 +202,14 @@ class Trainer:
         """One optimizer step on the next global batch of the data order, the plan advanced, the
         model validated when due (time set aside from the throughput window).  Returns whether the
         epoch ended and the step's metrics."""
+        t0 = time.perf_counter()
         batch = self.learner.batches.next(self.state.epoch, self.state.cursor, self.plan.batch)
         loss = self.train_step(batch)
         trained = 0 if self.learner.skipped else len(batch.ids)  # a skipped step (fp16) trained nothing
+        if self.goodput is not None:  # the step's time (data, forward, backward, all-reduce, update)
+            s = self.plan.current
+            self.goodput.observe(s.local, self.group.world, time.perf_counter() - t0,
+                                 whole=s.samples == s.batch and trained > 0)
         moved = self.plan.advance(loss, trained)
         metrics = self.metrics_for_step(loss)
         self.report.stepped_at(self.state.step)
@@ -219,6 +230,8 @@ class Trainer:
         m = {
             M.TRAIN_LOSS: loss,
             M.LR: s.lr,
+            M.WEIGHT_DECAY: s.weight_decay if s.weight_decay is not None
+            else float(self.learner.opt.param_groups[0].get("weight_decay", 0.0)),
             M.MF: s.mf,
             M.BATCH_GLOBAL: float(s.batch),
             M.BATCH_SAMPLES: float(s.samples),
@@ -260,9 +273,37 @@ class Trainer:
         return self.learner.combine.should_checkpoint(epoch_ended or (every > 0 and self.state.step % every == 0),
                                                       self.state.step)  # local_sgd: at sync steps only
 
-    def ask_workers(self) -> WorkersNeeded:
-        """The workers the batch in force needs (the driver decides, every rank agrees)."""
-        return self.report.ask_workers(self.state.step, self.plan.batch, self.plan.remaining_samples)
+    def ask_workers(self, measured: bool = False, periodic: bool = False) -> WorkersNeeded:
+        """The workers the batch in force needs (the driver decides, every rank agrees).  ``measured``
+        (goodput): send what this group measured, and let goodput choose the batch too; ``periodic``:
+        goodput's own question, which rank 0 asks only once the (local batch, W) of the last step
+        has been measured."""
+        inputs, ask = None, True
+        if measured and self.goodput is not None and self.group.rank == 0:
+            s = self.plan.current
+            if periodic:
+                ask = s is not None and self.goodput.ready(s.local, self.group.world)
+            inputs = self.goodput.inputs(self.learner.gns.b_simple if self.learner.gns is not None else None,
+                                         self.cfg.optimizer.base_batch_size, self.goodput_max_batch(),
+                                         self.cfg.batch.round_to)
+        return self.report.ask_workers(self.state.step, self.plan.batch, self.plan.remaining_samples, inputs,
+                                       ask=ask)
+
+    def goodput_max_batch(self) -> int:
+        """The largest batch goodput may choose: up to ``batch.max_size`` (and the training set) when
+        the batch is goodput's to choose (``batch.policy: fixed``), else the batch in force (the batch
+        policy owns B)."""
+        b = self.cfg.batch
+        if b.policy == "fixed" and b.max_size is not None:
+            return max(self.plan.batch, min(b.max_size, self.work.num_train))
+        return self.plan.batch
+
+    def goodput_due(self, first_step: int, overlap_to: int) -> bool:
+        """Goodput's periodic question is due before the next step: every ``batch.check_every`` steps,
+        not at a group's first step (nothing measured yet) nor while a new group starts beside this
+        one.  The same on every rank (steps and agreed values only)."""
+        return (self.goodput is not None and overlap_to == 0 and self.state.step > first_step
+                and self.goodput.due(self.state.step))
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -295,13 +336,24 @@ class Trainer:
             if need.workers and not need.overlap:
                 return self.hand_over(need.workers)
             overlap_to = need.workers
+        if self.goodput is not None:
+            self.goodput.restart()  # this group's first steps are left out of the step times
         while not self.plan.done:
             # This step's global batch: rank 0's policies decide, every rank follows.
             change = self.plan.next_batch(agree=self.group.agree_int)
+            need = None
             if change is not None:
                 self.report.emit(BatchChange(step=change.step, old=change.old, new=change.new))
-                need = self.ask_workers()
-                if need.workers and not need.overlap:  # the batch outgrew the group: end the phase now
+                need = self.ask_workers(measured=True)
+            elif self.goodput_due(first_step, overlap_to):  # goodput's periodic question
+                need = self.ask_workers(measured=True, periodic=True)
+            if need is not None:
+                adopted = self.plan.adopt(need.batch, "goodput") if need.batch else None
+                if adopted is not None:  # goodput chose B: the LR follows by the scaling rule
+                    self.report.emit(BatchChange(step=adopted.step, old=adopted.old, new=adopted.new))
+                if (change or adopted) and self.goodput is not None:
+                    self.goodput.restart()  # a new batch's first steps are left out too
+                if need.workers and not need.overlap:  # the batch outgrew the group (or goodput): end the phase
                     return self.hand_over(need.workers)
                 # overlap: go on at the new batch (more micro-batches) until the new group is ready
                 overlap_to = need.workers or overlap_to

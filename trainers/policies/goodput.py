@@ -62,7 +62,10 @@ current B::
 
 and the smallest ``t`` wins: a resize is taken only when what it saves over the remaining budget,
 ``P / goodput(best at W) - P / goodput(B', W')``, is more than its measured cost (a group's start
-for ``restart``, the pause for ``overlap``; ``trainers/policies/resize.py``).  Ties go to fewer
+for ``restart``, the pause for ``overlap``; ``trainers/policies/resize.py``).  An overlapping
+resize also has a lead (``lead_s``, the new group's start, during which the old group trains on at
+its own pace), so it saves only over what is left after it, ``(t_stay - lead_s)(1 - goodput(stay)
+/ goodput(B', W'))``, as :func:`~trainers.policies.resize.resize_pays` reckons it.  Ties go to fewer
 workers, then to the smaller batch.  The decision carries its reason and the predicted goodput of
 the best batch at every W, for the log.
 """
@@ -75,8 +78,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Candidate", "GoodputDecision", "StepTimeFit", "StepTimeModel", "batch_candidates", "efficiency",
-           "evaluate", "optimize"]
+__all__ = ["Candidate", "GoodputDecision", "GoodputInputs", "StepTimeFeed", "StepTimeFit", "StepTimeModel",
+           "batch_candidates", "efficiency", "evaluate", "optimize"]
 
 
 # --------------------------------------------------------------------------- efficiency
@@ -265,12 +268,14 @@ def _best(cands: Iterable[Candidate]) -> Candidate:
 def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_workers: int, max_workers: int, *,
              base_batch: int, b_noise: float | None = None, min_batch: int | None = None,
              max_batch: int | None = None, round_to: int = 1, remaining_samples: float | None = None,
-             resize_cost_s: float = 0.0, batches: Iterable[int] | None = None) -> GoodputDecision:
+             resize_cost_s: float = 0.0, lead_s: float = 0.0,
+             batches: Iterable[int] | None = None) -> GoodputDecision:
     """The ``(B, W)`` that makes the rest of the run's progress soonest (see the module docstring).
 
     ``min_batch`` defaults to the current B (grow-only), ``max_batch`` to the current B too (only W is
     chosen unless a larger B is allowed); ``batches`` replaces the candidate grid.  With
-    ``remaining_samples`` unknown (None) a resize cannot be judged and is never taken.
+    ``remaining_samples`` unknown (None) a resize cannot be judged and is never taken.  ``lead_s``:
+    seconds the current group trains on before a new one takes over (an overlap's start).
     """
     for label, v in (("current_batch", current_batch), ("current_workers", current_workers),
                      ("min_workers", min_workers), ("max_workers", max_workers), ("base_batch", base_batch),
@@ -279,8 +284,9 @@ def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_wor
             raise ValueError(f"optimize: {label} must be > 0, got {v}")
     if min_workers > max_workers:
         raise ValueError(f"optimize: min_workers {min_workers} is above max_workers {max_workers}")
-    if not (math.isfinite(resize_cost_s) and resize_cost_s >= 0):
-        raise ValueError(f"optimize: resize_cost_s must be a finite number >= 0, got {resize_cost_s}")
+    for label, v in (("resize_cost_s", resize_cost_s), ("lead_s", lead_s)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"optimize: {label} must be a finite number >= 0, got {v}")
     lo = current_batch if min_batch is None else min_batch
     hi = current_batch if max_batch is None else max_batch
     if b_noise is None:  # efficiency unknown: only the current batch can be judged
@@ -319,14 +325,86 @@ def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_wor
     progress = max(remaining_samples, 0.0) * current.efficiency
     t_stay = progress / stay.goodput if stay.goodput > 0 else math.inf
     t_move = progress / best.goodput if best.goodput > 0 else math.inf
-    gain = t_stay - t_move
+    gain = t_stay - t_move if lead_s <= 0 else max(t_stay - lead_s, 0.0) * (1.0 - t_move / t_stay)
     if gain <= resize_cost_s:
         return keep(stay, f"W={best.workers} (B={best.batch}) predicts goodput {best.goodput:.4g} > "
                           f"{stay.goodput:.4g}, saving ~{gain:.1f} s of the ~{t_stay:.0f} s left, less than its "
                           f"~{resize_cost_s:.1f} s cost", gain)
     direction = "shrinking" if best.workers < current_workers else "growing"
     return GoodputDecision(best.batch, best.workers, True, best, current, alternatives, gain, resize_cost_s,
-                           f"{direction} W {current_workers} -> {best.workers}, B {current_batch} -> {best.batch}: "
+                           f"{direction} W {current_workers} -> {best.workers}, "
+                           f"{f'B {current_batch} -> {best.batch}' if best.batch != current_batch else f'at B={best.batch}'}: "
                            f"goodput {best.goodput:.4g} vs {stay.goodput:.4g} at W={current_workers} saves ~"
                            f"{gain:.1f} s of the ~{t_stay:.0f} s left, more than its ~{resize_cost_s:.1f} s cost; "
                            f"{head}; best per W: {table}", fit)
+
+
+# --------------------------------------------------------------------------- what a run feeds it
+
+
+@dataclass(frozen=True)
+class GoodputInputs:
+    """What rank 0 sends the driver's monitor with a question about W (``scaling.policy: goodput``):
+    its step times (a :meth:`StepTimeModel.state_dict`), the noise scale ``b_noise`` (None: not
+    estimated yet), the base batch B0 and the batches goodput may choose (``max_batch``: the current
+    B when the batch is not goodput's to choose; multiples of ``round_to``).  Plain data: Ray pickles
+    it as it is."""
+
+    step_times: dict[str, Any]
+    b_noise: float | None
+    base_batch: int
+    max_batch: int
+    round_to: int = 1
+
+
+class StepTimeFeed:
+    """Rank 0's side of goodput: the measured step times of a run (its :class:`StepTimeModel`,
+    checkpointed: a resumed run decides with what it had measured) and when to ask.
+
+    ``observe`` takes every step; the first ``skip`` steps of a group, and of a new batch, are left
+    out (a group's start, a new shape's first passes), and so are steps that did not take a whole
+    global batch (an epoch's short tail: its local batch is not the policy's).  :meth:`due`: the
+    steps at which the run asks (every ``every`` steps, ``batch.check_every``: the cadence of the
+    other noise-driven decisions, so each ask sees a freshly smoothed ``B_noise``; one actor call per
+    ask, and a resize only when it pays); :meth:`ready`: the current ``(b, W)`` has at least
+    ``min_steps`` measured steps (a new group asks only once it has measured itself)."""
+
+    def __init__(self, every: int, skip: int = 2, min_steps: int = 3, model: StepTimeModel | None = None):
+        if every <= 0 or skip < 0 or min_steps <= 0:
+            raise ValueError(f"StepTimeFeed: needs every > 0, skip >= 0, min_steps > 0 (got {every}, {skip}, "
+                             f"{min_steps})")
+        self.every, self.skip, self.min_steps = every, skip, min_steps
+        self.model = model if model is not None else StepTimeModel()
+        self._fresh = 0  # steps since the group started or the batch changed
+
+    def restart(self) -> None:
+        """A group started or the batch changed: its next ``skip`` steps are left out."""
+        self._fresh = 0
+
+    def observe(self, local_batch: int, workers: int, seconds: float, whole: bool = True) -> bool:
+        """One step of local batch b on W workers took ``seconds``; ``whole``: it took a whole global
+        batch.  Returns whether the step was kept."""
+        self._fresh += 1
+        if self._fresh <= self.skip or not whole or not (math.isfinite(seconds) and seconds > 0):
+            return False
+        self.model.observe(local_batch, workers, seconds)
+        return True
+
+    def due(self, step: int) -> bool:
+        return step > 0 and step % self.every == 0
+
+    def ready(self, local_batch: int, workers: int) -> bool:
+        return self.model.configurations.get((local_batch, workers), (0, 0.0))[0] >= self.min_steps
+
+    def inputs(self, b_noise: float | None, base_batch: int, max_batch: int, round_to: int = 1) -> GoodputInputs:
+        """What the monitor needs to decide; a ``b_noise`` that is not a finite number >= 0 (an early,
+        noisy estimate) counts as not known yet."""
+        usable = b_noise is not None and math.isfinite(b_noise) and b_noise >= 0
+        return GoodputInputs(self.model.state_dict(), float(b_noise) if usable else None, int(base_batch),
+                             int(max_batch), int(round_to))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state)

@@ -164,6 +164,18 @@ class BatchPlan:
         self.batch = new
         return change
 
+    def adopt(self, new: int, reason: str) -> NewBatch | None:
+        """Take a global batch decided elsewhere (goodput's choice, the same on every rank) from the
+        step about to run; the LR follows it through the scaling rule like any batch change.  None
+        when B stays."""
+        if new <= 0:
+            raise ValueError(f"adopt: a global batch must be > 0, got {new}")
+        if new == self.batch:
+            return None
+        change = NewBatch(self.state.step, self.batch, int(new), reason)
+        self.batch = int(new)
+        return change
+
     def decide_workers(self, current: int | None = None) -> ResizeDecision | NoopDecision:
         """The worker count for B now (the policy within the ``scaling`` bounds), the group
         having asked for ``current`` workers (default: W)."""

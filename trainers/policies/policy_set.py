@@ -112,7 +112,8 @@ class PolicySet:
         driver, ``scaling`` (its worker bounds; without it 1..1)."""
         workers = WorkerCount.from_config(cfg)
         return cls(cfg.schedule, cfg.optimizer, cfg.batch, cfg.train.epochs, dataset_size,
-                   min_workers=workers.min_workers, max_workers=workers.max_workers)
+                   min_workers=workers.min_workers, max_workers=workers.max_workers,
+                   resize_policy=workers.policy.name)
 
     # -- what the policies need measured -------------------------------------------------------
 

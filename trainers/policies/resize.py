@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainers.policies.decisions import NoopDecision, ResizeDecision
-from trainers.policies.goodput import GoodputDecision, StepTimeModel, optimize
+from trainers.policies.goodput import GoodputDecision, GoodputInputs, StepTimeModel, optimize
 
 __all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkerCount",
            "GoodputResize",
@@ -142,8 +142,8 @@ class GoodputResize(ResizePolicy):
 
     def decide(self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int,
                max_workers: int, *, b_noise: float | None = None, base_batch: int | None = None,
-               remaining_samples: float | None = None, resize_cost_s: float = 0.0,
-               max_batch: int | None = None) -> ResizeDecision | NoopDecision:
+               remaining_samples: float | None = None, resize_cost_s: float = 0.0, lead_s: float = 0.0,
+               max_batch: int | None = None, round_to: int | None = None) -> ResizeDecision | NoopDecision:
         self._check(batch_size, max_local_batch, current_workers, min_workers, max_workers)
         fit = self.model.fit()
         if fit is None:
@@ -153,8 +153,8 @@ class GoodputResize(ResizePolicy):
             return ResizeDecision(d.workers, why) if d else NoopDecision(why)
         self.last = optimize(fit, batch_size, current_workers, min_workers, max_workers,
                              base_batch=base_batch or batch_size, b_noise=b_noise, max_batch=max_batch,
-                             round_to=self.round_to, remaining_samples=remaining_samples,
-                             resize_cost_s=resize_cost_s)
+                             round_to=self.round_to if round_to is None else round_to,
+                             remaining_samples=remaining_samples, resize_cost_s=resize_cost_s, lead_s=lead_s)
         if self.last.resize:
             return ResizeDecision(self.last.workers, self.last.reason)
         return NoopDecision(self.last.reason)
@@ -186,7 +186,7 @@ class WorkerCount:
         """From a config's ``batch`` section and, on the driver, its ``scaling`` bounds (a
         worker's config has none: 1..1, it never decides a resize itself)."""
         scaling = getattr(cfg, "scaling", None)
-        return cls(build_resize_policy(), cfg.batch.max_local_batch,
+        return cls(build_resize_policy(scaling.policy if scaling else "workers_for_batch"), cfg.batch.max_local_batch,
                    scaling.min_workers if scaling else 1, scaling.max_workers if scaling else 1)
 
     def initial(self, batch_size: int) -> int:
@@ -197,6 +197,27 @@ class WorkerCount:
         """The policy's answer for B, the current phase having asked for ``current_workers``."""
         return self.policy.decide(batch_size, self.max_local_batch, current_workers, self.min_workers,
                                   self.max_workers)
+
+    @property
+    def measures(self) -> bool:
+        """Whether the policy decides from what the run measures (``goodput``)."""
+        return isinstance(self.policy, GoodputResize)
+
+    def decide_measured(self, batch_size: int, current_workers: int, inputs: GoodputInputs,
+                        remaining_samples: float | None, resize_cost_s: float = 0.0,
+                        lead_s: float = 0.0) -> tuple[ResizeDecision | NoopDecision, GoodputDecision | None]:
+        """Goodput's answer from the run's measurements ``inputs`` (step times, ``B_noise``, the batch
+        bounds), with what a resize costs here (``resize_cost_s``, an overlap's ``lead_s``): the
+        decision and goodput's choice of ``(B, W)`` with its reason (None before any step time was
+        measured: then the workers the batch needs, as ``workers_for_batch``)."""
+        if not isinstance(self.policy, GoodputResize):
+            raise ValueError(f"decide_measured: the worker-count policy is {self.policy.name!r}, not goodput")
+        self.policy.model.load_state_dict(inputs.step_times)
+        d = self.policy.decide(batch_size, self.max_local_batch, current_workers, self.min_workers,
+                               self.max_workers, b_noise=inputs.b_noise, base_batch=inputs.base_batch,
+                               remaining_samples=remaining_samples, resize_cost_s=resize_cost_s, lead_s=lead_s,
+                               max_batch=max(inputs.max_batch, batch_size), round_to=inputs.round_to)
+        return d, self.policy.last
 
 
 # --------------------------------------------------------------------------- does it pay?
