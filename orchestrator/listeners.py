@@ -14,7 +14,7 @@ from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, ResizeSkipped,
-                                    RolledBack, WorkerWarning)
+                                    RolledBack, WorkerWarning, WorkloadFailed)
 
 
 class RunListener:
@@ -57,6 +57,8 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.restarts": n})
             case WorkerWarning(message=message):
                 self._warn(message)
+            case WorkloadFailed(deterministic=False):  # retried by Ray Train: a note; a failure is tagged at the end
+                self._warn(f"{event.message} (rank {event.rank}); the group was restarted")
             case RolledBack(step=step, rollbacks=n, lr_factor=factor):
                 # straight to MLflow: two rollbacks at the same step are two points (log_metrics keeps one)
                 from mlflow.entities import Metric
@@ -104,6 +106,11 @@ class ProgressListener(RunListener):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
             case Diverged():
                 write(f"error: {event.message}")
+            case WorkloadFailed(deterministic=True):
+                write(f"error: {event.message}")
+            case WorkloadFailed():
+                write(f"warning: {event.message} (rank {event.rank}); Ray Train restarts the group, the same error "
+                      "again ends the run")
             case RolledBack():
                 write(f"warning: {event.message}")
             case WorkerWarning(message=message):

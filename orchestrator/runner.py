@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,7 +24,9 @@ from orchestrator.phases import POLL_S, PhaseRunner
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
 from orchestrator.tracking import RunTracker
+from orchestrator.uris import redact_text
 from trainers.link import metrics as M
+from trainers.link.messages import WorkloadFailed
 
 __all__ = ["POLL_S", "RUN_INFO", "Interrupted", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics",
            "find_run", "quiet_ray_env", "run_training", "write_run_info"]
@@ -179,9 +182,18 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         write_run_info(runner, cfg)
         if on_start:
             on_start(runner)
-        runner.run()
+        try:
+            runner.run()
+        except Exception as e:  # not the user's code (that is runner.user_error): recorded, then raised as before
+            _record_failure(tracker, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}",
+                            "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+            raise
         tracker.release_held()
         tracker.log_timeline(timeline.timeline)
+        if runner.user_error is not None:  # the user's code raised on a worker: one line, the traceback logged
+            error = user_error_message(runner.user_error)
+            _record_failure(tracker, error, runner.user_error.traceback)
+            return _summary(tracker, runner, "FAILED", t0, error, timeline)
         if runner.diverged is not None or runner.failure is not None:
             # FAILED, no final model logged, the checkpoints kept (a diverged run's last finite one)
             error = runner.diverged.message if runner.diverged is not None else runner.failure
@@ -221,6 +233,25 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     summary = _summary(tracker, runner, status, t0, timeline=timeline)
     summary.model_uri, summary.registered = model_uri, registered
     return summary
+
+
+TRACEBACK_ARTIFACT = "failure/traceback.txt"
+
+
+def user_error_message(ev: WorkloadFailed) -> str:
+    """One line for a run the user's code ended: where, what, why it was not retried, where the
+    traceback is."""
+    why = "not retried: a restart would meet it again" if ev.deterministic else "met again after a restart"
+    return f"{ev.message} (rank {ev.rank}; {why}; full traceback: artifact {TRACEBACK_ARTIFACT} of the run)"
+
+
+def _record_failure(tracker: RunTracker, error: str, text: str) -> None:
+    """The failure on the MLflow run: the tag ``elastic.failure`` and the traceback artifact."""
+    try:
+        tracker.set_tags({"elastic.failure": error})
+        tracker.log_text(redact_text(text), TRACEBACK_ARTIFACT)
+    except Exception:  # noqa: BLE001 - the run still ends FAILED
+        pass
 
 
 def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,

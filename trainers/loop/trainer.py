@@ -28,6 +28,7 @@ import torch
 from trainers.accel.device import clean_state_dict, load_clean_state_dict
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
+from trainers.link.failure import ended_by_user_error, report_user_error
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Diverged, Finished, PhaseStart,
                                     ResizeCheckpoint, Stopped)
 from trainers.link.runtime import Runtime
@@ -336,8 +337,23 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     entered = time.time()
     cfg = LoopConfig.model_validate(payload["config"])
     runtime = Runtime.model_validate(payload.get("runtime", {}))
-    trainer = Trainer(cfg, runtime, functions=payload.get("functions"), entered=entered)
+    if ended_by_user_error(runtime):  # a restart would meet the user's error again: end this group at once
+        return
     try:
-        trainer.run()
-    finally:
-        trainer.close()
+        trainer = Trainer(cfg, runtime, functions=payload.get("functions"), entered=entered)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    except Exception as e:
+        report_user_error(e, runtime, _world_rank())  # the user's code raised: the driver says where
+        raise
+
+
+def _world_rank() -> int:
+    try:
+        import ray.train
+
+        return ray.train.get_context().get_world_rank()
+    except Exception:  # noqa: BLE001 - outside Ray Train (tests)
+        return 0
