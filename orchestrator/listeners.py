@@ -13,8 +13,8 @@ from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, PhaseStart, Record, ResizeSkipped,
-                                    RolledBack, WorkerWarning, WorkloadFailed)
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, Diverged, Event, PhaseStart,
+                                    Record, ResizeSkipped, RolledBack, WorkerWarning, WorkloadFailed)
 
 
 class RunListener:
@@ -38,6 +38,7 @@ class TrackingListener(RunListener):
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
         self.warnings: list[str] = []
+        self.quarantined: list[str] = []  # damaged checkpoints moved aside (trainers/loop/checkpoint.py)
         self.called_off = 0
         self.skipped = 0
 
@@ -57,6 +58,9 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.restarts": n})
             case WorkerWarning(message=message):
                 self._warn(message)
+            case CheckpointQuarantined(path=path, reason=reason, moved_to=moved_to):  # the line: its warning
+                self.quarantined.append(f"{path} moved to {moved_to}: {reason}")
+                self.tracker.set_tags({"elastic.checkpoints_quarantined": "\n".join(self.quarantined)[-5000:]})
             case WorkloadFailed(deterministic=False):  # retried by Ray Train: a note; a failure is tagged at the end
                 self._warn(f"{event.message} (rank {event.rank}); the group was restarted")
             case RolledBack(step=step, rollbacks=n, lr_factor=factor):

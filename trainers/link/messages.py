@@ -187,6 +187,17 @@ class Diverged(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointQuarantined(Event):
+    """Rank 0 met a damaged checkpoint on restore (``reason``), restored an older one and moved
+    the damaged one from ``path`` to ``moved_to`` (trainers/loop/checkpoint.py)."""
+
+    kind: ClassVar[str] = "checkpoint_quarantined"
+    path: str
+    reason: str
+    moved_to: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkloadFailed(Event):
     """The user's own code (a dataset, a model, a loss) raised on a worker: ``where`` is its
     innermost frame in the user's files (``my_data.py:42 in __getitem__``), ``error`` the exception

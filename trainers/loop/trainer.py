@@ -29,8 +29,8 @@ from trainers.accel.device import clean_state_dict, load_clean_state_dict
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
 from trainers.link.failure import ended_by_user_error, report_user_error
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Diverged, Finished, PhaseStart,
-                                    ResizeCheckpoint, Stopped)
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, CheckpointSaved, Diverged,
+                                    Finished, PhaseStart, ResizeCheckpoint, Stopped)
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig
@@ -98,7 +98,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.checkpoint_states(), storage=runtime.storage,
                                              run_prefix=runtime.run_prefix, run_name=runtime.run_name,
                                              keep=cfg.checkpoint.keep, writer=self.group.rank == 0,
-                                             warn=self.report.warn, map_location=self.group.device)
+                                             warn=self.report.warn, map_location=self.group.device,
+                                             quarantined=self._quarantined)
         self.samples = SampleLog(cfg.train.sample_log_dir, runtime.phase, self.group) \
             if cfg.train.sample_log_dir else None
 
@@ -131,6 +132,9 @@ class Trainer:
         states["reporter"] = PendingRecords(self.report.channel)
         states["rollback"] = self.rollback
         return states
+
+    def _quarantined(self, path: str, reason: str, moved_to: str) -> None:
+        self.report.emit(CheckpointQuarantined(path=path, reason=reason, moved_to=moved_to))
 
     def restore(self) -> bool | None:
         """Load the newest checkpoint of this training run (any phase) into the registered
