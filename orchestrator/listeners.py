@@ -42,6 +42,14 @@ class TrackingListener(RunListener):
         self.called_off = 0
         self.skipped = 0
 
+    def continue_from(self, tags: dict[str, str]) -> None:
+        """A resumed run: the run-level tags this listener adds to go on from what the earlier
+        drivers set (a new warning must not write over theirs)."""
+        self.warnings = [w for w in tags.get("elastic.warnings", "").splitlines() if w]
+        self.quarantined = [q for q in tags.get("elastic.checkpoints_quarantined", "").splitlines() if q]
+        self.called_off = int(tags.get("elastic.resizes_called_off", 0) or 0)
+        self.skipped = int(tags.get("elastic.resizes_skipped", 0) or 0)
+
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
 
@@ -138,8 +146,10 @@ class TimelineListener(RunListener):
     """The run's stretches of constant B and W and its resizes (orchestrator/timeline.py): the
     summary table, and the timeline table and chart logged at the end of the run."""
 
-    def __init__(self, timeline: Timeline | None = None) -> None:
+    def __init__(self, timeline: Timeline | None = None,
+                 on_resize: Callable[[list[dict]], None] | None = None) -> None:
         self.timeline = timeline or Timeline()
+        self.on_resize = on_resize  # given the run's resizes after each one measured (orchestrator/history.py)
 
     def on_records(self, records: list[Record]) -> None:
         self.timeline.add_records(records)
@@ -148,6 +158,8 @@ class TimelineListener(RunListener):
         match event:
             case ResizeMeasured(resize=r):
                 self.timeline.add_resize(r.as_dict())
+                if self.on_resize is not None:
+                    self.on_resize(self.timeline.resizes)
             case ResizeCalledOff(workers=workers):
                 self.timeline.called_off.append(workers)
 

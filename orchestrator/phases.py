@@ -371,7 +371,8 @@ class PhaseRunner:
         self.cfg, self.tracker = cfg, tracker
         self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
         self.progress = Progress(total_samples(cfg, functions), enabled=progress)
-        self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
+        self.tracking = TrackingListener(tracker)
+        self.listeners: list[RunListener] = [self.tracking, ProgressListener(self.progress)]
         if on_records is not None:
             self.listeners.append(RecordsCallback(on_records))
         self.poll_s = POLL_S  # how often the monitor is drained (a search lowers it to prune sooner)

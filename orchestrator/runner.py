@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from orchestrator.config import ConfigError, RootConfig
+from orchestrator.history import earlier_timeline, resize_saver
 from orchestrator.listeners import TimelineListener
 from orchestrator.phases import POLL_S, PhaseRunner
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
@@ -166,6 +167,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
         runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
                              functions=functions)
+        if resume_run_id:  # the timeline, elastic.resizes and the summary cover every driver of the run
+            timeline.timeline = earlier_timeline(tracker.client, tracker.run_id)
+        timeline.on_resize = resize_saver(tracker.log_text, runner.progress.write)
         runner.listeners.append(timeline)
         if resume_run_id:
             tracker.set_running()
@@ -174,8 +178,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
                           "elastic.storage_path": runner.storage_path})
         if resume_run_id:
-            before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
-            runner.resumes = int(before) + 1
+            earlier = tracker.client.get_run(tracker.run_id).data.tags
+            runner.tracking.continue_from(earlier)
+            runner.resumes = int(earlier.get("elastic.resumes", "0")) + 1
             tracker.set_tags({"elastic.resumes": runner.resumes})
         # One driver per run at a time (a resume acquired it before Ray started: see cli.cmd_resume)
         lock = lock or DriverLock(run_folder(runner.storage_path, runner.train_run_name)).acquire(tracker.run_id)
@@ -202,7 +207,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         status = "FINISHED"
         tracker.clear_failure()
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
-                          "elastic.resizes": len(runner.resizes)})
+                          "elastic.resizes": len(timeline.timeline.resizes)})
         tracker.log_plots()
         from trainers.loop.checkpoint import load_newest_checkpoint
 
@@ -262,6 +267,7 @@ def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: f
                          error=error, phases=timeline.timeline.rows() if timeline else [])
     if runner is not None:
         summary.storage_path, summary.train_run_name = runner.storage_path, runner.train_run_name
-        summary.first_step_s, summary.resizes = runner.first_step_s(), runner.resizes
-        summary.resizes_called_off = runner.called_off
+        summary.first_step_s = runner.first_step_s()
+        summary.resizes = timeline.timeline.resizes if timeline else runner.resizes  # every driver's
+        summary.resizes_called_off = runner.tracking.called_off  # every driver's
     return summary
