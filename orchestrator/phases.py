@@ -282,6 +282,11 @@ class EventBook:
         self.fatal: WorkloadFailed | None = None  # the one that ends the run (the monitor's rule)
 
     @property
+    def tracking(self) -> TrackingListener:
+        """The listener that keeps the run's MLflow tags (the first one)."""
+        return next(li for li in self.listeners if isinstance(li, TrackingListener))
+
+    @property
     def user_error(self) -> WorkloadFailed | None:
         """The user's error to report for a run that failed: the one that ended it, else the last."""
         return self.fatal or (self.user_errors[-1] if self.user_errors else None)
@@ -371,8 +376,7 @@ class PhaseRunner:
         self.cfg, self.tracker = cfg, tracker
         self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
         self.progress = Progress(total_samples(cfg, functions), enabled=progress)
-        self.tracking = TrackingListener(tracker)
-        self.listeners: list[RunListener] = [self.tracking, ProgressListener(self.progress)]
+        self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
         if on_records is not None:
             self.listeners.append(RecordsCallback(on_records))
         self.poll_s = POLL_S  # how often the monitor is drained (a search lowers it to prune sooner)
