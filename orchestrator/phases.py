@@ -282,11 +282,6 @@ class EventBook:
         self.fatal: WorkloadFailed | None = None  # the one that ends the run (the monitor's rule)
 
     @property
-    def tracking(self) -> TrackingListener:
-        """The listener that keeps the run's MLflow tags (the first one)."""
-        return next(li for li in self.listeners if isinstance(li, TrackingListener))
-
-    @property
     def user_error(self) -> WorkloadFailed | None:
         """The user's error to report for a run that failed: the one that ended it, else the last."""
         return self.fatal or (self.user_errors[-1] if self.user_errors else None)
@@ -432,6 +427,11 @@ class PhaseRunner:
     @property
     def failure(self) -> str | None:
         return self.book.failure
+
+    @property
+    def tracking(self) -> TrackingListener:
+        """The listener that keeps the run's MLflow tags (the first one)."""
+        return next(li for li in self.listeners if isinstance(li, TrackingListener))
 
     @property
     def user_error(self) -> WorkloadFailed | None:
@@ -639,6 +639,8 @@ class PhaseRunner:
             for driver_event in implied:
                 self.emit(driver_event)
             self.emit(ev)
+            if isinstance(ev, WorkloadFailed) and self.book.fatal is ev and self.monitor is not None:
+                self.monitor.request_stop.remote()  # a group that is still training (an overlap's old one) ends
             if isinstance(ev, FirstStep):
                 self.maybe_measure_resize()
         self._deliver(records)
