@@ -14,8 +14,8 @@ from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, Diverged, Event, GoodputDecided, PhaseStart, Record,
-                                    ResizeSkipped, RolledBack, WorkerWarning)
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, Diverged, Event, GoodputDecided,
+                                    PhaseStart, Record, ResizeSkipped, RolledBack, WorkerWarning, WorkloadFailed)
 
 
 TAG_EVERY_S = 5.0  # goodput's latest reason is tagged at most this often (one MLflow call per tag)
@@ -45,6 +45,7 @@ class TrackingListener(RunListener):
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
         self.warnings: list[str] = []
+        self.quarantined: list[str] = []  # damaged checkpoints moved aside (trainers/loop/checkpoint.py)
         self.called_off = 0
         self.skipped = 0
         self.goodput_decisions = 0
@@ -60,6 +61,14 @@ class TrackingListener(RunListener):
     def close(self) -> None:
         if self._goodput_reason is not None:  # the last decision's reason, whenever it came
             self._tag_goodput(time.monotonic())
+
+    def continue_from(self, tags: dict[str, str]) -> None:
+        """A resumed run: the run-level tags this listener adds to go on from what the earlier
+        drivers set (a new warning must not write over theirs)."""
+        self.warnings = [w for w in tags.get("elastic.warnings", "").splitlines() if w]
+        self.quarantined = [q for q in tags.get("elastic.checkpoints_quarantined", "").splitlines() if q]
+        self.called_off = int(tags.get("elastic.resizes_called_off", 0) or 0)
+        self.skipped = int(tags.get("elastic.resizes_skipped", 0) or 0)
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -77,6 +86,11 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.restarts": n})
             case WorkerWarning(message=message):
                 self._warn(message)
+            case CheckpointQuarantined(path=path, reason=reason, moved_to=moved_to):  # the line: its warning
+                self.quarantined.append(f"{path} moved to {moved_to}: {reason}")
+                self.tracker.set_tags({"elastic.checkpoints_quarantined": "\n".join(self.quarantined)[-5000:]})
+            case WorkloadFailed(deterministic=False):  # retried by Ray Train: a note; a failure is tagged at the end
+                self._warn(f"{event.message} (rank {event.rank}); the group was restarted")
             case RolledBack(step=step, rollbacks=n, lr_factor=factor):
                 # straight to MLflow: two rollbacks at the same step are two points (log_metrics keeps one)
                 from mlflow.entities import Metric
@@ -137,6 +151,11 @@ class ProgressListener(RunListener):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
             case Diverged():
                 write(f"error: {event.message}")
+            case WorkloadFailed(deterministic=True):
+                write(f"error: {event.message}")
+            case WorkloadFailed():
+                write(f"warning: {event.message} (rank {event.rank}); Ray Train restarts the group, the same error "
+                      "again ends the run")
             case RolledBack():
                 write(f"warning: {event.message}")
             case WorkerWarning(message=message):
@@ -162,8 +181,10 @@ class TimelineListener(RunListener):
     """The run's stretches of constant B and W and its resizes (orchestrator/timeline.py): the
     summary table, and the timeline table and chart logged at the end of the run."""
 
-    def __init__(self, timeline: Timeline | None = None) -> None:
+    def __init__(self, timeline: Timeline | None = None,
+                 on_resize: Callable[[list[dict]], None] | None = None) -> None:
         self.timeline = timeline or Timeline()
+        self.on_resize = on_resize  # given the run's resizes after each one measured (orchestrator/history.py)
 
     def on_records(self, records: list[Record]) -> None:
         self.timeline.add_records(records)
@@ -172,6 +193,8 @@ class TimelineListener(RunListener):
         match event:
             case ResizeMeasured(resize=r):
                 self.timeline.add_resize(r.as_dict())
+                if self.on_resize is not None:
+                    self.on_resize(self.timeline.resizes)
             case ResizeCalledOff(workers=workers):
                 self.timeline.called_off.append(workers)
 

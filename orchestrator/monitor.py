@@ -30,7 +30,7 @@ from typing import Callable
 import ray
 
 from trainers.link.messages import (Event, FirstStep, GoodputDecided, HandoverAnswer, NewGroupReady, PushAnswer,
-                                    Record, Resize, ResizeAnswer, ResizeDecided, ResizeSkipped)
+                                    Record, Resize, ResizeAnswer, ResizeDecided, ResizeSkipped, WorkloadFailed)
 from trainers.policies.goodput import GoodputInputs
 from trainers.policies.resize import ResizeEconomics, WorkerCount, resize_pays
 
@@ -101,6 +101,8 @@ class MonitorState:
         self._handover_paths: dict[int, str | None] = {}  # new phase -> checkpoint path (None: cancelled)
         self._done: list[Resize] = []
         self.costs = ResizeCosts(only_if_pays)  # measured here and set by the driver (:meth:`set_costs`)
+        self._user_errors: dict[tuple[str, str], int] = {}  # a user error's signature -> times met
+        self._fatal: WorkloadFailed | None = None  # the user error that ends the run
 
     # -- rank 0 of the running group -----------------------------------------------------
 
@@ -203,6 +205,21 @@ class MonitorState:
             self._handover_paths[phase + 1] = path
             self._done.append(self.resize)
             self.resize = None  # the new group decides its own next resize
+
+    # -- any rank of a group ----------------------------------------------------------------------
+
+    def workload_failed(self, ev: WorkloadFailed) -> None:
+        """A worker's user code raised (trainers/link/failure.py).  A deterministic error, or the
+        same error met again after a restart, ends the run: the group Ray Train restarts for it
+        returns at once (:meth:`fatal`)."""
+        seen = self._user_errors[ev.signature] = self._user_errors.get(ev.signature, 0) + 1
+        if self._fatal is None and (ev.deterministic or seen > 1):
+            self._fatal = ev
+        self._events.append(ev)
+
+    def fatal(self) -> WorkloadFailed | None:
+        """The user error that ends the run, if any: a new group must not train."""
+        return self._fatal
 
     # -- rank 0 of a new group started early (overlap) ----------------------------------------
 

@@ -40,7 +40,8 @@ from orchestrator.progress import Progress, total_samples
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
 from trainers.link import messages as msg
-from trainers.link.messages import Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
+from trainers.link.messages import (Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided,
+                                    WorkloadFailed)
 from trainers.link.runtime import Runtime
 from trainers.loop.storage import resolve
 
@@ -277,6 +278,13 @@ class EventBook:
         self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
         self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
+        self.user_errors: list[WorkloadFailed] = []  # the user's code raised on a worker (trainers/link/failure.py)
+        self.fatal: WorkloadFailed | None = None  # the one that ends the run (the monitor's rule)
+
+    @property
+    def user_error(self) -> WorkloadFailed | None:
+        """The user's error to report for a run that failed: the one that ended it, else the last."""
+        return self.fatal or (self.user_errors[-1] if self.user_errors else None)
 
     def observe(self, ev: Event) -> list[Event]:
         """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
@@ -285,6 +293,11 @@ class EventBook:
             self.diverged = ev
         elif isinstance(ev, FirstStep):
             self.first_step.setdefault(ev.phase, ev.time)
+        elif isinstance(ev, WorkloadFailed):
+            repeated = any(e.signature == ev.signature for e in self.user_errors)
+            self.user_errors.append(ev)
+            if self.fatal is None and (ev.deterministic or repeated):  # as orchestrator/monitor.py decides
+                self.fatal = ev
         elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
             self.overlap_wanted = ev.workers
         elif isinstance(ev, PhaseStart):
@@ -416,6 +429,16 @@ class PhaseRunner:
         return self.book.failure
 
     @property
+    def tracking(self) -> TrackingListener:
+        """The listener that keeps the run's MLflow tags (the first one)."""
+        return next(li for li in self.listeners if isinstance(li, TrackingListener))
+
+    @property
+    def user_error(self) -> WorkloadFailed | None:
+        """The user's error that ended the run (None: none did)."""
+        return self.book.fatal
+
+    @property
     def restarts(self) -> int:
         return self.book.restarts
 
@@ -445,9 +468,11 @@ class PhaseRunner:
         try:
             while not self.state.terminal:
                 self.state = self.state.step(self)
-            if isinstance(self.state, Failed):
+            if isinstance(self.state, Failed) and self.book.user_error is None:
                 raise self.state.error
-            return self.state.result
+            if isinstance(self.state, Failed):  # Ray Train's error carries the user's, said better by it
+                self.book.fatal = self.book.user_error
+            return None if self.book.fatal is not None else self.state.result
         except CapacityLost as e:  # the checkpoints are kept: resume once the cluster has room again
             self.book.failure = str(e)
             return None
@@ -619,6 +644,8 @@ class PhaseRunner:
             for driver_event in implied:
                 self.emit(driver_event)
             self.emit(ev)
+            if isinstance(ev, WorkloadFailed) and self.book.fatal is ev and self.monitor is not None:
+                self.monitor.request_stop.remote()  # a group that is still training (an overlap's old one) ends
             if isinstance(ev, FirstStep):
                 self.maybe_measure_resize()
         self._deliver(records)

@@ -14,16 +14,20 @@ from __future__ import annotations
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from orchestrator.config import ConfigError, RootConfig
+from orchestrator.history import earlier_timeline, resize_saver
 from orchestrator.listeners import TimelineListener
 from orchestrator.phases import POLL_S, PhaseRunner
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
 from orchestrator.tracking import RunTracker
+from orchestrator.uris import redact_text
 from trainers.link import metrics as M
+from trainers.link.messages import WorkloadFailed
 
 __all__ = ["POLL_S", "RUN_INFO", "Interrupted", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics",
            "find_run", "quiet_ray_env", "run_training", "write_run_info"]
@@ -163,6 +167,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
         runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
                              functions=functions)
+        if resume_run_id:  # the timeline, elastic.resizes and the summary cover every driver of the run
+            timeline.timeline = earlier_timeline(tracker.client, tracker.run_id)
+        timeline.on_resize = resize_saver(tracker.log_text, runner.progress.write)
         runner.listeners.append(timeline)
         if resume_run_id:
             tracker.set_running()
@@ -171,17 +178,27 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         tracker.set_tags({"elastic.train_run_name": runner.train_run_name,
                           "elastic.storage_path": runner.storage_path})
         if resume_run_id:
-            before = tracker.client.get_run(tracker.run_id).data.tags.get("elastic.resumes", "0")
-            runner.resumes = int(before) + 1
+            earlier = tracker.client.get_run(tracker.run_id).data.tags
+            runner.tracking.continue_from(earlier)
+            runner.resumes = int(earlier.get("elastic.resumes", "0")) + 1
             tracker.set_tags({"elastic.resumes": runner.resumes})
         # One driver per run at a time (a resume acquired it before Ray started: see cli.cmd_resume)
         lock = lock or DriverLock(run_folder(runner.storage_path, runner.train_run_name)).acquire(tracker.run_id)
         write_run_info(runner, cfg)
         if on_start:
             on_start(runner)
-        runner.run()
+        try:
+            runner.run()
+        except Exception as e:  # not the user's code (that is runner.user_error): recorded, then raised as before
+            _record_failure(tracker, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}",
+                            "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+            raise
         tracker.release_held()
         tracker.log_timeline(timeline.timeline)
+        if runner.user_error is not None:  # the user's code raised on a worker: one line, the traceback logged
+            error = user_error_message(runner.user_error)
+            _record_failure(tracker, error, runner.user_error.traceback)
+            return _summary(tracker, runner, "FAILED", t0, error, timeline)
         if runner.diverged is not None or runner.failure is not None:
             # FAILED, no final model logged, the checkpoints kept (a diverged run's last finite one)
             error = runner.diverged.message if runner.diverged is not None else runner.failure
@@ -190,7 +207,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         status = "FINISHED"
         tracker.clear_failure()
         tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
-                          "elastic.resizes": len(runner.resizes)})
+                          "elastic.resizes": len(timeline.timeline.resizes)})
         tracker.log_plots()
         from trainers.loop.checkpoint import load_newest_checkpoint
 
@@ -223,6 +240,25 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     return summary
 
 
+TRACEBACK_ARTIFACT = "failure/traceback.txt"
+
+
+def user_error_message(ev: WorkloadFailed) -> str:
+    """One line for a run the user's code ended: where, what, why it was not retried, where the
+    traceback is."""
+    why = "not retried: a restart would meet it again" if ev.deterministic else "met again after a restart"
+    return f"{ev.message} (rank {ev.rank}; {why}; full traceback: artifact {TRACEBACK_ARTIFACT} of the run)"
+
+
+def _record_failure(tracker: RunTracker, error: str, text: str) -> None:
+    """The failure on the MLflow run: the tag ``elastic.failure`` and the traceback artifact."""
+    try:
+        tracker.set_tags({"elastic.failure": error})
+        tracker.log_text(redact_text(text), TRACEBACK_ARTIFACT)
+    except Exception:  # noqa: BLE001 - the run still ends FAILED
+        pass
+
+
 def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,
              timeline: TimelineListener | None = None) -> RunSummary:
     """``runner`` is None only when the run was interrupted before its runner existed."""
@@ -231,6 +267,7 @@ def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: f
                          error=error, phases=timeline.timeline.rows() if timeline else [])
     if runner is not None:
         summary.storage_path, summary.train_run_name = runner.storage_path, runner.train_run_name
-        summary.first_step_s, summary.resizes = runner.first_step_s(), runner.resizes
-        summary.resizes_called_off = runner.called_off
+        summary.first_step_s = runner.first_step_s()
+        summary.resizes = timeline.timeline.resizes if timeline else runner.resizes  # every driver's
+        summary.resizes_called_off = runner.tracking.called_off  # every driver's
     return summary

@@ -5,7 +5,9 @@ Built from the step records (every step carries ``batch/global``, ``workers``, `
 and the time it ran) and the measured resizes (orchestrator/events.py ``ResizeRecord``).  It gives
 the end-of-run summary table (:func:`format_table`), the MLflow table artifact ``timeline.json``
 (:meth:`Timeline.table`) and the chart ``plots/timeline.png`` (:func:`plot`).  Pure Python: no
-Ray, no MLflow.  A resumed run's timeline starts at the resume.
+Ray, no MLflow.  A resumed run's timeline covers the whole run: the earlier drivers' stretches
+and resizes are read back from MLflow (orchestrator/history.py) before this driver adds its own,
+and the time the run stood still between two drivers is not counted in any stretch's ``wall_s``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Stretch:
     start: float
     end: float
     resize_latency_s: float | None = None
+    paused_s: float = 0.0  # between two drivers of the run (a resume inside the stretch): not trained
 
     @property
     def steps(self) -> int:
@@ -42,7 +45,7 @@ class Stretch:
 
     @property
     def wall_s(self) -> float:
-        return self.end - self.start
+        return self.end - self.start - self.paused_s
 
 
 class Timeline:
@@ -54,6 +57,12 @@ class Timeline:
         self.resizes: list[dict[str, Any]] = []  # ResizeRecord.as_dict() each
         self.called_off: list[int] = []  # the workers of each resize that was called off
         self.t0: float | None = None  # the first step's time
+        self.resumed = False  # the next step is the first a new driver of the run adds (:meth:`resume`)
+
+    def resume(self) -> None:
+        """What comes next is a new driver's (a resume): the time until its first new step is
+        not counted as training in the stretch it continues or opens."""
+        self.resumed = bool(self.stretches)
 
     def add_records(self, records: list[Record]) -> None:
         for step, metrics, *when in records:
@@ -65,12 +74,16 @@ class Timeline:
             t = float(when[0]) if when else (last.end if last else 0.0)
             b, w = int(metrics[M.BATCH_GLOBAL]), int(metrics[M.WORKERS])
             n = int(metrics.get(M.BATCH_SAMPLES, b))
+            resumed, self.resumed = self.resumed, False
             if last is not None and (last.batch, last.workers) == (b, w):
+                if resumed:
+                    last.paused_s += max(t - last.end, 0.0)
                 last.last_step, last.end, last.samples = step, t, last.samples + n
                 continue
             if self.t0 is None:
                 self.t0 = t
-            self.stretches.append(Stretch(b, w, step, step, n, start=last.end if last else t, end=t,
+            start = t if last is None or resumed else last.end
+            self.stretches.append(Stretch(b, w, step, step, n, start=start, end=t,
                                           resize_latency_s=self._latency_before(step, w)))
 
     def _latency_before(self, first_step: int, workers: int) -> float | None:

@@ -29,6 +29,10 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 PIECEWISE = {M.LR: 0.0, M.WEIGHT_DECAY: 0.0, M.MF: 0.0, M.BATCH_GLOBAL: 0.0, M.BATCH_SAMPLES: 0.0, M.BATCH_LOCAL: 0.0, M.BATCH_ACCUM_STEPS: 0.0,
              M.WORKERS: 0.0, M.SAMPLES_SEEN: 0.0, M.EPOCH: 1e-12}
 PIECEWISE.update({M.COMBINE_SYNCS: 0.0, M.COMBINE_BYTES_SENT: 0.0, M.COMBINE_BYTES_SAVED: 0.0})  # change at syncs
+# Of those, the step functions (a value kept for a stretch, then a jump): a jump's first point is
+# logged at once, not held, so every step up to what the driver acks can be read back exactly after
+# the driver dies (a resumed run's timeline: orchestrator/history.py).
+STEPWISE = frozenset({M.BATCH_GLOBAL, M.WORKERS, M.BATCH_SAMPLES})
 HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI stays current
 # Rows are written in batches about this often: a MLflow (SQLite) call costs the driver ~4 ms of CPU
 # plus ~0.1 ms a row, and at hundreds of steps a second that CPU is taken from the training workers.
@@ -85,8 +89,9 @@ class _Segment:
             return (value - va) * (s1 - sa) == (v1 - va) * (step - sa)
         return abs(va + (v1 - va) * (step - sa) / (s1 - sa) - value) <= tol * max(1.0, abs(value))
 
-    def add(self, step: int, value: float, tol: float) -> list[tuple[int, float]]:
-        """The points to log now for the next point of the series (a step seen before is ignored)."""
+    def add(self, step: int, value: float, tol: float, stepwise: bool = False) -> list[tuple[int, float]]:
+        """The points to log now for the next point of the series (a step seen before is ignored);
+        ``stepwise``: a jump's first point is logged now too (see :data:`STEPWISE`)."""
         last = self.held or self.anchor
         if last is not None and step <= last[0]:
             return []
@@ -94,10 +99,13 @@ class _Segment:
             self.anchor = (step, value)
             return [self.anchor]
         if self.first is None or self.on_line(step, value, tol):
+            jump = stepwise and self.first is None and value != self.anchor[1]
             self.first = self.first or (step, value)
             self.held = (step, value)
-            return []
+            return [self.held] if jump else []
         out = [self.held]
+        if stepwise and value != self.held[1]:
+            out.append((step, value))
         self.anchor, self.first, self.held = self.held, (step, value), (step, value)
         return out
 
@@ -200,7 +208,7 @@ class RunTracker:
                     points.append((key, step, value))
                 else:
                     seg = self._segments.get(key) or self._segments.setdefault(key, _Segment())
-                    points += [(key, *p) for p in seg.add(step, value, tol)]
+                    points += [(key, *p) for p in seg.add(step, value, tol, key in STEPWISE)]
         self._add(points)
         now = time.monotonic()
         if now - self._released >= HOLD_S:

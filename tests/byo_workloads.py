@@ -43,3 +43,23 @@ def mlp(hidden: int = 32) -> nn.Module:
     """The built-in ``mlp`` with ``norm: none`` on 8x8 digits, as a factory."""
     return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, 10))
+
+
+class CorruptRecord(DigitsMap):
+    """Digits whose record ``bad`` cannot be read: ``__getitem__`` raises on it (a corrupt file in a
+    user's dataset, met only when training reaches it)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, bad: int) -> None:
+        super().__init__(x, y, batched=False)
+        self.bad = bad
+
+    def __getitem__(self, i: int):
+        if i == self.bad:
+            raise ValueError(f"corrupt record {i}")
+        return self.x[i], self.y[i]
+
+
+def corrupt_digits(seed: int = 0, bad: int = 100):
+    """``(train, val)`` of digits whose training record ``bad`` raises when read."""
+    d = load_data(DataConfig(name="digits"), seed)
+    return CorruptRecord(d.train_x, d.train_y, bad), DigitsMap(d.val_x, d.val_y, False)

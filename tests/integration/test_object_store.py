@@ -124,6 +124,28 @@ def test_the_manager_saves_prunes_and_falls_back_in_a_bucket(s3_server, bucket):
     assert "skipping corrupt checkpoint" in warnings[0] and "resumed from older checkpoint" in warnings[1]
 
 
+def test_a_damaged_checkpoint_in_a_bucket_is_moved_aside_once(s3_server, bucket):
+    """No rename on an object store: the damaged checkpoint's objects are copied under
+    quarantine/ and deleted where they were; no listing sees it again."""
+    m = _manager(bucket, _Box(), keep=2)
+    for step in (10, 20):
+        m.states["t"].state = {"step": step}
+        m.save(step)
+    damaged = f"{bucket}/{RUN}/checkpoint_step00000020"
+    store_for(bucket).write_bytes(f"{damaged}/state.pt", b"truncated")
+    warnings, told, box = [], [], _Box()
+    assert _manager(bucket, box, warn=warnings.append, quarantined=lambda *a: told.append(a)).load()
+    assert box.state == {"step": 10}
+    moved = f"{bucket}/{RUN}/quarantine/checkpoint_step00000020"
+    assert told and told[0][0] == damaged and told[0][2] == moved and warnings[0].endswith(f"moved to {moved}")
+    assert _keys(s3_server, bucket) == [f"runs/{RUN}/checkpoint_step00000010/manifest.json",
+                                        f"runs/{RUN}/checkpoint_step00000010/state.pt",
+                                        f"runs/{RUN}/quarantine/checkpoint_step00000020/manifest.json",
+                                        f"runs/{RUN}/quarantine/checkpoint_step00000020/state.pt"]
+    warnings = []
+    assert _manager(bucket, _Box(), warn=warnings.append).load() and warnings == []  # not tried again
+
+
 def test_a_half_written_checkpoint_is_ignored_and_cleaned_up_by_the_next_save(s3_server, bucket):
     """A writer that died mid-upload left a state file without a manifest (at a newer step than
     the last complete one): readers do not see it, with no warning; the run's writer deletes it

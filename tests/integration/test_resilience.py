@@ -222,6 +222,11 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(reference):
     warnings = tags["elastic.warnings"].splitlines()
     assert "skipping corrupt checkpoint" in warnings[0] and f"checkpoint_step{steps[-1]:08d}" in warnings[0]
     assert "resumed from older checkpoint" in warnings[1] and f"checkpoint_step{steps[-2]:08d}" in warnings[1]
+    # the damaged one was moved aside, said so, and is kept for a look (not counted, not tried again)
+    moved = os.path.join(folder, "quarantine", f"checkpoint_step{steps[-1]:08d}")
+    assert warnings[0].endswith(f"; moved to {moved}") and os.path.isfile(os.path.join(moved, "state.pt"))
+    assert tags["elastic.checkpoints_quarantined"].startswith(
+        f"{os.path.join(folder, f'checkpoint_step{steps[-1]:08d}')} moved to {moved}: ")
     # It trained again from the previous checkpoint to the end: a new, intact newest checkpoint.
     assert _ckpt_steps(folder)[-1] == STEPS
     from trainers.loop.checkpoint import verify_checkpoint

@@ -334,8 +334,44 @@ def test_unknown_format_and_unreadable_state_fall_back(tmp_path, monkeypatch):
     assert "unknown checkpoint format 3" in warnings[0] and "Permission denied" in warnings[1]
 
 
-def test_known_corrupt_checkpoints_do_not_count_towards_keep(tmp_path):
-    """Resumed at 10 past a corrupt 20: saving 15 must not delete 10, the only other intact one."""
+def test_the_writer_moves_a_damaged_checkpoint_aside_and_says_where(tmp_path):
+    """Skipped once, never again: the damaged newest checkpoint goes to quarantine/ (kept for a
+    person to look at), pruning does not count it, the next restore does not try it; the warning
+    and the callback name it, why, and where it is now.  A reader that does not write leaves it."""
+    m = _manager(tmp_path, {"t": _Box(step=0)}, keep=2)
+    for step in (10, 20):
+        m.states["t"].state = {"step": step}
+        m.save(step)
+    damaged = str(tmp_path / RUN / "checkpoint_step00000020")
+    _truncate(damaged)
+    warnings = []
+    assert _manager(tmp_path, {"t": _Box()}, writer=False, warn=warnings.append).load()
+    assert os.path.isdir(damaged) and "moved to" not in warnings[0]
+    warnings, told, box = [], [], _Box()
+    m2 = _manager(tmp_path, {"t": box}, keep=2, warn=warnings.append, quarantined=lambda *a: told.append(a))
+    assert m2.load() and box.state == {"step": 10}
+    moved = str(tmp_path / RUN / "quarantine" / "checkpoint_step00000020")
+    assert not os.path.exists(damaged) and os.path.isfile(os.path.join(moved, "state.pt"))
+    assert warnings[0].startswith("skipping corrupt checkpoint: ") and warnings[0].endswith(f"; moved to {moved}")
+    assert told == [(damaged, told[0][1], moved)] and "bytes, manifest says" in told[0][1]
+    m2.save(15)  # keep = 2: the damaged one is not counted, 10 stays
+    assert [os.path.basename(p) for p in m2.checkpoints()] == ["checkpoint_step00000015", "checkpoint_step00000010"]
+    _truncate(str(tmp_path / RUN / "checkpoint_step00000015"))
+    m3 = _manager(tmp_path, {"t": _Box()}, warn=warnings.append)
+    assert m3.load() and os.path.isdir(str(tmp_path / RUN / "quarantine" / "checkpoint_step00000015"))
+    m3.save(20)
+    _truncate(str(tmp_path / RUN / "checkpoint_step00000020"))
+    assert _manager(tmp_path, {"t": _Box()}, warn=warnings.append).load()
+    assert os.path.isdir(moved + "-2"), "a second damaged checkpoint of the same name is kept beside the first"
+
+
+def test_known_corrupt_checkpoints_do_not_count_towards_keep(tmp_path, monkeypatch):
+    """Resumed at 10 past a corrupt 20 that could not be moved aside: saving 15 must not delete 10,
+    the only other intact one."""
+    def cannot_move(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(ckpt, "quarantine_checkpoint", cannot_move)
     m = _manager(tmp_path, {"t": _Box(step=0)}, keep=2)
     for step in (10, 20):
         m.save(step)

@@ -169,3 +169,44 @@ def test_listeners_log_and_print_what_the_runner_did_before():
                                                            "the new group was ready"}
     assert tr.metrics == [(7, {"restarts": 1.0}),
                           (45, {"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": 3.0})]  # parts: timeline.json
+
+
+def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_what_failed():
+    """A resumed driver's warnings, quarantined checkpoints and resize counts add to the earlier
+    drivers' (a tag is rewritten whole); a user's error is a line, a quarantine a tag."""
+    from orchestrator.events import ResizeCalledOff
+    from orchestrator.listeners import ProgressListener, TrackingListener
+
+    class Tracker:
+        def __init__(self) -> None:
+            self.tags: dict = {}
+
+        def set_tags(self, tags):
+            self.tags.update(tags)
+
+    class Bar:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write(self, line: str) -> None:
+            self.lines.append(line)
+
+    tr, bar = Tracker(), Bar()
+    tracking = TrackingListener(tr)  # type: ignore[arg-type]
+    tracking.continue_from({"elastic.warnings": "an earlier warning", "elastic.resizes_called_off": "2",
+                            "elastic.checkpoints_quarantined": "a moved to b: damaged"})
+    fatal = messages.WorkloadFailed(rank=1, phase=0, where="my_data.py:42 in __getitem__",
+                                    error="ValueError: corrupt record 17", traceback="...", deterministic=True)
+    transient = messages.WorkloadFailed(rank=0, phase=0, where="my_data.py:9 in read", error="OSError: gone",
+                                        traceback="...", deterministic=False)
+    for ev in (messages.WorkerWarning(message="a new warning"), ResizeCalledOff(workers=4),
+               messages.CheckpointQuarantined(path="c", reason="damaged too", moved_to="d"), transient, fatal):
+        tracking.on_event(ev)
+        ProgressListener(bar).on_event(ev)  # type: ignore[arg-type]
+    assert tr.tags["elastic.warnings"] == ("an earlier warning\na new warning\n"
+                                           "my_data.py:9 in read: OSError: gone (rank 0); the group was restarted")
+    assert tr.tags["elastic.resizes_called_off"] == 3
+    assert tr.tags["elastic.checkpoints_quarantined"] == "a moved to b: damaged\nc moved to d: damaged too"
+    assert bar.lines[-2:] == ["warning: my_data.py:9 in read: OSError: gone (rank 0); Ray Train restarts the group, "
+                              "the same error again ends the run",
+                              "error: my_data.py:42 in __getitem__: ValueError: corrupt record 17"]

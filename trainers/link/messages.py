@@ -217,6 +217,43 @@ class Diverged(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointQuarantined(Event):
+    """Rank 0 met a damaged checkpoint on restore (``reason``), restored an older one and moved
+    the damaged one from ``path`` to ``moved_to`` (trainers/loop/checkpoint.py)."""
+
+    kind: ClassVar[str] = "checkpoint_quarantined"
+    path: str
+    reason: str
+    moved_to: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadFailed(Event):
+    """The user's own code (a dataset, a model, a loss) raised on a worker: ``where`` is its
+    innermost frame in the user's files (``my_data.py:42 in __getitem__``), ``error`` the exception
+    in one line, ``traceback`` the whole of it.  ``deterministic``: an error that a restart would
+    meet again (not an ``OSError``, ``TimeoutError`` or ``MemoryError``), so the group is not
+    restarted for it (trainers/link/failure.py)."""
+
+    kind: ClassVar[str] = "workload_failed"
+    rank: int
+    phase: int
+    where: str
+    error: str
+    traceback: str
+    deterministic: bool
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """The same error again (after a restart): the same place and exception type."""
+        return self.where, self.error.split(":", 1)[0]
+
+    @property
+    def message(self) -> str:
+        return f"{self.where}: {self.error}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolledBack(Event):
     """``train.on_nonfinite: rollback``: the loss at ``step`` was ``value`` (not finite); the group
     reloaded ``checkpoint`` (step ``to_step``), the learning rate is now ``lr_factor`` times the

@@ -24,7 +24,8 @@ uploading): readers do not list it, and the run's writer deletes it when it next
 
 A checkpoint that is missing a file, fails its size or sha256 check, has an unreadable
 manifest or state, or carries a format this version does not know is :class:`CorruptCheckpoint`,
-and the reader falls back to the next older one.
+and the reader falls back to the next older one; the run's writer moves a damaged one into
+``quarantine/`` in its phase's folder, where neither pruning nor the next restore sees it.
 
 Format 1 (before components were registered) kept the policies under ``train["extra"]`` and the
 reporter's records under ``pending_metrics``; :func:`upgrade_format1` maps it onto the names
@@ -56,6 +57,7 @@ from trainers.section import Section
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+QUARANTINE = "quarantine"  # the folder, in a phase's folder, that damaged checkpoints are moved into
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 2  # {name: state_dict} of registered components
 READABLE_FORMATS = (1, 2)  # 1: the hand-gathered layout, upgraded on read (upgrade_format1)
@@ -66,7 +68,13 @@ _TMP = re.compile(r"^\..+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # host absent:
 
 class CorruptCheckpoint(RuntimeError):
     """The checkpoint directory is missing files, fails its checksum, cannot be read, or has an
-    unknown format: the caller falls back to an older one."""
+    unknown format: the caller falls back to an older one.  ``damaged``: its content is wrong (a
+    file missing or failing its check), as opposed to storage that did not answer a read, which
+    may answer the next time; only a damaged one is quarantined (:func:`quarantine_checkpoint`)."""
+
+    def __init__(self, message: str, damaged: bool = True) -> None:
+        super().__init__(message)
+        self.damaged = damaged
 
 
 class CheckpointConfig(Section):
@@ -205,12 +213,14 @@ def _manifest(directory: str) -> tuple[int, dict[str, Any]]:
     try:
         present = store.kind(state_path) == "file" and store.kind(manifest_path) == "file"
     except OSError as e:
-        raise CorruptCheckpoint(f"{directory}: cannot read it ({e})") from e
+        raise CorruptCheckpoint(f"{directory}: cannot read it ({e})", damaged=False) from e
     if not present:
         raise CorruptCheckpoint(f"{directory}: missing {STATE_FILE} or {MANIFEST_FILE}")
     try:
         manifest = json.loads(store.read_bytes(manifest_path))
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise CorruptCheckpoint(f"{directory}: unreadable manifest ({e})", damaged=False) from e
+    except ValueError as e:
         raise CorruptCheckpoint(f"{directory}: unreadable manifest ({e})") from e
     if not isinstance(manifest, dict):
         raise CorruptCheckpoint(f"{directory}: unreadable manifest (not a JSON object)")
@@ -243,7 +253,7 @@ def verify_checkpoint(directory: str) -> int:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 sha.update(chunk)
     except OSError as e:
-        raise CorruptCheckpoint(f"{directory}: cannot read {STATE_FILE} ({e})") from e
+        raise CorruptCheckpoint(f"{directory}: cannot read {STATE_FILE} ({e})", damaged=False) from e
     _check_sha(directory, manifest, sha.hexdigest())
     return fmt
 
@@ -273,7 +283,7 @@ def read_checkpoint(directory: str, map_location: str | torch.device = "cpu") ->
     try:  # read once, checked in memory, loaded from there: nothing of an object store lands on disk
         data = store_for(directory).read_bytes(join(directory, STATE_FILE))
     except OSError as e:
-        raise CorruptCheckpoint(f"{directory}: cannot read {STATE_FILE} ({e})") from e
+        raise CorruptCheckpoint(f"{directory}: cannot read {STATE_FILE} ({e})", damaged=False) from e
     _check_size(directory, manifest, len(data))
     _check_sha(directory, manifest, hashlib.sha256(data).hexdigest())
     try:
@@ -386,14 +396,34 @@ def remove_stale_tmp(storage: str, run_prefix: str) -> list[str]:
     return removed
 
 
+def quarantine_checkpoint(path: str) -> str:
+    """Move a damaged checkpoint aside, into ``quarantine/`` in its phase's folder (a name with a
+    number added when one of that name is there already): no listing of the run's checkpoints
+    sees it again, so pruning does not count it and the next restore does not try it, and it is
+    kept for a person to look at.  Returns where it is now."""
+    store = store_for(path)
+    folder = join(posixpath.dirname(path.rstrip("/")) if is_uri(path) else os.path.dirname(path.rstrip(os.sep)),
+                  QUARANTINE)
+    name = posixpath.basename(path.rstrip("/")) if is_uri(path) else os.path.basename(path.rstrip(os.sep))
+    target, n = join(folder, name), 1
+    while store.kind(target) is not None:
+        n += 1
+        target = join(folder, f"{name}-{n}")
+    store.move(path, target)
+    return target
+
+
 def load_newest_checkpoint(storage: str, run_prefix: str, map_location: str | torch.device = "cpu",
                            warn: Callable[[str], None] = print, expect: str | None = None,
-                           corrupt: set[str] | None = None) -> dict[str, Any] | None:
+                           corrupt: set[str] | None = None,
+                           quarantined: Callable[[str, str, str], None] | None = None) -> dict[str, Any] | None:
     """The newest intact checkpoint of this training run (``{name: state}``); a corrupt one is
     skipped with a warning (and added to ``corrupt`` when given).  None when there is none;
     ``CorruptCheckpoint`` when there are some but none is intact.
 
-    ``expect``: a checkpoint known to exist (the handover), listed even if storage is slow to show it."""
+    ``expect``: a checkpoint known to exist (the handover), listed even if storage is slow to show it.
+    ``quarantined``: given by the run's writer only; a damaged checkpoint is then moved aside
+    (:func:`quarantine_checkpoint`) and ``quarantined(path, why, where_now)`` is called."""
     paths = run_checkpoints(storage, run_prefix)
     if expect and expect.rstrip("/") not in paths:
         paths.insert(0, expect.rstrip("/"))
@@ -405,15 +435,30 @@ def load_newest_checkpoint(storage: str, run_prefix: str, map_location: str | to
                 warn(f"resumed from older checkpoint {path}")
             return payload
         except CorruptCheckpoint as e:
-            warn(f"skipping corrupt checkpoint: {e}")
-            if corrupt is not None:
-                corrupt.add(_same(path))
+            moved = None
+            if quarantined is not None and e.damaged:
+                try:
+                    moved = quarantine_checkpoint(path)
+                except OSError as move_error:  # left where it is: skipped, not counted by pruning
+                    logger.warning("could not move the corrupt checkpoint %s aside (%s)", path, move_error)
+            if moved is None:
+                warn(f"skipping corrupt checkpoint: {e}")
+                if corrupt is not None:
+                    corrupt.add(_same(path))
+                continue
+            warn(f"skipping corrupt checkpoint: {e}; moved to {moved}")
+            quarantined(path, str(e), moved)
     if paths:
         raise CorruptCheckpoint(f"no intact checkpoint to resume from among {paths}")
     return None
 
 
 # --------------------------------------------------------------------------- the manager
+
+
+def _ignore(*_: Any) -> None:
+    pass
+
 
 
 class CheckpointManager:
@@ -424,11 +469,14 @@ class CheckpointManager:
     of the run's newest intact checkpoints survive a save; ``writer``: whether this process writes
     (rank 0; the others only restore).  ``warn`` gets each fallback warning.
 
-    A writer deletes stale temporary folders of dead writers on this host when it starts."""
+    A writer deletes stale temporary folders of dead writers on this host when it starts, and moves
+    a damaged checkpoint it meets on restore aside (:func:`quarantine_checkpoint`), telling
+    ``quarantined(path, why, where_now)``."""
 
     def __init__(self, states: Mapping[str, Stateful], *, storage: str, run_prefix: str, run_name: str,
                  keep: int = 2, writer: bool = True, warn: Callable[[str], None] = print,
-                 map_location: str | torch.device = "cpu") -> None:
+                 map_location: str | torch.device = "cpu",
+                 quarantined: Callable[[str, str, str], None] | None = None) -> None:
         for name, obj in states.items():
             if not isinstance(obj, Stateful):
                 raise TypeError(f"checkpoint component {name!r} ({type(obj).__name__}) lacks "
@@ -436,6 +484,7 @@ class CheckpointManager:
         self.states = dict(states)
         self.storage, self.run_prefix, self.run_name = storage, run_prefix, run_name
         self.keep, self.writer, self.warn, self.map_location = keep, writer, warn, map_location
+        self.quarantined = quarantined  # told of each damaged checkpoint the writer moved aside
         self.corrupt: set[str] = set()  # checkpoints found corrupt by load(): not counted by prune()
         if self.writing:
             for path in remove_stale_tmp(storage, run_prefix):
@@ -492,7 +541,8 @@ class CheckpointManager:
         if not self.storage:
             return False
         payload = load_newest_checkpoint(self.storage, self.run_prefix, self.map_location, warn=self.warn,
-                                         expect=expect, corrupt=self.corrupt)
+                                         expect=expect, corrupt=self.corrupt,
+                                         quarantined=(self.quarantined or _ignore) if self.writing else None)
         if payload is None:
             return False
         self.load_state_dict(payload)

@@ -144,6 +144,10 @@ class Store:
         """Write a new folder ``directory`` (which must not exist): yields where its files go."""
         raise NotImplementedError
 
+    def move(self, source: str, target: str) -> None:
+        """Move the folder ``source`` to ``target`` (which must not exist)."""
+        raise NotImplementedError
+
 
 def store_for(location: str) -> Store:
     return ObjectStore() if is_uri(resolve(location)) else LOCAL
@@ -236,6 +240,13 @@ class LocalStore(Store):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         fsync_path(parent)
+
+
+    def move(self, source: str, target: str) -> None:
+        """A rename: atomic, the folder is at one place or the other."""
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        os.rename(source, target)
+        fsync_path(os.path.dirname(os.path.abspath(target)))
 
 
 LOCAL = LocalStore()
@@ -347,6 +358,15 @@ class ObjectStore(Store):
             with contextlib.suppress(OSError):
                 self.remove(directory)
             raise
+
+
+    def move(self, source: str, target: str) -> None:
+        """No rename: every object is copied under ``target``, then ``source`` is deleted."""
+        fs, src = filesystem(source)
+        _, dst = filesystem(target)
+        for rel in self.files_under(source):
+            fs.copy_file(f"{src}/{rel}", f"{dst}/{rel}")
+        self.remove(source)
 
 
 # --------------------------------------------------------------------------- reachability

@@ -28,8 +28,9 @@ import torch
 from trainers.accel.device import clean_state_dict, load_clean_state_dict
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointSaved, Diverged, Finished, PhaseStart,
-                                    ResizeCheckpoint, Stopped)
+from trainers.link.failure import ended_by_user_error, report_user_error
+from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, CheckpointSaved, Diverged,
+                                    Finished, PhaseStart, ResizeCheckpoint, Stopped)
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig
@@ -101,7 +102,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.checkpoint_states(), storage=runtime.storage,
                                              run_prefix=runtime.run_prefix, run_name=runtime.run_name,
                                              keep=cfg.checkpoint.keep, writer=self.group.rank == 0,
-                                             warn=self.report.warn, map_location=self.group.device)
+                                             warn=self.report.warn, map_location=self.group.device,
+                                             quarantined=self._quarantined)
         self.samples = SampleLog(cfg.train.sample_log_dir, runtime.phase, self.group) \
             if cfg.train.sample_log_dir else None
 
@@ -136,6 +138,9 @@ class Trainer:
         states["reporter"] = PendingRecords(self.report.channel)
         states["rollback"] = self.rollback
         return states
+
+    def _quarantined(self, path: str, reason: str, moved_to: str) -> None:
+        self.report.emit(CheckpointQuarantined(path=path, reason=reason, moved_to=moved_to))
 
     def restore(self) -> bool | None:
         """Load the newest checkpoint of this training run (any phase) into the registered
@@ -388,8 +393,23 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     entered = time.time()
     cfg = LoopConfig.model_validate(payload["config"])
     runtime = Runtime.model_validate(payload.get("runtime", {}))
-    trainer = Trainer(cfg, runtime, functions=payload.get("functions"), entered=entered)
+    if ended_by_user_error(runtime):  # a restart would meet the user's error again: end this group at once
+        return
     try:
-        trainer.run()
-    finally:
-        trainer.close()
+        trainer = Trainer(cfg, runtime, functions=payload.get("functions"), entered=entered)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    except Exception as e:
+        report_user_error(e, runtime, _world_rank())  # the user's code raised: the driver says where
+        raise
+
+
+def _world_rank() -> int:
+    try:
+        import ray.train
+
+        return ray.train.get_context().get_world_rank()
+    except Exception:  # noqa: BLE001 - outside Ray Train (tests)
+        return 0

@@ -1,0 +1,81 @@
+"""A run that resized, its driver killed after a checkpoint, resumed: the summary table, the
+``elastic.resizes`` tag and the timeline artifact cover the whole run (the resize before the kill
+and the stretch trained before it), not only the last driver's part."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.helpers import make_config
+
+pytestmark = pytest.mark.integration
+
+
+def _newest_step(folder_glob: str) -> int:
+    steps = [int(re.search(r"checkpoint_step(\d+)", p).group(1)) for p in glob.glob(f"{folder_glob}/checkpoint_step*")]
+    return max(steps, default=-1)
+
+
+def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_cluster, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # B 32 on 1 worker for the first epoch (45 steps), then B 64 on 2 (a restart resize); long
+    # enough that the kill lands mid-run
+    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32},
+                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+                      scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
+                      train={"epochs": 30}, checkpoint={"every_steps": 10})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
+    env.pop("ELASTIC_KEEP_RAY", None)
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    client, run_id, deadline = MlflowClient(uri), None, time.time() + 240
+    while time.time() < deadline:  # the resize measured (logged) and a checkpoint of the bigger group
+        if driver.poll() is not None:
+            pytest.fail(f"the driver ended early ({driver.returncode}): {driver.communicate()}")
+        folders = glob.glob(f"{tmp_path}/ray_runs/elastic-*")
+        run_id = run_id or (os.path.basename(min(folders, key=len))[len("elastic-"):] if folders else None)
+        if run_id and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}-r0p*") > 60 \
+                and client.get_metric_history(run_id, "resize/latency_s"):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the run never resized and checkpointed")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri,
+                          "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["elastic.resumes"] == "1"
+    # every resize measured, the killed driver's included (the resumed one may resize too: its elastic
+    # group can start smaller while the killed driver's workers still hold their CPUs)
+    measured = sorted(m.step for m in client.get_metric_history(run_id, "resize/latency_s"))
+    assert measured[0] == 45 and run.data.tags["elastic.resizes"] == str(len(measured)), run.data.tags
+    # the summary table: the first driver's stretch at B 32 on 1 worker, then B 64 on 2 after the
+    # resize (with its latency), to the planned last step
+    rows = re.findall(r"^\s+(\d+)-(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)[ \t]*([\d.]*)[ \t]*$", out.stdout, re.M)
+    assert [tuple(map(int, r[:4])) for r in rows[:2]] == [(1, 45, 32, 1), (46, int(rows[1][1]), 64, 2)], out.stdout
+    assert rows[1][6], "the resize's latency is in the table"
+    assert int(rows[-1][1]) == 45 + 29 * 23 and sum(int(r[4]) for r in rows) == 30 * 1438, out.stdout
+    # the timeline artifact: the stretches and every resize, the first one's included
+    import json
+
+    table = json.load(open(client.download_artifacts(run_id, "timeline.json", str(tmp_path))))
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [r["kind"] for r in rows[:3]] == ["train", "resize", "train"], table
+    assert sorted(r["first_step"] for r in rows if r["kind"] == "resize") == measured

@@ -1,0 +1,45 @@
+"""What a resumed run reads back of its earlier drivers (orchestrator/history.py) from a real SQLite
+MLflow store: the stretches of B and W exactly up to the last step the killed driver wrote, the
+resizes it measured, and the stand-still between the drivers left out of the stretches' wall time."""
+
+from __future__ import annotations
+
+from orchestrator.config import validate
+from orchestrator.history import RESIZES_ARTIFACT, earlier_resizes, earlier_timeline, resize_saver
+from orchestrator.tracking import RunTracker
+
+
+def _rec(step: int, b: int, w: int, t: float) -> tuple:
+    return (step, {"train/loss": 1.0 / step, "batch/global": float(b), "workers": float(w),
+                   "batch/samples": float(b)}, t)
+
+
+RESIZE = {"from": 1, "to": 2, "mode": "restart", "step": 45, "time": 146.0, "latency_s": 9.0, "overlap_s": 0.0,
+          "teardown_s": 2.0, "start_s": 5.0, "setup_s": 2.0}
+
+
+def test_a_killed_drivers_stretches_and_resizes_read_back_exactly(tmp_path):
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
+    killed = RunTracker(cfg)
+    killed.log_metrics([_rec(s, 32, 1, 100.0 + s) for s in range(1, 46)])
+    killed.log_metrics([_rec(46, 64, 2, 155.0)])  # the resized group's first step
+    resize_saver(killed.log_text, print)([RESIZE])
+    killed.flush()  # what the driver acked when it was killed: written, nothing held back released
+    assert earlier_resizes(killed.client, killed.run_id) == [RESIZE]
+
+    tl = earlier_timeline(killed.client, killed.run_id)
+    assert [(r["first_step"], r["last_step"], r["batch"], r["workers"], r["samples"]) for r in tl.rows()] == [
+        (1, 45, 32, 1, 45 * 32), (46, 46, 64, 2, 64)]  # the jump at 46 was written at once, not held
+    assert tl.rows()[1]["resize_latency_s"] == 9.0 and tl.resizes == [RESIZE]
+    # the resumed driver: replayed steps already there are skipped, the 100 s without a driver is no training
+    tl.add_records([_rec(46, 64, 2, 300.0)] + [_rec(s, 64, 2, 256.0 + s) for s in range(47, 50)])
+    (_, second) = tl.rows()
+    assert (second["last_step"], second["samples"]) == (49, 4 * 64)
+    assert second["wall_s"] == (305.0 - 145.0) - (303.0 - 155.0)  # from the first stretch's end, less the gap
+
+
+def test_a_run_without_resizes_or_steps_reads_back_empty(tmp_path):
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
+    tr = RunTracker(cfg)
+    assert earlier_resizes(tr.client, tr.run_id) == [] and earlier_timeline(tr.client, tr.run_id).rows() == []
+    assert RESIZES_ARTIFACT.startswith("timeline/")
