@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
+from orchestrator.events import CapacityReturned, GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
 from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
@@ -33,13 +33,15 @@ class RunListener:
 class TrackingListener(RunListener):
     """Everything MLflow holds about a run's progress: step metrics, ``restarts``, ``resize/from``,
     ``resize/to``, ``resize/latency_s``
-    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``."""
+    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``,
+    ``elastic.capacity_returned`` (resizes up after capacity came back) with the last one's reason."""
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
         self.warnings: list[str] = []
         self.called_off = 0
         self.skipped = 0
+        self.grown = 0
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -79,6 +81,10 @@ class TrackingListener(RunListener):
                                          flush=True)
                 self.tracker.set_tags({"elastic.resizes_skipped": self.skipped,
                                        "elastic.resize_skipped_reason": reason})
+            case CapacityReturned(reason=reason):
+                self.grown += 1
+                self.tracker.set_tags({"elastic.capacity_returned": self.grown,
+                                       "elastic.capacity_returned_reason": reason})
             case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
                 self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
                                                     M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
@@ -111,6 +117,8 @@ class ProgressListener(RunListener):
             case OverlapFellBack(workers=workers, error=err):
                 write(f"warning: the new group of {workers} workers did not start "
                       f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
+            case CapacityReturned(step=step, reason=reason):
+                write(f"{reason} at the group's next push (step {step} reached)")
             case ResizeSkipped(step=step, wanted=wanted, reason=reason):
                 write(f"resize to {wanted} workers skipped at step {step}: {reason}")
             case ResizeCalledOff(workers=workers):
