@@ -3,6 +3,7 @@ too, which get the repository root on their path)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -43,3 +44,22 @@ def mlp(hidden: int = 32) -> nn.Module:
     """The built-in ``mlp`` with ``norm: none`` on 8x8 digits, as a factory."""
     return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, 10))
+
+
+class _Slow(nn.Sequential):
+    """A sequential model whose training forward first sleeps ``sleep_s`` (no CPU taken)."""
+
+    def __init__(self, sleep_s: float, *layers: nn.Module) -> None:
+        super().__init__(*layers)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.sleep_s > 0:
+            time.sleep(self.sleep_s)
+        return super().forward(x)
+
+
+def slow_mlp(hidden: int = 32, sleep_s: float = 0.0) -> nn.Module:
+    """:func:`mlp` (same weights, same math) whose every training micro-batch takes at least ``sleep_s``:
+    a multi-node test's run lasts long enough for nodes to leave and come back, on any machine's speed."""
+    return _Slow(sleep_s, *mlp(hidden))
