@@ -73,7 +73,7 @@ def test_a_lost_worker_node_is_a_capacity_change(cluster, tmp_path, reference):
 def test_a_node_that_comes_back_grows_the_group_again(cluster, tmp_path, reference):
     nodes = _three_nodes(cluster)
     tmp = tmp_path / "back"
-    run = driver(cluster, str(tmp), config(tmp, sleep_s=0.15))
+    run = driver(cluster, str(tmp), config(tmp, sleep_s=0.05))
     wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
     cluster.remove_node(nodes[0], allow_graceful=False)
     wait_for(run, tmp, "the run going on at W=2", lambda: 2 in workers_logged(tmp))
