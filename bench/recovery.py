@@ -55,7 +55,7 @@ def run_config(tmp: str, workers: int, every: int, check_s: float) -> dict:
             "batch": {"size": 16 * workers, "max_local_batch": 16},
             "scaling": {"min_workers": workers - 1, "max_workers": workers, "cpus_per_worker": 1,
                         "max_failures": 3, "capacity_check_s": check_s},
-            "train": {"epochs": 100000, "log_every": 5},
+            "train": {"epochs": 10000, "log_every": 5},
             "checkpoint": {"every_steps": every, "storage_path": f"{tmp}/ray_runs"},
             "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"}}
 
