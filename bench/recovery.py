@@ -78,8 +78,9 @@ def wait(p: subprocess.Popen, what: str, ready):
         if got:
             return got
         if p.poll() is not None or time.time() > deadline:
+            how = "the run ended" if p.poll() is not None else f"not in {WAIT_S} s"
             p.kill()
-            sys.exit(f"bench/recovery.py: {what}: not seen (the run {'ended' if p.poll() is not None else 'timed out'})")
+            sys.exit(f"bench/recovery.py: {what}: not seen ({how}; its output: driver.txt in the scratch folder)")
         time.sleep(0.2)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from orchestrator.events import CapacityReturned, GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
+from orchestrator.events import (CapacityReturned, GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver,
+                                 ResizeMeasured)
 from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
