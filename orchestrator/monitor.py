@@ -172,7 +172,8 @@ class MonitorState:
         the workers to grow to (0: none)."""
         world = self._world.get(phase)
         if (self.resize is not None or self._workers is None or self._per_worker is None or world is None
-                or world >= asked or self._latest is None):
+                or world >= asked or self._latest is None
+                or phase + 1 in self._handover_paths):  # it handed over: its fit() is only tearing down
             return 0
         step, batch = self._latest
         d = self._workers.decide(batch, world)

@@ -169,6 +169,8 @@ def test_capacity_that_returns_grows_a_shrunken_group_at_its_next_push():
     m.handed_over(0, 45, "/store/run/checkpoint_step00000045_resize")
     (done,) = m.take_handovers()
     assert (done.from_workers, done.to, done.handover_step) == (2, 3, 45)
+    # the driver looks again while the old group's fit() tears down: that group has handed over
+    assert m.capacity_check(0, 3) == 0 and m.push([], []).handover is False
 
 
 def test_capacity_grows_only_as_far_as_the_batch_wants_and_overlaps_when_both_groups_fit():
