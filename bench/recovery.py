@@ -1,6 +1,5 @@
-"""Recovery from a lost node, measured on a real Ray cluster of several nodes on this machine: the time
-from the node's loss to training again, against the time a cold start of the same run takes to its
-first step; and the time from a node's return to training at the full W again.
+"""Recovery from a lost node on a real multi-node Ray cluster here: the time from the loss to training
+again against the run's cold start to its first step, and from the node's return to the full W again.
 
 The cluster is ``ray.cluster_utils.Cluster`` (as tests/multinode): a head without CPUs (the driver,
 Ray Train's controller and the run's monitor) and ``--nodes`` worker nodes of 1 CPU, with Ray's
