@@ -65,7 +65,8 @@ class ScalingConfig(Section):
                                     "node takes fewer workers with it)")
     capacity_check_s: float = Field(
         default=30.0, gt=0, description="while a group runs smaller than it asked for (a node was lost), how often "
-                                        "Ray Train looks for capacity that came back to grow the group again")
+                                        "the driver looks for capacity that came back; once more workers fit and "
+                                        "the batch wants them, the group grows at its next push (a checkpoint)")
     capacity_timeout_s: float = Field(
         default=600.0, gt=0, description="after a node is lost, how long the driver waits for room for "
                                          "scaling.min_workers before it ends the run FAILED (resume it later)")

@@ -95,3 +95,18 @@ class ResizeCalledOff(Event):
 
     kind: ClassVar[str] = "resize_called_off"
     workers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityReturned(Event):
+    """Room for more workers came back while the group ran with ``workers`` (fewer than its phase
+    asked for): the monitor decided a resize to ``to`` (``fit`` workers fit), handed over at the
+    group's next push."""
+
+    kind: ClassVar[str] = "capacity_returned"
+    step: int
+    workers: int
+    to: int
+    fit: int
+    mode: ResizeMode
+    reason: str

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
+from orchestrator.events import (CapacityReturned, GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver,
+                                 ResizeMeasured)
 from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
@@ -40,7 +41,8 @@ class TrackingListener(RunListener):
     and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``; goodput's
     decisions (``scaling.policy: goodput``): ``goodput/*`` metrics at each, the tags
     ``elastic.goodput.decisions``, ``elastic.goodput.reason`` (the latest) and, for each that
-    changed B or W, ``elastic.goodput.change.<n>`` (its reason, with every alternative's goodput)."""
+    changed B or W, ``elastic.goodput.change.<n>`` (its reason, with every alternative's goodput);
+    ``elastic.capacity_returned`` (resizes up after capacity came back) with the last one's reason."""
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
@@ -48,6 +50,7 @@ class TrackingListener(RunListener):
         self.quarantined: list[str] = []  # damaged checkpoints moved aside (trainers/loop/checkpoint.py)
         self.called_off = 0
         self.skipped = 0
+        self.grown = 0
         self.goodput_decisions = 0
         self.goodput_changes = 0
         self._goodput_reason: str | None = None  # the latest decision's, tagged at most every TAG_EVERY_S
@@ -69,6 +72,7 @@ class TrackingListener(RunListener):
         self.quarantined = [q for q in tags.get("elastic.checkpoints_quarantined", "").splitlines() if q]
         self.called_off = int(tags.get("elastic.resizes_called_off", 0) or 0)
         self.skipped = int(tags.get("elastic.resizes_skipped", 0) or 0)
+        self.grown = int(tags.get("elastic.capacity_returned", 0) or 0)
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -126,6 +130,10 @@ class TrackingListener(RunListener):
                 now = time.monotonic()
                 if event.changes or now - self._goodput_tagged >= TAG_EVERY_S:  # a decision can come every few steps
                     self._tag_goodput(now)
+            case CapacityReturned(reason=reason):
+                self.grown += 1
+                self.tracker.set_tags({"elastic.capacity_returned": self.grown,
+                                       "elastic.capacity_returned_reason": reason})
             case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
                 self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
                                                     M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
@@ -165,6 +173,8 @@ class ProgressListener(RunListener):
                       f"({type(err).__name__ if err else 'ended early'}); resizing by restart")
             case GoodputDecided(step=step, reason=reason) if event.changes:
                 write(f"goodput at step {step}: {reason}")
+            case CapacityReturned(step=step, reason=reason):
+                write(f"{reason} at the group's next push (step {step} reached)")
             case ResizeSkipped(step=step, wanted=wanted, reason=reason):
                 write(f"resize to {wanted} workers skipped at step {step}: {reason}")
             case ResizeCalledOff(workers=workers):

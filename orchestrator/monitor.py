@@ -20,17 +20,27 @@ If the new group cannot start, the driver turns an overlap into a restart.
 With ``scaling.policy: goodput`` rank 0 also asks every ``batch.check_every`` steps, sending what
 it measured (:class:`~trainers.policies.goodput.GoodputInputs`); the monitor adds what a resize
 costs here and answers goodput's ``(B, W)``, with a :class:`GoodputDecided` event that says why.
+
+Capacity that comes back is used the same way: while a group runs smaller than its phase asked for
+(Ray Train restarted it with the workers left after a node was lost), the driver asks every
+``scaling.capacity_check_s`` (:meth:`MonitorState.capacity_check`); once more workers fit the free
+resources and the batch wants them, the monitor decides a resize up, and rank 0 hands over at its
+next push, as for a batch that outgrew the group.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
 import ray
 
-from trainers.link.messages import (Event, FirstStep, GoodputDecided, HandoverAnswer, NewGroupReady, PushAnswer,
-                                    Record, Resize, ResizeAnswer, ResizeDecided, ResizeSkipped, WorkloadFailed)
+from orchestrator.events import CapacityReturned
+from trainers.link import metrics as M
+from trainers.link.messages import (Event, FirstStep, GoodputDecided, HandoverAnswer, NewGroupReady, PhaseStart,
+                                    PushAnswer, Record, Resize, ResizeAnswer, ResizeDecided, ResizeSkipped,
+                                    WorkloadFailed)
 from trainers.policies.goodput import GoodputInputs
 from trainers.policies.resize import ResizeEconomics, WorkerCount, resize_pays
 
@@ -40,6 +50,12 @@ DEFAULT_OVERLAP_PAUSE_S = 1.0  # an overlapping resize's pause until one is meas
 def has_room(available: dict[str, float], per_worker: dict[str, float], workers: int) -> bool:
     """Whether ``workers`` more workers of ``per_worker`` resources fit in ``available``."""
     return all(available.get(k, 0.0) + 1e-9 >= v * workers for k, v in per_worker.items() if v > 0)
+
+
+def workers_in(available: dict[str, float], per_worker: dict[str, float]) -> int:
+    """How many workers of ``per_worker`` resources fit in ``available`` (the cluster's free resources)."""
+    return max(0, min((math.floor((available.get(k, 0.0) + 1e-9) / v) for k, v in per_worker.items() if v > 0),
+                      default=0))
 
 
 class ResizeCosts:
@@ -85,13 +101,18 @@ class MonitorState:
 
     ``workers``: the run's worker count (:class:`~trainers.policies.resize.WorkerCount`, the one
     the batch plan and ``plan`` ask), None: never resize; ``overlap_resources``: the per-worker
-    resources when overlapping resizes are allowed (None: always restart)."""
+    resources when overlapping resizes are allowed (None: always restart); ``per_worker``: a
+    worker's resources, for :meth:`capacity_check` (None: capacity that comes back is not used)."""
 
     def __init__(self, workers: WorkerCount | None = None, overlap_resources: dict[str, float] | None = None,
-                 available: Callable[[], dict[str, float]] | None = None, only_if_pays: bool = False) -> None:
+                 available: Callable[[], dict[str, float]] | None = None, only_if_pays: bool = False,
+                 per_worker: dict[str, float] | None = None) -> None:
         self._available = available or ray.available_resources  # the cluster's free resources now
         self._workers = workers
         self._overlap = overlap_resources
+        self._per_worker = per_worker
+        self._world: dict[int, int] = {}  # phase -> workers its group started with (the latest start)
+        self._latest: tuple[int, int] | None = None  # (step, global batch) of the newest record
         self._records: list[Record] = []
         self._events: list[Event] = []
         self._stop = False
@@ -110,11 +131,18 @@ class MonitorState:
         for ev in events:  # a cold-started group's first step: what a new group costs on this cluster
             if isinstance(ev, FirstStep):
                 self.costs.stepped(ev)
+            elif isinstance(ev, PhaseStart):
+                self._world[ev.phase] = ev.workers
+        for step, metrics, *_ in reversed(records):
+            if M.BATCH_GLOBAL in metrics:
+                self._latest = (int(step), int(metrics[M.BATCH_GLOBAL]))
+                break
         self._records.extend(records)
         self._events.extend(events)
         r = self.resize
-        return PushAnswer(stop=self._stop, acked=self._acked, handover=bool(r and r.ready and r.path is None),
-                          judged=self._judged)
+        handover = bool(r and r.ready and r.path is None)
+        return PushAnswer(stop=self._stop, acked=self._acked, handover=handover, judged=self._judged,
+                          to=r.to if r is not None and handover else 0)
 
     def starting(self, phase: int, when: float) -> None:
         """The driver starts ``phase``'s group cold (its ``fit()`` is called at ``when``); its first
@@ -197,6 +225,35 @@ class MonitorState:
             self._events.append(ResizeDecided(step=step, batch=batch_size, workers=workers, reason=d.reason,
                                               mode=""))
         return ResizeAnswer(d.workers if d else 0, mode, to_batch if to_batch != batch_size else 0)
+
+    def capacity_check(self, phase: int, asked: int) -> int:
+        """The driver's look for capacity that came back, while ``phase``'s group (which asked for
+        ``asked`` workers) trains: if Ray Train started it smaller (a node was lost, or the cluster
+        was short when it started), the batch wants more workers than it has and more fit the free
+        resources, decide a resize up to what fits; rank 0 hands over at its next push.  Returns
+        the workers to grow to (0: none)."""
+        world = self._world.get(phase)
+        if (self.resize is not None or self._workers is None or self._per_worker is None or world is None
+                or world >= asked or self._latest is None
+                or phase + 1 in self._handover_paths):  # it handed over: its fit() is only tearing down
+            return 0
+        step, batch = self._latest
+        d = self._workers.decide(batch, world)
+        if not d:
+            return 0
+        available = self._available()
+        fit = world + workers_in(available, self._per_worker)  # the group's own resources are freed at a restart
+        to = min(d.workers, fit)
+        if to <= world:
+            return 0
+        mode = "overlap" if self._overlap is not None and has_room(available, self._overlap, to) else "restart"
+        self.resize = Resize(from_workers=world, to=to, mode=mode, step=step, time=time.time(),
+                             ready=mode == "restart")
+        reason = (f"capacity returned: {fit} workers fit where the group has {world}; B={batch} wants "
+                  f"{d.workers}; growing {world} -> {to}")
+        self._events.append(CapacityReturned(step=step, workers=world, to=to, fit=fit, mode=mode, reason=reason))
+        self._events.append(ResizeDecided(step=step, batch=batch, workers=to, reason=reason, mode=mode))
+        return to
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """The old group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""

@@ -71,13 +71,23 @@ def live_nodes() -> list[dict] | None:
 
 class CapacityWatch:
     """The driver's look at the live nodes every ``every_s``: feeds :class:`CapacityWait`, and gives
-    a line to show every ``say_every_s`` while it waits (None otherwise)."""
+    a line to show every ``say_every_s`` while it waits (None otherwise); and the pace of its look
+    for capacity that came back (:meth:`grow_due`, every ``grow_every_s``)."""
 
     def __init__(self, min_workers: int, timeout_s: float, every_s: float = 2.0, say_every_s: float = 15.0,
-                 nodes=live_nodes, clock=time.monotonic):
+                 nodes=live_nodes, clock=time.monotonic, grow_every_s: float = 30.0):
         self.wait = CapacityWait(min_workers, timeout_s, clock=clock)
         self.every_s, self.say_every_s, self.nodes, self.clock = every_s, say_every_s, nodes, clock
         self._looked = self._said = -math.inf
+        self.grow_every_s, self._grow_asked = grow_every_s, clock()
+
+    def grow_due(self) -> bool:
+        """Whether ``grow_every_s`` passed since the last look for capacity that came back (then it counts as made)."""
+        now = self.clock()
+        if now - self._grow_asked < self.grow_every_s:
+            return False
+        self._grow_asked = now
+        return True
 
     def look(self, per_worker: Mapping[str, float]) -> str | None:
         now = self.clock()

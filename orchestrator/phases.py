@@ -46,6 +46,7 @@ from trainers.link.runtime import Runtime
 from trainers.loop.storage import resolve
 
 POLL_S = 0.5
+NEVER_S = 1e9  # Ray Train's own look for capacity that came back: the driver does it (look_for_capacity)
 
 
 class CapacityLost(Exception):
@@ -113,6 +114,7 @@ class Running(RunState):
         run.poll(self.cur)
         if not self.cur.alive:
             return PhaseEnded(self.cur)
+        run.look_for_capacity(self.cur)
         want = run.take_overlap_wanted()
         if want is not None:
             return Overlapping(self.cur, run.start_phase(want, self.cur.idx + 1, handover=True))
@@ -248,7 +250,8 @@ class MonitorLink:
         # On the driver's own node: a lost worker node must not take the driver's link with it.
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         self.actor = Monitor.options(name=self.name, namespace=self.namespace, scheduling_strategy=here).remote(
-            WorkerCount.from_config(cfg), overlap_resources=overlap, only_if_pays=s.resize_when == "pays")
+            WorkerCount.from_config(cfg), overlap_resources=overlap, only_if_pays=s.resize_when == "pays",
+            per_worker=resources)
 
     def runtime(self, **fields: Any) -> Runtime:
         """What a phase's workers are told: this monitor, the judged metrics, and ``fields``."""
@@ -338,7 +341,7 @@ class ResizeBook:
         self.unmeasured: ResizeRecord | None = None
 
     def record(self, old: _Phase, r: Resize) -> ResizeRecord:
-        record = ResizeRecord(from_workers=old.workers, to=r.to, mode=r.mode, step=int(r.handover_step),
+        record = ResizeRecord(from_workers=r.from_workers, to=r.to, mode=r.mode, step=int(r.handover_step),
                               time=r.handover_time, decided=r.time, fit_returned=old.ended, phase=old.idx + 1)
         self.unmeasured = record
         return record
@@ -380,7 +383,8 @@ class PhaseRunner:
         self.book = EventBook(restarts=int(tracker.last_value(M.RESTARTS, 0)))
         self.resize_book = ResizeBook()
         self.state: RunState = Starting()
-        self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s)
+        self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s,
+                                      grow_every_s=cfg.scaling.capacity_check_s)
 
     # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
 
@@ -569,7 +573,10 @@ class PhaseRunner:
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=self.resources(),
                                          placement_strategy=s.placement.upper(),
-                                         elastic_resize_monitor_interval_s=s.capacity_check_s),
+                                         # the driver grows the group itself, at a checkpoint
+                                         # (look_for_capacity); Ray Train's own growth would redo the
+                                         # steps since the last one
+                                         elastic_resize_monitor_interval_s=NEVER_S),
             run_config=RunConfig(
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
@@ -624,6 +631,16 @@ class PhaseRunner:
             how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
                    else f"python -m orchestrator resume {self.tracker.run_id}")
             raise CapacityLost(self.capacity.wait.message(how))
+
+    def look_for_capacity(self, ph: _Phase) -> None:
+        """Every ``scaling.capacity_check_s``: ask the monitor whether ``ph``'s group, smaller than it
+        asked for (a node was lost), can grow again (:meth:`orchestrator.monitor.MonitorState.capacity_check`);
+        its decision comes back as events, and rank 0 hands over at its next push."""
+        if not self.capacity.grow_due():
+            return
+        import ray
+
+        ray.get(self.monitor.capacity_check.remote(ph.idx, ph.workers))
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,

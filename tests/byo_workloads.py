@@ -3,6 +3,7 @@ too, which get the repository root on their path)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -63,3 +64,22 @@ def corrupt_digits(seed: int = 0, bad: int = 100):
     """``(train, val)`` of digits whose training record ``bad`` raises when read."""
     d = load_data(DataConfig(name="digits"), seed)
     return CorruptRecord(d.train_x, d.train_y, bad), DigitsMap(d.val_x, d.val_y, False)
+
+
+class _Slow(nn.Sequential):
+    """A sequential model whose training forward first sleeps ``sleep_s`` (no CPU taken)."""
+
+    def __init__(self, sleep_s: float, *layers: nn.Module) -> None:
+        super().__init__(*layers)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.sleep_s > 0:
+            time.sleep(self.sleep_s)
+        return super().forward(x)
+
+
+def slow_mlp(hidden: int = 32, sleep_s: float = 0.0) -> nn.Module:
+    """:func:`mlp` (same weights, same math) whose every training micro-batch takes at least ``sleep_s``:
+    a multi-node test's run lasts long enough for nodes to leave and come back, on any machine's speed."""
+    return _Slow(sleep_s, *mlp(hidden))

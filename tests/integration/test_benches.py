@@ -37,11 +37,12 @@ SUMMARY = {
     "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
     "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
+    "recovery": ("cold_start_s", "resume_s", "grow_s", "ratio"),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "scale": ("cold_start_s", "projected_speedup_64", "strong_speedup_64", "recovery_s_64"),
     "search": ("steps_ratio", "gap_points"),
 }
-TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600, "scale": 420}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2 beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here)
+TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600, "scale": 420, "recovery": 600}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2 beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here)
 DEFAULT_TIMEOUT_S = 300
 # A bench whose quick form is known to fail, with what is missing (kept visible as a skip, not dropped).
 BROKEN: dict[str, str] = {}  # bench name -> why its quick form cannot run now (skipped with that reason)

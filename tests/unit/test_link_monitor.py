@@ -1,6 +1,7 @@
 """The link's monitor (orchestrator/monitor.py) without Ray: who hands over when, in both modes."""
 
-from trainers.link.messages import HandoverAnswer, PushAnswer, ResizeAnswer, ResizeDecided
+from trainers.link.messages import HandoverAnswer, PhaseStart, PushAnswer, ResizeAnswer, ResizeDecided
+from orchestrator.events import CapacityReturned
 from orchestrator.monitor import MonitorState, has_room
 from trainers.policies.resize import WorkerCount, WorkersForBatch
 
@@ -139,3 +140,41 @@ def test_the_overlap_pause_measured_here_prices_the_next_resize():
     assert m.on_batch_change(45, 64, 1, remaining_samples=4000, samples_per_s=100.0) == ResizeAnswer(0, "")
     m.set_costs(pause_s=0.2)
     assert m.on_batch_change(46, 64, 1, remaining_samples=4000, samples_per_s=100.0) == ResizeAnswer(2, "overlap")
+
+
+def _grown(free: float, overlap: bool = False) -> MonitorState:
+    """A monitor (1 CPU per worker, 1..4 workers of max_local_batch 16) whose phase-0 group asked for
+    3 workers at B=48 and was started by Ray with 2 (a node was lost); ``free`` CPUs now."""
+    one = {"CPU": 1.0}
+    m = MonitorState(WorkerCount(WorkersForBatch(), 16, 1, 4), overlap_resources=one if overlap else None,
+                     available=lambda: {"CPU": free}, per_worker=one)
+    m.push([(40, {"batch/global": 48.0})], [PhaseStart(phase=0, workers=2, step=30, resumed=True, threads=1,
+                                                       entered=0.0, built=0.0)])
+    m.drain()
+    return m
+
+
+def test_capacity_that_returns_grows_a_shrunken_group_at_its_next_push():
+    assert _grown(free=0.0).capacity_check(0, 3) == 0  # nothing came back
+    m = _grown(free=1.0)
+    assert m.capacity_check(1, 3) == 0  # another phase's group: nothing known about it
+    assert m.capacity_check(0, 2) == 0  # the group has what it asked for
+    assert m.capacity_check(0, 3) == 3
+    back, decided = m.drain()[1]
+    assert isinstance(back, CapacityReturned) and (back.workers, back.to, back.fit, back.mode) == (2, 3, 3, "restart")
+    assert (decided.kind, decided.workers, decided.mode, decided.step) == ("resize_decision", 3, "restart", 40)
+    assert m.push([], []) == PushAnswer(handover=True, to=3)  # rank 0 hands over to 3 at its next push
+    assert m.capacity_check(0, 3) == 0  # decided once
+    assert m.on_batch_change(41, 48, 3) == ResizeAnswer(3, "restart")  # a batch change meanwhile follows it
+    m.handed_over(0, 45, "/store/run/checkpoint_step00000045_resize")
+    (done,) = m.take_handovers()
+    assert (done.from_workers, done.to, done.handover_step) == (2, 3, 45)
+    # the driver looks again while the old group's fit() tears down: that group has handed over
+    assert m.capacity_check(0, 3) == 0 and m.push([], []).handover is False
+
+
+def test_capacity_grows_only_as_far_as_the_batch_wants_and_overlaps_when_both_groups_fit():
+    m = _grown(free=8.0, overlap=True)
+    assert m.capacity_check(0, 4) == 3  # B=48 of max_local_batch 16 wants 3, not the 4 asked nor the 10 that fit
+    assert m.drain()[1][-1].mode == "overlap"
+    assert m.push([], []).handover is False  # the new group starts beside this one first

@@ -42,10 +42,12 @@ class WorkersNeeded:
 @dataclass(frozen=True)
 class PushDecision:
     """Rank 0's decision at a push, and the steps until the next push (rank 0's clock sets the
-    pace for every rank, see :func:`trainers.loop.meter.push_interval`)."""
+    pace for every rank, see :func:`trainers.loop.meter.push_interval`); ``to``: with a hand
+    over, the workers of the group that takes over."""
 
     action: Action = Action.GO
     next_push_in: int = 1
+    to: int = 0
 
 
 def encode(record: object) -> torch.Tensor:

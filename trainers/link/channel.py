@@ -47,6 +47,7 @@ class Channel:
         self._pending: Any = None  # the ObjectRef of the push in flight
         self._stop = False
         self._handover = False
+        self._handover_to = 0  # the workers of the group that takes over (0: unknown here)
         self._judged_metrics = tuple(judged)  # values the driver judges before the run may go on
         self._awaiting = -1  # the step of the last judged value pushed (its verdict may be out)
         self._judged = -1  # the driver has judged every value up to this step
@@ -90,7 +91,7 @@ class Channel:
     def receive(self, answer: PushAnswer) -> None:
         """Take in the monitor's answer to a push (a stop is never taken back)."""
         self._stop = answer.stop or self._stop
-        self._handover = answer.handover
+        self._handover, self._handover_to = answer.handover, answer.to
         self._judged = max(self._judged, answer.judged)
         if self._unacked and answer.acked >= 0:
             # The newest record stays even once logged: restored with a checkpoint, it gives the
@@ -101,6 +102,11 @@ class Channel:
     def handover(self) -> bool:
         """The new group is ready: checkpoint and end this one (an overlapping resize)."""
         return self._handover
+
+    @property
+    def handover_to(self) -> int:
+        """With :attr:`handover`, the workers of the group that takes over (as the driver said)."""
+        return self._handover_to
 
     def flush(self, wait: bool = False) -> bool:
         """Send what is buffered; return the latest stop decision known to rank 0."""

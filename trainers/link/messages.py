@@ -280,12 +280,14 @@ class RolledBack(Event):
 class PushAnswer:
     """The monitor's answer to a push: ``stop`` the run; every record up to step ``acked`` is in
     MLflow (-1: none yet); ``handover``: the new group is ready, checkpoint and end this one;
-    ``judged``: the driver has judged the records up to that step (a search's pruner; -1: none yet)."""
+    ``judged``: the driver has judged the records up to that step (a search's pruner; -1: none yet);
+    ``to``: with ``handover``, the workers of the group that takes over."""
 
     stop: bool = False
     acked: int = -1
     handover: bool = False
     judged: int = -1
+    to: int = 0
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,11 @@ class Reporter:
         """A push is due at ``step`` by the pace of the pushes."""
         return step >= self.next_push
 
-    def push(self, step: int, metrics: dict[str, float], flush: bool, overlap: bool) -> PushDecision:
+    def push(self, step: int, metrics: dict[str, float], flush: bool) -> PushDecision:
         """Log the step's metrics.  At a push (``flush``) add the window's throughput, send, and
-        agree with every rank on rank 0's decision (stop, hand over to the new group started
-        beside this one when ``overlap``, or go on) and on the steps to the next push."""
+        agree with every rank on rank 0's decision (stop, hand over to the group the driver
+        resizes to: one started beside this one, or one the driver starts once this one ended,
+        or go on) and on the steps to the next push."""
         if not flush:
             self.channel.log(step, metrics)
             return PushDecision(Action.GO, 0)
@@ -92,8 +93,10 @@ class Reporter:
             metrics[M.THROUGHPUT_TOKENS] = reading.samples_per_s * self.tokens
         self.channel.log(step, metrics)
         stop = self.channel.flush()
-        action = Action.STOP if stop else Action.HAND_OVER if overlap and self.channel.handover else Action.GO
-        decision = self.group.agree(PushDecision(action, reading.push_interval))
+        handover = self.channel.handover
+        action = Action.STOP if stop else Action.HAND_OVER if handover else Action.GO
+        decision = self.group.agree(PushDecision(action, reading.push_interval,
+                                                 self.channel.handover_to if handover else 0))
         self.next_push = step + decision.next_push_in
         return decision
 

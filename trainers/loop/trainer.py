@@ -371,13 +371,13 @@ class Trainer:
             done = self.plan.done
             flush = (self.report.due(self.state.step) or epoch_ended or done or overlap_to > 0
                      or self.runtime.judges(metrics))  # a judged value goes to the driver at once
-            decision = self.report.push(self.state.step, metrics, flush, overlap=overlap_to > 0)
+            decision = self.report.push(self.state.step, metrics, flush)
             if self.cfg.train.compile and self.state.step == first_step + 1:
                 self.report.meter.read()  # the throughput window starts after compilation (the first step)
             if done or decision.action == Action.STOP:
                 return self.end(stopped=not done)
-            if decision.action == Action.HAND_OVER:
-                return self.hand_over(overlap_to)
+            if decision.action == Action.HAND_OVER:  # (a resize the driver decided itself: capacity came back)
+                return self.hand_over(overlap_to or decision.to)
             if self.should_checkpoint(epoch_ended):
                 with self.report.aside():
                     self.save_checkpoint()

@@ -1,0 +1,102 @@
+"""What the multi-node tests share: a run of the orchestrator's CLI against the tier's cluster, and
+what the test reads of it while it trains (worker counts logged, actors' nodes)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EPOCHS = 30
+STEPS = EPOCHS * 30  # ceil(1438 / 48)
+
+
+def config(tmp, sleep_s: float = 0.0, **scaling) -> dict:
+    """W=3 (min 2) of 1 CPU; every training micro-batch takes at least ``sleep_s`` (the math is the
+    same at any ``sleep_s``: a reference run takes none)."""
+    return {"data": {"name": "digits", "val_fraction": 0.2},
+            "model": {"factory": "tests.byo_workloads:slow_mlp", "params": {"sleep_s": sleep_s}},
+            "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 48},
+            "batch": {"size": 48, "max_local_batch": 16},
+            "scaling": {"min_workers": 2, "max_workers": 3, "cpus_per_worker": 1, "max_failures": 3,
+                        "capacity_check_s": 5, **scaling},
+            "train": {"epochs": EPOCHS, "log_every": 5},
+            "checkpoint": {"every_steps": 10, "storage_path": f"{tmp}/ray_runs"},
+            "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"}}
+
+
+def driver(c, tmp, cfg) -> subprocess.Popen:
+    os.makedirs(tmp, exist_ok=True)
+    path = os.path.join(tmp, "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
+    env.pop("ELASTIC_KEEP_RAY", None)
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", "train", path, "--no-progress"], cwd=tmp,
+                            env=env, stdout=open(os.path.join(tmp, "out.txt"), "w"),
+                            stderr=open(os.path.join(tmp, "err.txt"), "w"), text=True)
+
+
+def finish(p: subprocess.Popen, tmp, timeout: float = 600) -> tuple[int, str]:
+    p.wait(timeout)
+    with open(os.path.join(tmp, "out.txt")) as f, open(os.path.join(tmp, "err.txt")) as g:
+        return p.returncode, f.read() + g.read()
+
+
+def workers_logged(tmp) -> set[int]:
+    """The worker counts the run has logged so far (its MLflow store, read while it trains)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"{tmp}/mlflow.db") as db:
+            return {int(v) for (v,) in db.execute("select value from metrics where key = 'workers'")}
+    except sqlite3.Error:
+        return set()
+
+
+def run_id(tmp) -> str:
+    folder = glob.glob(f"{tmp}/ray_runs/elastic-*")[0]
+    return os.path.basename(folder)[len("elastic-"):].split("-r")[0]
+
+
+def alive_actor_nodes(c, class_name: str) -> set[str]:
+    """The nodes of the live actors of ``class_name`` on cluster ``c``, asked from a process of its
+    own (this test process may already hold another Ray: the integration tier's shared one)."""
+    code = ("import sys; from orchestrator.ray_env import ensure_ray; ensure_ray(); "
+            "from ray.util.state import list_actors; "
+            "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[1]), "
+            "('state', '=', 'ALIVE')])))")
+    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)  # joined as the orchestrator joins it
+    out = subprocess.run([sys.executable, "-c", code, class_name], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def wait_for(p: subprocess.Popen, tmp, what: str, ready, timeout: float = 300) -> None:
+    """Wait while the run ``p`` trains until ``ready()``; fail with its output if it ends first."""
+    deadline = time.time() + timeout
+    while not ready():
+        assert p.poll() is None, finish(p, tmp)
+        assert time.time() < deadline, f"{what}: not in {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def checkpointed(tmp) -> bool:
+    return bool(glob.glob(f"{tmp}/ray_runs/elastic-*/checkpoint_step*"))
+
+
+def logged_workers(uri: str, run_id: str) -> list[int]:
+    """The worker counts of a finished run in step order, each stretch once (3, 2, 3: shrunk, grown back)."""
+    from tests.helpers import metric_series
+
+    out: list[int] = []
+    for _, v in metric_series(uri, run_id, "workers"):
+        if not out or out[-1] != int(v):
+            out.append(int(v))
+    return out

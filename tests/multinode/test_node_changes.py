@@ -1,0 +1,88 @@
+"""Nodes that leave and come back, on a real 4-node Ray cluster (a head without CPUs for the driver,
+three 1-CPU worker nodes) running a W=3 (min 2) run: a lost node shrinks the group, the run goes on
+from its newest checkpoint; a node that comes back grows it again at a checkpoint.  Each run ends
+FINISHED with the losses of an uninterrupted run (up to float reduction order), no step logged twice,
+and the run's monitor on the driver's node all along."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import metric_series
+from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, logged_workers,
+                                  run_id, wait_for, workers_logged)
+
+pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
+
+
+def _three_nodes(cluster) -> list:
+    """The cluster's worker nodes, topped up to three live 1-CPU nodes (a test before may have lost one)."""
+    while len(cluster.worker_nodes) < 3:
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    return sorted(cluster.worker_nodes, key=lambda n: n.node_id)
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> tuple[str, str]:
+    """The uninterrupted run (MLflow URI, run id), on the same cluster."""
+    _three_nodes(cluster)
+    tmp = tmp_path_factory.mktemp("ref")
+    rc, text = finish(driver(cluster, str(tmp), config(tmp)), tmp)
+    assert rc == 0, text
+    return f"sqlite:///{tmp}/mlflow.db", run_id(tmp)
+
+
+def _same_training(tmp, text: str, reference: tuple[str, str]) -> tuple[str, str]:
+    from mlflow.tracking import MlflowClient
+
+    assert "Traceback" not in text, text
+    uri, rid = f"sqlite:///{tmp}/mlflow.db", run_id(tmp)
+    assert MlflowClient(uri).get_run(rid).info.status == "FINISHED"
+    losses, want = metric_series(uri, rid, "train/loss"), metric_series(*reference, "train/loss")
+    assert [s for s, _ in losses] == list(range(1, STEPS + 1)), "no step lost or logged twice"
+    # W changes the order of the gradients' sums: float noise, ~1e-6 on losses that fall to ~1e-4
+    np.testing.assert_allclose([v for _, v in losses], [v for _, v in want], rtol=1e-4, atol=1e-5)
+    assert metric_series(uri, rid, "val/loss")[-1][1] == pytest.approx(
+        metric_series(*reference, "val/loss")[-1][1], rel=1e-4)
+    return uri, rid
+
+
+def test_a_lost_worker_node_is_a_capacity_change(cluster, tmp_path, reference):
+    """The node lost holds Ray Train's preemption watcher (a driver-side helper Ray places on a
+    worker node) and a worker; the monitor, on the head, keeps the run's link all along."""
+    nodes = _three_nodes(cluster)
+    tmp = tmp_path / "lost"
+    run = driver(cluster, str(tmp), config(tmp, sleep_s=0.05))
+    wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
+    head = cluster.head_node.node_id
+    assert alive_actor_nodes(cluster, "MonitorState") == {head}, "the run's monitor must live on the driver's node"
+    watcher = alive_actor_nodes(cluster, "PreemptionWatcher")
+    victim = next((n for n in nodes if n.node_id in watcher), nodes[-1])
+    cluster.remove_node(victim, allow_graceful=False)  # its raylet and every process under it
+    wait_for(run, tmp, "the run going on at W=2", lambda: 2 in workers_logged(tmp))
+    assert alive_actor_nodes(cluster, "MonitorState") == {head}, "the monitor outlives the lost node"
+    rc, text = finish(run, tmp)
+    assert rc == 0, text
+    uri, rid = _same_training(tmp, text, reference)
+    assert logged_workers(uri, rid) == [3, 2], "W goes 3 -> 2"
+    assert alive_actor_nodes(cluster, "MonitorState") == set(), "the run's monitor ends with the run"
+
+
+def test_a_node_that_comes_back_grows_the_group_again(cluster, tmp_path, reference):
+    nodes = _three_nodes(cluster)
+    tmp = tmp_path / "back"
+    run = driver(cluster, str(tmp), config(tmp, sleep_s=0.05))
+    wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
+    cluster.remove_node(nodes[0], allow_graceful=False)
+    wait_for(run, tmp, "the run going on at W=2", lambda: 2 in workers_logged(tmp))
+    cluster.add_node(num_cpus=1)  # the node comes back (a new raylet with the same resources)
+    rc, text = finish(run, tmp)
+    assert rc == 0, text
+    uri, rid = _same_training(tmp, text, reference)
+    assert logged_workers(uri, rid) == [3, 2, 3], "W goes 3 -> 2 -> 3"
+    assert "capacity returned: 3 workers fit where the group has 2" in text, text
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(uri).get_run(rid).data.tags["elastic.capacity_returned"] == "1"

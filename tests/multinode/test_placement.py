@@ -1,0 +1,31 @@
+"""``scaling.placement`` on a real cluster of two 2-CPU worker nodes (and a head without CPUs): a
+group of two 1-CPU workers is packed onto one node (``pack``) or spread over both (``spread``), as
+the workers' actors' nodes show while the run trains."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.multinode.runs import alive_actor_nodes, checkpointed, config, driver, finish, wait_for
+
+pytestmark = [pytest.mark.multinode, pytest.mark.timeout(600)]
+
+
+@pytest.mark.parametrize("placement, nodes_used", [("pack", 1), ("spread", 2)])
+def test_placement_puts_the_workers_where_it_says(cluster, tmp_path, placement, nodes_used):
+    while len(cluster.worker_nodes) < 2:
+        cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    run = driver(cluster, str(tmp_path), config(tmp_path, sleep_s=0.2, min_workers=2, max_workers=2,
+                                                placement=placement))
+    try:
+        wait_for(run, tmp_path, "a first checkpoint", lambda: checkpointed(tmp_path))
+        used = alive_actor_nodes(cluster, "RayTrainWorker")
+        assert len(used) == nodes_used, (placement, used)
+        assert used <= {n.node_id for n in cluster.worker_nodes}, "no worker on the driver's node"
+    finally:
+        run.send_signal(signal.SIGTERM)  # the run stops at its next push
+        rc, text = finish(run, tmp_path, timeout=120)
+    assert "Traceback" not in text, text
