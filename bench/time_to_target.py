@@ -129,7 +129,25 @@ def history(client, run_id: str, key: str) -> list:
     return sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
 
 
-def train_one(name: str, raw: dict, common: list[str], uri: str, target: float) -> Outcome:
+def run_name(name: str) -> str:
+    return "ttt-" + name.replace(" ", "-").replace("*", "x")
+
+
+def reused_run(client, name: str) -> tuple[str, int] | None:
+    """The newest FINISHED run of schedule ``name`` in the bench's store: (run id, steps)."""
+    exp = client.get_experiment_by_name("bench-time-to-target")
+    if exp is None:
+        return None
+    found = client.search_runs([exp.experiment_id], f"tags.`mlflow.runName` = '{run_name(name)}' and "
+                               "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                               max_results=1)
+    if not found:
+        return None
+    steps = max((m.step for m in client.get_metric_history(found[0].info.run_id, "train/loss")), default=0)
+    return found[0].info.run_id, steps
+
+
+def train_one(name: str, raw: dict, common: list[str], uri: str, target: float, reuse: bool = False) -> Outcome:
     from mlflow.tracking import MlflowClient
 
     from orchestrator.api import fit
@@ -144,16 +162,20 @@ def train_one(name: str, raw: dict, common: list[str], uri: str, target: float) 
         else:
             out.skipped = f"config rejected: {str(e).splitlines()[0]}"
         return out
-    r = fit(raw, overrides=[*common, f"tracking.run_name=ttt-{name.replace(' ', '-').replace('*', 'x')}"],
-            tracking_uri=uri, progress=False)
-    out.run_id, out.steps = r.run_id, r.steps
     c = MlflowClient(uri)
-    loss = history(c, r.run_id, "train/loss")
-    t0 = loss[0].timestamp / 1000 if loss else c.get_run(r.run_id).info.start_time / 1000
-    out.ppl = [(m.step, m.value, m.timestamp / 1000 - t0) for m in history(c, r.run_id, "val/perplexity")]
-    out.batch = [(m.step, int(m.value)) for m in history(c, r.run_id, "batch/global")]
-    out.samples = [(0, 0.0)] + [(m.step, m.value) for m in history(c, r.run_id, "samples_seen")]
-    for m in history(c, r.run_id, "throughput/samples_per_s"):
+    old = reused_run(c, name) if reuse else None
+    if old is not None:
+        out.run_id, out.steps = old
+    else:
+        r = fit(raw, overrides=[*common, f"tracking.run_name={run_name(name)}"], tracking_uri=uri, progress=False)
+        out.run_id, out.steps = r.run_id, r.steps
+    run_id = out.run_id
+    loss = history(c, run_id, "train/loss")
+    t0 = loss[0].timestamp / 1000 if loss else c.get_run(run_id).info.start_time / 1000
+    out.ppl = [(m.step, m.value, m.timestamp / 1000 - t0) for m in history(c, run_id, "val/perplexity")]
+    out.batch = [(m.step, int(m.value)) for m in history(c, run_id, "batch/global")]
+    out.samples = [(0, 0.0)] + [(m.step, m.value) for m in history(c, run_id, "samples_seen")]
+    for m in history(c, run_id, "throughput/samples_per_s"):
         if m.value > 0 and m.step > 10:  # the first pushes carry the group's start-up
             b = out.batch_at(m.step)
             out.step_times.setdefault(b, []).append(b / m.value)
@@ -231,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cluster-local-batch", type=int, default=0,
                     help="largest local batch a cluster worker runs (default: B0: B grows by adding workers)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench_out", "time_to_target"))
+    ap.add_argument("--reuse", action="store_true",
+                    help="report from the newest finished run of each schedule in --out's store (no training; "
+                         "another --target is read off the same curves)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="more --set items for every run")
     a = parse_args(ap, quick={"epochs": 0.004, "target": 30.0, "only": "fixed B0,noise_scale,goodput"}, argv=argv)
     os.environ["ELASTIC_KEEP_RAY"] = "1"
@@ -248,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, sections in schedules(base, a.epochs, a.factor):
         if wanted and name not in wanted:
             continue
-        o = train_one(name, with_sections(base["raw"], sections), common, uri, a.target)
+        o = train_one(name, with_sections(base["raw"], sections), common, uri, a.target, a.reuse)
         outcomes.append(o)
         print(f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else
                              f"{o.steps} steps, target at step {o.hit_step}"), file=sys.stderr, flush=True)
