@@ -105,7 +105,8 @@ def schedules(base: dict, epochs: float, factor: int) -> list[tuple[str, dict]]:
         (f"fixed {factor}*B0", {"batch": {"size": big, "max_local_batch": mlb, "policy": "fixed"},
                                 "train": {"eval_every": max(1, every // factor)}}),
         ("ramp", batch(policy="ramp", ramp_to=big, ramp_epochs=epochs / 2, round_to=b0, max_size=big)),
-        ("cbs_warmup", batch(policy="cbs_warmup", cbs_window=bc.cbs_window, cbs_growth=2.0, **adaptive)),
+        ("cbs_warmup", batch(policy="cbs_warmup", cbs_window=bc.cbs_window, cbs_growth=2.0,
+                             **{k: v for k, v in adaptive.items() if k != "min_growth"})),  # it doubles instead
         ("seesaw", batch(policy="seesaw", max_size=big)
          | {"schedule": {"decay": "seesaw", "milestones": milestones, "decay_factor": 0.5, "scaling_rule": "sqrt"}}),
         ("noise_scale", batch(policy="noise_scale", **adaptive)),
