@@ -20,7 +20,8 @@ steps and tokens are the robust figures.  The projection to a cluster fits Pollu
 to the step times measured here (all at W = 1, so ``gamma`` is the stated ``--sync-s``) and replays
 each schedule's batch sequence on ``W = ceil(B / cluster_local_batch)`` workers.
 
-    .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 14] [--epochs 0.04]
+    .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 13.5] [--epochs 0.014]
+    .venv/bin/python bench/time_to_target.py --reuse --target 14     # the same runs read at another target
 
 Summary lines: ``steps_ratio=`` and ``tokens_ratio=`` (noise_scale to the target / fixed B0's) and
 ``goodput_wall_ratio=`` (goodput's projected wall / the best other schedule's; nan when skipped or
@@ -134,21 +135,37 @@ def run_name(name: str) -> str:
     return "ttt-" + name.replace(" ", "-").replace("*", "x")
 
 
-def reused_run(client, name: str) -> tuple[str, int] | None:
-    """The newest FINISHED run of schedule ``name`` in the bench's store: (run id, steps)."""
-    exp = client.get_experiment_by_name("bench-time-to-target")
-    if exp is None:
-        return None
-    found = client.search_runs([exp.experiment_id], f"tags.`mlflow.runName` = '{run_name(name)}' and "
-                               "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
-                               max_results=1)
-    if not found:
-        return None
-    steps = max((m.step for m in client.get_metric_history(found[0].info.run_id, "train/loss")), default=0)
-    return found[0].info.run_id, steps
+def stores(out: str) -> list[str]:
+    """The bench's MLflow stores under ``out``: ``mlflow.db`` and those of ``--part`` runs."""
+    import glob
+
+    return [f"sqlite:///{p}" for p in sorted(glob.glob(os.path.join(os.path.abspath(out), "mlflow*.db")))]
 
 
-def train_one(name: str, raw: dict, common: list[str], uri: str, target: float, reuse: bool = False) -> Outcome:
+def reused_run(uris: list[str], name: str) -> tuple[str, str, int] | None:
+    """The newest FINISHED run of schedule ``name`` in the bench's stores: (store, run id, steps)."""
+    from mlflow.tracking import MlflowClient
+
+    best = None
+    for uri in uris:
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("bench-time-to-target")
+        if exp is None:
+            continue
+        found = client.search_runs([exp.experiment_id], f"tags.`mlflow.runName` = '{run_name(name)}' and "
+                                   "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                                   max_results=1)
+        if found and (best is None or found[0].info.start_time > best[1].info.start_time):
+            best = (uri, found[0])
+    if best is None:
+        return None
+    uri, run = best
+    steps = max((m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")), default=0)
+    return uri, run.info.run_id, steps
+
+
+def train_one(name: str, raw: dict, common: list[str], uri: str, target: float,
+              reuse: list[str] | None = None) -> Outcome:
     from mlflow.tracking import MlflowClient
 
     from orchestrator.api import fit
@@ -163,14 +180,14 @@ def train_one(name: str, raw: dict, common: list[str], uri: str, target: float, 
         else:
             out.skipped = f"config rejected: {str(e).splitlines()[0]}"
         return out
-    c = MlflowClient(uri)
-    old = reused_run(c, name) if reuse else None
+    old = reused_run(reuse, name) if reuse else None
     if old is not None:
-        out.run_id, out.steps = old
+        uri, out.run_id, out.steps = old
     else:
         r = fit(raw, overrides=[*common, f"tracking.run_name={run_name(name)}"], tracking_uri=uri, progress=False)
         out.run_id, out.steps = r.run_id, r.steps
     run_id = out.run_id
+    c = MlflowClient(uri)
     loss = history(c, run_id, "train/loss")
     t0 = loss[0].timestamp / 1000 if loss else c.get_run(run_id).info.start_time / 1000
     out.ppl = [(m.step, m.value, m.timestamp / 1000 - t0) for m in history(c, run_id, "val/perplexity")]
@@ -244,8 +261,8 @@ def ratio(x: float | None, y: float | None) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "lm_adaptive.yaml"))
-    ap.add_argument("--target", type=float, default=14.0, help="validation perplexity to reach")
-    ap.add_argument("--epochs", type=float, default=0.04, help="the budget of every run, in epochs of samples")
+    ap.add_argument("--target", type=float, default=13.5, help="validation perplexity to reach")
+    ap.add_argument("--epochs", type=float, default=0.014, help="the budget of every run, in epochs of samples")
     ap.add_argument("--factor", type=int, default=8, help="the large fixed batch and the growth cap, x B0")
     ap.add_argument("--only", default="", help="comma-separated schedule names to run (default: all)")
     ap.add_argument("--sync-s", type=float, default=1e-4,
@@ -257,11 +274,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="report from the newest finished run of each schedule in --out's store (no training; "
                          "another --target is read off the same curves)")
+    ap.add_argument("--part", default="",
+                    help="train into mlflow-PART.db under --out (several bench processes side by side, each with "
+                         "--only; then one --reuse reports them all)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="more --set items for every run")
     a = parse_args(ap, quick={"epochs": 0.004, "target": 30.0, "only": "fixed B0,noise_scale,goodput"}, argv=argv)
     os.environ["ELASTIC_KEEP_RAY"] = "1"
     os.makedirs(a.out, exist_ok=True)
-    uri = f"sqlite:///{os.path.abspath(a.out)}/mlflow.db"
+    uri = f"sqlite:///{os.path.abspath(a.out)}/mlflow{'-' + a.part if a.part else ''}.db"
     base = base_values(a.config)
     b0, context = base["b0"], base["context"]
     local = a.cluster_local_batch or b0
@@ -274,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, sections in schedules(base, a.epochs, a.factor):
         if wanted and name not in wanted:
             continue
-        o = train_one(name, with_sections(base["raw"], sections), common, uri, a.target, a.reuse)
+        o = train_one(name, with_sections(base["raw"], sections), common, uri, a.target,
+                      stores(a.out) if a.reuse else None)
         outcomes.append(o)
         print(f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else
                              f"{o.steps} steps, target at step {o.hit_step}"), file=sys.stderr, flush=True)
