@@ -181,6 +181,9 @@ def train_one(name: str, raw: dict, common: list[str], uri: str, target: float,
             out.skipped = f"config rejected: {str(e).splitlines()[0]}"
         return out
     old = reused_run(reuse, name) if reuse else None
+    if reuse and old is None:
+        out.skipped = "--reuse: no finished run of it in the stores"
+        return out
     if old is not None:
         uri, out.run_id, out.steps = old
     else:
