@@ -2,7 +2,7 @@
 
     python -m search run SPACE.yaml [--trials N] [--parallel P] [--storage URL] [--study-name NAME]
                                     [--timeout S] [--tracking-uri URI] [--heartbeat S] [--verbose] [--no-progress]
-    python -m search show NAME [--storage URL] [--trial N] [--output FILE]
+    python -m search show NAME [--storage URL] [--trial N] [--output FILE] [--target V]
 
 Exit status: 0 done, 1 no trial of this invocation completed or was pruned (all failed),
 2 bad input (nothing was started), 130 interrupted (Ctrl-C or SIGTERM: running trials FAIL, queued again).
@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--trial", type=number(int, ge=0, example="--trial 3"), metavar="N",
                    help="print trial N's config instead of the best one")
     s.add_argument("--output", metavar="FILE.yaml", help="also write that config to FILE.yaml")
+    s.add_argument("--target", type=number(float, example="--target 14"), metavar="V",
+                   help="also show each trial's work (base steps of samples or tokens) and seconds to reach V of "
+                        "the objective, and the trial that reached it soonest")
     s.add_argument("--full", action="store_true",
                    help="print every config field (default: the base config as written plus the trial's values)")
     return p
@@ -151,7 +154,42 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def trials_table(study) -> str:
+def seconds_to_target(uri: str | None, run_id: str | None, metric: str, target: float, direction: str) -> float | None:
+    """Seconds from a trial run's start to its first logged ``metric`` that reaches ``target``, read
+    from its MLflow run; None when the run or the store cannot be read or it never got there."""
+    if not uri or not run_id or "***" in uri:  # a redacted URI cannot be opened again
+        return None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient(uri)
+        start = c.get_run(run_id).info.start_time
+        points = sorted(c.get_metric_history(run_id, metric), key=lambda m: m.step)
+    except Exception:  # noqa: BLE001 - the figure is optional; the table is shown without it
+        return None
+    for m in points:
+        if (m.value <= target) if direction == "minimize" else (m.value >= target):
+            return (m.timestamp - start) / 1000
+    return None
+
+
+def to_target(study, target: float) -> dict[int, tuple[int, float | None]]:
+    """Trial number -> (base steps of work, seconds) to reach ``target`` of the first objective, for the
+    trials that reached it (``search.view.work_to_target``; seconds from the trial's MLflow run)."""
+    from search.view import work_to_target
+
+    metric = (study.user_attrs.get("objectives") or ["value"])[0]
+    direction = study.directions[0].name.lower()
+    out = {}
+    for t in study.get_trials(deepcopy=False):
+        work = work_to_target(dict(t.intermediate_values), target, direction)
+        if work is not None:
+            out[t.number] = (work, seconds_to_target(study.user_attrs.get("tracking_uri"),
+                                                     t.user_attrs.get("mlflow_run_id"), metric, target, direction))
+    return out
+
+
+def trials_table(study, reached: dict[int, tuple[int, float | None]] | None = None) -> str:
     from search.liveness import RETRY_ATTR
     from search.tracking import trial_values
 
@@ -170,9 +208,13 @@ def trials_table(study) -> str:
             note = f"its driver died; run again as trial {retried[t.number]}"
         if RETRY_ATTR in t.user_attrs:
             note = f"again: trial {t.user_attrs[RETRY_ATTR]}'s config" + (f"; {note}" if note else "")
-        rows.append([str(t.number), t.state.name, values, dur, _cell(t.user_attrs.get("steps")), params,
-                     (note or "")[:120]])
-    return format_table(rows, ["#", "state", "value", "duration_s", "steps", "params", "note"])
+        row = [str(t.number), t.state.name, values, dur, _cell(t.user_attrs.get("steps"))]
+        if reached is not None:
+            work, secs = reached.get(t.number, (None, None))
+            row += ["-" if work is None else str(work), "-" if secs is None else f"{secs:.1f}"]
+        rows.append(row + [params, (note or "")[:120]])
+    extra = ["to_target_work", "to_target_s"] if reached is not None else []
+    return format_table(rows, ["#", "state", "value", "duration_s", "steps", *extra, "params", "note"])
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -196,8 +238,21 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"MLflow parent run {study.user_attrs['mlflow_parent_run_id']} at "
               f"{study.user_attrs.get('tracking_uri', '?')}")
     print()
-    print(trials_table(study) if trials else "(no trials yet)")
+    reached = to_target(study, args.target) if args.target is not None and len(study.directions) == 1 else None
+    print(trials_table(study, reached) if trials else "(no trials yet)")
     print()
+    if reached is not None:
+        op = "<=" if study.directions[0].name == "MINIMIZE" else ">="
+        if reached:
+            n, (work, secs) = min(reached.items(), key=lambda kv: (kv[1][0], kv[0]))
+            timed = {k: s for k, (_, s) in reached.items() if s is not None}
+            fastest = f"; soonest in time: trial {min(timed, key=timed.get)} after {min(timed.values()):.1f} s" \
+                if timed else ""
+            print(f"to {objectives[0]} {op} {args.target:g}: least work trial {n} ({work} base steps of samples or "
+                  f"tokens{'' if secs is None else f', {secs:.1f} s'}){fastest}")
+        else:
+            print(f"to {objectives[0]} {op} {args.target:g}: no trial reached it")
+        print()
     if args.trial is not None:
         match = [t for t in trials if t.number == args.trial]
         if not match:

@@ -494,10 +494,11 @@ class SearchSpace:
     def config(self, values: dict[str, Any]) -> RootConfig:
         """The validated training config for ``values`` (``ConfigError`` if they do not fit together,
         or if its batch is more than the training set holds)."""
-        from orchestrator.preflight import check_samples
+        from orchestrator.preflight import DATASET_SIZES, check_samples
 
         cfg = validate(self.raw_config(values))
-        check_samples(cfg)
+        if cfg.data.factory is None and (cfg.data.name == "synthetic" or cfg.data.name in DATASET_SIZES):
+            check_samples(cfg)  # a factory's or a text corpus's size is known once loaded: the trial's probe checks it
         return cfg
 
     def summary(self) -> dict[str, Any]:

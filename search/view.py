@@ -186,3 +186,16 @@ def table_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     ``MlflowClient.load_table`` reads it back; NaN as null."""
     clean = [[None if isinstance(v, float) and not math.isfinite(v) else v for v in r] for r in rows]
     return json.dumps({"columns": list(columns), "data": clean}, default=str)
+
+
+def work_to_target(intermediate: dict[int, float], target: float, direction: str) -> int | None:
+    """The first report of a trial whose value reaches ``target`` (``<=`` when minimizing, ``>=`` when
+    maximizing), as Optuna's step: the work done by then, in base steps (``search.records.ReportUnit``:
+    samples or tokens seen over the base config's batch), so trials of different batches compare at
+    equal work; None when no report reaches it."""
+    better = (lambda v: v <= target) if direction == "minimize" else (lambda v: v >= target)
+    for step in sorted(intermediate):
+        value = intermediate[step]
+        if math.isfinite(value) and better(value):
+            return int(step)
+    return None

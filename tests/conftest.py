@@ -45,11 +45,18 @@ def s3_server():
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory, s3_server):
-    """A real local Ray with 2 CPUs (this machine's size); workers use fractional CPUs."""
+    """A real local Ray with 2 CPUs (this machine's size); workers use fractional CPUs.
+
+    Its workers import the test suite's own factories (``tests.byo_workloads``) also for a CLI
+    driver that joins it: a joining driver relies on the cluster's environment (orchestrator/code.py),
+    so the project's root is on the ``PYTHONPATH`` that Ray's processes inherit from here."""
     from orchestrator.runner import ensure_ray
 
     import ray
 
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     ensure_ray(verbose=False, num_cpus=2)
     yield ray
     ray.shutdown()

@@ -78,6 +78,21 @@ def test_quickstart_space_parses():
     assert cfg.scaling.cpus_per_worker == 0.5 and cfg.scaling.max_workers == 1
 
 
+@pytest.mark.parametrize("name", ["search_lm.yaml", "search_lm_adaptive.yaml"])
+def test_language_model_spaces_parse(name):
+    """The text corpus's size is known only once it is loaded: a space over the LM must parse (the trial's
+    workload probe checks the batch against it), every choice of the adaptive LM space giving a valid config."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    s = load_space(os.path.join(here, "configs", name))
+    assert s.objectives[0].metric == "val/perplexity" and s.prunes
+    for pick in (0, -1):
+        cfg = s.config(s.resolve(lambda p: p.candidates()[pick][1]))
+        assert cfg.data.name == "text"
+    if name == "search_lm_adaptive.yaml":
+        assert {p.path for p in s.params} >= {"batch.size", "batch.policy", "batch.noise_scale_factor",
+                                              "batch.max_size", "optimizer.lr", "schedule.warmup_epochs"}
+
+
 def test_defaults_and_kinds():
     s = parse_space(space())
     assert s.sampler.name == "tpe" and s.pruner.name == "median"

@@ -1,0 +1,361 @@
+"""Steps, tokens and wall time to a target validation perplexity on the language model, one run per
+batch schedule (same config, seed and data), each through the product's own ``fit()`` on a local Ray.
+
+The product's promise: a batch that grows during training reaches a given quality sooner, without
+hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the config's
+``optimizer.base_batch_size``; the LR follows the config's scaling rule when B changes):
+
+    fixed B0        batch.policy fixed at B0
+    fixed 8*B0      batch.policy fixed at 8*B0 (LR by the scaling rule)
+    ramp            Megatron/OLMo linear ramp B0 -> 8*B0 over the first half of the budget
+    cbs_warmup      batch warmup from the measured critical batch (Merrill et al. 2025), doubling
+    seesaw          step schedule's cuts at 1/4, 1/2, 3/4 of the budget: LR x 1/sqrt(2), B x 2 (Meterez et al. 2025)
+    noise_scale     B follows c * B_simple (McCandlish et al. 2018), the config's limits
+    goodput         noise_scale with scaling.policy goodput (Pollux), when the config accepts it
+
+Every run trains for the same budget (``--epochs``, in samples); the time to the target is where
+``val/perplexity`` first reaches ``--target``.  Wall time on this machine is noisy (shared cores);
+steps and tokens are the robust figures.  The projection to a cluster fits Pollux's step-time model
+``T(b, W) = alpha + beta * b + gamma * (W - 1)`` (``trainers/policies/goodput.py`` StepTimeModel)
+to the step times measured here (all at W = 1, so ``gamma`` is the stated ``--sync-s``) and replays
+each schedule's batch sequence on ``W = ceil(B / cluster_local_batch)`` workers.
+
+    .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 13.5] [--epochs 0.014]
+    .venv/bin/python bench/time_to_target.py --reuse --target 14     # the same runs read at another target
+
+Summary lines: ``steps_ratio=`` and ``tokens_ratio=`` (noise_scale to the target / fixed B0's) and
+``goodput_wall_ratio=`` (goodput's projected wall / the best other schedule's; nan when skipped or
+not reached).  A plot of perplexity against steps, tokens and wall time is saved under ``--out``
+and logged to the bench's own MLflow run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import parse_args, scratch_dir, table  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOISE_KEYS = ("noise_scale_factor", "check_every", "min_growth", "round_to", "ema", "max_size", "cbs_window")
+
+
+@dataclass
+class Outcome:
+    """One schedule's run: its curves and where it reached the target (None: not reached)."""
+
+    name: str
+    skipped: str | None = None
+    run_id: str | None = None
+    ppl: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ppl, seconds since first step)
+    batch: list[tuple[int, int]] = field(default_factory=list)  # (first step, B) of each constant stretch
+    samples: list[tuple[int, float]] = field(default_factory=list)  # (step, samples seen)
+    step_times: dict[int, list[float]] = field(default_factory=dict)  # B -> measured seconds per step (W = 1)
+    steps: int = 0
+    hit_step: int | None = None
+    hit_wall_s: float | None = None
+    projected_s: float | None = None
+
+    def samples_at(self, step: float) -> float:
+        s, v = zip(*self.samples)
+        return float(np.interp(step, s, v))
+
+    def batch_at(self, step: int) -> int:
+        b = self.batch[0][1]
+        for first, size in self.batch:
+            if first <= step:
+                b = size
+        return b
+
+
+def base_values(config: str) -> dict:
+    from orchestrator.pipeline import load, load_config
+
+    cfg = load_config(config, [])
+    raw = load(config)
+    return {"b0": cfg.optimizer.base_batch_size, "context": cfg.data.context, "raw": raw,
+            "batch": cfg.batch, "eval_every": cfg.train.eval_every, "mlb": cfg.batch.max_local_batch}
+
+
+def schedules(base: dict, epochs: float, factor: int) -> list[tuple[str, dict]]:
+    """(name, sections replacing the config's) for every schedule: the ``batch`` section is rebuilt from
+    the config's B0, ``max_local_batch`` and (adaptive policies) its noise-scale limits."""
+    b0, bc = base["b0"], base["batch"]
+    big = factor * b0
+    cap = bc.max_size or big
+    mlb = max(base["mlb"], b0)
+    adaptive = {k: getattr(bc, k) for k in NOISE_KEYS if k != "max_size"} | {"max_size": cap}
+    adaptive.pop("cbs_window")
+    every = max(1, base["eval_every"])
+    cuts = int(round(math.log2(factor)))
+    milestones = [round(epochs * (i + 1) / (cuts + 1), 6) for i in range(cuts)]
+
+    def batch(**kw) -> dict:
+        return {"batch": {"size": b0, "max_local_batch": mlb, **kw}}
+
+    return [
+        ("fixed B0", batch(policy="fixed")),
+        (f"fixed {factor}*B0", {"batch": {"size": big, "max_local_batch": mlb, "policy": "fixed"},
+                                "train": {"eval_every": max(1, every // factor)}}),
+        ("ramp", batch(policy="ramp", ramp_to=big, ramp_epochs=epochs / 2, round_to=b0, max_size=big)),
+        ("cbs_warmup", batch(policy="cbs_warmup", cbs_window=bc.cbs_window, cbs_growth=2.0,
+                             **{k: v for k, v in adaptive.items() if k != "min_growth"})),  # it doubles instead
+        ("seesaw", batch(policy="seesaw", max_size=big)
+         | {"schedule": {"decay": "seesaw", "milestones": milestones, "decay_factor": 0.5, "scaling_rule": "sqrt"}}),
+        ("noise_scale", batch(policy="noise_scale", **adaptive)),
+        ("goodput", batch(policy="noise_scale", **adaptive) | {"scaling": {"policy": "goodput"}}),
+    ]
+
+
+def with_sections(raw: dict, sections: dict) -> dict:
+    import copy
+
+    out = copy.deepcopy(raw)
+    for name, values in sections.items():
+        if name == "batch":
+            out["batch"] = dict(values)  # replaced whole: the config's own policy fields would not apply
+        else:
+            out.setdefault(name, {}).update(values)
+    return out
+
+
+def history(client, run_id: str, key: str) -> list:
+    return sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+
+
+def run_name(name: str) -> str:
+    return "ttt-" + name.replace(" ", "-").replace("*", "x")
+
+
+def stores(out: str) -> list[str]:
+    """The bench's MLflow stores under ``out``: ``mlflow.db`` and those of ``--part`` runs."""
+    import glob
+
+    return [f"sqlite:///{p}" for p in sorted(glob.glob(os.path.join(os.path.abspath(out), "mlflow*.db")))]
+
+
+def reused_run(uris: list[str], name: str) -> tuple[str, str, int] | None:
+    """The newest FINISHED run of schedule ``name`` in the bench's stores: (store, run id, steps)."""
+    from mlflow.tracking import MlflowClient
+
+    best = None
+    for uri in uris:
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("bench-time-to-target")
+        if exp is None:
+            continue
+        found = client.search_runs([exp.experiment_id], f"tags.`mlflow.runName` = '{run_name(name)}' and "
+                                   "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                                   max_results=1)
+        if found and (best is None or found[0].info.start_time > best[1].info.start_time):
+            best = (uri, found[0])
+    if best is None:
+        return None
+    uri, run = best
+    steps = max((m.step for m in MlflowClient(uri).get_metric_history(run.info.run_id, "train/loss")), default=0)
+    return uri, run.info.run_id, steps
+
+
+def train_one(name: str, raw: dict, common: list[str], uri: str, target: float,
+              reuse: list[str] | None = None) -> Outcome:
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.api import fit
+    from orchestrator.pipeline import ConfigError, load_config
+
+    out = Outcome(name)
+    try:
+        load_config(raw, common)
+    except (ConfigError, ValueError, SystemExit) as e:
+        if name == "goodput":
+            out.skipped = "scaling.policy=goodput not available"
+        else:
+            out.skipped = f"config rejected: {str(e).splitlines()[0]}"
+        return out
+    old = reused_run(reuse, name) if reuse else None
+    if reuse and old is None:
+        out.skipped = "--reuse: no finished run of it in the stores"
+        return out
+    if old is not None:
+        uri, out.run_id, out.steps = old
+    else:
+        r = fit(raw, overrides=[*common, f"tracking.run_name={run_name(name)}"], tracking_uri=uri, progress=False)
+        out.run_id, out.steps = r.run_id, r.steps
+    run_id = out.run_id
+    c = MlflowClient(uri)
+    loss = history(c, run_id, "train/loss")
+    t0 = loss[0].timestamp / 1000 if loss else c.get_run(run_id).info.start_time / 1000
+    out.ppl = [(m.step, m.value, m.timestamp / 1000 - t0) for m in history(c, run_id, "val/perplexity")]
+    out.batch = [(m.step, int(m.value)) for m in history(c, run_id, "batch/global")]
+    out.samples = [(0, 0.0)] + [(m.step, m.value) for m in history(c, run_id, "samples_seen")]
+    for m in history(c, run_id, "throughput/samples_per_s"):
+        if m.value > 0 and m.step > 10:  # the first pushes carry the group's start-up
+            b = out.batch_at(m.step)
+            out.step_times.setdefault(b, []).append(b / m.value)
+    hit = next(((s, v, t) for s, v, t in out.ppl if v <= target), None)
+    if hit is not None:
+        out.hit_step, out.hit_wall_s = hit[0], hit[2]
+    return out
+
+
+def fit_step_time(outcomes: list[Outcome], sync_s: float):
+    from trainers.policies.goodput import StepTimeModel
+
+    model = StepTimeModel(prior_sync_s=sync_s)
+    for o in outcomes:
+        for b, ts in o.step_times.items():
+            model.observe(b, 1, float(np.median(ts)), count=len(ts))
+    return model.fit()
+
+
+def project(o: Outcome, fit, local: int) -> float | None:
+    """Seconds to the target on a cluster: each step at ``W = ceil(B / local)`` workers, ``T(ceil(B / W), W)``."""
+    if o.hit_step is None or fit is None:
+        return None
+    total = 0.0
+    for step in range(1, o.hit_step + 1):
+        b = o.batch_at(step)
+        w = math.ceil(b / local)
+        total += fit.step_time(math.ceil(b / w), w)
+    return total
+
+
+def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    for o in outcomes:
+        if not o.ppl:
+            continue
+        s = [p[0] for p in o.ppl]
+        v = [p[1] for p in o.ppl]
+        axes[0].plot(s, v, label=o.name)
+        axes[1].plot([o.samples_at(x) * context for x in s], v, label=o.name)
+        axes[2].plot([p[2] for p in o.ppl], v, label=o.name)
+    for ax, xl in zip(axes, ("optimizer steps", "tokens", "wall s since the first step (this machine)")):
+        ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel(xl)
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation perplexity")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"time to validation perplexity {target:g}, one run per batch schedule")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ratio(x: float | None, y: float | None) -> float:
+    return x / y if x is not None and y else float("nan")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "lm_adaptive.yaml"))
+    ap.add_argument("--target", type=float, default=13.5, help="validation perplexity to reach")
+    ap.add_argument("--epochs", type=float, default=0.014, help="the budget of every run, in epochs of samples")
+    ap.add_argument("--factor", type=int, default=8, help="the large fixed batch and the growth cap, x B0")
+    ap.add_argument("--only", default="", help="comma-separated schedule names to run (default: all)")
+    ap.add_argument("--sync-s", type=float, default=1e-4,
+                    help="gamma, seconds per extra worker of a step on the cluster (not measurable at W = 1 here): "
+                         "a ring all-reduce's 2 hops of 5 us plus a ~0.3 MB gradient at 100 Gb/s, rounded up")
+    ap.add_argument("--cluster-local-batch", type=int, default=0,
+                    help="largest local batch a cluster worker runs (default: B0: B grows by adding workers)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench_out", "time_to_target"))
+    ap.add_argument("--reuse", action="store_true",
+                    help="report from the newest finished run of each schedule in --out's store (no training; "
+                         "another --target is read off the same curves)")
+    ap.add_argument("--part", default="",
+                    help="train into mlflow-PART.db under --out (several bench processes side by side, each with "
+                         "--only; then one --reuse reports them all)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="more --set items for every run")
+    a = parse_args(ap, quick={"epochs": 0.004, "target": 30.0, "only": "fixed B0,noise_scale,goodput"}, argv=argv)
+    os.environ["ELASTIC_KEEP_RAY"] = "1"
+    os.makedirs(a.out, exist_ok=True)
+    uri = f"sqlite:///{os.path.abspath(a.out)}/mlflow{'-' + a.part if a.part else ''}.db"
+    base = base_values(a.config)
+    b0, context = base["b0"], base["context"]
+    local = a.cluster_local_batch or b0
+    runs_dir = os.path.join(scratch_dir("elastic-ttt-"), "ray_runs")
+    common = [f"train.epochs={a.epochs}", f"checkpoint.storage_path={runs_dir}", "checkpoint.every_steps=0",
+              "tracking.experiment=bench-time-to-target", *a.sets]
+    wanted = [s.strip() for s in a.only.split(",") if s.strip()]
+    outcomes = []
+    t_bench = time.time()
+    for name, sections in schedules(base, a.epochs, a.factor):
+        if wanted and name not in wanted:
+            continue
+        o = train_one(name, with_sections(base["raw"], sections), common, uri, a.target,
+                      stores(a.out) if a.reuse else None)
+        outcomes.append(o)
+        print(f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else
+                             f"{o.steps} steps, target at step {o.hit_step}"), file=sys.stderr, flush=True)
+    fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s)
+    for o in outcomes:
+        o.projected_s = project(o, fit, local)
+
+    rows = []
+    for o in outcomes:
+        if o.skipped:
+            rows.append((o.name, f"skipped ({o.skipped})", "-", "-", "-", "-", "-", "-"))
+            continue
+        final = f"{o.ppl[-1][1]:.2f}" if o.ppl else "-"
+        max_b = max(b for _, b in o.batch) if o.batch else "-"
+        if o.hit_step is None:
+            rows.append((o.name, "not reached", "-", "-", "-", final, max_b, o.steps))
+            continue
+        tokens = int(round(o.samples_at(o.hit_step) * context))
+        rows.append((o.name, o.hit_step, tokens, f"{o.hit_wall_s:.0f}", f"{o.projected_s:.2f}", final, max_b, o.steps))
+    print(f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
+          f"{a.target:g}; budget {a.epochs:g} epoch each; seed and data order the same for all")
+    print(table(rows, ("schedule", "steps", "tokens", "wall s (here)", "projected s (cluster)", "final ppl",
+                       "max B", "steps run")))
+    print(f"projection: {fit.describe() if fit else 'no step times'}; each step on W = ceil(B / {local}) "
+          f"workers of local batch ceil(B / W); gamma is the stated --sync-s (every run here had W = 1)")
+    by = {o.name: o for o in outcomes}
+    fixed, ns, gp = by.get("fixed B0"), by.get("noise_scale"), by.get("goodput")
+
+    def tokens_at(o: Outcome | None) -> float | None:
+        return o.samples_at(o.hit_step) * context if o is not None and o.hit_step is not None else None
+
+    others = [o.projected_s for o in outcomes if o.name != "goodput" and o.projected_s is not None]
+    steps_ratio = ratio(ns.hit_step if ns else None, fixed.hit_step if fixed else None)
+    tokens_ratio = ratio(tokens_at(ns), tokens_at(fixed))
+    goodput_ratio = ratio(gp.projected_s if gp else None, min(others) if others else None)
+    if gp is not None and gp.skipped:
+        print(f"goodput: skipped ({gp.skipped})")
+
+    png = os.path.join(a.out, "time_to_target.png")
+    plot(outcomes, context, a.target, png)
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("bench-time-to-target")
+    with mlflow.start_run(run_name="time_to_target"):
+        mlflow.log_params({"config": os.path.relpath(a.config, ROOT), "target": a.target, "epochs": a.epochs,
+                           "b0": b0, "cluster_local_batch": local, "sync_s": a.sync_s})
+        for key, value in (("steps_ratio", steps_ratio), ("tokens_ratio", tokens_ratio),
+                           ("goodput_wall_ratio", goodput_ratio), ("bench_wall_s", time.time() - t_bench)):
+            if math.isfinite(value):
+                mlflow.log_metric(key, value)
+        mlflow.log_artifact(png, "plots")
+        mlflow.log_text(table(rows, ("schedule", "steps", "tokens", "wall s", "projected s", "final ppl", "max B",
+                                     "steps run")), "time_to_target.txt")
+    print(f"plot: {os.path.relpath(png, ROOT)} (and in MLflow {uri}, experiment bench-time-to-target)")
+    print(f"steps_ratio={steps_ratio:.3f} tokens_ratio={tokens_ratio:.3f} goodput_wall_ratio={goodput_ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
