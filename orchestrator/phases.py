@@ -37,10 +37,11 @@ from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOf
 from orchestrator.nodes import CapacityWatch
 from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
 from orchestrator.progress import Progress, total_samples
-from orchestrator.tracking import RunTracker
+from orchestrator.tracking import RunTracker, TrackingLost
 from trainers.link import metrics as M
 from trainers.link import messages as msg
-from trainers.link.messages import Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided
+from trainers.link.messages import (Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided,
+                                    StorageFailed)
 from trainers.link.runtime import Runtime
 from trainers.loop.storage import resolve
 
@@ -52,6 +53,27 @@ class CapacityLost(Exception):
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
 # driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
 STOP_WAIT_S = 2.0
+# Once the tracking server has stayed away for tracking.outage_timeout_s, the group is stopped at a
+# checkpoint; nothing hurries the driver then, but it must end.
+TRACKING_STOP_WAIT_S = 60.0
+
+
+def resume_command(run_id: str, tracking_uri: str, functions: dict[str, Callable[..., Any]] | None = None) -> str:
+    """The exact command that continues a run (from Python for functions sent by value); the
+    tracking URI with any credential masked (the person gives it again)."""
+    if functions:
+        return f"fit(resume={run_id!r}, ...) with the same functions"
+    from orchestrator.uris import absolute_tracking_uri, redact_uri
+
+    return f"python -m orchestrator resume {run_id} --tracking-uri {redact_uri(absolute_tracking_uri(tracking_uri))}"
+
+
+def storage_failed_message(ev: StorageFailed, run_id: str, tracking_uri: str,
+                           functions: dict[str, Callable[..., Any]] | None = None) -> str:
+    """One line: which path is full (why, the space free there), what is kept, and the resume command."""
+    kept = f"the newest checkpoint is {ev.checkpoint}" if ev.checkpoint else "no checkpoint was written yet"
+    return (f"{ev.message}; training stopped at step {ev.step} without restarting (a restart would write into "
+            f"the same storage); {kept}; {ev.fix}, then: {resume_command(run_id, tracking_uri, functions)}")
 
 
 class _Phase:
@@ -277,12 +299,15 @@ class EventBook:
         self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
         self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
+        self.storage_failed: StorageFailed | None = None  # a checkpoint's storage was full: the run ended
 
     def observe(self, ev: Event) -> list[Event]:
         """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
         self.events.append(ev)
         if isinstance(ev, Diverged):
             self.diverged = ev
+        elif isinstance(ev, StorageFailed):
+            self.storage_failed = ev
         elif isinstance(ev, FirstStep):
             self.first_step.setdefault(ev.phase, ev.time)
         elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
@@ -368,6 +393,8 @@ class PhaseRunner:
         self.resize_book = ResizeBook()
         self.state: RunState = Starting()
         self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s)
+        self.tracking_lost: TrackingLost | None = None  # the tracking server stayed away: the run stopped
+        tracker.warn = self.progress.write  # "the tracking server does not answer" under the bar
 
     # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
 
@@ -447,9 +474,21 @@ class PhaseRunner:
                 self.state = self.state.step(self)
             if isinstance(self.state, Failed):
                 raise self.state.error
+            full = self.book.storage_failed
+            if full is not None:  # FAILED with the message (run_training), never a restart
+                self.book.failure = storage_failed_message(full, self.tracker.run_id, self.tracker.uri,
+                                                           self.functions)
             return self.state.result
         except CapacityLost as e:  # the checkpoints are kept: resume once the cluster has room again
             self.book.failure = str(e)
+            return None
+        except TrackingLost as e:  # stop at a checkpoint; the records it carries are logged on resume
+            self.tracking_lost = e
+            if self.monitor is not None:
+                try:
+                    self._stop_and_drain(TRACKING_STOP_WAIT_S)
+                except Exception:  # noqa: BLE001 - the newest checkpoint is where the resume goes on
+                    pass
             return None
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers cleanly, what they trained reaches MLflow
             if self.monitor is not None:
@@ -594,6 +633,9 @@ class PhaseRunner:
             how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
                    else f"python -m orchestrator resume {self.tracker.run_id}")
             raise CapacityLost(self.capacity.wait.message(how))
+        lost = self.tracker.outage_expired()  # the tracking server stayed away too long: stop at a checkpoint
+        if lost is not None:
+            raise lost
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
