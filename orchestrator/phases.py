@@ -300,6 +300,7 @@ class EventBook:
         self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self.storage_failed: StorageFailed | None = None  # a checkpoint's storage was full: the run ended
+        self.tracking_lost: TrackingLost | None = None  # the tracking server stayed away: the run stopped
 
     def observe(self, ev: Event) -> list[Event]:
         """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
@@ -393,7 +394,6 @@ class PhaseRunner:
         self.resize_book = ResizeBook()
         self.state: RunState = Starting()
         self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s)
-        self.tracking_lost: TrackingLost | None = None  # the tracking server stayed away: the run stopped
         tracker.warn = self.progress.write  # "the tracking server does not answer" under the bar
 
     # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
@@ -443,6 +443,11 @@ class PhaseRunner:
         return self.book.failure
 
     @property
+    def tracking_lost(self) -> TrackingLost | None:
+        """The tracking server did not answer for ``tracking.outage_timeout_s``: the run stopped."""
+        return self.book.tracking_lost
+
+    @property
     def restarts(self) -> int:
         return self.book.restarts
 
@@ -483,7 +488,7 @@ class PhaseRunner:
             self.book.failure = str(e)
             return None
         except TrackingLost as e:  # stop at a checkpoint; the records it carries are logged on resume
-            self.tracking_lost = e
+            self.book.tracking_lost = e
             if self.monitor is not None:
                 try:
                     self._stop_and_drain(TRACKING_STOP_WAIT_S)
