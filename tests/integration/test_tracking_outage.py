@@ -18,7 +18,7 @@ from tests.helpers import free_port, make_config, metric_series
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 30
+EPOCHS = 20
 STEPS = EPOCHS * 29  # ceil(1438 / 50) steps an epoch
 
 
@@ -54,20 +54,20 @@ def server(tmp_path):
     s.stop()
 
 
-def _driver(ray_cluster, tmp_path, uri, outage_s, *args):
+def _driver(ray_cluster, tmp_path, uri, outage_s, *args, name="train"):
     cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5},
                       checkpoint={"every_steps": 20}, tracking={"outage_timeout_s": outage_s})
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
-    out, err = open(tmp_path / "out.txt", "w"), open(tmp_path / "err.txt", "w")
+    out, err = open(tmp_path / f"{name}.out", "w"), open(tmp_path / f"{name}.err", "w")
     cmd = [sys.executable, "-m", "orchestrator", *(args or ("train", str(path))), "--no-progress"]
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True)
 
 
-def _output(tmp_path):
-    return (tmp_path / "out.txt").read_text() + (tmp_path / "err.txt").read_text()
+def _output(tmp_path, name="train"):
+    return (tmp_path / f"{name}.out").read_text() + (tmp_path / f"{name}.err").read_text()
 
 
 def _run_id(uri):
@@ -114,8 +114,8 @@ def test_a_server_that_never_comes_back_ends_the_run_with_the_resume_command(ray
 
     # The server is back: the printed command records what the outage missed and finishes the run.
     server.start()
-    again = _driver(ray_cluster, tmp_path, server.uri, 8, *resume.split()[3:])
-    assert again.wait(300) == 0, _output(tmp_path)
+    again = _driver(ray_cluster, tmp_path, server.uri, 8, *resume.split()[3:], name="resume")
+    assert again.wait(300) == 0, _output(tmp_path, "resume")
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(server.uri).get_run(run_id).info.status == "FINISHED"
