@@ -38,11 +38,10 @@ def small_disk(tmp_path):
 def _fill(disk):
     """Write a file until the filesystem is full; returns it."""
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 4096)
-                f.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC
     return filler
@@ -77,6 +76,7 @@ def test_a_full_checkpoint_disk_ends_the_run_once_with_free_then_resume(ray_clus
         os.killpg(driver.pid, signal.SIGKILL)
         pytest.fail("the run did not end on a full disk")
     text = out + err
+    (tmp_path / "train.txt").write_text(text)  # what the person saw, kept with the test's files
     assert driver.returncode == 1, text
     assert "Traceback" not in text, text
     lines = [line for line in text.splitlines() if "the checkpoint storage is full (No space left on device)" in line]
