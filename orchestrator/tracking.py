@@ -387,11 +387,11 @@ class RunTracker:
         checkpoints are and the command that records it all once the store is back."""
         records, values, first = self.unrecorded()
         since = time.strftime("%H:%M:%S", time.localtime(self.outage.wall)) if self.outage else "?"
-        what = (f"{records} step records ({values} metric values) from step {first} on were not recorded"
+        what = (f"{records} step records ({values} metric values) from step {first} on were not recorded "
+                f"(the checkpoints carry them; the steps after the newest one are trained again)"
                 if records else "every step record was recorded")
-        return (f"{lost} since {since}; training stopped at step {stopped_at}; {what}: the checkpoints in "
-                f"{checkpoints} keep them and the run shows RUNNING until it is resumed; once the server "
-                f"answers again: {resume}")
+        return (f"{lost} since {since}; training stopped at step {stopped_at}; {what}; checkpoints: "
+                f"{checkpoints}; the run shows RUNNING until it is resumed; once the server answers again: {resume}")
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         """Tags (failures, notes: free text that may quote a URI) with any credential redacted.
