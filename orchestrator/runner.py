@@ -206,7 +206,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             model_uri, registered = tracker.log_model(payload["model"], cfg, functions, register_model,
                                                       warn=runner.progress.write)
     except Exception as e:
-        if runner is None or not (unavailable(e) or no_room(e)):
+        if runner is None or not (_tracking_gone(e) or no_room(e)):
             raise
         # The tracking server went away while the run was closed (its training is all recorded), or
         # a disk the driver writes to is full: one line, the resume command, no traceback.
@@ -238,6 +238,14 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     summary = _summary(tracker, runner, status, t0, timeline=timeline)
     summary.model_uri, summary.registered = model_uri, registered
     return summary
+
+
+def _tracking_gone(e: BaseException) -> bool:
+    """An MLflow call that found the tracking server gone (not a worker's lost connection, which
+    reaches the driver inside Ray Train's own errors)."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(e, MlflowException) and unavailable(e)
 
 
 def _lost_message(tracker: RunTracker, runner: PhaseRunner, lost: TrackingLost,
