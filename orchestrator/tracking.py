@@ -390,7 +390,7 @@ class RunTracker:
         what = (f"{records} step records ({values} metric values) from step {first} on were not recorded "
                 f"(the checkpoints carry them; the steps after the newest one are trained again)"
                 if records else "every step record was recorded")
-        return (f"{lost} since {since}; training stopped at step {stopped_at}; {what}; checkpoints: "
+        return (f"{lost} since {since}; training reached step {stopped_at}; {what}; checkpoints: "
                 f"{checkpoints}; the run shows RUNNING until it is resumed; once the server answers again: {resume}")
 
     def set_tags(self, tags: dict[str, Any]) -> None:
