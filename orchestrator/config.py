@@ -88,6 +88,10 @@ class TrackingConfig(Section):
                                                       f"or {DEFAULT_TRACKING_URI}")
     experiment: str = Field(default="elastic-large-batch", description="MLflow experiment name")
     run_name: str | None = Field(default=None, description="MLflow run name (unset: MLflow picks one)")
+    outage_timeout_s: float = Field(default=300.0, gt=0, description=(
+        "how long training goes on while the tracking server does not answer, its records kept on the driver "
+        "and in the checkpoints; a server back within it loses nothing, past it the run stops at a checkpoint "
+        "with the resume command"))
 
     @field_validator("experiment")
     @classmethod

@@ -100,8 +100,8 @@ class TrackingListener(RunListener):
                 from mlflow.entities import Metric
 
                 ms = int(event.time * 1000)
-                self.tracker.client.log_batch(self.tracker.run_id, metrics=[
-                    Metric(M.ROLLBACKS, float(n), ms, step), Metric(M.LR_FACTOR, float(factor), ms, step)])
+                self.tracker.log_rows([Metric(M.ROLLBACKS, float(n), ms, step),
+                                       Metric(M.LR_FACTOR, float(factor), ms, step)])
                 self.tracker.set_tags({"elastic.rollbacks": n, f"elastic.rollback.{n}": event.message[:5000]})
             case OverlapFellBack(error=err):
                 self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])

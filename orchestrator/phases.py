@@ -37,11 +37,11 @@ from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOf
 from orchestrator.nodes import CapacityWatch
 from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
 from orchestrator.progress import Progress, total_samples
-from orchestrator.tracking import RunTracker
+from orchestrator.tracking import RunTracker, TrackingLost
 from trainers.link import metrics as M
 from trainers.link import messages as msg
 from trainers.link.messages import (Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided,
-                                    WorkloadFailed)
+                                    StorageFailed, WorkloadFailed)
 from trainers.link.runtime import Runtime
 from trainers.loop.storage import resolve
 
@@ -54,6 +54,27 @@ class CapacityLost(Exception):
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
 # driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
 STOP_WAIT_S = 2.0
+# Once the tracking server has stayed away for tracking.outage_timeout_s, the group is stopped at a
+# checkpoint; nothing hurries the driver then, but it must end.
+TRACKING_STOP_WAIT_S = 60.0
+
+
+def resume_command(run_id: str, tracking_uri: str, functions: dict[str, Callable[..., Any]] | None = None) -> str:
+    """The exact command that continues a run (from Python for functions sent by value); the
+    tracking URI with any credential masked (the person gives it again)."""
+    if functions:
+        return f"fit(resume={run_id!r}, ...) with the same functions"
+    from orchestrator.uris import absolute_tracking_uri, redact_uri
+
+    return f"python -m orchestrator resume {run_id} --tracking-uri {redact_uri(absolute_tracking_uri(tracking_uri))}"
+
+
+def storage_failed_message(ev: StorageFailed, run_id: str, tracking_uri: str,
+                           functions: dict[str, Callable[..., Any]] | None = None) -> str:
+    """One line: which path is full (why, the space free there), what is kept, and the resume command."""
+    kept = f"the newest checkpoint is {ev.checkpoint}" if ev.checkpoint else "no checkpoint was written yet"
+    return (f"{ev.message}; training stopped at step {ev.step} without restarting (a restart would write into "
+            f"the same storage); {kept}; {ev.fix}, then: {resume_command(run_id, tracking_uri, functions)}")
 
 
 class _Phase:
@@ -283,6 +304,8 @@ class EventBook:
         self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self.user_errors: list[WorkloadFailed] = []  # the user's code raised on a worker (trainers/link/failure.py)
         self.fatal: WorkloadFailed | None = None  # the one that ends the run (the monitor's rule)
+        self.storage_failed: StorageFailed | None = None  # a checkpoint's storage was full: the run ended
+        self.tracking_lost: TrackingLost | None = None  # the tracking server stayed away: the run stopped
 
     @property
     def user_error(self) -> WorkloadFailed | None:
@@ -294,6 +317,8 @@ class EventBook:
         self.events.append(ev)
         if isinstance(ev, Diverged):
             self.diverged = ev
+        elif isinstance(ev, StorageFailed):
+            self.storage_failed = ev
         elif isinstance(ev, FirstStep):
             self.first_step.setdefault(ev.phase, ev.time)
         elif isinstance(ev, WorkloadFailed):
@@ -385,6 +410,7 @@ class PhaseRunner:
         self.state: RunState = Starting()
         self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s,
                                       grow_every_s=cfg.scaling.capacity_check_s)
+        tracker.warn = self.progress.write  # "the tracking server does not answer" under the bar
 
     # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
 
@@ -443,6 +469,11 @@ class PhaseRunner:
         return self.book.fatal
 
     @property
+    def tracking_lost(self) -> TrackingLost | None:
+        """The tracking server did not answer for ``tracking.outage_timeout_s``: the run stopped."""
+        return self.book.tracking_lost
+
+    @property
     def restarts(self) -> int:
         return self.book.restarts
 
@@ -476,9 +507,21 @@ class PhaseRunner:
                 raise self.state.error
             if isinstance(self.state, Failed):  # Ray Train's error carries the user's, said better by it
                 self.book.fatal = self.book.user_error
+            full = self.book.storage_failed
+            if full is not None:  # FAILED with the message (run_training), never a restart
+                self.book.failure = storage_failed_message(full, self.tracker.run_id, self.tracker.uri,
+                                                           self.functions)
             return None if self.book.fatal is not None else self.state.result
         except CapacityLost as e:  # the checkpoints are kept: resume once the cluster has room again
             self.book.failure = str(e)
+            return None
+        except TrackingLost as e:  # stop at a checkpoint; the records it carries are logged on resume
+            self.book.tracking_lost = e
+            if self.monitor is not None:
+                try:
+                    self._stop_and_drain(TRACKING_STOP_WAIT_S)
+                except Exception:  # noqa: BLE001 - the newest checkpoint is where the resume goes on
+                    pass
             return None
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers cleanly, what they trained reaches MLflow
             if self.monitor is not None:
@@ -631,6 +674,9 @@ class PhaseRunner:
             how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
                    else f"python -m orchestrator resume {self.tracker.run_id}")
             raise CapacityLost(self.capacity.wait.message(how))
+        lost = self.tracker.outage_expired()  # the tracking server stayed away too long: stop at a checkpoint
+        if lost is not None:
+            raise lost
 
     def look_for_capacity(self, ph: _Phase) -> None:
         """Every ``scaling.capacity_check_s``: ask the monitor whether ``ph``'s group, smaller than it

@@ -21,13 +21,14 @@ from typing import Any, Callable
 from orchestrator.config import ConfigError, RootConfig
 from orchestrator.history import earlier_timeline, resize_saver
 from orchestrator.listeners import TimelineListener
-from orchestrator.phases import POLL_S, PhaseRunner
+from orchestrator.phases import POLL_S, PhaseRunner, resume_command
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
-from orchestrator.tracking import RunTracker
+from orchestrator.tracking import RunTracker, TrackingLost, unavailable
 from orchestrator.uris import redact_text
 from trainers.link import metrics as M
 from trainers.link.messages import WorkloadFailed
+from trainers.loop.storage import no_room
 
 __all__ = ["POLL_S", "RUN_INFO", "Interrupted", "PhaseRunner", "RunSummary", "ensure_ray", "final_metrics",
            "find_run", "quiet_ray_env", "run_training", "write_run_info"]
@@ -163,6 +164,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         raise ConfigError(why)
     tracker = RunTracker(cfg, run_id=resume_run_id, parent_run_id=parent_run_id, tags=tags)
     status, lock, runner, interrupted = "FAILED", driver_lock, None, None
+    failed: str | None = None  # why the run ended FAILED on the driver's side (tracking lost, a full disk)
     timeline = TimelineListener()
     try:  # from here on every failure ends the MLflow run with a status (FAILED, KILLED)
         runner = PhaseRunner(cfg, tracker, verbose=verbose, progress=progress, on_records=on_records,
@@ -194,6 +196,9 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
                             "".join(traceback.format_exception(type(e), e, e.__traceback__)))
             raise
         tracker.release_held()
+        lost = runner.tracking_lost or tracker.await_store()  # a server away at the end: wait for it, bounded
+        if lost is not None:
+            return _summary(tracker, runner, "FAILED", t0, _lost_message(tracker, runner, lost, functions), timeline)
         tracker.log_timeline(timeline.timeline)
         if runner.user_error is not None:  # the user's code raised on a worker: one line, the traceback logged
             error = user_error_message(runner.user_error)
@@ -217,6 +222,12 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         if payload is not None:
             model_uri, registered = tracker.log_model(payload["model"], cfg, functions, register_model,
                                                       warn=runner.progress.write)
+    except Exception as e:
+        if runner is None or not (_tracking_gone(e) or no_room(e)):
+            raise
+        # The tracking server went away while the run was closed (its training is all recorded), or
+        # a disk the driver writes to is full: one line, the resume command, no traceback.
+        failed = _driver_failure(tracker, runner, e, functions)
     except KeyboardInterrupt:
         status = "KILLED"
         interrupted = interrupted_message(tracker.run_id, _logged_steps(tracker), _newest_checkpoint_step(runner),
@@ -226,7 +237,11 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         except Exception:  # noqa: BLE001 - the run still ends KILLED below
             pass
     finally:
-        tracker.end(status)
+        try:
+            tracker.end(status)
+        except Exception:  # noqa: BLE001 - the store itself is on the full disk: the message says so
+            if failed is None:
+                raise
         if lock is not None:
             lock.release()
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
@@ -235,6 +250,8 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             ray.shutdown()
     if interrupted is not None:
         raise Interrupted(_summary(tracker, runner, status, t0, interrupted, timeline)) from None
+    if failed is not None:
+        return _summary(tracker, runner, "FAILED", t0, failed, timeline)
     summary = _summary(tracker, runner, status, t0, timeline=timeline)
     summary.model_uri, summary.registered = model_uri, registered
     return summary
@@ -257,6 +274,51 @@ def _record_failure(tracker: RunTracker, error: str, text: str) -> None:
         tracker.log_text(redact_text(text), TRACEBACK_ARTIFACT)
     except Exception:  # noqa: BLE001 - the run still ends FAILED
         pass
+
+
+def _tracking_gone(e: BaseException) -> bool:
+    """An MLflow call that found the tracking server gone (not a worker's lost connection, which
+    reaches the driver inside Ray Train's own errors)."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(e, MlflowException) and unavailable(e)
+
+
+def _lost_message(tracker: RunTracker, runner: PhaseRunner, lost: TrackingLost,
+                  functions: dict[str, Callable[..., Any]] | None) -> str:
+    """The tracking server stayed away: what was not recorded, where the checkpoints are, how to go on."""
+    from trainers.loop.storage import join
+
+    newest = _newest_checkpoint_step(runner)
+    where = join(runner.storage_path, runner.train_run_name)
+    where += f" (newest at step {newest})" if newest is not None else " (none written yet)"
+    return tracker.lost_message(lost, max(tracker.newest_step, 0), where,
+                                resume_command(tracker.run_id, tracker.uri, functions))
+
+
+def _driver_failure(tracker: RunTracker, runner: PhaseRunner, e: Exception,
+                    functions: dict[str, Callable[..., Any]] | None) -> str:
+    """One line for a failure on the driver's side that a retry cannot cure: the tracking server
+    gone while the run was being closed, or a full disk (``elastic_run.json``, MLflow artifacts).
+    The run is marked FAILED with it where the store still answers."""
+    from orchestrator.tracking import _short_error
+    from trainers.loop.storage import StorageFull
+
+    full = no_room(e)
+    if full is None:  # the tracking server stopped answering after training (all of it recorded)
+        tracker.lost = True
+        lost = TrackingLost(f"the tracking server {redact_text(tracker.uri)} stopped answering while the run was "
+                            f"being closed ({_short_error(e)})")
+        return _lost_message(tracker, runner, lost, functions)
+    path = full.filename if isinstance(full.filename, str) else runner.storage_path
+    what = "checkpoint" if path.startswith(runner.storage_path) else "driver's"
+    err = StorageFull.from_error(path, full, what=what)
+    message = f"{err.message}; {err.fix}, then: {resume_command(tracker.run_id, tracker.uri, functions)}"
+    try:
+        tracker.set_tags({"elastic.failure": message})
+    except Exception:  # noqa: BLE001 - the tracking store may be on the same full disk
+        pass
+    return message
 
 
 def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,

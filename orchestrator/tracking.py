@@ -7,6 +7,7 @@ signature, optionally registered."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -38,6 +39,15 @@ HOLD_S = 5.0  # a held point is logged at least this often, so the MLflow UI sta
 # plus ~0.1 ms a row, and at hundreds of steps a second that CPU is taken from the training workers.
 FLUSH_S = 2.0
 SYSTEM_EVERY_S = 5.0  # seconds between the driver's system-metrics samples (MLflow's monitor)
+# While the tracking store does not answer, the buffered rows are tried again this often (each try
+# is one bounded request: HTTP_LIMITS); training goes on meanwhile (tracking.outage_timeout_s).
+RETRY_S = 5.0
+# Bounds on each request to a tracking server, unless the environment sets them: MLflow's own
+# defaults (7 retries with backoff, 120 s timeout) hold one call for about 4 minutes, and the
+# driver, which also relays resizes and the progress bar, must not stand still that long; the
+# tracker retries on its own (RETRY_S) for as long as tracking.outage_timeout_s allows.
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 MODEL_NAME = "final_model"  # the MLflow Model's name (the run's artifact "model/" holds the raw state dict)
 EXAMPLE_ROWS = 4  # validation samples in the logged model's input example
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +80,57 @@ def source_tags() -> dict[str, str]:
 
         tags["mlflow.source.git.repoURL"] = redact_uri(remote)
     return tags
+
+
+def bound_http_requests(uri: str) -> None:
+    """:data:`HTTP_LIMITS` for a tracking server (``http(s)://``), each only where the environment
+    does not set it already."""
+    if uri.split(":", 1)[0].lower() in ("http", "https"):
+        for key, value in HTTP_LIMITS.items():
+            os.environ.setdefault(key, value)
+
+
+def unavailable(e: BaseException) -> bool:
+    """Whether ``e`` says the tracking store did not answer (refused or dropped connection, a
+    timeout, retries used up on 5xx/429 answers), as opposed to refusing the request itself (a
+    bad value, a missing run), which waiting does not cure.  MLflow wraps the HTTP library's error
+    in an ``MlflowException`` whose context keeps it."""
+    import requests
+    import urllib3.exceptions
+
+    gone = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.RetryError,
+            urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, gone):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+class TrackingLost(Exception):
+    """The tracking store did not answer for ``tracking.outage_timeout_s``: the run stops at a
+    checkpoint (its unconfirmed records ride in it) and ends with :meth:`RunTracker.lost_message`."""
+
+
+class Outage:
+    """The tracking store stopped answering at ``since`` (monotonic; ``wall``: the clock time),
+    with ``error``; the next write is tried at ``next_try``."""
+
+    def __init__(self, error: str) -> None:
+        self.since, self.wall, self.error = time.monotonic(), time.time(), error
+        self.next_try = self.since + RETRY_S
+
+
+def _short_error(e: BaseException) -> str:
+    """The innermost cause's type and first line, credentials masked (MLflow quotes the URL)."""
+    inner = e
+    while inner.__cause__ or inner.__context__:
+        inner = inner.__cause__ or inner.__context__
+    line = (str(inner).strip().splitlines() or [""])[0][:160]
+    return redact_text(f"{type(inner).__name__}: {line}" if line else type(inner).__name__)
 
 
 class _Segment:
@@ -137,6 +198,14 @@ class RunTracker:
         self._when: dict[int, float] = {}  # step -> when it ran, for the steps a row may still be made of
         self.written_upto = -1  # every record up to this step is written to MLflow (what the driver acks)
         self._system: Any = None  # MLflow's system-metrics monitor (start_system_metrics)
+        # The store not answering: rows and tags wait here for tracking.outage_timeout_s (see flush).
+        self.outage_timeout_s = cfg.tracking.outage_timeout_s
+        self.outage: Outage | None = None
+        self.lost = False  # the store stayed away past the timeout: nothing more is tried
+        self._deferred_tags: dict[str, str] = {}
+        self._unwritten: dict[int, int] = {}  # step -> metric values of the records not written yet
+        self.warn: Any = lambda line: print(line, file=sys.stderr, flush=True)
+        bound_http_requests(self._mlflow_uri)
         if run_id is None:
             # artifacts beside the store; MLflow's UI opens it in the model-training view
             exp_id = experiment_id(self.client, self.uri, cfg.tracking.experiment)
@@ -182,6 +251,11 @@ class RunTracker:
             self.history[key].sort()
             self._segments[key] = _Segment(self.history[key][-1])
 
+    @property
+    def newest_step(self) -> int:
+        """The newest step of the records this tracker was given (written or not)."""
+        return self._buffered_upto
+
     def last_step(self) -> int:
         return max((s for _, s in self._logged), default=0)
 
@@ -196,6 +270,8 @@ class RunTracker:
         record is written."""
         points: list[tuple[str, int, float]] = []
         for step, metrics, *when in records:
+            if step > self.written_upto:
+                self._unwritten[step] = max(self._unwritten.get(step, 0), len(metrics))
             self._buffered_upto = max(self._buffered_upto, step)
             if when:
                 self._when[step] = when[0]
@@ -238,18 +314,116 @@ class RunTracker:
         if self._when and min(self._when) < oldest:
             self._when = {s: t for s, t in self._when.items() if s >= oldest}
 
-    def flush(self) -> None:
-        """Write the buffered rows."""
-        self._flushed = time.monotonic()
-        batch, self._buffer = self._buffer, []
-        for i in range(0, len(batch), MAX_BATCH):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_BATCH])
+    def flush(self, force: bool = False) -> None:
+        """Write the buffered rows (and tags held back by an outage).
+
+        A store that does not answer (:func:`unavailable`) raises nothing here: the rows stay
+        buffered, :attr:`written_upto` stays where it was (so rank 0 keeps the records in its
+        checkpoints), and the write is tried again every :data:`RETRY_S` (``force``: now) until
+        the store answers (nothing is lost) or :meth:`outage_expired` ends the run."""
+        now = time.monotonic()
+        self._flushed = now
+        if self.lost or (self.outage is not None and not force and now < self.outage.next_try):
+            return
+        try:
+            while self._buffer:
+                chunk = self._buffer[:MAX_BATCH]
+                self.client.log_batch(self.run_id, metrics=chunk)
+                del self._buffer[:len(chunk)]
+            while self._deferred_tags:
+                key = next(iter(self._deferred_tags))
+                self.client.set_tag(self.run_id, key, self._deferred_tags[key])
+                del self._deferred_tags[key]
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            self._away(e)
+            return
+        if self.outage is not None:
+            self._back()
         self.written_upto = self._buffered_upto
+        self._unwritten.clear()
+
+    def _away(self, e: BaseException) -> None:
+        if self.outage is None:
+            self.outage = Outage(_short_error(e))
+            self.warn(f"warning: the tracking server {redact_text(self.uri)} does not answer ({self.outage.error}); "
+                      f"training goes on and its records are kept for up to {self.outage_timeout_s:g} s")
+        else:
+            self.outage.next_try = time.monotonic() + RETRY_S
+
+    def _back(self) -> None:
+        away = time.monotonic() - self.outage.since
+        self.outage = None
+        self.warn(f"the tracking server answers again after {away:.0f} s: every record kept meanwhile is logged")
+        self._revive_system_metrics()
+
+    def outage_expired(self) -> TrackingLost | None:
+        """Try the store again when due; once it has not answered for ``tracking.outage_timeout_s``
+        the tracker gives up (:attr:`lost`: no more calls to it) and returns the error to stop the
+        run with (None while the store answers or the wait goes on)."""
+        if self.outage is None or self.lost:
+            return None
+        if time.monotonic() >= self.outage.next_try:
+            self.flush(force=True)
+            if self.outage is None:
+                return None
+        if time.monotonic() - self.outage.since < self.outage_timeout_s:
+            return None
+        self.lost = True
+        return TrackingLost(f"the tracking server {redact_text(self.uri)} did not answer for "
+                            f"{self.outage_timeout_s:g} s ({self.outage.error})")
+
+    def await_store(self) -> TrackingLost | None:
+        """At the end of training: wait, trying every :data:`RETRY_S`, until the store answers
+        what is buffered or ``tracking.outage_timeout_s`` has passed since it stopped answering."""
+        self.release_held()
+        while self.outage is not None and not self.lost:
+            lost = self.outage_expired()
+            if lost is not None:
+                return lost
+            if self.outage is not None:
+                time.sleep(max(0.0, min(RETRY_S, self.outage.next_try - time.monotonic())))
+        return None
+
+    def unrecorded(self) -> tuple[int, int, int | None]:
+        """What the store does not hold: (step records, metric values, the first such step)."""
+        return len(self._unwritten), sum(self._unwritten.values()), min(self._unwritten, default=None)
+
+    def lost_message(self, lost: TrackingLost, stopped_at: int, checkpoints: str, resume: str) -> str:
+        """One line for a run whose tracking store stayed away: what was not recorded, where the
+        checkpoints are and the command that records it all once the store is back."""
+        records, values, first = self.unrecorded()
+        since = time.strftime("%H:%M:%S", time.localtime(self.outage.wall)) if self.outage else "?"
+        what = (f"{records} step records ({values} metric values) from step {first} on were not recorded "
+                f"(the checkpoints carry them; the steps after the newest one are trained again)"
+                if records else "every step record was recorded")
+        return (f"{lost} since {since}; training reached step {stopped_at}; {what}; checkpoints: "
+                f"{checkpoints}; the run shows RUNNING until it is resumed; once the server answers again: {resume}")
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        """Tags (failures, notes: free text that may quote a URI) with any credential redacted."""
-        for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, redact_text(str(v)))
+        """Tags (failures, notes: free text that may quote a URI) with any credential redacted.
+        While the store does not answer they wait with the rows (:meth:`flush`)."""
+        clean = {k: redact_text(str(v)) for k, v in tags.items()}
+        if self.outage is not None or self.lost:
+            self._deferred_tags.update(clean)
+            return
+        items = list(clean.items())
+        for i, (k, v) in enumerate(items):
+            try:
+                self.client.set_tag(self.run_id, k, v)
+            except Exception as e:
+                if not unavailable(e):
+                    raise
+                self._deferred_tags.update(items[i:])  # this one and the rest wait
+                self._away(e)
+                return
+
+    def log_rows(self, rows: list[Any]) -> None:
+        """MLflow ``Metric`` rows as they are (two at one step stay two), written now or, while the
+        store does not answer, with the buffered rows."""
+        self._buffer.extend(rows)
+        self.flush()
 
     # -- artifacts -----------------------------------------------------------------------
 
@@ -382,6 +556,9 @@ class RunTracker:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         except ImportError:
             return False
+        # Its thread logs a warning and ends at a call to the store that fails: the tracker says
+        # what an outage means itself and starts a new monitor once the store answers again.
+        logging.getLogger("mlflow.system_metrics.system_metrics_monitor").setLevel(logging.ERROR)
         self._system = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_EVERY_S, resume_logging=resume,
                                             tracking_uri=self._mlflow_uri)
         self._system.start()
@@ -389,8 +566,19 @@ class RunTracker:
 
     def stop_system_metrics(self) -> None:
         if self._system is not None:
-            self._system.finish()
+            if self.lost:  # its last rows cannot be written: stop it without MLflow's flush (and error line)
+                self._system._shutdown_event.set()
+            else:
+                self._system.finish()
             self._system = None
+
+    def _revive_system_metrics(self) -> None:
+        """MLflow's monitor thread ends at the first call to the store that fails (with a warning
+        it logs itself): after an outage a new one goes on where it stopped."""
+        thread = getattr(self._system, "_process", None)
+        if self._system is not None and thread is not None and not thread.is_alive():
+            self._system = None
+            self.start_system_metrics(resume=True)
 
     def last_value(self, key: str, default: float = 0.0) -> float:
         pts = self.history.get(key)
@@ -405,6 +593,16 @@ class RunTracker:
             self.client.delete_tag(self.run_id, "elastic.failure")
 
     def end(self, status: str = "FINISHED") -> None:
+        """Close the run with ``status``; a run whose store stayed away (:attr:`lost`) is left as it
+        is (RUNNING), for ``resume`` to go on with."""
         self.stop_system_metrics()
+        if self.lost:
+            return
         self.release_held()
-        self.client.set_terminated(self.run_id, status=status)
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            self.warn(f"warning: the tracking server {redact_text(self.uri)} did not answer; the run was not "
+                      f"closed {status} there ({_short_error(e)})")

@@ -46,6 +46,9 @@ class FakeTracker:
     def last_value(self, key: str, default: float = 0.0) -> float:
         return default
 
+    def outage_expired(self):  # the store always answers here
+        return None
+
 
 class FakeFit:
     """``fit()`` of a phase: runs ``play(monitor, phase)`` in the phase's thread."""

@@ -2,6 +2,7 @@
 per-step series bends (a change of value or of slope), with the step before each bend and the
 last step, so the per-step series is exact."""
 
+import os
 import time
 
 import numpy as np
@@ -178,3 +179,129 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
     again.end()
     assert metric_series(uri, tr.run_id, "train/loss") == [(s, 1.0 / s) for s in range(1, 13)]
     assert dense_series(uri, tr.run_id, "workers") == [(s, 1.0) for s in range(1, 13)]
+
+
+# -- a tracking store that stops answering ------------------------------------------------------------
+
+
+def _server_down():
+    """The error MLflow raises for a server that refuses connections (its HTTP library's error as
+    the context of an MlflowException), as a real client to a closed port produces it."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    try:
+        try:
+            raise requests.exceptions.ConnectionError("Connection refused")
+        except requests.exceptions.ConnectionError as e:
+            raise MlflowException(f"API request to http://127.0.0.1:1/api failed with exception {e}")
+    except MlflowException as wrapped:
+        return wrapped
+
+
+class _Outage:
+    """The tracker's client, but every write fails like an unreachable server while ``down``."""
+
+    def __init__(self, client):
+        self.client, self.down, self.calls = client, False, 0
+
+    def __getattr__(self, name):
+        real = getattr(self.client, name)
+        if name not in ("log_batch", "set_tag", "set_terminated"):
+            return real
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.down:
+                raise _server_down()
+            return real(*args, **kwargs)
+
+        return call
+
+
+def _watched(tmp_path, monkeypatch, timeout_s=300.0):
+    monkeypatch.setattr(tracking, "RETRY_S", 0.0)
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t",
+                                 "outage_timeout_s": timeout_s}})
+    tr = RunTracker(cfg)
+    tr.client = _Outage(tr.client)
+    said = []
+    tr.warn = said.append
+    return tr, cfg.tracking.uri, said
+
+
+def test_an_outage_keeps_every_record_and_tag_until_the_store_answers(tmp_path, monkeypatch):
+    tr, uri, said = _watched(tmp_path, monkeypatch)
+    records = [(s, {"train/loss": 1.0 / s, "workers": 1.0}) for s in range(1, 31)]
+    tr.log_metrics(records[:10], flush=True)
+    assert tr.written_upto == 10
+    tr.client.down = True
+    tr.log_metrics(records[10:20], flush=True)  # nothing raised: training goes on
+    tr.set_tags({"elastic.restarts": 1})
+    tr.log_metrics(records[20:25], flush=True)
+    assert tr.written_upto == 10  # rank 0 keeps steps 11.. in its checkpoints
+    assert tr.outage is not None and tr.outage_expired() is None
+    assert tr.unrecorded() == (15, 30, 11)
+    assert len(said) == 1 and "does not answer" in said[0] and "ConnectionError" in said[0]
+    tr.client.down = False
+    tr.log_metrics(records[25:], flush=True)
+    assert tr.outage is None and tr.written_upto == 30 and "answers again" in said[-1]
+    tr.end()
+    assert metric_series(uri, tr.run_id, "train/loss") == [(s, 1.0 / s) for s in range(1, 31)]
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(uri).get_run(tr.run_id)
+    assert run.data.tags["elastic.restarts"] == "1" and run.info.status == "FINISHED"
+
+
+def test_a_store_away_past_the_timeout_is_given_up_with_what_was_not_recorded(tmp_path, monkeypatch):
+    tr, uri, said = _watched(tmp_path, monkeypatch, timeout_s=0.2)
+    tr.log_metrics([(s, {"train/loss": 1.0}) for s in range(1, 6)], flush=True)
+    tr.client.down = True
+    tr.log_metrics([(s, {"train/loss": 1.0, "lr": 0.1}) for s in range(6, 10)], flush=True)
+    assert tr.outage_expired() is None  # within the window
+    time.sleep(0.25)
+    lost = tr.outage_expired()
+    assert isinstance(lost, tracking.TrackingLost) and "did not answer for 0.2 s" in str(lost)
+    assert tr.lost and tr.outage_expired() is None  # said once
+    calls = tr.client.calls
+    tr.log_metrics([(10, {"train/loss": 1.0, "lr": 0.1})], flush=True)
+    tr.set_tags({"elastic.failure": "x"})
+    tr.end("FAILED")  # nothing more is tried: the run stays RUNNING for resume
+    assert tr.client.calls == calls
+    line = tr.lost_message(lost, 10, "/ckpt/elastic-r (newest at step 8)", "python -m orchestrator resume r")
+    assert "5 step records (10 metric values) from step 6 on were not recorded" in line
+    assert line.endswith("once the server answers again: python -m orchestrator resume r")
+    assert "/ckpt/elastic-r (newest at step 8)" in line
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(uri).get_run(tr.run_id).info.status == "RUNNING"
+
+
+def test_a_refused_request_is_not_an_outage(tmp_path, monkeypatch):
+    """A bad request (here a run that does not exist) fails at once: waiting would not cure it."""
+    from mlflow.exceptions import MlflowException
+
+    tr, _, _ = _watched(tmp_path, monkeypatch)
+    tr.run_id = "no-such-run"
+    with pytest.raises(MlflowException):
+        tr.log_metrics([(1, {"train/loss": 1.0})], flush=True)
+    assert not tracking.unavailable(RuntimeError("bad value"))
+    assert tracking.unavailable(_server_down())
+
+
+def test_a_real_client_to_a_closed_port_is_an_outage_and_each_call_is_bounded(monkeypatch):
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers import free_port
+
+    for key in tracking.HTTP_LIMITS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")  # a person's own setting stays
+    uri = f"http://127.0.0.1:{free_port()}"
+    tracking.bound_http_requests(uri)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
+    with pytest.raises(Exception) as info:
+        MlflowClient(uri).log_batch("r", metrics=[Metric("a", 1.0, 0, 1)])
+    assert tracking.unavailable(info.value)

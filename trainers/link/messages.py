@@ -254,6 +254,23 @@ class WorkloadFailed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StorageFailed(Event):
+    """Rank 0 could not write the checkpoint of ``step`` because its storage is full, over its
+    quota or read-only (``trainers/loop/storage.py StorageFull``): every rank ended the group at
+    once, without a restart (a retry would write into the same disk).  ``message`` says which path,
+    why and the space free there; the newest intact checkpoint is ``checkpoint`` (None: none yet)."""
+
+    kind: ClassVar[str] = "storage_failed"
+    step: int
+    path: str
+    code: int
+    free: int | None
+    message: str
+    fix: str
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class RolledBack(Event):
     """``train.on_nonfinite: rollback``: the loss at ``step`` was ``value`` (not finite); the group
     reloaded ``checkpoint`` (step ``to_step``), the learning rate is now ``lr_factor`` times the

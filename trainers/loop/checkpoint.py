@@ -50,7 +50,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
-from trainers.loop.storage import LOCAL, is_uri, join, location_problem, pid_alive, resolve, store_for
+from trainers.loop.storage import (LOCAL, StorageFull, discard_partial, is_uri, join, location_problem, no_room,
+                                   pid_alive, resolve, store_for)
 from trainers.loop.storage import tmp_name  # noqa: F401 - re-exported: the temporary folder of a local write
 from trainers.section import Section
 
@@ -516,7 +517,9 @@ class CheckpointManager:
 
     def save(self, step: int, resize: bool = False) -> str:
         """Write the components as checkpoint ``step`` into this phase's folder, then prune the
-        run to ``keep``.  Returns the path (the bare name where this process writes nothing)."""
+        run to ``keep``.  Returns the path (the bare name where this process writes nothing).
+        A disk that is full, over its quota or read-only raises :class:`StorageFull` with nothing
+        of the write left behind."""
         name = checkpoint_name(step, resize)
         if not self.writing:
             return name
@@ -524,7 +527,14 @@ class CheckpointManager:
         store = store_for(path)
         if store.kind(path) is not None:  # a corrupt one this group skipped on restore and has now passed again
             store.remove(path)
-        write_checkpoint(path, self.state_dict())
+        try:
+            write_checkpoint(path, self.state_dict())
+        except Exception as e:
+            full = no_room(e)  # a full (or read-only) disk: no retry can cure it (StorageFull)
+            if full is None:
+                raise
+            discard_partial(path)
+            raise StorageFull.from_error(path, full) from e
         self.corrupt.discard(_same(path))
         self.prune()
         return path

@@ -210,9 +210,14 @@ class LocalStore(Store):
         parent = os.path.dirname(os.path.abspath(location))
         os.makedirs(parent, exist_ok=True)
         tmp = f"{location}.tmp-{os.getpid()}"
-        with self.open_write(tmp) as f:
-            f.write(data)
-        os.replace(tmp, location)
+        try:
+            with self.open_write(tmp) as f:
+                f.write(data)
+            os.replace(tmp, location)
+        except BaseException:  # a full disk: no half-written temporary file left beside it
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
 
     def remove(self, location: str) -> None:
         if os.path.isdir(location) and not os.path.islink(location):
@@ -369,6 +374,109 @@ class ObjectStore(Store):
         self.remove(source)
 
 
+# --------------------------------------------------------------------------- a full or read-only store
+
+# Write errors that trying again cannot cure (a worker-group restart would only write again into
+# the same full disk): what each asks the person to do.
+NO_ROOM = {errno.ENOSPC: ("is full", "free space there"),
+           errno.EDQUOT: ("is over its disk quota", "free space there or raise the quota"),
+           errno.EROFS: ("is read-only", "make it writable")}
+if hasattr(errno, "EFBIG"):
+    NO_ROOM[errno.EFBIG] = ("refuses a file that large", "free space there or lift the file-size limit")
+
+
+def no_room(e: BaseException) -> OSError | None:
+    """The ``OSError`` with an errno of :data:`NO_ROOM` behind ``e`` (itself, or its cause or
+    context: ``torch.save`` turns the file's ENOSPC into a RuntimeError of its own), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in NO_ROOM:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def free_bytes(location: str) -> int | None:
+    """Bytes free (to this user) on the filesystem that holds ``location`` (its nearest existing
+    folder); None for an object store or where it cannot be told."""
+    if is_uri(resolve(location)):
+        return None
+    path = resolve(location)
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+class StorageFull(Exception):
+    """A write into ``path`` failed with an error a retry cannot cure (:data:`NO_ROOM`: the disk is
+    full, over its quota or read-only).  Plain fields, so every rank can be told (``as_dict``)."""
+
+    def __init__(self, path: str, code: int, free: int | None = None, what: str = "checkpoint") -> None:
+        self.path, self.code, self.free, self.what = path, int(code), free, what
+        super().__init__(self.message)
+
+    @classmethod
+    def from_error(cls, path: str, e: OSError, what: str = "checkpoint") -> "StorageFull":
+        return cls(path, e.errno or errno.ENOSPC, free_bytes(path), what)
+
+    @property
+    def reason(self) -> str:
+        return os.strerror(self.code)
+
+    @property
+    def fix(self) -> str:
+        return NO_ROOM.get(self.code, ("cannot be written", "free space there"))[1]
+
+    @property
+    def message(self) -> str:
+        """``the checkpoint storage is full (No space left on device) writing PATH, 12.0 KiB free
+        there``: the resume command is the driver's to add."""
+        state = NO_ROOM.get(self.code, ("cannot be written",))[0]
+        free = "" if self.free is None else f", {human_bytes(self.free)} free there"
+        return f"the {self.what} storage {state} ({self.reason}) writing {self.path}{free}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "code": self.code, "free": self.free, "what": self.what}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StorageFull":
+        return cls(d["path"], d["code"], d.get("free"), d.get("what", "checkpoint"))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StorageFull, (self.path, self.code, self.free, self.what))
+
+
+def discard_partial(directory: str) -> None:
+    """Delete what a failed write of folder ``directory`` may have left: the temporary sibling on
+    a local disk (:meth:`LocalStore.stage`), the uploaded part on an object store.  Deleting needs
+    no free space; a store that does not answer keeps it (the run's writer prunes it later)."""
+    with contextlib.suppress(OSError):
+        if is_uri(resolve(directory)):
+            ObjectStore().remove(directory)
+        else:
+            parent = os.path.dirname(os.path.abspath(directory))
+            LOCAL.remove(os.path.join(parent, tmp_name(os.path.basename(directory))))
+
+
 # --------------------------------------------------------------------------- reachability
 
 
@@ -410,5 +518,6 @@ def reach_problem(location: str) -> str | None:
     return None
 
 
-__all__ = ["LOCAL", "LocalStore", "ObjectStore", "Store", "URI_SCHEMES", "basename", "filesystem", "fsync_path",
-           "is_uri", "join", "location_problem", "pid_alive", "reach_problem", "resolve", "store_for", "tmp_name"]
+__all__ = ["LOCAL", "LocalStore", "NO_ROOM", "ObjectStore", "Store", "StorageFull", "URI_SCHEMES", "basename",
+           "discard_partial", "filesystem", "free_bytes", "fsync_path", "human_bytes", "is_uri", "join",
+           "location_problem", "no_room", "pid_alive", "reach_problem", "resolve", "store_for", "tmp_name"]

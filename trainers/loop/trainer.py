@@ -30,13 +30,14 @@ from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
 from trainers.link.failure import ended_by_user_error, report_user_error
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, CheckpointSaved, Diverged,
-                                    Finished, PhaseStart, ResizeCheckpoint, Stopped)
+                                    Finished, PhaseStart, ResizeCheckpoint, StorageFailed, Stopped)
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig
 from trainers.loop.group import Group
 from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
+from trainers.loop.storage import StorageFull
 from trainers.loop.rollback import RollbackPolicy
 from trainers.policies.batching import BatchStats
 from trainers.policies.goodput import StepTimeFeed
@@ -161,10 +162,20 @@ class Trainer:
         ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s), so a report that follows the previous one
         sooner waits for it, which made a checkpoint per short epoch cost seconds.  The workers
         find checkpoints by listing the run's folders (:class:`~trainers.loop.checkpoint.CheckpointManager`).
-        Returns the checkpoint's path (its name where nothing was written)."""
+        Returns the checkpoint's path (its name where nothing was written).  A storage that is full
+        (or read-only) raises :class:`StorageFull` on every rank (:meth:`run` ends the group)."""
         self.state.finished = finished
         self.learner.combine.before_save(unwrap(self.learner.model), self.learner.opt, self.state.step)
-        path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
+        full: StorageFull | None = None
+        try:
+            path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
+        except StorageFull as e:
+            full, path = e, ""
+        if self.group.world > 1:  # rank 0's outcome on every rank: a full disk ends the whole group here
+            told = self.group.agree_object(full.as_dict() if full is not None else None)
+            full = StorageFull.from_dict(told) if told is not None else None
+        if full is not None:
+            raise full
         if self.checkpoints.writing:
             self.report.emit(CheckpointSaved(step=self.state.step, resize_to=resize_to))
         return path
@@ -314,7 +325,8 @@ class Trainer:
 
     def run(self) -> None:
         """Train (:meth:`train`); a non-finite loss ends the run at once, with no checkpoint of
-        the diverged state, and tells the driver which checkpoint holds the last finite one."""
+        the diverged state, and tells the driver which checkpoint holds the last finite one.  A
+        checkpoint storage that is full ends it too, without a restart (:class:`StorageFailed`)."""
         try:
             self.train()
         except NonFiniteLoss as e:
@@ -322,14 +334,26 @@ class Trainer:
             self.report.emit(Diverged(step=e.step, value=e.value, checkpoint=kept[0] if kept else None,
                                       rollbacks=self.rollback.rollbacks))
             self.report.flush(wait=True)
+        except StorageFull as e:
+            # Not raised on: Ray Train would restart the group (FailureConfig.max_failures) only for
+            # it to fill the same disk again.  Every rank got here at the same step (save_checkpoint).
+            kept = self.checkpoints.checkpoints()
+            self.report.emit(StorageFailed(step=self.state.step, path=e.path, code=e.code, free=e.free,
+                                           message=e.message, fix=e.fix, checkpoint=kept[0] if kept else None))
+            self.report.flush(wait=True)
 
     def train(self) -> None:
         """Restore, then train until the run's planned end, the driver stops it, or this group hands
         over to one of another size (a resize); see ``docs/architecture.md``."""
         built = time.time()
         resumed = self.restore()
-        if resumed is None or self.state.finished:
-            return  # a resize called off before this group took over, or nothing left to do
+        if resumed is None:
+            return  # a resize called off before this group took over
+        if self.state.finished:
+            # nothing left to train; the records the checkpoint carries still go out (a tracking
+            # server that was away at the planned end: the resume records them)
+            self.report.flush(wait=True)
+            return
         self.report.emit(PhaseStart(phase=self.runtime.phase, workers=self.group.world, step=self.state.step,
                                     resumed=resumed, threads=torch.get_num_threads(),
                                     entered=self.entered if self.entered is not None else built, built=built))
