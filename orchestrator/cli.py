@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from orchestrator import command
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.flags import OneLineParser, number, set_without_equals
 from orchestrator.pipeline import prepare
@@ -182,7 +183,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):
         raise ConfigError(f"--tracking-uri: {redact_uri(uri)} does not exist yet; train a run first "
-                          f"(python -m orchestrator train configs/quickstart.yaml) or pass the store that holds your runs")
+                          f"({command.cli()} train configs/quickstart.yaml) or pass the store that holds your runs")
     try:
         runs = ui.recent_runs(uri, args.experiment, args.run)
     except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line

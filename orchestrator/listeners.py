@@ -6,6 +6,7 @@ it cares about.  The pattern is Ray Train V2's controller callbacks; see ``docs/
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
@@ -84,24 +85,82 @@ class TrackingListener(RunListener):
                                                     M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
 
 
+@dataclass
+class _Change:
+    """A change of B and/or W at ``step`` whose line waits for the first step run with it: that
+    step's record carries the LR and MF the policies gave the new B and W (the MF rule reads B / W,
+    so neither is known before the new group's first step)."""
+
+    step: int
+    batch: tuple[int, int] | None = None  # (old, new)
+    workers: tuple[int, int] | None = None  # (old, new)
+    how: str = ""
+    lr: float | None = None  # before the change
+    mf: float | None = None
+
+    def reached_by(self, step: int, metrics: dict[str, float]) -> bool:
+        if step <= self.step:
+            return False
+        if self.workers is not None and int(metrics.get(M.WORKERS, -1)) != self.workers[1]:
+            return False
+        return self.batch is None or int(metrics.get(M.BATCH_GLOBAL, -1)) == self.batch[1]
+
+    def line(self, metrics: dict[str, float] | None) -> str:
+        """``batch: B 32 -> 64 and W 1 -> 2 at step 45 (restarting the group): lr 0.1 -> 0.2, mf 0.9``."""
+        what = " and ".join(f"{name} {a} -> {b}" for name, ab in (("B", self.batch), ("W", self.workers))
+                            if ab is not None for a, b in [ab])
+        head = f"{'batch' if self.batch is not None else 'resize'}: {what} at step {self.step}"
+        head += f" ({self.how})" if self.how else ""
+        if metrics is None:  # the run ended before a step ran with it
+            return head
+        parts = []
+        if self.batch is None and M.BATCH_GLOBAL in metrics:
+            parts.append(f"B {int(metrics[M.BATCH_GLOBAL])}")
+        if self.workers is None and M.WORKERS in metrics:
+            parts.append(f"W {int(metrics[M.WORKERS])}")
+        for name, before, key in (("lr", self.lr, M.LR), ("mf", self.mf, M.MF)):
+            if key in metrics:
+                now = metrics[key]
+                parts.append(f"{name} {before:.4g} -> {now:.4g}" if before is not None and f"{before:.4g}" != f"{now:.4g}"
+                             else f"{name} {now:.4g}")
+        return head + (": " + ", ".join(parts) if parts else "")
+
+
 class ProgressListener(RunListener):
-    """The progress bar, and a line for each thing a person watching should know."""
+    """The progress bar, and a line for each thing a person watching should know.  A batch change
+    or a resize is written once the first step with the new B and W has run, with the LR and MF
+    that step used (:class:`_Change`); while a group restarts the bar says ``restarting``."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
+        self.pending: list[_Change] = []
 
     def on_records(self, records: list[Record]) -> None:
         self.progress.update(records)
+        if not self.pending:
+            return
+        for step, metrics, *_ in records:
+            for change in [c for c in self.pending if c.reached_by(step, metrics)]:
+                self.pending.remove(change)
+                self.progress.write(change.line(metrics))
+
+    def _before(self, step: int) -> _Change:
+        last = getattr(self.progress, "last", {})
+        return _Change(step=step, lr=last.get(M.LR), mf=last.get(M.MF))
 
     def on_event(self, event: Event) -> None:
         write = self.progress.write
         match event:
             case BatchChange(step=step, old=old, new=new):
-                write(f"batch: {old} -> {new} at step {step}")
+                change = self._before(step)
+                change.batch = (old, new)
+                self.pending.append(change)
             case AutoWarmupEnd(step=step, peak_lr=peak, reason=reason):
                 write(f"auto warmup ended at step {step}: peak lr {peak:.4g} ({reason})")
             case GroupRestarted(step=step, workers=workers, restarts=n):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
+                if hasattr(self.progress, "restarting"):  # restoring its checkpoint: no rate until it steps
+                    self.progress.restarting(f"after a failure, restart {n}")
             case Diverged():
                 write(f"error: {event.message}")
             case RolledBack():
@@ -117,9 +176,19 @@ class ProgressListener(RunListener):
                 write(f"resize to {workers} workers called off: training ended before the new group was ready")
             case ResizeHandedOver(resize=r):
                 how = "the new group took over" if r.mode == "overlap" else "restarting the group"
-                write(f"resize: {r.from_workers} -> {r.to} workers at step {r.step} ({how})")
+                # a batch change at the handover's step caused it: one line for both
+                change = next((c for c in self.pending if c.step == r.step and c.workers is None), None)
+                if change is None:
+                    change = self._before(r.step)
+                    self.pending.append(change)
+                change.workers, change.how = (r.from_workers, r.to), how
+                if r.mode != "overlap" and hasattr(self.progress, "restarting"):
+                    self.progress.restarting(f"W {r.from_workers} -> {r.to}")
 
     def close(self) -> None:
+        for change in self.pending:  # the run ended before a step ran with them
+            self.progress.write(change.line(None))
+        self.pending = []
         self.progress.close()
 
 

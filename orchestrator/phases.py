@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
+from orchestrator import command
 from orchestrator.config import RootConfig
 from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured,
                                  ResizeRecord)
@@ -592,7 +593,7 @@ class PhaseRunner:
             self.progress.write(status)
         if self.capacity.wait.expired():
             how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
-                   else f"python -m orchestrator resume {self.tracker.run_id}")
+                   else f"{command.cli()} resume {self.tracker.run_id}")
             raise CapacityLost(self.capacity.wait.message(how))
 
     def pump(self, timeout: float | None = None) -> None:

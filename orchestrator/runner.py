@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from orchestrator import command
 from orchestrator.config import ConfigError, RootConfig
 from orchestrator.listeners import TimelineListener
 from orchestrator.phases import POLL_S, PhaseRunner
@@ -78,7 +79,7 @@ def interrupted_message(run_id: str, steps: int, checkpoint: int | None,
         return (f"stopped by Ctrl-C or SIGTERM after step {steps}, before its first checkpoint: "
                 f"nothing to resume; train it anew")
     how = (f"from Python: fit(resume={run_id!r}, ...) with the same functions" if functions
-           else f"python -m orchestrator resume {run_id}")
+           else f"{command.cli()} resume {run_id}")
     return (f"stopped by Ctrl-C or SIGTERM after step {steps}; it continues from its checkpoint at step "
             f"{checkpoint} with: {how}")
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from orchestrator.runner import run_training
-from tests.helpers import dense_series, make_config, metric_series, read_sample_log
+from tests.helpers import dense_series, make_config, metric_series, printed_command, read_sample_log
 
 pytestmark = pytest.mark.integration
 
@@ -143,8 +143,8 @@ def test_sigterm_stops_cleanly_and_resume_trains_to_the_planned_end(reference, r
     run_id = os.path.basename(folder)[len("elastic-"):]
     assert driver.returncode == 130, out + err
     assert "Traceback" not in err and "run killed:" in err, err
-    hint = f"python -m orchestrator resume {run_id}"
-    assert hint in err, err
+    assert f" resume {run_id}" in err, err
+    printed_command(err, "with: ", f" resume {run_id}")  # this interpreter, not a bare python
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(uri).get_run(run_id)
