@@ -210,6 +210,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         except Exception:  # noqa: BLE001 - the run still ends KILLED below
             pass
     finally:
+        _write_note(tracker, cfg, status, runner)
         tracker.end(status)
         if lock is not None:
             lock.release()
@@ -222,6 +223,19 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
     summary = _summary(tracker, runner, status, t0, timeline=timeline)
     summary.model_uri, summary.registered = model_uri, registered
     return summary
+
+
+def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None) -> None:
+    """The run's description in MLflow (orchestrator/note.py), rewritten by every driver of the run."""
+    from orchestrator.note import NOTE_TAG, changes, describe
+
+    try:
+        tracker.release_held()  # the newest point of every piecewise series, B and W included
+        resizes = len(changes(tracker.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+        tracker.set_tags({NOTE_TAG: describe(cfg, tracker.history, status, resizes=resizes,
+                                             resumes=runner.resumes if runner is not None else 0)})
+    except Exception:  # noqa: BLE001 - a description must never fail a run (a store that does not answer)
+        pass
 
 
 def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,
