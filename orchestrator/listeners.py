@@ -34,13 +34,32 @@ class RunListener:
 class TrackingListener(RunListener):
     """Everything MLflow holds about a run's progress: step metrics, ``restarts``, ``resize/from``,
     ``resize/to``, ``resize/latency_s``
-    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``."""
+    and the tags ``elastic.worker_threads``, ``elastic.restarts``, ``elastic.warnings``.
+
+    A resize's ``resize/*`` values are logged at its step and again at the last step of the stretch
+    it opened (before the next resize, or the driver's last step): one point per resize would be a
+    lone dot in MLflow's charts, two make a step line across the stretch the resize paid for."""
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
         self.warnings: list[str] = []
         self.called_off = 0
         self.skipped = 0
+        self.open_resize: tuple[int, dict[str, float]] | None = None  # the last resize: its step, its values
+
+    def _end_open_resize(self, last_step: int) -> None:
+        if self.open_resize is not None:
+            step, values = self.open_resize
+            self.open_resize = None
+            if last_step > step:
+                self.tracker.log_metrics([(last_step, values)], flush=True)
+
+    def close(self) -> None:
+        history = getattr(self.tracker, "history", {})
+        try:
+            self._end_open_resize(max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0))
+        except Exception:  # noqa: BLE001 - the other listeners still close (a store that does not answer)
+            pass
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -81,8 +100,11 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.resizes_skipped": self.skipped,
                                        "elastic.resize_skipped_reason": reason})
             case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
-                self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
-                                                    M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
+                self._end_open_resize(r.step - 1)  # the previous resize's stretch ended at this one
+                values = {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
+                          M.RESIZE_LATENCY_S: float(r.latency_s or 0.0)}
+                self.tracker.log_metrics([(r.step, values)], flush=True)
+                self.open_resize = (r.step, values)
 
 
 @dataclass
