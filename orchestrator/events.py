@@ -95,3 +95,13 @@ class ResizeCalledOff(Event):
 
     kind: ClassVar[str] = "resize_called_off"
     workers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupFailed(Event):
+    """A worker of ``phase``'s group raised or died (Ray Train's controller saw it): the group is
+    torn down and, while ``scaling.max_failures`` allows, restarted from the last checkpoint."""
+
+    kind: ClassVar[str] = "group_failed"
+    phase: int
+    message: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
+from orchestrator.events import GroupFailed, GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured
 from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
@@ -183,6 +183,11 @@ class ProgressListener(RunListener):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
                 if hasattr(self.progress, "restarting"):  # restoring its checkpoint: no rate until it steps
                     self.progress.restarting(f"after a failure, restart {n}")
+            case GroupFailed(message=message):
+                write(f"warning: a worker failed ({message}); the group restarts from its last checkpoint "
+                      "while scaling.max_failures allows")
+                if hasattr(self.progress, "restarting"):
+                    self.progress.restarting("a worker failed")
             case Diverged():
                 write(f"error: {event.message}")
             case RolledBack():

@@ -523,6 +523,7 @@ class PhaseRunner:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
+        from orchestrator.failures import FailureNotice
         from trainers.loop.trainer import train_loop_per_worker
 
         s = self.cfg.scaling
@@ -545,6 +546,7 @@ class PhaseRunner:
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
                 failure_config=FailureConfig(max_failures=s.max_failures),
+                callbacks=[FailureNotice(self.link.name, self.link.namespace, phase)] if self.link.name else [],
             ),
         )
 

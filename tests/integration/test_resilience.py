@@ -72,7 +72,8 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     samples = tmp_path / "samples"
     cfg = _cfg(tmp_path, uri, train={"sample_log_dir": str(samples)})
     box = {}
-    th = threading.Thread(target=lambda: box.update(s=run_training(cfg, progress=False)))
+    th = threading.Thread(target=lambda: box.update(s=run_training(cfg, progress=False,
+                                                                   on_start=lambda r: box.update(runner=r))))
     th.start()
     victim = None
     deadline = time.time() + 180
@@ -91,6 +92,15 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     from mlflow.tracking import MlflowClient
 
     assert int(MlflowClient(uri).get_run(s.run_id).data.tags["elastic.restarts"]) >= 1
+    # Ray Train's controller told the driver of the failure before the new group started (the bar
+    # says "restarting" from then on, not "training" at a stale rate)
+    from orchestrator.events import GroupFailed
+    from trainers.link.messages import PhaseStart
+
+    events = box["runner"].events
+    failed = next(i for i, e in enumerate(events) if isinstance(e, GroupFailed))
+    restarted = [i for i, e in enumerate(events) if isinstance(e, PhaseStart)][1]
+    assert failed < restarted, [type(e).__name__ for e in events]
     # Sample accounting: for each step keep the attempt that finally counted.
     rows = read_sample_log(str(samples))
     latest = {}

@@ -131,3 +131,17 @@ def test_a_batch_change_without_a_resize_and_a_resize_alone_show_lr_and_mf():
     listener.on_event(BatchChange(step=30, old=64, new=128))
     listener.close()  # the run ended first: the line is still written, without what no step ran with
     assert p.lines[-1] == "batch: B 64 -> 128 at step 30"
+
+
+def test_a_failed_worker_shows_the_group_restarting_at_once():
+    from orchestrator.events import GroupFailed
+    from orchestrator.listeners import ProgressListener
+    from orchestrator.monitor import MonitorState
+
+    m = MonitorState(available=lambda: {})
+    m.group_failed(0, "ActorDiedError: the worker died")  # what FailureNotice tells the monitor
+    _, events = m.drain()
+    assert events == [GroupFailed(phase=0, message="ActorDiedError: the worker died", time=events[0].time)]
+    p = _Lines()
+    ProgressListener(p).on_event(events[0])
+    assert p.states == ["restarting a worker failed"] and "a worker failed (ActorDiedError" in p.lines[0]
