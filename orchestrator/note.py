@@ -50,18 +50,20 @@ def describe(cfg: RootConfig, history: dict[str, list[tuple[int, float]]], statu
     head = (f"**{_what(cfg.model, 'model')}** on **{_what(cfg.data, 'data')}**: {steps} steps, "
             f"{epoch:.3g} of {planned} epochs ({status.lower()}")
     head += f", resumed {resumes} time{'s' if resumes != 1 else ''})" if resumes else ")"
+    # a short list: MLflow shows the first lines of a description and folds the rest under "Show more"
     lines = [head, ""]
     final = [(k, max(history[k])[1]) for k in HEADLINE if history.get(k)]
     if final:
-        lines += ["| training metric | final |", "|---|---|"] + [f"| {k} | {v:.4g} |" for k, v in final] + [""]
+        lines.append("- " + ", ".join(f"{k} **{v:.4g}**" if i == 0 else f"{k} {v:.4g}"
+                                      for i, (k, v) in enumerate(final)))
     b = series_line("B", history.get(M.BATCH_GLOBAL, []))
     w = series_line("W", history.get(M.WORKERS, []))
     shape = "; ".join(x for x in (b, w) if x)
     if shape:
-        lines.append(shape + (f" ({resizes} resize{'s' if resizes != 1 else ''} of the worker group)"
-                              if resizes else ""))
+        lines.append("- " + shape + (f" ({resizes} resize{'s' if resizes != 1 else ''} of the worker group)"
+                                     if resizes else ""))
     lr = history.get(M.LR)
     if lr:
-        lines.append(f"LR {min(v for _, v in lr):.4g} to {max(v for _, v in lr):.4g} ({cfg.optimizer.name}, "
+        lines.append(f"- LR {min(v for _, v in lr):.4g} to {max(v for _, v in lr):.4g} ({cfg.optimizer.name}, "
                      f"scaling rule {cfg.schedule.scaling_rule})")
     return "\n".join(lines).strip() + "\n"

@@ -73,7 +73,7 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
 
     # the description: what was trained, its final training metrics, how B and W changed
     note = run.data.tags["mlflow.note.content"]
-    assert note.startswith("**mlp** on **digits**: ") and "| val/accuracy |" in note
+    assert note.startswith("**mlp** on **digits**: ") and "\n- val/accuracy **" in note
     assert "B 32 -> 64 at step 46; W 1 -> 2 at step 46 (1 resize of the worker group)" in note, note
 
     # only the params that apply; the git source of the project

@@ -22,7 +22,6 @@ def test_the_description_says_what_was_trained_and_how_b_and_w_changed(tmp_path)
                M.WORKERS: [(1, 1.0), (99, 1.0), (100, 2.0), (300, 2.0)]}
     text = describe(cfg, history, "FINISHED", resizes=1, resumes=1)
     assert text.startswith("**mlp** on **digits**: 300 steps, 3 of 3 epochs (finished, resumed 1 time)")
-    assert "| val/accuracy | 0.92 |" in text and "| train/loss | 0.08 |" in text
-    assert text.index("val/accuracy") < text.index("train/loss")  # the validation result leads
+    assert "\n- val/accuracy **0.92**, train/loss 0.08\n" in text  # the validation result leads
     assert "B 32 -> 64 at step 100; W 1 -> 2 at step 100 (1 resize of the worker group)" in text
     assert "LR 0.05 to 0.1 (sgd, scaling rule linear)" in text
