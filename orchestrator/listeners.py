@@ -120,12 +120,10 @@ class _Change:
     lr: float | None = None  # before the change
     mf: float | None = None
 
-    def reached_by(self, step: int, metrics: dict[str, float]) -> bool:
-        if step <= self.step:
-            return False
-        if self.workers is not None and int(metrics.get(M.WORKERS, -1)) != self.workers[1]:
-            return False
-        return self.batch is None or int(metrics.get(M.BATCH_GLOBAL, -1)) == self.batch[1]
+    def reached_by(self, step: int) -> bool:
+        """Every step after a batch change runs with the new B, and every step after a resize's
+        handover step is the new group's."""
+        return step > self.step
 
     def line(self, metrics: dict[str, float] | None) -> str:
         """``batch: B 32 -> 64 and W 1 -> 2 at step 45 (restarting the group): lr 0.1 -> 0.2, mf 0.9``."""
@@ -138,8 +136,9 @@ class _Change:
         parts = []
         if self.batch is None and M.BATCH_GLOBAL in metrics:
             parts.append(f"B {int(metrics[M.BATCH_GLOBAL])}")
-        if self.workers is None and M.WORKERS in metrics:
-            parts.append(f"W {int(metrics[M.WORKERS])}")
+        if M.WORKERS in metrics and (self.workers is None or int(metrics[M.WORKERS]) != self.workers[1]):
+            # an elastic group may start with fewer workers than asked for
+            parts.append(f"W {int(metrics[M.WORKERS])}" + (f" of {self.workers[1]} asked" if self.workers else ""))
         for name, before, key in (("lr", self.lr, M.LR), ("mf", self.mf, M.MF)):
             if key in metrics:
                 now = metrics[key]
@@ -162,7 +161,7 @@ class ProgressListener(RunListener):
         if not self.pending:
             return
         for step, metrics, *_ in records:
-            for change in [c for c in self.pending if c.reached_by(step, metrics)]:
+            for change in [c for c in self.pending if c.reached_by(step)]:
                 self.pending.remove(change)
                 self.progress.write(change.line(metrics))
 

@@ -145,3 +145,16 @@ def test_a_failed_worker_shows_the_group_restarting_at_once():
     p = _Lines()
     ProgressListener(p).on_event(events[0])
     assert p.states == ["restarting a worker failed"] and "a worker failed (ActorDiedError" in p.lines[0]
+
+
+def test_a_resize_line_says_when_the_new_group_has_fewer_workers_than_asked():
+    from orchestrator.events import ResizeHandedOver, ResizeRecord
+    from orchestrator.listeners import ProgressListener
+
+    p = _Lines()
+    listener = ProgressListener(p)
+    listener.on_records([_rec(10, 64, 2, 0.2, 0.9)])
+    listener.on_event(ResizeHandedOver(resize=ResizeRecord(from_workers=2, to=4, mode="restart", step=10, time=0.0,
+                                                           decided=0.0, fit_returned=0.0, phase=1)))
+    listener.on_records([_rec(11, 64, 3, 0.2, 0.9)])  # an elastic group that found room for 3
+    assert p.lines == ["resize: W 2 -> 4 at step 10 (restarting the group): B 64, W 3 of 4 asked, lr 0.2, mf 0.9"]
