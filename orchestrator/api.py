@@ -93,8 +93,12 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
     keyword arguments, like a factory named in the config).  ``overrides`` are ``--set`` items
     (``"batch.size=128"``).  ``resume``: an MLflow run id (or run storage folder) to continue from its
     latest checkpoint, in the same run; its recorded config is used and ``config`` must be None.
+    ``verbose``: also MLflow's and Ray's own INFO lines (by default only the bar and its lines).
     """
     t0 = time.time()
+    from orchestrator.ray_env import quiet_libraries
+
+    quiet_libraries(verbose)  # a notebook shows the bar and its lines, not MLflow's and Ray's INFO lines
     functions: dict[str, Callable[..., Any]] = {}
     resume_id = None
     if resume is not None:

@@ -11,9 +11,11 @@ import os
 import sys
 import time
 
+from orchestrator import command
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.flags import OneLineParser, number, set_without_equals
 from orchestrator.pipeline import prepare
+from orchestrator.ray_env import quiet_libraries
 from orchestrator.ui import open_hint
 from orchestrator.uris import redact_text, redact_uri
 from trainers.loop.storage import join
@@ -182,7 +184,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):
         raise ConfigError(f"--tracking-uri: {redact_uri(uri)} does not exist yet; train a run first "
-                          f"(python -m orchestrator train configs/quickstart.yaml) or pass the store that holds your runs")
+                          f"({command.cli()} train configs/quickstart.yaml) or pass the store that holds your runs")
     try:
         runs = ui.recent_runs(uri, args.experiment, args.run)
     except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line
@@ -223,18 +225,6 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quiet(verbose: bool) -> None:
-    """Library chatter (MLflow's database setup, Ray's INFO lines) only with --verbose."""
-    if not verbose:
-        import logging
-
-        # MLflow sets its loggers' level from this when it is imported (after this call)
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-
-        for name in ("mlflow", "alembic", "ray"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -245,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    _quiet(getattr(args, "verbose", False))
+    quiet_libraries(getattr(args, "verbose", False))
     try:
         if args.command == "train":
             return cmd_train(args)

@@ -110,3 +110,13 @@ class CapacityReturned(Event):
     fit: int
     mode: ResizeMode
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupFailed(Event):
+    """A worker of ``phase``'s group raised or died (Ray Train's controller saw it): the group is
+    torn down and, while ``scaling.max_failures`` allows, restarted from the last checkpoint."""
+
+    kind: ClassVar[str] = "group_failed"
+    phase: int
+    message: str

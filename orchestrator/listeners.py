@@ -7,10 +7,11 @@ it cares about.  The pattern is Ray Train V2's controller callbacks; see ``docs/
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
-from orchestrator.events import (CapacityReturned, GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver,
-                                 ResizeMeasured)
+from orchestrator.events import (CapacityReturned, GroupFailed, GroupRestarted, OverlapFellBack, ResizeCalledOff,
+                                 ResizeHandedOver, ResizeMeasured)
 from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
@@ -42,7 +43,11 @@ class TrackingListener(RunListener):
     decisions (``scaling.policy: goodput``): ``goodput/*`` metrics at each, the tags
     ``elastic.goodput.decisions``, ``elastic.goodput.reason`` (the latest) and, for each that
     changed B or W, ``elastic.goodput.change.<n>`` (its reason, with every alternative's goodput);
-    ``elastic.capacity_returned`` (resizes up after capacity came back) with the last one's reason."""
+    ``elastic.capacity_returned`` (resizes up after capacity came back) with the last one's reason.
+
+    A resize's ``resize/*`` values are logged at its step and again at the last step of the stretch
+    it opened (before the next resize, or the driver's last step): one point per resize would be a
+    lone dot in MLflow's charts, two make a step line across the stretch the resize paid for."""
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
@@ -55,6 +60,7 @@ class TrackingListener(RunListener):
         self.goodput_changes = 0
         self._goodput_reason: str | None = None  # the latest decision's, tagged at most every TAG_EVERY_S
         self._goodput_tagged = -TAG_EVERY_S
+        self.open_resize: tuple[int, dict[str, float]] | None = None  # the last resize: its step, its values
 
     def _tag_goodput(self, now: float) -> None:
         self._goodput_tagged = now
@@ -64,6 +70,11 @@ class TrackingListener(RunListener):
     def close(self) -> None:
         if self._goodput_reason is not None:  # the last decision's reason, whenever it came
             self._tag_goodput(time.monotonic())
+        history = getattr(self.tracker, "history", {})
+        try:
+            self._end_open_resize(max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0))
+        except Exception:  # noqa: BLE001 - the other listeners still close (a store that does not answer)
+            pass
 
     def continue_from(self, tags: dict[str, str]) -> None:
         """A resumed run: the run-level tags this listener adds to go on from what the earlier
@@ -73,6 +84,13 @@ class TrackingListener(RunListener):
         self.called_off = int(tags.get("elastic.resizes_called_off", 0) or 0)
         self.skipped = int(tags.get("elastic.resizes_skipped", 0) or 0)
         self.grown = int(tags.get("elastic.capacity_returned", 0) or 0)
+
+    def _end_open_resize(self, last_step: int) -> None:
+        if self.open_resize is not None:
+            step, values = self.open_resize
+            self.open_resize = None
+            if last_step > step:
+                self.tracker.log_metrics([(last_step, values)], flush=True)
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
@@ -135,28 +153,93 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({"elastic.capacity_returned": self.grown,
                                        "elastic.capacity_returned_reason": reason})
             case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
-                self.tracker.log_metrics([(r.step, {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
-                                                    M.RESIZE_LATENCY_S: r.latency_s})], flush=True)
+                self._end_open_resize(r.step - 1)  # the previous resize's stretch ended at this one
+                values = {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),
+                          M.RESIZE_LATENCY_S: float(r.latency_s or 0.0)}
+                self.tracker.log_metrics([(r.step, values)], flush=True)
+                self.open_resize = (r.step, values)
+
+
+@dataclass
+class _Change:
+    """A change of B and/or W at ``step`` whose line waits for the first step run with it: that
+    step's record carries the LR and MF the policies gave the new B and W (the MF rule reads B / W,
+    so neither is known before the new group's first step)."""
+
+    step: int
+    batch: tuple[int, int] | None = None  # (old, new)
+    workers: tuple[int, int] | None = None  # (old, new)
+    how: str = ""
+    lr: float | None = None  # before the change
+    mf: float | None = None
+
+    def reached_by(self, step: int) -> bool:
+        """Every step after a batch change runs with the new B, and every step after a resize's
+        handover step is the new group's."""
+        return step > self.step
+
+    def line(self, metrics: dict[str, float] | None) -> str:
+        """``batch: B 32 -> 64 and W 1 -> 2 at step 45 (restarting the group): lr 0.1 -> 0.2, mf 0.9``."""
+        what = " and ".join(f"{name} {a} -> {b}" for name, ab in (("B", self.batch), ("W", self.workers))
+                            if ab is not None for a, b in [ab])
+        head = f"{'batch' if self.batch is not None else 'resize'}: {what} at step {self.step}"
+        head += f" ({self.how})" if self.how else ""
+        if metrics is None:  # the run ended before a step ran with it
+            return head
+        parts = []
+        if self.batch is None and M.BATCH_GLOBAL in metrics:
+            parts.append(f"B {int(metrics[M.BATCH_GLOBAL])}")
+        if M.WORKERS in metrics and (self.workers is None or int(metrics[M.WORKERS]) != self.workers[1]):
+            # an elastic group may start with fewer workers than asked for
+            parts.append(f"W {int(metrics[M.WORKERS])}" + (f" of {self.workers[1]} asked" if self.workers else ""))
+        for name, before, key in (("lr", self.lr, M.LR), ("mf", self.mf, M.MF)):
+            if key in metrics:
+                now = metrics[key]
+                parts.append(f"{name} {before:.4g} -> {now:.4g}" if before is not None and f"{before:.4g}" != f"{now:.4g}"
+                             else f"{name} {now:.4g}")
+        return head + (": " + ", ".join(parts) if parts else "")
 
 
 class ProgressListener(RunListener):
-    """The progress bar, and a line for each thing a person watching should know."""
+    """The progress bar, and a line for each thing a person watching should know.  A batch change
+    or a resize is written once the first step with the new B and W has run, with the LR and MF
+    that step used (:class:`_Change`); while a group restarts the bar says ``restarting``."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
+        self.pending: list[_Change] = []
 
     def on_records(self, records: list[Record]) -> None:
         self.progress.update(records)
+        if not self.pending:
+            return
+        for step, metrics, *_ in records:
+            for change in [c for c in self.pending if c.reached_by(step)]:
+                self.pending.remove(change)
+                self.progress.write(change.line(metrics))
+
+    def _before(self, step: int) -> _Change:
+        last = getattr(self.progress, "last", {})
+        return _Change(step=step, lr=last.get(M.LR), mf=last.get(M.MF))
 
     def on_event(self, event: Event) -> None:
         write = self.progress.write
         match event:
             case BatchChange(step=step, old=old, new=new):
-                write(f"batch: {old} -> {new} at step {step}")
+                change = self._before(step)
+                change.batch = (old, new)
+                self.pending.append(change)
             case AutoWarmupEnd(step=step, peak_lr=peak, reason=reason):
                 write(f"auto warmup ended at step {step}: peak lr {peak:.4g} ({reason})")
             case GroupRestarted(step=step, workers=workers, restarts=n):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
+                if hasattr(self.progress, "restarting"):  # restoring its checkpoint: no rate until it steps
+                    self.progress.restarting(f"after a failure, restart {n}")
+            case GroupFailed(message=message):
+                write(f"warning: a worker failed ({message}); the group restarts from its last checkpoint "
+                      "while scaling.max_failures allows")
+                if hasattr(self.progress, "restarting"):
+                    self.progress.restarting("a worker failed")
             case Diverged():
                 write(f"error: {event.message}")
             case WorkloadFailed(deterministic=True):
@@ -181,9 +264,19 @@ class ProgressListener(RunListener):
                 write(f"resize to {workers} workers called off: training ended before the new group was ready")
             case ResizeHandedOver(resize=r):
                 how = "the new group took over" if r.mode == "overlap" else "restarting the group"
-                write(f"resize: {r.from_workers} -> {r.to} workers at step {r.step} ({how})")
+                # a batch change at the handover's step caused it: one line for both
+                change = next((c for c in self.pending if c.step == r.step and c.workers is None), None)
+                if change is None:
+                    change = self._before(r.step)
+                    self.pending.append(change)
+                change.workers, change.how = (r.from_workers, r.to), how
+                if r.mode != "overlap" and hasattr(self.progress, "restarting"):
+                    self.progress.restarting(f"W {r.from_workers} -> {r.to}")
 
     def close(self) -> None:
+        for change in self.pending:  # the run ended before a step ran with them
+            self.progress.write(change.line(None))
+        self.pending = []
         self.progress.close()
 
 

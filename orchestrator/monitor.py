@@ -322,6 +322,12 @@ class MonitorState:
     def request_stop(self) -> None:
         self._stop = True
 
+    def group_failed(self, phase: int, message: str) -> None:
+        """Ray Train's controller saw a worker of ``phase``'s group fail (:class:`FailureNotice`)."""
+        from orchestrator.events import GroupFailed
+
+        self._events.append(GroupFailed(phase=phase, message=message))
+
     def judged(self, step: int, stop: bool) -> None:
         """The driver's verdict on the records up to ``step`` (a search trial's pruner): ``stop``
         or go on.  Rank 0 waits for it at its next judged value (trainers/link/channel.py)."""
@@ -330,3 +336,4 @@ class MonitorState:
 
 
 Monitor = ray.remote(num_cpus=0)(MonitorState)
+

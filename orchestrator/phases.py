@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
+from orchestrator import command
 from orchestrator.config import RootConfig
 from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured,
                                  ResizeRecord)
@@ -598,6 +599,7 @@ class PhaseRunner:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
+        from orchestrator.failures import FailureNotice
         from trainers.loop.trainer import train_loop_per_worker
 
         s = self.cfg.scaling
@@ -624,6 +626,7 @@ class PhaseRunner:
                 name=self.phase_run_name(phase),
                 storage_path=self.storage_path,
                 failure_config=FailureConfig(max_failures=s.max_failures),
+                callbacks=[FailureNotice(self.link.name, self.link.namespace, phase)] if self.link.name else [],
             ),
         )
 
@@ -672,7 +675,7 @@ class PhaseRunner:
             self.progress.write(status)
         if self.capacity.wait.expired():
             how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
-                   else f"python -m orchestrator resume {self.tracker.run_id}")
+                   else f"{command.cli()} resume {self.tracker.run_id}")
             raise CapacityLost(self.capacity.wait.message(how))
         lost = self.tracker.outage_expired()  # the tracking server stayed away too long: stop at a checkpoint
         if lost is not None:

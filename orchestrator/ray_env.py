@@ -53,6 +53,17 @@ def quiet_ray_env(verbose: bool) -> None:
         os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
 
 
+def quiet_libraries(verbose: bool) -> None:
+    """Library chatter (MLflow's INFO lines: its database setup, its system-metrics monitor; alembic's
+    migrations; Ray's INFO lines) only when asked (``verbose``): the CLI and ``fit()`` call it."""
+    if verbose:
+        return
+    # MLflow sets its loggers' level from this when it is imported (if after this call)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name in ("mlflow", "alembic", "ray"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 RAY_SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch between its multi-node mode and its single-machine one (the default on macOS and
 Windows), where the node's address is 127.0.0.1 and so every Ray server binds loopback only."""

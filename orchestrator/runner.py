@@ -18,6 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from orchestrator import command
 from orchestrator.config import ConfigError, RootConfig
 from orchestrator.history import earlier_timeline, resize_saver
 from orchestrator.listeners import TimelineListener
@@ -83,7 +84,7 @@ def interrupted_message(run_id: str, steps: int, checkpoint: int | None,
         return (f"stopped by Ctrl-C or SIGTERM after step {steps}, before its first checkpoint: "
                 f"nothing to resume; train it anew")
     how = (f"from Python: fit(resume={run_id!r}, ...) with the same functions" if functions
-           else f"python -m orchestrator resume {run_id}")
+           else f"{command.cli()} resume {run_id}")
     return (f"stopped by Ctrl-C or SIGTERM after step {steps}; it continues from its checkpoint at step "
             f"{checkpoint} with: {how}")
 
@@ -237,6 +238,7 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
         except Exception:  # noqa: BLE001 - the run still ends KILLED below
             pass
     finally:
+        _write_note(tracker, cfg, status, runner)
         try:
             tracker.end(status)
         except Exception:  # noqa: BLE001 - the store itself is on the full disk: the message says so
@@ -319,6 +321,19 @@ def _driver_failure(tracker: RunTracker, runner: PhaseRunner, e: Exception,
     except Exception:  # noqa: BLE001 - the tracking store may be on the same full disk
         pass
     return message
+
+
+def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None) -> None:
+    """The run's description in MLflow (orchestrator/note.py), rewritten by every driver of the run."""
+    from orchestrator.note import NOTE_TAG, changes, describe
+
+    try:
+        tracker.release_held()  # the newest point of every piecewise series, B and W included
+        resizes = len(changes(tracker.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+        tracker.set_tags({NOTE_TAG: describe(cfg, tracker.history, status, resizes=resizes,
+                                             resumes=runner.resumes if runner is not None else 0)})
+    except Exception:  # noqa: BLE001 - a description must never fail a run (a store that does not answer)
+        pass
 
 
 def _summary(tracker: RunTracker, runner: PhaseRunner | None, status: str, t0: float, error: str | None = None,

@@ -133,18 +133,50 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(timeline: Timeline, path: str) -> bool:
-    """One chart: B and W against seconds since the first step, each resize's stand-still shaded
-    (its parts in the legend).  False when there is nothing to draw."""
+def resize_label(n: int, r: dict[str, Any]) -> str:
+    """One line of the chart's key: ``1: W 1 -> 2 at step 45 (restart): stood still 29.9 s (teardown 0.5 s, ...)``."""
+    latency = r.get("latency_s") or 0.0
+    parts = ", ".join(f"{p[:-2]} {r[p]:.1f} s" for p in PARTS if r.get(p))
+    return (f"{n}: W {r['from']} -> {r['to']} at step {r['step']} ({r['mode']}): stood still {latency:.1f} s"
+            + (f" ({parts})" if parts else ""))
+
+
+def _stagger(fig: Any, ax: Any, marks: list[Any]) -> None:
+    """Raise each resize's number above the previous ones it would overlap (they sit in the margin
+    above the axes, so they never cover the lines or the axis)."""
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
+    for mark in marks:
+        row = 0
+        while True:
+            mark.xyann = (0, 3 + row * 12)  # points above the axes' top
+            box = mark.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            row += 1
+        placed.append(mark.get_window_extent(renderer))
+
+
+def figure(timeline: Timeline) -> Any:
+    """The chart as a matplotlib figure (see :func:`plot`); None when there is nothing to draw.
+
+    Each resize is a gray span (training stood still) numbered above the axes, staggered where
+    resizes are close; what each number stands for is a line of the key under the chart, so no
+    label covers a line, an axis or another label however many resizes there were."""
     if not timeline.stretches:
-        return False
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t0 = timeline.t0 or 0.0
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    key = [resize_label(i + 1, r) for i, r in enumerate(timeline.resizes)]
+    # room for the staggered numbers above the axes and a line of the key per resize below them
+    top_in, key_in, axes_in = 0.45 + 0.17 * min(max(len(key) - 1, 0), 3), 0.2 * len(key) + 0.15, 2.2
+    height = top_in + axes_in + 0.6 + key_in
+    fig, ax = plt.subplots(figsize=(9, height))
+    fig.subplots_adjust(left=0.08, right=0.92, top=1 - top_in / height, bottom=(0.6 + key_in) / height)
     xs = [s.start - t0 for s in timeline.stretches] + [timeline.stretches[-1].end - t0]
     bs = [s.batch for s in timeline.stretches]
     ws = [s.workers for s in timeline.stretches]
@@ -155,15 +187,30 @@ def plot(timeline: Timeline, path: str) -> bool:
     ax2.step(xs, ws + ws[-1:], where="post", label="workers W", color="tab:orange")
     ax2.set_ylabel("W", color="tab:orange")
     ax2.set_ylim(0, max(ws) + 1)
-    for r in timeline.resizes:
+    marks = []
+    for i, r in enumerate(timeline.resizes):
         start, latency = r["time"] - t0, r.get("latency_s") or 0.0
         ax.axvspan(start, start + latency, color="gray", alpha=0.3)
-        parts = ", ".join(f"{p[:-2]} {r[p]:.1f}s" for p in PARTS if r.get(p))
-        ax.annotate(f"{r['from']}->{r['to']} workers ({r['mode']}): {latency:.1f}s\n{parts}",
-                    (start + latency, max(bs)), fontsize=8, va="top", ha="left")
-    ax.set_title("batch and workers over the run (gray: training stood still for a resize)")
+        marks.append(ax.annotate(str(i + 1), xy=(start + latency / 2, 1.0), xycoords=("data", "axes fraction"),
+                                 xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                                 annotation_clip=False))
+    fig.suptitle("batch and workers over the run (gray: training stood still for a resize)", fontsize=10,
+                 y=1 - 0.08 / height, va="top")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    for i, line in enumerate(key):
+        fig.text(0.08, (key_in - 0.2 * (i + 1)) / height + 0.02 / height, line, fontsize=8, ha="left", va="bottom")
+    _stagger(fig, ax, marks)
+    return fig
+
+
+def plot(timeline: Timeline, path: str) -> bool:
+    """One chart: B and W against seconds since the first step, each resize's stand-still shaded
+    and numbered, its parts in the key below (:func:`figure`).  False when there is nothing to draw."""
+    fig = figure(timeline)
+    if fig is None:
+        return False
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from orchestrator.config import RootConfig, public_config
+from orchestrator.note import changes as resize_steps  # resize/to changes at each resize (its stretch's end repeats it)
 from orchestrator.ui import experiment_id
 from orchestrator.uris import mlflow_uri, redact_text
 from trainers.link import metrics as M
@@ -445,7 +446,7 @@ class RunTracker:
                     ax.plot([s for s, _ in pts], [v for _, v in pts], label=k,
                             drawstyle="steps-post" if k in (M.WORKERS, M.BATCH_GLOBAL) else "default",
                             marker="o" if k.startswith("val/") else None, markersize=3)
-            for step, _ in self.history.get(M.RESIZE_TO, []):  # where the worker group was resized
+            for step, _ in resize_steps(self.history.get(M.RESIZE_TO, [])):  # where the worker group was resized
                 ax.axvline(step, color="gray", linestyle="--", linewidth=0.8)
             ax.set_ylabel(keys[0])
             ax.grid(alpha=0.3)

@@ -16,6 +16,7 @@ without the user and password a tracking URI may carry.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from orchestrator import command
 from orchestrator.uris import (artifacts_destination, experiment_artifact_location, mlflow_uri, public_url,
                                redact_uri)
 
@@ -59,7 +61,7 @@ def open_hint(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     if is_server_uri(tracking_uri):
         return f"open the run:    {url}"
     return (f"open the run:    {url}\n"
-            f"                 (serve it first: python -m orchestrator ui --tracking-uri {redact_uri(tracking_uri)})")
+            f"                 (serve it first: {command.cli()} ui --tracking-uri {shlex.quote(redact_uri(tracking_uri))})")
 
 
 def mark_experiment(client: Any, experiment_id: str) -> None:

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from orchestrator import command
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.flags import OneLineParser, number
 
@@ -129,7 +130,7 @@ def _run_summary(s, storage_arg: str) -> str:
         f"  storage        {s.storage}",
         f"  MLflow parent  {s.parent_run_id} (experiment id {s.experiment_id})",
         f"  tracking URI   {redact_uri(s.tracking_uri)}",
-        f"show it:         python -m search show {s.study_name} --storage {redact_uri(store)}",
+        f"show it:         {command.cli('search')} show {s.study_name} --storage {redact_uri(store)}",
         open_hint(s.tracking_uri, s.experiment_id, s.parent_run_id),
     ]
     return "\n".join(lines)

@@ -99,3 +99,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def printed_command(text: str, before: str, after: str) -> list[str]:
+    """The command a message printed between ``before`` and ``after`` (e.g. ``"with: "`` and
+    ``" resume"``), split as a shell would, after checking that it runs this interpreter (or this
+    package's console script), not whatever ``python`` the PATH holds."""
+    import re
+    import shlex
+    import shutil
+
+    m = re.search(re.escape(before) + r"(.+?)" + re.escape(after), text)
+    assert m, text
+    argv = shlex.split(m.group(1))
+    exe = os.path.expanduser(argv[0])
+    found = exe if os.sep in exe else shutil.which(exe)
+    assert found is not None, argv
+    if argv[1:3] == ["-m", "orchestrator"] or argv[1:3] == ["-m", "search"]:
+        assert os.path.abspath(found) == os.path.abspath(sys.executable), (argv, sys.executable)
+    else:
+        assert os.path.basename(found) in ("elb-train", "elb-search"), argv
+    return argv

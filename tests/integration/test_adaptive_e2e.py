@@ -57,10 +57,12 @@ def test_batch_grows_and_workers_follow(grown):
     assert _changes(metric_series(uri, rid, "workers")) == [(1, 1.0), (steps1 + 1, 2.0), (steps2 + 1, 4.0)]
     # batch/global is the policy's B at every step, the epochs' short last batches included
     assert _changes(metric_series(uri, rid, "batch/global")) == [(1, 32.0), (steps1 + 1, 64.0), (steps2 + 1, 128.0)]
-    assert metric_series(uri, rid, "resize/from") == [(steps1, 1.0), (steps2, 2.0)]
-    assert metric_series(uri, rid, "resize/to") == [(steps1, 2.0), (steps2, 4.0)]
+    # each resize at its step and again where the stretch it opened ends: a step line, not a dot
+    last = metric_series(uri, rid, "train/loss")[-1][0]
+    assert metric_series(uri, rid, "resize/from") == [(steps1, 1.0), (steps2 - 1, 1.0), (steps2, 2.0), (last, 2.0)]
+    assert metric_series(uri, rid, "resize/to") == [(steps1, 2.0), (steps2 - 1, 2.0), (steps2, 4.0), (last, 4.0)]
     latency = metric_series(uri, rid, "resize/latency_s")
-    assert len(latency) == 2 and all(0 < v < 300 for _, v in latency)
+    assert len(latency) == 4 and all(0 < v < 300 for _, v in latency)
     # the LR followed the linear scaling rule at each batch change
     assert _changes(metric_series(uri, rid, "lr")) == [(1, 0.05), (steps1 + 1, 0.1), (steps2 + 1, 0.2)]
     assert [r["mode"] for r in runs["elastic"].resizes] == ["restart", "restart"]

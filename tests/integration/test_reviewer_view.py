@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.runner import run_training
-from tests.helpers import make_config
+from tests.helpers import make_config, metric_series
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +68,13 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
     assert [r["kind"] for r in rows] == ["train", "resize", "train"]
     assert rows[1]["mode"] == "restart" and rows[1]["teardown_s"] > 0
     assert "resize/to" in keys and not [k for k in keys if k in ("resize/setup_s", "resize/start_s")]
+    # the resize's chart is a line across the stretch it opened, not a lone dot
+    assert [v for _, v in metric_series(uri, s.run_id, "resize/to")] == [2.0, 2.0]
+
+    # the description: what was trained, its final training metrics, how B and W changed
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("**mlp** on **digits**: ") and "\n- val/accuracy **" in note
+    assert "B 32 -> 64 at step 46; W 1 -> 2 at step 46 (1 resize of the worker group)" in note, note
 
     # only the params that apply; the git source of the project
     assert run.data.params["batch.schedule"] and "data.size" not in run.data.params

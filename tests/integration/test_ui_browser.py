@@ -1,5 +1,9 @@
 """The reviewer's view in a real browser: a real run with a batch change and a resize, served by
-``python -m orchestrator ui``, opened in headless Chromium at the link the command prints."""
+``python -m orchestrator ui``, opened in headless Chromium at the link the command prints.
+
+MLflow 3's run overview lists a run's system metrics above its other metrics in its metrics table
+(``RunViewMetricsTable``: keys under ``system/`` first whenever there are both); the run's description
+(``mlflow.note.content``), which the overview shows above that table, leads with the training metrics."""
 
 from __future__ import annotations
 
@@ -59,6 +63,11 @@ def test_the_printed_link_opens_the_run_with_its_batch_and_resize(ray_cluster, t
         for metric in ("batch/global", "workers", "resize/to", "val/accuracy"):
             assert metric in dom, metric
         assert "Model training" in dom
+        # the description: what was trained, its final training metrics, how B and W changed
+        assert "No description" not in dom
+        assert "B 32 -&gt; 64 at step" in dom and "W 1 -&gt; 2 at step" in dom, dom
+        first_training = min(dom.index(k) for k in ("val/accuracy", "train/loss"))
+        assert first_training < dom.index("system/cpu_utilization_percentage")
     finally:
         proc.terminate()
         proc.wait(30)

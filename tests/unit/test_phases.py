@@ -311,5 +311,7 @@ def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_
     finally:
         stop.set()
     assert runner.failure.startswith("lost capacity: only 0 of scaling.min_workers 1 workers fit the live nodes")
-    assert runner.failure.endswith(f"with: python -m orchestrator resume {runner.tracker.run_id}")
+    from orchestrator.command import cli
+
+    assert runner.failure.endswith(f"with: {cli()} resume {runner.tracker.run_id}")
     assert said and said[0].startswith("waiting for capacity: 0 of scaling.min_workers 1 workers fit")

@@ -48,3 +48,47 @@ def test_the_summary_table_has_a_line_per_stretch(tmp_path):
     assert lines[4].split() == ["21-25", "72", "2", "338", "15.0", "9.0"]
     assert plot(_timeline(), str(tmp_path / "t.png")) and (tmp_path / "t.png").stat().st_size > 0
     assert not plot(Timeline(), str(tmp_path / "empty.png"))
+
+
+def _close_resizes() -> Timeline:
+    """Three resizes within a few seconds of each other, and one at the very end of the run."""
+    tl = Timeline()
+    t, step = 0.0, 0
+    for i, (b, w) in enumerate([(32, 1), (64, 2), (128, 4), (256, 8), (256, 4)]):
+        if i:
+            tl.add_resize({"from": tl.stretches[-1].workers, "to": w, "mode": "restart", "step": step, "time": t,
+                           "latency_s": 1.0, "overlap_s": 0.0, "teardown_s": 0.3, "start_s": 0.4, "setup_s": 0.3})
+            t += 1.0
+        n = 400 if i == 0 else (2 if i < 4 else 1)  # the resizes: a few seconds apart in 200
+        for _ in range(n):
+            step, t = step + 1, t + 0.5
+            tl.add_records([_rec(step, b, w, t)])
+    return tl
+
+
+def test_the_charts_labels_overlap_neither_the_axes_nor_each_other():
+    import matplotlib.pyplot as plt
+
+    from orchestrator.timeline import figure
+
+    fig = figure(_close_resizes())
+    renderer = fig.canvas.get_renderer()
+    ax, ax2 = fig.axes
+    key = [t for t in fig.texts if t is not fig._suptitle]
+    labels = list(ax.texts) + key  # the resizes' numbers and the key's lines
+    assert len(ax.texts) == 4 and len(key) == 4
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    # nothing the chart draws by itself: the plotting area, the axis and tick labels, the title
+    fixed = [ax.get_window_extent(renderer), fig._suptitle.get_window_extent(renderer)]
+    for axis in (ax.xaxis, ax.yaxis, ax2.yaxis):
+        fixed.append(axis.label.get_window_extent(renderer))
+        fixed += [t.get_window_extent(renderer) for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+    page = fig.bbox
+    for box in boxes:
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, box
+        for other in fixed:
+            assert not box.overlaps(other), (box, other)
+    plt.close(fig)

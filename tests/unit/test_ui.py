@@ -21,7 +21,9 @@ def test_a_server_uri_is_linked_directly_and_a_local_store_through_orchestrator_
     assert ui.ui_base("sqlite:///mlflow.db", 5001) == "http://127.0.0.1:5001"
     hint = ui.open_hint("sqlite:///mlflow.db", "1", "r1")
     assert "http://127.0.0.1:5000/#/experiments/1/runs/r1?workflowType=machine_learning" in hint
-    assert "python -m orchestrator ui --tracking-uri sqlite:///mlflow.db" in hint
+    from orchestrator.command import cli
+
+    assert f"{cli()} ui --tracking-uri sqlite:///mlflow.db" in hint
     assert "orchestrator ui" not in ui.open_hint("https://mlflow.example", "1", "r1")
 
 
