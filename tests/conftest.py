@@ -22,6 +22,15 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 os.environ.setdefault("ELASTIC_KEEP_RAY", "1")  # runs inside tests must not stop the shared Ray
 
 
+# Every Ray the tests start (the shared local one, the multinode tier's clusters) runs workers that
+# import the suite's own factories (``tests.byo_workloads``), also for a CLI driver that joins it: a
+# joining driver relies on the cluster's environment (orchestrator/code.py), so the project's root is
+# on the ``PYTHONPATH`` that Ray's processes inherit from this process.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3-compatible server (moto's, on 127.0.0.1 at a free port: tests/s3_server.py) for
@@ -45,18 +54,11 @@ def s3_server():
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory, s3_server):
-    """A real local Ray with 2 CPUs (this machine's size); workers use fractional CPUs.
-
-    Its workers import the test suite's own factories (``tests.byo_workloads``) also for a CLI
-    driver that joins it: a joining driver relies on the cluster's environment (orchestrator/code.py),
-    so the project's root is on the ``PYTHONPATH`` that Ray's processes inherit from here."""
+    """A real local Ray with 2 CPUs (this machine's size); workers use fractional CPUs."""
     from orchestrator.runner import ensure_ray
 
     import ray
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     ensure_ray(verbose=False, num_cpus=2)
     yield ray
     ray.shutdown()
