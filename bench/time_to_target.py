@@ -11,7 +11,7 @@ hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the c
     cbs_warmup      batch warmup from the measured critical batch (Merrill et al. 2025), doubling
     seesaw          step schedule's cuts at 1/4, 1/2, 3/4 of the budget: LR x 1/sqrt(2), B x 2 (Meterez et al. 2025)
     noise_scale     B follows c * B_simple (McCandlish et al. 2018), the config's limits
-    goodput         noise_scale with scaling.policy goodput (Pollux), when the config accepts it
+    goodput         scaling.policy goodput (Pollux) choosing B from B0 to the cap (batch.policy fixed, max_size set)
 
 Every run trains for the same budget (``--epochs``, in samples); the time to the target is where
 ``val/perplexity`` first reaches ``--target``.  Wall time on this machine is noisy (shared cores);
@@ -111,7 +111,10 @@ def schedules(base: dict, epochs: float, factor: int) -> list[tuple[str, dict]]:
         ("seesaw", batch(policy="seesaw", max_size=big)
          | {"schedule": {"decay": "seesaw", "milestones": milestones, "decay_factor": 0.5, "scaling_rule": "sqrt"}}),
         ("noise_scale", batch(policy="noise_scale", **adaptive)),
-        ("goodput", batch(policy="noise_scale", **adaptive) | {"scaling": {"policy": "goodput"}}),
+        # goodput chooses B itself (from B0 up to the cap, by throughput x efficiency) when the batch
+        # policy is fixed with room above B0; with an adaptive policy it would only choose W
+        ("goodput", batch(policy="fixed", max_size=cap, round_to=b0, check_every=bc.check_every, ema=bc.ema)
+         | {"scaling": {"policy": "goodput"}}),
     ]
 
 
