@@ -65,9 +65,10 @@ def resume_command(run_id: str, tracking_uri: str, functions: dict[str, Callable
     tracking URI with any credential masked (the person gives it again)."""
     if functions:
         return f"fit(resume={run_id!r}, ...) with the same functions"
+    from orchestrator.command import cli
     from orchestrator.uris import absolute_tracking_uri, redact_uri
 
-    return f"python -m orchestrator resume {run_id} --tracking-uri {redact_uri(absolute_tracking_uri(tracking_uri))}"
+    return f"{cli()} resume {run_id} --tracking-uri {redact_uri(absolute_tracking_uri(tracking_uri))}"
 
 
 def storage_failed_message(ev: StorageFailed, run_id: str, tracking_uri: str,

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator import ui
+from orchestrator.command import cli
 from tests.helpers import free_port, make_config, metric_series
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,7 @@ def test_a_server_that_never_comes_back_ends_the_run_with_the_resume_command(ray
     text = _output(tmp_path)
     assert rc == 1, text
     assert "Traceback" not in text, text
-    resume = f"python -m orchestrator resume {run_id} --tracking-uri {server.uri}"
+    resume = f"{cli()} resume {run_id} --tracking-uri {server.uri}"
     error = [line for line in text.splitlines() if "did not answer for 8 s" in line]
     assert len(error) == 1, text
     assert "were not recorded" in error[0] and "step records" in error[0], error[0]

@@ -78,6 +78,16 @@ def alive_actor_nodes(c, class_name: str) -> set[str]:
     return set(out.stdout.split())
 
 
+def free_cpus(c) -> float:
+    """The CPUs free on cluster ``c`` (its live nodes' less what actors hold), asked as above."""
+    code = ("from orchestrator.ray_env import ensure_ray; ensure_ray(); import ray; "
+            "print(ray.available_resources().get('CPU', 0.0))")
+    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.split()[-1])
+
+
 def wait_for(p: subprocess.Popen, tmp, what: str, ready, timeout: float = 300) -> None:
     """Wait while the run ``p`` trains until ``ready()``; fail with its output if it ends first."""
     deadline = time.time() + timeout

@@ -6,12 +6,14 @@ and the run's monitor on the driver's node all along."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from tests.helpers import metric_series
-from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, logged_workers,
-                                  run_id, wait_for, workers_logged)
+from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, free_cpus,
+                                  logged_workers, run_id, wait_for, workers_logged)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
@@ -21,6 +23,10 @@ def _three_nodes(cluster) -> list:
     while len(cluster.worker_nodes) < 3:
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
+    deadline = time.time() + 120  # and free: a run before may still be releasing its workers' CPUs
+    while (free := free_cpus(cluster)) < 3:
+        assert time.time() < deadline, f"only {free} CPUs free on the three worker nodes after 120 s"
+        time.sleep(1)
     return sorted(cluster.worker_nodes, key=lambda n: n.node_id)
 
 

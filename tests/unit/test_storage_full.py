@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.command import cli
 from trainers.link.messages import FirstStep, PhaseStart, StorageFailed
 from trainers.loop.checkpoint import CheckpointManager, read_checkpoint, run_checkpoints
 from trainers.loop.storage import LOCAL, StorageFull, no_room
@@ -161,5 +162,5 @@ def test_the_driver_ends_the_run_with_one_line_and_the_resume_command(tmp_path, 
         "the checkpoint storage is full (No space left on device) writing /d/elastic-abc/checkpoint_step00000040, "
         "0 B free there; training stopped at step 40 without restarting (a restart would write into the same "
         "storage); the newest checkpoint is /d/elastic-abc/checkpoint_step00000030; free space there, then: "
-        "python -m orchestrator resume abc --tracking-uri mem://")
+        f"{cli()} resume abc --tracking-uri mem://")
     assert np.isfinite(runner.book.t_start)
