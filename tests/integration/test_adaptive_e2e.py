@@ -132,7 +132,9 @@ def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
     # between the batch change and the takeover, one worker ran B=64 as two micro-batches
     assert workers[steps1 + 1] == 1.0 and accum[steps1 + 1] == 2.0
     assert workers[r["step"]] == 1.0 and workers[r["step"] + 1] == 2.0 and accum[r["step"] + 1] == 1.0
-    assert metric_series(uri, run.run_id, "resize/from") == [(r["step"], 1.0)]
+    # at the resize's step, and again where the stretch it opened ends (the chart draws a line)
+    last_step = metric_series(uri, run.run_id, "train/loss")[-1][0]
+    assert metric_series(uri, run.run_id, "resize/from") == [(r["step"], 1.0), (last_step, 1.0)]
 
     rows = read_sample_log(str(tmp_path / "samples"))
     last = max(row["step"] for row in rows)

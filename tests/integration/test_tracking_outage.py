@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from orchestrator import ui
-from orchestrator.command import cli
 from tests.helpers import free_port, make_config, metric_series
 
 pytestmark = pytest.mark.integration
@@ -56,10 +55,13 @@ def server(tmp_path):
 
 
 def _driver(ray_cluster, tmp_path, uri, outage_s, *args, name="train"):
+    # every step sleeps (same math as the mlp): training still runs ~20 s after the server is killed,
+    # whatever the machine's speed (unslowed, its 580 steps end in ~4 s: before the outage is seen)
     cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5},
-                      checkpoint={"every_steps": 20}, tracking={"outage_timeout_s": outage_s})
+                      checkpoint={"every_steps": 20}, tracking={"outage_timeout_s": outage_s}).model_dump(mode="json")
+    cfg["model"] = {"name": None, "factory": "tests.byo_workloads:slow_mlp", "params": {"hidden": 32, "sleep_s": 0.04}}
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
     out, err = open(tmp_path / f"{name}.out", "w"), open(tmp_path / f"{name}.err", "w")
@@ -102,7 +104,7 @@ def test_a_server_that_never_comes_back_ends_the_run_with_the_resume_command(ray
     text = _output(tmp_path)
     assert rc == 1, text
     assert "Traceback" not in text, text
-    resume = f"{cli()} resume {run_id} --tracking-uri {server.uri}"
+    resume = f"python -m orchestrator resume {run_id} --tracking-uri {server.uri}"
     error = [line for line in text.splitlines() if "did not answer for 8 s" in line]
     assert len(error) == 1, text
     assert "were not recorded" in error[0] and "step records" in error[0], error[0]

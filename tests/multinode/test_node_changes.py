@@ -91,4 +91,6 @@ def test_a_node_that_comes_back_grows_the_group_again(cluster, tmp_path, referen
     assert "capacity returned: 3 workers fit where the group has 2" in text, text
     from mlflow.tracking import MlflowClient
 
-    assert MlflowClient(uri).get_run(rid).data.tags["elastic.capacity_returned"] == "1"
+    # at least the one grow that W shows (a look that saw the new node before its raylet took the
+    # workers may decide once more: the group still grows once, as W above says)
+    assert int(MlflowClient(uri).get_run(rid).data.tags["elastic.capacity_returned"]) >= 1
