@@ -14,6 +14,19 @@ from trainers.link.messages import PushAnswer, ResizeAnswer, record_from_list
 from trainers.loop.meter import Reading, ThroughputMeter
 
 
+class _Bar:
+    """A progress bar's stand-in: the lines written under it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        self.lines.append(line)
+
+    def close(self) -> None:
+        pass
+
+
 @pytest.mark.parametrize("record", [WorkersNeeded(0, False), WorkersNeeded(3, True), WorkersNeeded(2, False),
                                     PushDecision(Action.GO, 10), PushDecision(Action.STOP, 1),
                                     PushDecision(Action.HAND_OVER, 10_000)])
@@ -130,17 +143,7 @@ def test_listeners_log_and_print_what_the_runner_did_before():
         def set_tags(self, tags):
             self.tags.update(tags)
 
-    class Bar:
-        def __init__(self) -> None:
-            self.lines: list[str] = []
-
-        def write(self, line: str) -> None:
-            self.lines.append(line)
-
-        def close(self) -> None:
-            pass
-
-    tr, bar = Tracker(), Bar()
+    tr, bar = Tracker(), _Bar()
     listeners = [TrackingListener(tr), ProgressListener(bar)]  # type: ignore[arg-type]
     r = ResizeRecord(from_workers=1, to=2, mode="restart", step=45, time=10.0, decided=9.0, fit_returned=11.0,
                      phase=1, fit_called=11.5)
@@ -189,14 +192,7 @@ def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_wh
         def set_tags(self, tags):
             self.tags.update(tags)
 
-    class Bar:
-        def __init__(self) -> None:
-            self.lines: list[str] = []
-
-        def write(self, line: str) -> None:
-            self.lines.append(line)
-
-    tr, bar = Tracker(), Bar()
+    tr, bar = Tracker(), _Bar()
     tracking = TrackingListener(tr)  # type: ignore[arg-type]
     tracking.continue_from({"elastic.warnings": "an earlier warning", "elastic.resizes_called_off": "2",
                             "elastic.checkpoints_quarantined": "a moved to b: damaged"})
