@@ -38,6 +38,8 @@ from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOf
 from orchestrator.nodes import CapacityWatch
 from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
 from orchestrator.progress import Progress, total_samples
+from orchestrator.reservations import TAG as RESERVATIONS_TAG
+from orchestrator.reservations import ray_train_run_id, recorded
 from orchestrator.tracking import RunTracker, TrackingLost
 from trainers.link import metrics as M
 from trainers.link import messages as msg
@@ -240,6 +242,7 @@ class RunNames:
         self.storage_path = resolve(storage_path)  # a local folder made absolute, or a URI
         self.resumes = 0  # set by run_training for a resumed run: keeps phase run names unique
         self.last_idx = -1  # the newest phase started (a failed early start keeps its index)
+        self.ray_train_runs = ""  # the newest groups' Ray Train run ids (orchestrator/reservations.py)
 
     def phase_run_name(self, phase: int) -> str:
         """Each phase is its own Ray Train run (two may run at once during an overlapping
@@ -633,7 +636,12 @@ class PhaseRunner:
 
     def start_phase(self, workers: int, idx: int, handover: bool) -> _Phase:
         """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
-        ph = _Phase(idx, workers, self._trainer(workers, idx, handover))
+        trainer = self._trainer(workers, idx, handover)
+        ph = _Phase(idx, workers, trainer)
+        train_id = ray_train_run_id(trainer)
+        if train_id:  # a resume after this driver is killed drops the group's reservation by it
+            self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
+            self.tracker.set_tags({RESERVATIONS_TAG: self.names.ray_train_runs})
         if not handover and self.monitor is not None:  # a cold start: what a resize's new group costs here
             self.monitor.starting.remote(idx, time.time())
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)

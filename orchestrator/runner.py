@@ -23,6 +23,8 @@ from orchestrator.config import ConfigError, RootConfig
 from orchestrator.history import earlier_timeline, resize_saver
 from orchestrator.listeners import TimelineListener
 from orchestrator.phases import POLL_S, PhaseRunner, resume_command
+from orchestrator.reservations import TAG as RESERVATIONS_TAG
+from orchestrator.reservations import release
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, run_folder, write_run_info
 from orchestrator.tracking import RunTracker, TrackingLost, unavailable
@@ -184,9 +186,12 @@ def run_training(cfg: RootConfig, verbose: bool = False, progress: bool = True,
             earlier = tracker.client.get_run(tracker.run_id).data.tags
             runner.tracking.continue_from(earlier)
             runner.resumes = int(earlier.get("elastic.resumes", "0")) + 1
+            runner.names.ray_train_runs = earlier.get(RESERVATIONS_TAG, "")
             tracker.set_tags({"elastic.resumes": runner.resumes})
         # One driver per run at a time (a resume acquired it before Ray started: see cli.cmd_resume)
         lock = lock or DriverLock(run_folder(runner.storage_path, runner.train_run_name)).acquire(tracker.run_id)
+        if resume_run_id:  # no other driver of the run is alive: its groups' reservations in Ray are stale
+            release(runner.names.ray_train_runs)
         write_run_info(runner, cfg)
         if on_start:
             on_start(runner)

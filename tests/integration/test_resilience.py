@@ -184,6 +184,12 @@ def test_sigterm_stops_cleanly_and_resume_trains_to_the_planned_end(reference, r
     assert len(_losses(uri, run_id)) == STEPS, "the refused resume trained nothing"
 
 
+def _reserved(ray, group: str) -> dict:
+    """What Ray's AutoscalingCoordinator reserves to Ray Train group ``group`` (its run id)."""
+    coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+    return ray.get(coordinator.get_reserved_resources.remote(f"train-{group}"), timeout=30)
+
+
 def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster, tmp_path):
     _, ref_uri, ref = reference
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -193,12 +199,19 @@ def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster,
     driver.wait()
     assert max(_ckpt_steps(run_dirs[0])) < STEPS, "the run finished before it could be killed"
     run_id = os.path.basename(run_dirs[0])[len("elastic-"):]
+    # The killed driver's group still holds its reservation in Ray (for Ray's 180 s expiry): the
+    # resume drops it by the group's recorded id instead of waiting it out.
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.reservations import TAG
+
+    groups = MlflowClient(uri).get_run(run_id).data.tags[TAG].split()
+    assert _reserved(ray_cluster, groups[-1]), "the killed driver's group holds no reservation"
     out = subprocess.run([sys.executable, "-m", "orchestrator", "resume", run_dirs[0], "--no-progress"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert not _reserved(ray_cluster, groups[-1]), "the dead group's reservation outlived the resume"
     assert run_id in out.stdout
-    from mlflow.tracking import MlflowClient
-
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["elastic.resumes"] == "1"
     ref_losses, got = _losses(ref_uri, ref.run_id), _losses(uri, run_id)

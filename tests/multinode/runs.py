@@ -88,6 +88,28 @@ def free_cpus(c) -> float:
     return float(out.stdout.split()[-1])
 
 
+def refresh_train_view(c) -> None:
+    """Make Ray Train count every live node of cluster ``c`` at the next group start.
+
+    Ray Train sizes an elastic group from Ray's AutoscalingCoordinator, a detached actor that
+    re-reads the cluster's nodes only every 20 s: a node added just before a run starts is not
+    counted yet, and the run starts with fewer workers (then grows at its capacity check).  Ask the
+    actor to re-read now; where it cannot be asked (not created yet: it reads the nodes when it is;
+    or an API of Ray's that changed), wait out its re-read instead."""
+    code = ("from orchestrator.ray_env import ensure_ray; ensure_ray(); import ray\n"
+            "try:\n"
+            "    a = ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator')\n"
+            "except ValueError:\n"
+            "    print('none')\n"
+            "else:\n"
+            "    ray.get(a.get_reserved_resources.remote('tests', recompute=True), timeout=60)\n"
+            "    print('done')\n")
+    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 or out.stdout.split()[-1:] not in (["none"], ["done"]):
+        time.sleep(21)
+
+
 def wait_for(p: subprocess.Popen, tmp, what: str, ready, timeout: float = 300) -> None:
     """Wait while the run ``p`` trains until ``ready()``; fail with its output if it ends first."""
     deadline = time.time() + timeout

@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers import metric_series
 from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, free_cpus,
-                                  logged_workers, run_id, wait_for, workers_logged)
+                                  logged_workers, refresh_train_view, run_id, wait_for,
+                                  workers_logged)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
@@ -27,6 +28,7 @@ def _three_nodes(cluster) -> list:
     while (free := free_cpus(cluster)) < 3:
         assert time.time() < deadline, f"only {free} CPUs free on the three worker nodes after 120 s"
         time.sleep(1)
+    refresh_train_view(cluster)  # a node added just now counts when the run starts (W=3 from its first step)
     return sorted(cluster.worker_nodes, key=lambda n: n.node_id)
 
 

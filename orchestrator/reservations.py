@@ -1,0 +1,57 @@
+"""The Ray Train reservations a killed driver leaves behind, dropped when its run resumes.
+
+An elastic group (``min_workers < max_workers``) reserves its resources through Ray's
+AutoscalingCoordinator, a detached actor shared by every run on the cluster: the reservation is
+renewed every 20 s while the group's Ray Train controller lives and dropped when the controller
+ends.  A driver killed outright (SIGKILL, an OOM kill, a lost head process) takes its controller
+with it before the controller can drop it, and the reservation stays for Ray's expiry, 180 s.  A
+``resume`` started meanwhile finds the cluster reserved to a run that no longer exists and waits
+("ready resources for 0 workers") for up to three minutes.
+
+So every group's Ray Train run id is recorded on the MLflow run (:data:`TAG`), and ``resume`` drops
+the reservations of those ids before its first group starts.  The coordinator is Ray's own (it
+has no public API); where it cannot be reached, the resume only waits as it would have.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+TAG = "elastic.ray_train_runs"  # the newest groups' Ray Train run ids, space-separated
+KEEP = 4  # an overlap resize has two groups alive at once; a few more cost nothing
+_COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")  # Ray's actor name and namespace
+
+log = logging.getLogger(__name__)
+
+
+def ray_train_run_id(trainer: Any) -> str | None:
+    """The run id Ray Train gives the group of ``trainer`` (a TorchTrainer, before ``fit()``)."""
+    ctx = getattr(trainer, "train_run_context", None)
+    return getattr(ctx, "run_id", None)
+
+
+def recorded(earlier: str | None, new: str) -> str:
+    """The tag's value once ``new`` joins the ids recorded before (``earlier``), newest last."""
+    ids = [i for i in (earlier or "").split() if i != new] + [new]
+    return " ".join(ids[-KEEP:])
+
+
+def release(tag_value: str | None, timeout_s: float = 10.0) -> int:
+    """Drop the coordinator's reservations of the Ray Train runs in ``tag_value``; how many ids
+    were asked for (0 without ids or without a coordinator on this cluster)."""
+    ids = (tag_value or "").split()
+    if not ids:
+        return 0
+    import ray
+
+    try:
+        coordinator = ray.get_actor(_COORDINATOR[0], namespace=_COORDINATOR[1])
+    except ValueError:  # no elastic group has run on this cluster since it started: nothing reserved
+        return 0
+    try:
+        ray.get([coordinator.cancel_request.remote(requester_id=f"train-{i}") for i in ids], timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - Ray's private actor changed or is slow: the reservations expire anyway
+        log.debug("could not drop the reservations of %s: %s", ids, e)
+        return 0
+    return len(ids)
