@@ -55,9 +55,10 @@ def server(tmp_path):
 
 
 def _driver(ray_cluster, tmp_path, uri, outage_s, *args, name="train"):
-    # every step sleeps (same math as the mlp): training still runs ~20 s after the server is killed,
-    # whatever the machine's speed (unslowed, its 580 steps end in ~4 s: before the outage is seen)
-    cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5},
+    # every step sleeps (same math as the mlp; one micro-batch a step): training still runs ~20 s
+    # after the server is killed, whatever the machine's speed (unslowed, its 580 steps end in ~4 s:
+    # before the outage is seen)
+    cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5}, batch={"max_local_batch": 50},
                       checkpoint={"every_steps": 20}, tracking={"outage_timeout_s": outage_s}).model_dump(mode="json")
     cfg["model"] = {"name": None, "factory": "tests.byo_workloads:slow_mlp", "params": {"hidden": 32, "sleep_s": 0.04}}
     path = tmp_path / "cfg.yaml"
