@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 def workers_that_fit(nodes: Iterable[Mapping], per_worker: Mapping[str, float]) -> int:
@@ -72,14 +72,18 @@ def live_nodes() -> list[dict] | None:
 class CapacityWatch:
     """The driver's look at the live nodes every ``every_s``: feeds :class:`CapacityWait`, and gives
     a line to show every ``say_every_s`` while it waits (None otherwise); and the pace of its look
-    for capacity that came back (:meth:`grow_due`, every ``grow_every_s``)."""
+    for capacity that came back (:meth:`grow_due`, every ``grow_every_s``).  When the set of live
+    nodes changes (one lost, one joined) it calls ``on_change`` (the driver has Ray Train's view of
+    the nodes re-read: orchestrator/reservations.py)."""
 
     def __init__(self, min_workers: int, timeout_s: float, every_s: float = 2.0, say_every_s: float = 15.0,
-                 nodes=live_nodes, clock=time.monotonic, grow_every_s: float = 30.0):
+                 nodes=live_nodes, clock=time.monotonic, grow_every_s: float = 30.0,
+                 on_change: Callable[[], object] | None = None):
         self.wait = CapacityWait(min_workers, timeout_s, clock=clock)
         self.every_s, self.say_every_s, self.nodes, self.clock = every_s, say_every_s, nodes, clock
         self._looked = self._said = -math.inf
         self.grow_every_s, self._grow_asked = grow_every_s, clock()
+        self.on_change, self._alive = on_change, None  # the live nodes' ids at the last look
 
     def grow_due(self) -> bool:
         """Whether ``grow_every_s`` passed since the last look for capacity that came back (then it counts as made)."""
@@ -97,6 +101,10 @@ class CapacityWatch:
         nodes = self.nodes()
         if nodes is None:
             return None
+        alive = frozenset(n.get("NodeID") for n in nodes if n.get("Alive", n.get("alive", False)))
+        if self._alive is not None and alive != self._alive and self.on_change is not None:
+            self.on_change()
+        self._alive = alive
         status = self.wait.update(workers_that_fit(nodes, per_worker))
         if status is None or now - self._said < self.say_every_s:
             return None

@@ -40,6 +40,7 @@ from orchestrator.listeners import ProgressListener, RecordsCallback, RunListene
 from orchestrator.progress import Progress, total_samples
 from orchestrator.reservations import TAG as RESERVATIONS_TAG
 from orchestrator.reservations import ray_train_run_id, recorded
+from orchestrator.reservations import refresh as refresh_nodes
 from orchestrator.tracking import RunTracker, TrackingLost
 from trainers.link import metrics as M
 from trainers.link import messages as msg
@@ -414,7 +415,7 @@ class PhaseRunner:
         self.resize_book = ResizeBook()
         self.state: RunState = Starting()
         self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s,
-                                      grow_every_s=cfg.scaling.capacity_check_s)
+                                      grow_every_s=cfg.scaling.capacity_check_s, on_change=refresh_nodes)
         tracker.warn = self.progress.write  # "the tracking server does not answer" under the bar
 
     # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------

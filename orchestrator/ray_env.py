@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from orchestrator.reservations import PLACEMENT_WAIT_S
+
 _term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
 
 
@@ -145,6 +147,10 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
         return False
     level = logging.INFO if verbose else logging.ERROR
     kwargs: dict[str, Any] = dict(logging_level=level, log_to_driver=verbose, configure_logging=True)
+    # Ray Train waits this long for a group's placement, then sizes the group anew from what the
+    # cluster holds: its 60 s default is the pause a lost node costs when the restarted group was
+    # first sized from a view of the cluster from before the loss (orchestrator/reservations.py)
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(PLACEMENT_WAIT_S))
     address = os.environ.get("RAY_ADDRESS")
     if address:
         with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below

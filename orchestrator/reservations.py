@@ -9,8 +9,16 @@ with it before the controller can drop it, and the reservation stays for Ray's e
 ("ready resources for 0 workers") for up to three minutes.
 
 So every group's Ray Train run id is recorded on the MLflow run (:data:`TAG`), and ``resume`` drops
-the reservations of those ids before its first group starts.  The coordinator is Ray's own (it
-has no public API); where it cannot be reached, the resume only waits as it would have.
+the reservations of those ids before its first group starts.
+
+The coordinator also sizes a restarted group: it re-reads the cluster's nodes every 20 s, so right
+after a node is lost Ray Train may size the new group for the lost node too and wait for a
+placement that cannot happen.  The driver asks it to re-read the nodes (:func:`refresh`) as soon as
+it sees the set of live nodes change, and Ray Train gives up on such a placement after
+:data:`PLACEMENT_WAIT_S` (its own default, 60 s, is the pause a lost node cost) to size it anew.
+
+The coordinator is Ray's own (it has no public API); where it cannot be reached, runs only wait as
+they would have.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from typing import Any
 TAG = "elastic.ray_train_runs"  # the newest groups' Ray Train run ids, space-separated
 KEEP = 4  # an overlap resize has two groups alive at once; a few more cost nothing
 _COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")  # Ray's actor name and namespace
+# Ray Train's wait for a group's placement group (resources that are there are placed at once);
+# a user's RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S wins (orchestrator/ray_env.py)
+PLACEMENT_WAIT_S = 10
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +48,29 @@ def recorded(earlier: str | None, new: str) -> str:
     return " ".join(ids[-KEEP:])
 
 
+def _coordinator() -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(_COORDINATOR[0], namespace=_COORDINATOR[1])
+    except ValueError:  # no elastic group has run on this cluster since it started: nothing reserved
+        return None
+
+
+def refresh(timeout_s: float = 5.0) -> bool:
+    """Have the coordinator re-read the cluster's live nodes now; whether it did."""
+    import ray
+
+    if not ray.is_initialized() or (coordinator := _coordinator()) is None:
+        return False
+    try:
+        ray.get(coordinator.get_reserved_resources.remote("elastic-refresh", recompute=True), timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - Ray's private actor changed or is slow: it re-reads within 20 s anyway
+        log.debug("could not refresh Ray's view of the nodes: %s", e)
+        return False
+    return True
+
+
 def release(tag_value: str | None, timeout_s: float = 10.0) -> int:
     """Drop the coordinator's reservations of the Ray Train runs in ``tag_value``; how many ids
     were asked for (0 without ids or without a coordinator on this cluster)."""
@@ -45,9 +79,7 @@ def release(tag_value: str | None, timeout_s: float = 10.0) -> int:
         return 0
     import ray
 
-    try:
-        coordinator = ray.get_actor(_COORDINATOR[0], namespace=_COORDINATOR[1])
-    except ValueError:  # no elastic group has run on this cluster since it started: nothing reserved
+    if (coordinator := _coordinator()) is None:
         return 0
     try:
         ray.get([coordinator.cancel_request.remote(requester_id=f"train-{i}") for i in ids], timeout=timeout_s)

@@ -57,3 +57,25 @@ def test_the_watch_looks_at_its_pace_and_says_so_now_and_then():
     now[0] += 2.0
     assert w.look({"CPU": 0.5}) is None and w.wait.since is None
     assert CapacityWatch(1, 10, nodes=lambda: None).look({"CPU": 1.0}) is None  # no Ray: nothing to say
+
+
+def test_a_node_lost_or_joined_has_ray_trains_view_refreshed_once():
+    from orchestrator.nodes import CapacityWatch
+
+    now, listing, changes = [0.0], [[{"NodeID": "a", "Alive": True}, {"NodeID": "b", "Alive": True}]], []
+    w = CapacityWatch(1, 100, every_s=1.0, nodes=lambda: listing[0], clock=lambda: now[0],
+                      on_change=lambda: changes.append(now[0]))
+
+    def look(at: float, nodes: list | None = None) -> None:
+        now[0] = at
+        if nodes is not None:
+            listing[0] = nodes
+        w.look({"CPU": 0.0})
+
+    look(0.0)
+    look(1.0)
+    assert changes == [], "the first look and an unchanged cluster ask nothing"
+    look(2.0, [{"NodeID": "a", "Alive": True}, {"NodeID": "b", "Alive": False}])  # b lost
+    look(3.0)
+    look(4.0, [{"NodeID": "a", "Alive": True}, {"NodeID": "c", "Alive": True}])  # c joins
+    assert changes == [2.0, 4.0]
