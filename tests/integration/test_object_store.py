@@ -1,7 +1,7 @@
 """Checkpoints, run files and the driver lock in a real S3-compatible server (moto's, on
 127.0.0.1: tests/s3_server.py), reached by pyarrow over HTTP through the standard environment
 variables; and the one-line refusals of a bucket that is missing or refuses the credentials.
-No Ray here: the run on Ray is tests/integration/test_s3_resume.py."""
+No Ray here: the run on Ray is tests/multinode/test_node_changes.py (a killed driver resumed from the bucket)."""
 
 import json
 import os

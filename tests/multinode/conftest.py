@@ -15,7 +15,9 @@ HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(s3_server):
+    """The nodes start after the S3-compatible server (tests/conftest.py): every node's processes
+    reach the bucket through the standard variables, as a real cluster's nodes are configured."""
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": HEALTH})

@@ -42,6 +42,17 @@ def driver(c, tmp, cfg) -> subprocess.Popen:
                             stderr=open(os.path.join(tmp, "err.txt"), "w"), text=True)
 
 
+def resume(c, tmp, run_id: str) -> tuple[int, str]:
+    """``orchestrator resume RUN`` of the run tracked in ``tmp``'s store, as a driver on ``c`` (another
+    process, as after a lost driver); its exit status and output."""
+    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
+    env.pop("ELASTIC_KEEP_RAY", None)
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri",
+                          f"sqlite:///{tmp}/mlflow.db", "--no-progress"], cwd=tmp, env=env, capture_output=True,
+                         text=True, timeout=600)
+    return out.returncode, out.stdout + out.stderr
+
+
 def finish(p: subprocess.Popen, tmp, timeout: float = 600) -> tuple[int, str]:
     p.wait(timeout)
     with open(os.path.join(tmp, "out.txt")) as f, open(os.path.join(tmp, "err.txt")) as g:

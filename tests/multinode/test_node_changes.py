@@ -1,20 +1,24 @@
 """Nodes that leave and come back, on a real 4-node Ray cluster (a head without CPUs for the driver,
 three 1-CPU worker nodes) running a W=3 (min 2) run: a lost node shrinks the group, the run goes on
-from its newest checkpoint; a node that comes back grows it again at a checkpoint.  Each run ends
-FINISHED with the losses of an uninterrupted run (up to float reduction order), no step logged twice,
+from its newest checkpoint; a node that comes back grows it again at a checkpoint; a driver killed
+outright is resumed from checkpoints in a bucket.  Each run ends FINISHED with the losses of an uninterrupted run (up to float reduction order), no step logged twice,
 and the run's monitor on the driver's node all along."""
 
 from __future__ import annotations
 
+import glob
+import os
+import re
 import time
+import uuid
 
 import numpy as np
 import pytest
 
 from tests.helpers import metric_series
 from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, free_cpus,
-                                  logged_workers, refresh_train_view, run_id, wait_for,
-                                  workers_logged)
+                                  logged_workers, refresh_train_view, resume, run_id,
+                                  wait_for, workers_logged)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
@@ -42,11 +46,11 @@ def reference(cluster, tmp_path_factory) -> tuple[str, str]:
     return f"sqlite:///{tmp}/mlflow.db", run_id(tmp)
 
 
-def _same_training(tmp, text: str, reference: tuple[str, str]) -> tuple[str, str]:
+def _same_training(tmp, text: str, reference: tuple[str, str], rid: str | None = None) -> tuple[str, str]:
     from mlflow.tracking import MlflowClient
 
     assert "Traceback" not in text, text
-    uri, rid = f"sqlite:///{tmp}/mlflow.db", run_id(tmp)
+    uri, rid = f"sqlite:///{tmp}/mlflow.db", rid or run_id(tmp)
     assert MlflowClient(uri).get_run(rid).info.status == "FINISHED"
     losses, want = metric_series(uri, rid, "train/loss"), metric_series(*reference, "train/loss")
     assert [s for s, _ in losses] == list(range(1, STEPS + 1)), "no step lost or logged twice"
@@ -84,3 +88,54 @@ def test_a_lost_node_shrinks_the_group_and_a_node_that_comes_back_grows_it(clust
     # workers may decide once more: the group still grows once, as W above says)
     assert int(MlflowClient(uri).get_run(rid).data.tags["elastic.capacity_returned"]) >= 1
     assert alive_actor_nodes(cluster, "MonitorState") == set(), "the run's monitor ends with the run"
+
+
+def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(cluster, tmp_path, reference, s3_server):
+    """Checkpoints in a bucket of a real S3-compatible server (every node reaches it): the driver
+    SIGKILLed after a checkpoint, ``orchestrator resume`` in another process finishes the run from
+    the bucket as the uninterrupted run; a half-written checkpoint left by the dead writers is
+    ignored and cleaned up, and no checkpoint ever lands on a local disk."""
+    _three_nodes(cluster)
+    tmp = tmp_path / "s3"
+    bucket = s3_server.create_bucket(f"run-{uuid.uuid4().hex[:12]}")
+    storage = f"s3://{bucket}/runs"
+    cfg = config(tmp, sleep_s=0.02)
+    cfg["checkpoint"]["storage_path"] = storage
+    run = driver(cluster, str(tmp), cfg)
+    wait_for(run, tmp, "a checkpoint in the bucket at step >= 20",
+             lambda: any(step >= 20 for _, step in _complete(s3_server, storage)))
+    run.kill()  # SIGKILL: the driver alone (it joined the cluster: no processes of its own)
+    run.wait(60)
+    found = _complete(s3_server, storage)
+    assert max(step for _, step in found) < STEPS, "the run finished before it could be killed"
+    folder = found[0][0]
+    rid = folder[len("elastic-"):]
+    half = f"{bucket}/runs/{folder}/checkpoint_step{STEPS - 1:08d}/state.pt"  # a writer that died mid-upload
+    with s3_server.filesystem().open_output_stream(half) as f:
+        f.write(b"the first part of a state file")
+
+    rc, text = resume(cluster, tmp, rid)
+    assert rc == 0, text
+    assert f"checkpoints    {storage}/{folder}" in text and "skipping corrupt checkpoint" not in text, text
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    tags = MlflowClient(uri).get_run(rid).data.tags
+    assert tags["elastic.resumes"] == "1" and tags["elastic.storage_path"] == storage
+    _same_training(tmp, text, reference, rid)
+    keys = s3_server.keys(bucket)
+    assert half not in keys, "the half-written checkpoint was cleaned up"
+    assert not [k for k in keys if k.endswith("/driver.lock")], "the resumed driver released its lease"
+    assert max(step for _, step in _complete(s3_server, storage)) == STEPS
+    local = glob.glob(f"{tmp}/**/checkpoint_step*", recursive=True) + glob.glob(
+        os.path.expanduser(f"~/ray_results/elastic-{rid}*"))
+    assert not local and not (tmp / "ray_runs").exists(), local
+
+
+_STEP = re.compile(r"/(elastic-[^/]+)/checkpoint_step(\d+)[^/]*/manifest\.json$")
+
+
+def _complete(s3_server, storage: str) -> list[tuple[str, int]]:
+    """``[(run folder, step)]`` of the complete checkpoints (their manifest written) under ``storage``."""
+    return [(m.group(1), int(m.group(2))) for key in s3_server.keys(storage[len("s3://"):])
+            if (m := _STEP.search(key))]
