@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.reservations import PLACEMENT_WAIT_S
@@ -127,6 +127,29 @@ def _token_auth() -> None:
         del os.environ["RAY_AUTH_MODE"]
 
 
+def first_line_only(show: Callable[[dict, bool], Any]) -> Callable[[dict, bool], Any]:
+    """``show`` (Ray's printer of what the cluster pushes to a driver) cut to the first line of each
+    message of Ray's own processes: a lost node otherwise prints the dead raylet's last 20 log lines,
+    and the driver says what it means for the run itself (a worker failed, the group restarts)."""
+    def short(data: dict, ignore_prefix: bool) -> Any:
+        if data.get("pid") == "raylet":
+            lines = [line for text in data.get("lines", []) for line in str(text).splitlines() if line.strip()]
+            data = dict(data, lines=[lines[0][:200]] if lines else [])
+        return show(data, ignore_prefix)
+
+    short.first_line_only = True  # type: ignore[attr-defined]
+    return short
+
+
+def _quiet_cluster_errors() -> None:
+    """Ray's driver prints each error message of the cluster in full from a thread of its own (it
+    calls ``ray._private.worker.print_to_stdstream``, which has no setting): cut each to one line."""
+    from ray._private import worker
+
+    if not getattr(worker.print_to_stdstream, "first_line_only", False):
+        worker.print_to_stdstream = first_line_only(worker.print_to_stdstream)
+
+
 def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
                runtime_env: dict[str, Any] | None = None) -> bool:
     """Join the cluster in ``RAY_ADDRESS`` (e.g. under ``ray job submit``) or start a local one.
@@ -175,6 +198,7 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None,
     if _term_as_interrupt and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
     if not verbose:
+        _quiet_cluster_errors()
         for name in ("ray", "ray.train", "ray.tune", "ray.data"):
             logging.getLogger(name).setLevel(logging.ERROR)
     return True

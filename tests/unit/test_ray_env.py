@@ -48,3 +48,18 @@ def test_single_machine_mode_holds_for_ray_init_only_and_leaves_a_users_choice(m
     monkeypatch.setenv(switch, "1")
     with ray_env._single_machine_ray():
         assert os.environ[switch] == "1" and ray_constants.ENABLE_RAY_CLUSTER is before
+
+
+def test_what_ray_pushes_to_the_driver_is_one_line_a_message_and_a_users_print_is_untouched():
+    from orchestrator.ray_env import first_line_only
+
+    shown = []
+    show = first_line_only(lambda data, ignore_prefix: shown.append(data["lines"]))
+    dead = ("Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL\n"
+            "    [2026-11-25 15:04:47,076 I 2875 2875] (raylet) worker_pool.cc:564: Started worker process\n" * 20)
+    show({"lines": [dead], "pid": "raylet", "is_err": False}, False)
+    show({"lines": ["epoch 1\nepoch 2"], "pid": 1234, "is_err": False}, False)  # a worker's own output
+    show({"lines": [""], "pid": "raylet", "is_err": False}, False)
+    assert shown == [["Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL"],
+                     ["epoch 1\nepoch 2"], []]
+    assert first_line_only(show).first_line_only
