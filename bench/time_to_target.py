@@ -20,7 +20,7 @@ steps and tokens are the robust figures.  The projection to a cluster fits Pollu
 to the step times measured here (all at W = 1, so ``gamma`` is the stated ``--sync-s``) and replays
 each schedule's batch sequence on ``W = ceil(B / cluster_local_batch)`` workers.
 
-    .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 13.5] [--epochs 0.014]
+    .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 9] [--epochs 0.06]
     .venv/bin/python bench/time_to_target.py --reuse --target 14     # the same runs read at another target
 
 Summary lines: ``steps_ratio=`` and ``tokens_ratio=`` (noise_scale to the target / fixed B0's) and
@@ -267,8 +267,8 @@ def ratio(x: float | None, y: float | None) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "lm_adaptive.yaml"))
-    ap.add_argument("--target", type=float, default=13.5, help="validation perplexity to reach")
-    ap.add_argument("--epochs", type=float, default=0.014, help="the budget of every run, in epochs of samples")
+    ap.add_argument("--target", type=float, default=9.0, help="validation perplexity to reach")
+    ap.add_argument("--epochs", type=float, default=0.06, help="the budget of every run, in epochs of samples")
     ap.add_argument("--factor", type=int, default=8, help="the large fixed batch and the growth cap, x B0")
     ap.add_argument("--only", default="", help="comma-separated schedule names to run (default: all)")
     ap.add_argument("--sync-s", type=float, default=1e-4,
