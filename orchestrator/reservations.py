@@ -1,4 +1,5 @@
-"""The Ray Train reservations a killed driver leaves behind, dropped when its run resumes.
+"""Ray Train's view of the cluster, kept true: a killed driver's reservations dropped when its run
+resumes, the nodes re-read when they change, a placement that cannot happen given up in 10 s.
 
 An elastic group (``min_workers < max_workers``) reserves its resources through Ray's
 AutoscalingCoordinator, a detached actor shared by every run on the cluster: the reservation is
