@@ -59,11 +59,14 @@ def _coordinator() -> Any:
 
 
 def refresh(timeout_s: float = 5.0) -> bool:
-    """Have the coordinator re-read the cluster's live nodes now; whether it did."""
+    """Have the coordinator re-read the cluster's live nodes now; whether its view is current (also
+    when there is no coordinator yet: it reads the nodes when it is made)."""
     import ray
 
-    if not ray.is_initialized() or (coordinator := _coordinator()) is None:
+    if not ray.is_initialized():
         return False
+    if (coordinator := _coordinator()) is None:
+        return True
     try:
         ray.get(coordinator.get_reserved_resources.remote("elastic-refresh", recompute=True), timeout=timeout_s)
     except Exception as e:  # noqa: BLE001 - Ray's private actor changed or is slow: it re-reads within 20 s anyway

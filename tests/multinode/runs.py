@@ -104,20 +104,14 @@ def refresh_train_view(c) -> None:
 
     Ray Train sizes an elastic group from Ray's AutoscalingCoordinator, a detached actor that
     re-reads the cluster's nodes only every 20 s: a node added just before a run starts is not
-    counted yet, and the run starts with fewer workers (then grows at its capacity check).  Ask the
-    actor to re-read now; where it cannot be asked (not created yet: it reads the nodes when it is;
-    or an API of Ray's that changed), wait out its re-read instead."""
-    code = ("from orchestrator.ray_env import ensure_ray; ensure_ray(); import ray\n"
-            "try:\n"
-            "    a = ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator')\n"
-            "except ValueError:\n"
-            "    print('none')\n"
-            "else:\n"
-            "    ray.get(a.get_reserved_resources.remote('tests', recompute=True), timeout=60)\n"
-            "    print('done')\n")
+    counted yet, and the run starts with fewer workers (then grows at its capacity check).  Ask it
+    to re-read now, as the driver does when it sees the nodes change
+    (:func:`orchestrator.reservations.refresh`); where it cannot be asked, wait out its re-read."""
+    code = ("from orchestrator.ray_env import ensure_ray; ensure_ray(); "
+            "from orchestrator.reservations import refresh; print(refresh())")
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    if out.returncode != 0 or out.stdout.split()[-1:] not in (["none"], ["done"]):
+    if out.returncode != 0 or out.stdout.split()[-1:] != ["True"]:
         time.sleep(21)
 
 
