@@ -3,6 +3,7 @@ too, which get the repository root on their path)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -67,19 +68,23 @@ def corrupt_digits(seed: int = 0, bad: int = 100):
 
 
 class _Slow(nn.Sequential):
-    """A sequential model whose training forward first sleeps ``sleep_s`` (no CPU taken)."""
+    """A sequential model whose training forward first sleeps ``sleep_s`` (no CPU taken); with
+    ``brake`` (a file's path) it sleeps only while that file exists, so a test lifts the brake
+    (removes the file) once the event it waits for has happened, instead of waiting out the run."""
 
-    def __init__(self, sleep_s: float, *layers: nn.Module) -> None:
+    def __init__(self, sleep_s: float, brake: str | None, *layers: nn.Module) -> None:
         super().__init__(*layers)
         self.sleep_s = sleep_s
+        self.brake = brake
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and self.sleep_s > 0:
+        if self.training and self.sleep_s > 0 and (self.brake is None or os.path.exists(self.brake)):
             time.sleep(self.sleep_s)
         return super().forward(x)
 
 
-def slow_mlp(hidden: int = 32, sleep_s: float = 0.0) -> nn.Module:
-    """:func:`mlp` (same weights, same math) whose every training micro-batch takes at least ``sleep_s``:
-    a multi-node test's run lasts long enough for nodes to leave and come back, on any machine's speed."""
-    return _Slow(sleep_s, *mlp(hidden))
+def slow_mlp(hidden: int = 32, sleep_s: float = 0.0, brake: str | None = None) -> nn.Module:
+    """:func:`mlp` (same weights, same math) whose every training micro-batch takes at least ``sleep_s``
+    (while the file ``brake`` exists, when one is named): a test's run lasts long enough for nodes to
+    leave and come back or a server to go away, on any machine's speed, and no longer than it needs."""
+    return _Slow(sleep_s, brake, *mlp(hidden))

@@ -20,6 +20,12 @@ TIERS = {"unit": 60, "distributed": 300, "integration": 900, "multinode": 900}  
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 os.environ.setdefault("ELASTIC_KEEP_RAY", "1")  # runs inside tests must not stop the shared Ray
+# Ray Train's controller looks at its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s):
+# a group that finished, failed or was told to stop is seen that much later, at every phase end of
+# every run here.  Ray Train hands the variable on to its controllers (this process's runs, the CLI
+# drivers the tests start, the multinode tier's nodes); a poll that takes longer is only waited on
+# longer (a worker counts as hung after RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S, 600 s).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 # Every Ray the tests start (the shared local one, the multinode tier's clusters) runs workers that

@@ -56,12 +56,13 @@ def test_cli_exit_status_from_a_real_process(tmp_path):
     ("scaling.use_gpu=true", "error: scaling.use_gpu:"),
     ("scaling.cpus_per_worker=64", "error: scaling.max_workers x cpus_per_worker:"),
 ])
-def test_impossible_resources_fail_fast_with_no_run(tmp_path, override, start):
-    """Ray Train would wait forever for resources this local cluster can never have: the driver
-    checks once Ray is up and stops with exit 2 before any MLflow run or checkpoint exists."""
+def test_impossible_resources_fail_fast_with_no_run(ray_cluster, tmp_path, override, start):
+    """Ray Train would wait forever for resources this cluster (the tier's shared local Ray, 2 CPUs,
+    no GPU, joined as a user's driver joins one) can never have: the driver checks once Ray is up
+    and stops with exit 2 before any MLflow run or checkpoint exists."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     config = os.path.join(root, "configs", "quickstart.yaml")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     out = subprocess.run([sys.executable, "-m", "orchestrator", "train", config, "--no-progress", "--set", override,
                           "--set", f"checkpoint.storage_path={tmp_path}/ray_runs",
                           "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],

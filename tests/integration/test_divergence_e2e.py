@@ -10,9 +10,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_a_diverged_run_ends_failed_and_keeps_its_last_finite_checkpoint(tmp_path):
+def test_a_diverged_run_ends_failed_and_keeps_its_last_finite_checkpoint(ray_cluster, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k != "ELASTIC_KEEP_RAY"}
+    env["RAY_ADDRESS"] = ray_cluster.get_runtime_context().gcs_address  # the tier's shared local Ray
     out = subprocess.run([sys.executable, "-m", "orchestrator", "train", os.path.join(ROOT, "configs", "quickstart.yaml"),
                           "--no-progress", "--tracking-uri", uri,
                           "--set", "optimizer.lr=1e6", "--set", "schedule.warmup=none", "--set", "checkpoint.every_steps=2",

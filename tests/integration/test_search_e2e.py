@@ -45,7 +45,7 @@ def runs_of(uri: str, parent_id: str) -> list:
 
 @pytest.fixture(scope="module")
 def study_a(ray_cluster, tmp_path_factory):
-    """6 trials, 2 at a time, then the same command again with --trials 2."""
+    """4 trials, 2 at a time, then the same command again with --trials 2."""
     tmp = tmp_path_factory.mktemp("study_a")
     uri, storage = f"sqlite:///{tmp}/mlflow.db", str(tmp / "optuna.journal")
     space = write_space(tmp, "study_a", base=base_config(tmp),
@@ -54,7 +54,7 @@ def study_a(ray_cluster, tmp_path_factory):
                         params={"optimizer.lr": {"low": 0.02, "high": 0.3, "log": True},
                                 "optimizer.mf": {"low": 0.5, "high": 0.95},
                                 "batch.size": {"choices": [32, 64]}})
-    first = run_cli(space, storage, uri, "--trials", "6", "--parallel", "2")
+    first = run_cli(space, storage, uri, "--trials", "4", "--parallel", "2")
     after_first = [t.number for t in load(storage, "study_a").trials]
     parent_first = load(storage, "study_a").user_attrs["mlflow_parent_run_id"]
     second = run_cli(space, storage, uri, "--trials", "2", "--parallel", "2")
@@ -65,16 +65,16 @@ def study_a(ray_cluster, tmp_path_factory):
 @pytest.mark.integration
 def test_parallel_study_completes_and_storage_holds_every_trial(study_a):
     assert study_a["rc"] == (0, 0)
-    assert study_a["after_first"] == list(range(6))
+    assert study_a["after_first"] == list(range(4))
     study = load(study_a["storage"], "study_a")
-    assert len(study.trials) == 8
+    assert len(study.trials) == 6
     for t in study.trials:
         assert t.state == optuna.trial.TrialState.COMPLETE, (t.number, t.state, t.user_attrs.get("error"))
         assert 0.0 < t.value <= 1.0
         assert set(t.params) == {"optimizer.lr", "optimizer.mf", "batch.size"}
         assert t.user_attrs["steps"] in (23, 45)  # one epoch of 1438 samples at B = 64 or 32
         assert t.user_attrs["mlflow_run_id"]
-    starts = sorted((t.datetime_start, t.datetime_complete) for t in study.trials[:6])
+    starts = sorted((t.datetime_start, t.datetime_complete) for t in study.trials[:4])
     overlaps = sum(1 for (s0, e0), (s1, _) in zip(starts, starts[1:]) if s1 < e0)
     assert overlaps >= 2, "trials ran two at a time"
     assert study.best_value == max(t.value for t in study.trials)
@@ -92,7 +92,7 @@ def test_mlflow_holds_parent_and_one_child_per_trial(study_a):
     assert parent.data.params["pruner"] == "none"
     assert parent.data.tags["search.storage"] == study_a["storage"]
     assert parent.data.metrics["best/value"] == pytest.approx(study.best_value)
-    assert parent.data.metrics["trials/total"] == 8 and parent.data.metrics["trials/complete"] == 8
+    assert parent.data.metrics["trials/total"] == 6 and parent.data.metrics["trials/complete"] == 6
     assert parent.data.metrics["search/total_steps"] == sum(t.user_attrs["steps"] for t in study.trials)
     assert float(parent.data.tags["best.optimizer.lr"]) == pytest.approx(study.best_params["optimizer.lr"])
     arts = {a.path for a in client.list_artifacts(parent_id)} | {a.path for a in client.list_artifacts(parent_id, "plots")}
@@ -100,9 +100,9 @@ def test_mlflow_holds_parent_and_one_child_per_trial(study_a):
               "plots/parallel_coordinate.png"):
         assert a in arts, arts
     children = runs_of(uri, parent_id)
-    assert len(children) == 8
+    assert len(children) == 6
     by_number = {int(r.data.tags["search.trial"]): r for r in children}
-    assert sorted(by_number) == list(range(8))
+    assert sorted(by_number) == list(range(6))
     for t in study.trials:
         run = by_number[t.number]
         assert run.info.run_id == t.user_attrs["mlflow_run_id"]
@@ -115,7 +115,7 @@ def test_mlflow_holds_parent_and_one_child_per_trial(study_a):
 
 @pytest.mark.integration
 def test_the_parent_shows_the_history_the_best_trial_as_a_link_and_every_trial(study_a):
-    """Over both invocations (6 trials two at a time, then 2 more): trials named trial-N, the
+    """Over both invocations (4 trials two at a time, then 2 more): trials named trial-N, the
     objective at step = trial number and the best so far (each step once), the best trial's run
     as a tag and a link in the description, the table of trials, the plots."""
     uri = study_a["uri"]
@@ -124,21 +124,21 @@ def test_the_parent_shows_the_history_the_best_trial_as_a_link_and_every_trial(s
     client = MlflowClient(uri)
     parent = client.get_run(parent_id)
     exp = parent.info.experiment_id
-    assert sorted(r.info.run_name for r in runs_of(uri, parent_id)) == sorted(f"trial-{n}" for n in range(8))
+    assert sorted(r.info.run_name for r in runs_of(uri, parent_id)) == sorted(f"trial-{n}" for n in range(6))
     values = [t.value for t in study.trials]
     history = metric_series(uri, parent_id, "trials/val_accuracy")
-    assert [s for s, _ in history] == list(range(8))
+    assert [s for s, _ in history] == list(range(6))
     assert [v for _, v in history] == pytest.approx(values)
     best = metric_series(uri, parent_id, "trials/best_val_accuracy")
-    assert [s for s, _ in best] == list(range(8))
-    assert [v for _, v in best] == pytest.approx([max(values[:n + 1]) for n in range(8)])
+    assert [s for s, _ in best] == list(range(6))
+    assert [v for _, v in best] == pytest.approx([max(values[:n + 1]) for n in range(6)])
     best_run = study.best_trial.user_attrs["mlflow_run_id"]
     assert parent.data.tags["search.best_trial"] == str(study.best_trial.number)
     assert parent.data.tags["search.best_run_id"] == best_run
     assert client.get_run(best_run).info.run_name == f"trial-{study.best_trial.number}"
     assert f"(#/experiments/{exp}/runs/{best_run})" in parent.data.tags["mlflow.note.content"]
     table = client.load_table(exp, "trials.json", run_ids=[parent_id])
-    assert list(table["number"]) == list(range(8)) and set(table["state"]) == {"COMPLETE"}
+    assert list(table["number"]) == list(range(6)) and set(table["state"]) == {"COMPLETE"}
     assert list(table["run_id"]) == [t.user_attrs["mlflow_run_id"] for t in study.trials]
     assert list(table["val/accuracy"]) == pytest.approx(values)
     assert list(table["batch.size"]) == [t.params["batch.size"] for t in study.trials]
@@ -154,7 +154,7 @@ def test_the_parent_shows_the_history_the_best_trial_as_a_link_and_every_trial(s
 @pytest.mark.integration
 def test_rerun_adds_trials_to_the_same_study_and_parent(study_a):
     study = load(study_a["storage"], "study_a")
-    assert [t.number for t in study.trials] == list(range(8))
+    assert [t.number for t in study.trials] == list(range(6))
     assert study.user_attrs["mlflow_parent_run_id"] == study_a["parent_first"]
     parents = MlflowClient(study_a["uri"]).search_runs(
         [MlflowClient(study_a["uri"]).get_run(study_a["parent_first"]).info.experiment_id],
@@ -167,9 +167,9 @@ def test_show_prints_trials_and_a_ready_to_train_config(study_a, capsys, tmp_pat
     out_file = tmp_path / "best.yaml"
     assert main(["show", "study_a", "--storage", study_a["storage"], "--output", str(out_file)]) == 0
     out = capsys.readouterr().out
-    assert "study study_a" in out and "8 trials (8 complete)" in out
+    assert "study study_a" in out and "6 trials (6 complete)" in out
     rows = [line for line in out.splitlines() if line.split(" ")[0].isdigit() and "COMPLETE" in line]
-    assert len(rows) == 8
+    assert len(rows) == 6
     from orchestrator.config import validate
 
     study = load(study_a["storage"], "study_a")

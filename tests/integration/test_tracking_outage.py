@@ -55,12 +55,17 @@ def server(tmp_path):
 
 
 def _driver(ray_cluster, tmp_path, uri, outage_s, *args, name="train"):
-    # every step sleeps (same math as the mlp; one micro-batch a step): training still runs ~20 s
-    # after the server is killed, whatever the machine's speed (unslowed, its 580 steps end in ~4 s:
-    # before the outage is seen)
+    # every step sleeps (same math as the mlp; one micro-batch a step) while the brake file exists:
+    # training still runs ~20 s after the server is killed, whatever the machine's speed (unslowed,
+    # its 580 steps end in ~4 s: before the outage is seen); the test lifts the brake once what it
+    # waits for has happened, and the rest trains at full speed
     cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5}, batch={"max_local_batch": 50},
                       checkpoint={"every_steps": 20}, tracking={"outage_timeout_s": outage_s}).model_dump(mode="json")
-    cfg["model"] = {"name": None, "factory": "tests.byo_workloads:slow_mlp", "params": {"hidden": 32, "sleep_s": 0.04}}
+    brake = tmp_path / "brake"
+    if name == "train":
+        brake.touch()
+    cfg["model"] = {"name": None, "factory": "tests.byo_workloads:slow_mlp",
+                    "params": {"hidden": 32, "sleep_s": 0.04, "brake": str(brake)}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
@@ -116,7 +121,9 @@ def test_a_server_that_never_comes_back_ends_the_run_with_the_resume_command(ray
     assert glob.glob(f"{folder}/checkpoint_step*"), "the checkpoints are kept"
     assert not glob.glob(f"{tmp_path}/ray_runs/**/.*tmp*", recursive=True)
 
-    # The server is back: the printed command records what the outage missed and finishes the run.
+    # The server is back: the printed command records what the outage missed and finishes the run
+    # (at full speed: the brake is lifted).
+    (tmp_path / "brake").unlink()
     server.start()
     again = _driver(ray_cluster, tmp_path, server.uri, 8, *resume.split()[3:], name="resume")
     assert again.wait(300) == 0, _output(tmp_path, "resume")
@@ -131,6 +138,10 @@ def test_a_server_back_within_the_window_loses_nothing(ray_cluster, server, tmp_
     run_id = _kill_once_logging(server, driver, tmp_path)
     time.sleep(3)  # away for a while: several of the driver's writes fail meanwhile
     server.start()
+    deadline = time.time() + 120
+    while "answers again" not in _output(tmp_path) and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    (tmp_path / "brake").unlink()  # the driver writes again: the rest of the run trains at full speed
     assert driver.wait(300) == 0, _output(tmp_path)
     text = _output(tmp_path)
     assert "Traceback" not in text, text

@@ -14,9 +14,10 @@ HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
           "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(s3_server):
-    """The nodes start after the S3-compatible server (tests/conftest.py): every node's processes
+    """One cluster for the whole tier (each test shapes its worker nodes: ``runs.worker_nodes``).
+    The nodes start after the S3-compatible server (tests/conftest.py): every node's processes
     reach the bucket through the standard variables, as a real cluster's nodes are configured."""
     from ray.cluster_utils import Cluster
 

@@ -3,6 +3,7 @@ what the test reads of it while it trains (worker counts logged, actors' nodes).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import subprocess
@@ -16,11 +17,17 @@ EPOCHS = 30
 STEPS = EPOCHS * 30  # ceil(1438 / 48)
 
 
-def config(tmp, sleep_s: float = 0.0, **scaling) -> dict:
+def config(tmp, sleep_s: float = 0.0, brake: bool = False, **scaling) -> dict:
     """W=3 (min 2) of 1 CPU; every training micro-batch takes at least ``sleep_s`` (the math is the
-    same at any ``sleep_s``: a reference run takes none)."""
+    same at any ``sleep_s``: a reference run takes none); with ``brake``, only until the test calls
+    :func:`lift_brake` (the run then trains its remaining steps at full speed)."""
+    params: dict = {"sleep_s": sleep_s}
+    if brake:
+        os.makedirs(tmp, exist_ok=True)
+        params["brake"] = brake_file(tmp)
+        open(params["brake"], "w").close()
     return {"data": {"name": "digits", "val_fraction": 0.2},
-            "model": {"factory": "tests.byo_workloads:slow_mlp", "params": {"sleep_s": sleep_s}},
+            "model": {"factory": "tests.byo_workloads:slow_mlp", "params": params},
             "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 48},
             "batch": {"size": 48, "max_local_batch": 16},
             "scaling": {"min_workers": 2, "max_workers": 3, "cpus_per_worker": 1, "max_failures": 3,
@@ -28,6 +35,29 @@ def config(tmp, sleep_s: float = 0.0, **scaling) -> dict:
             "train": {"epochs": EPOCHS, "log_every": 5},
             "checkpoint": {"every_steps": 10, "storage_path": f"{tmp}/ray_runs"},
             "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"}}
+
+
+def brake_file(tmp) -> str:
+    """The file whose presence slows the run of ``tmp`` (every node of the tier is on this machine)."""
+    return os.path.join(str(tmp), "brake")
+
+
+def lift_brake(tmp) -> None:
+    """The event the test waited for has happened: the run of ``tmp`` trains on without sleeping."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(brake_file(tmp))
+
+
+def worker_nodes(c, count: int, cpus: int) -> None:
+    """Shape the tier's cluster ``c`` (shared by its tests) to ``count`` live worker nodes of ``cpus``
+    CPUs each: nodes of another size are removed, missing ones added."""
+    for node in [n for n in c.worker_nodes if n._ray_params.num_cpus != cpus]:  # the CPUs it was started with
+        c.remove_node(node)
+    while len(c.worker_nodes) > count:
+        c.remove_node(next(iter(c.worker_nodes)))
+    while len(c.worker_nodes) < count:
+        c.add_node(num_cpus=cpus)
+    c.wait_for_nodes()
 
 
 def driver(c, tmp, cfg) -> subprocess.Popen:
@@ -126,6 +156,23 @@ def wait_for(p: subprocess.Popen, tmp, what: str, ready, timeout: float = 300) -
 
 def checkpointed(tmp) -> bool:
     return bool(glob.glob(f"{tmp}/ray_runs/elastic-*/checkpoint_step*"))
+
+
+def worker_stretches(tmp) -> list[int]:
+    """The worker counts the run of ``tmp`` has logged so far, in step order, each stretch once
+    (its MLflow store, read while it trains)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"{tmp}/mlflow.db") as db:
+            rows = db.execute("select step, value from metrics where key = 'workers' order by step").fetchall()
+    except sqlite3.Error:
+        return []
+    out: list[int] = []
+    for _, v in rows:
+        if not out or out[-1] != int(v):
+            out.append(int(v))
+    return out
 
 
 def logged_workers(uri: str, run_id: str) -> list[int]:

@@ -17,17 +17,16 @@ import pytest
 
 from tests.helpers import metric_series
 from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, free_cpus,
-                                  logged_workers, refresh_train_view, resume, run_id,
-                                  wait_for, workers_logged)
+                                  lift_brake, logged_workers, refresh_train_view, resume, run_id,
+                                  wait_for, worker_nodes, worker_stretches, workers_logged)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
 
 def _three_nodes(cluster) -> list:
-    """The cluster's worker nodes, topped up to three live 1-CPU nodes (a test before may have lost one)."""
-    while len(cluster.worker_nodes) < 3:
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
+    """The cluster's worker nodes: three live 1-CPU nodes (a test before may have lost one, or shaped
+    the tier's cluster otherwise)."""
+    worker_nodes(cluster, 3, cpus=1)
     deadline = time.time() + 120  # and free: a run before may still be releasing its workers' CPUs
     while (free := free_cpus(cluster)) < 3:
         assert time.time() < deadline, f"only {free} CPUs free on the three worker nodes after 120 s"
@@ -67,7 +66,7 @@ def test_a_lost_node_shrinks_the_group_and_a_node_that_comes_back_grows_it(clust
     goes on at W=2 from its newest checkpoint; a node that joins then grows it back to W=3."""
     nodes = _three_nodes(cluster)
     tmp = tmp_path / "lost"
-    run = driver(cluster, str(tmp), config(tmp, sleep_s=0.05))
+    run = driver(cluster, str(tmp), config(tmp, sleep_s=0.05, brake=True))
     wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
     head = cluster.head_node.node_id
     assert alive_actor_nodes(cluster, "MonitorState") == {head}, "the run's monitor must live on the driver's node"
@@ -77,6 +76,8 @@ def test_a_lost_node_shrinks_the_group_and_a_node_that_comes_back_grows_it(clust
     wait_for(run, tmp, "the run going on at W=2", lambda: 2 in workers_logged(tmp))
     assert alive_actor_nodes(cluster, "MonitorState") == {head}, "the monitor outlives the lost node"
     cluster.add_node(num_cpus=1)  # the node comes back (a new raylet with the same resources)
+    wait_for(run, tmp, "the group grown back to W=3", lambda: worker_stretches(tmp)[-3:] == [3, 2, 3])
+    lift_brake(tmp)  # all the test waits for has happened: the rest of the run trains at full speed
     rc, text = finish(run, tmp)
     assert rc == 0, text
     uri, rid = _same_training(tmp, text, reference)
@@ -100,13 +101,14 @@ def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(clus
     tmp = tmp_path / "s3"
     bucket = s3_server.create_bucket(f"run-{uuid.uuid4().hex[:12]}")
     storage = f"s3://{bucket}/runs"
-    cfg = config(tmp, sleep_s=0.02)
+    cfg = config(tmp, sleep_s=0.02, brake=True)
     cfg["checkpoint"]["storage_path"] = storage
     run = driver(cluster, str(tmp), cfg)
     wait_for(run, tmp, "a checkpoint in the bucket at step >= 20",
              lambda: any(step >= 20 for _, step in _complete(s3_server, storage)))
     run.kill()  # SIGKILL: the driver alone (it joined the cluster: no processes of its own)
     run.wait(60)
+    lift_brake(tmp)  # the resume trains the rest at full speed
     found = _complete(s3_server, storage)
     assert max(step for _, step in found) < STEPS, "the run finished before it could be killed"
     folder = found[0][0]

@@ -8,16 +8,14 @@ import signal
 
 import pytest
 
-from tests.multinode.runs import alive_actor_nodes, checkpointed, config, driver, finish, wait_for
+from tests.multinode.runs import alive_actor_nodes, checkpointed, config, driver, finish, wait_for, worker_nodes
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("placement, nodes_used", [("pack", 1), ("spread", 2)])
 def test_placement_puts_the_workers_where_it_says(cluster, tmp_path, placement, nodes_used):
-    while len(cluster.worker_nodes) < 2:
-        cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
+    worker_nodes(cluster, 2, cpus=2)
     run = driver(cluster, str(tmp_path), config(tmp_path, sleep_s=0.2, min_workers=2, max_workers=2,
                                                 placement=placement))
     try:
