@@ -72,7 +72,9 @@ def ray_cluster(tmp_path_factory, s3_server):
 
 @pytest.fixture()
 def tracking_uri(tmp_path):
-    return f"sqlite:///{tmp_path}/mlflow.db"
+    from tests.helpers import migrated_store
+
+    return migrated_store(f"sqlite:///{tmp_path}/mlflow.db")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -13,7 +14,35 @@ import torch
 from orchestrator.config import RootConfig, validate
 
 
+_TEMPLATE_STORE: list[str] = []  # this process's empty MLflow SQLite store at MLflow's current schema
+
+
+def migrated_store(uri: str) -> str:
+    """``uri``, a ``sqlite:///PATH`` MLflow store that does not exist yet, made a copy of an empty
+    store MLflow created (once per test process) and brought to its current schema.
+
+    MLflow makes a new SQLite store by running every one of its schema migrations (~1.2 s here,
+    for each of the suite's many stores); a copy of a store it migrated once is the same empty
+    store (its Default experiment, no runs) at once.  Opening a store that does not exist yet is
+    still what every CLI test does (their URIs are not passed through here)."""
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    if path is None or not os.path.isabs(path) or os.path.exists(path):  # a unit test's name only
+        return uri
+    if not _TEMPLATE_STORE or not os.path.exists(_TEMPLATE_STORE[0]):
+        import tempfile
+
+        from mlflow.tracking import MlflowClient
+
+        template = os.path.join(tempfile.mkdtemp(prefix="mlflow-template-"), "mlflow.db")
+        MlflowClient(f"sqlite:///{template}").search_experiments()  # creates and migrates it
+        _TEMPLATE_STORE[:] = [template]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    shutil.copyfile(_TEMPLATE_STORE[0], path)
+    return uri
+
+
 def make_config(tmp_path, tracking_uri: str, **sections: dict[str, Any]) -> RootConfig:
+    migrated_store(tracking_uri)
     raw: dict[str, Any] = {
         "data": {"name": "digits"},
         "model": {"name": "mlp", "norm": "none", "hidden": 32},

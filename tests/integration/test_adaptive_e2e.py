@@ -1,14 +1,8 @@
 """On a real local Ray: the batch grows mid-run and the worker group follows it (1 -> 2 -> 4
-workers with fractional CPUs), and the policies log exactly what ``plan`` previews."""
-
-import csv
-import io
-import subprocess
-import sys
+workers with fractional CPUs); ``plan`` against what a run logs: tests/integration/test_plan_matches_run.py."""
 
 import numpy as np
 import pytest
-import yaml
 
 from orchestrator.runner import run_training
 from tests.helpers import dense_series, make_config, metric_series, read_sample_log
@@ -180,35 +174,3 @@ def test_overlapping_resize_called_off_when_training_ends_first(ray_cluster, tmp
     while ray_cluster.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
         time.sleep(0.5)
     assert ray_cluster.available_resources().get("CPU", 0) == 2
-
-
-def test_logged_lr_and_mf_match_plan_csv(ray_cluster, tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri,
-                      optimizer={"base_batch_size": 32, "lr": 0.05, "mf": 0.9, "mf_rule": "per_worker_batch",
-                                 "mf_ref_batch": 16},
-                      batch={"size": 64, "max_local_batch": 32},
-                      schedule={"scaling_rule": "sqrt", "warmup": "legw", "warmup_epochs": 0.5,
-                                "decay": "cosine"},
-                      scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
-                      train={"epochs": 2})
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(path), "--format", "csv",
-                          "--every", "1"], capture_output=True, text=True, timeout=120, check=True)
-    plan = list(csv.DictReader(io.StringIO(out.stdout)))
-    assert list(plan[0]) == ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps",
-                             "batch_samples"]
-    s = run_training(cfg, progress=False)
-    lr, mf = dense_series(uri, s.run_id, "lr"), dense_series(uri, s.run_id, "mf")
-    assert [int(r["step"]) for r in plan] == [st for st, _ in lr] == list(range(1, len(plan) + 1))
-    np.testing.assert_allclose([v for _, v in lr], [float(r["lr"]) for r in plan], rtol=1e-9)
-    np.testing.assert_allclose([v for _, v in mf], [float(r["mf"]) for r in plan], rtol=1e-9)
-    assert float(plan[0]["mf"]) == pytest.approx(0.9 ** 2)  # b = 64/2 = 32 = 2 x mf_ref_batch
-    lrs = [float(r["lr"]) for r in plan]
-    peak = 0.05 * 2 ** 0.5  # sqrt scaling at k = 2
-    assert max(lrs) == pytest.approx(peak, rel=1e-3) and lrs[0] < lrs[10] < peak  # warmup, then decay
-    for key in ("batch/global", "workers", "batch/local", "batch/accum_steps", "batch/samples"):
-        col = {"batch/global": "batch_global", "workers": "workers", "batch/local": "batch_local",
-               "batch/accum_steps": "accum_steps", "batch/samples": "batch_samples"}[key]
-        assert [v for _, v in dense_series(uri, s.run_id, key)] == [float(r[col]) for r in plan]

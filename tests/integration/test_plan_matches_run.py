@@ -1,10 +1,16 @@
 """``plan`` is what a run logs: on a real local Ray, a run with gradual warmup, cosine decay and a
 batch schedule that grows B and resizes the group 1 -> 2 workers logs, at every step, exactly the
-``lr``, ``mf``, ``batch/global`` and ``workers`` that ``make_plan`` previews (both ask the same
-``trainers.policies.policy_set.PolicySet``)."""
+``lr``, ``mf``, ``batch/global``, ``workers`` and the local slicing that ``make_plan`` previews (both
+ask the same ``trainers.policies.policy_set.PolicySet``), and ``plan --format csv`` prints that plan."""
+
+import csv
+import io
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+import yaml
 
 from orchestrator.plan import make_plan
 from orchestrator.runner import run_training
@@ -29,11 +35,25 @@ def test_plan_matches_what_the_run_logs(ray_cluster, tmp_path):
     steps1 = -(-N // 32)
     assert plan.total_steps == steps1 + -(-N // 64)
     assert [int(r["step"]) for r in plan.rows] == list(range(1, plan.total_steps + 1))
+    # what a user reads: `plan --format csv` of the same config file is that plan, row for row
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(path), "--format", "csv",
+                          "--every", "1"], capture_output=True, text=True, timeout=120, check=True)
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert list(rows[0]) == ["step", "epoch", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps",
+                             "batch_samples"]
+    assert len(rows) == len(plan.rows)
+    for row, want in zip(rows, plan.rows):
+        for col in ("step", "lr", "mf", "batch_global", "workers", "batch_local", "accum_steps", "batch_samples"):
+            assert float(row[col]) == pytest.approx(float(want[col]), rel=1e-9, abs=1e-12), (col, row, want)
+    assert float(rows[0]["mf"]) == pytest.approx(0.9 ** 2)  # b = 32 on one worker = 2 x mf_ref_batch
 
     run = run_training(cfg, progress=False)
     assert run.status == "FINISHED"
     assert [(r["from"], r["to"], r["mode"]) for r in run.resizes] == [(1, 2, "restart")]
     for key, col in (("lr", "lr"), ("mf", "mf"), ("batch/global", "batch_global"), ("workers", "workers"),
+                     ("batch/local", "batch_local"), ("batch/accum_steps", "accum_steps"),
                      ("batch/samples", "batch_samples")):
         logged = dense_series(uri, run.run_id, key)
         assert [s for s, _ in logged] == [int(r["step"]) for r in plan.rows], key

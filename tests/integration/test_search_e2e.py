@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from search.cli import main
 from search.storage import open_storage
-from tests.helpers import metric_series
+from tests.helpers import metric_series, migrated_store
 from tests.search_helpers import base_config, write_space
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,7 +47,7 @@ def runs_of(uri: str, parent_id: str) -> list:
 def study_a(ray_cluster, tmp_path_factory):
     """4 trials, 2 at a time, then the same command again with --trials 2."""
     tmp = tmp_path_factory.mktemp("study_a")
-    uri, storage = f"sqlite:///{tmp}/mlflow.db", str(tmp / "optuna.journal")
+    uri, storage = migrated_store(f"sqlite:///{tmp}/mlflow.db"), str(tmp / "optuna.journal")
     space = write_space(tmp, "study_a", base=base_config(tmp),
                         objective={"metric": "val/accuracy", "direction": "maximize"},
                         sampler={"name": "random", "seed": 0}, pruner="none",
