@@ -1,10 +1,11 @@
 """Shared fixtures and the test tiers.
 
-Three tiers, one folder each (docs/architecture.md):
+Four tiers, one folder each (docs/architecture.md), run in this order:
 
 * ``tests/unit``: no processes, no Ray; seconds.  ``make test-fast`` runs these.
 * ``tests/distributed``: the loop's numerics in a few gloo processes (no Ray).
 * ``tests/integration``: a real local Ray (one, shared), real MLflow stores, real CLI processes.
+* ``tests/multinode``: a real Ray cluster of several nodes on this machine (one, for the tier).
 
 Each test gets its tier's marker from its folder, and a default time limit (pytest-timeout):
 a hung collective or a Ray that never places a group fails the test instead of the CI run.
@@ -77,10 +78,32 @@ def tracking_uri(tmp_path):
     return migrated_store(f"sqlite:///{tmp_path}/mlflow.db")
 
 
+ORDER = ("unit", "distributed", "integration", "multinode")  # cheap first; the tiers with Ray last
+
+
+def _tier(item) -> str | None:
+    return next((t for t in TIERS if t in item.path.parts[-2:-1]), None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The integration tier's shared Ray stops after its last test (the tiers are contiguous), not
+    at the session's end: its processes would otherwise run on beside the multinode tier."""
+    if _tier(item) == "integration" and (nextitem is None or _tier(nextitem) != "integration"):
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
+    # The tiers run in ORDER, each contiguous (a stable sort: files and tests keep their order within
+    # a tier): the unit tier first, before any Ray or cluster of the later tiers is up beside it
+    # (their processes slowed it by half when it ran last), and the multinode tier last.
+    items.sort(key=lambda item: ORDER.index(_tier(item)) if _tier(item) else -1)
     for item in items:
-        parts = item.path.parts
-        tier = next((t for t in TIERS if t in parts[-2:-1]), None)
+        tier = _tier(item)
         if tier is None:
             continue
         item.add_marker(getattr(pytest.mark, tier))
