@@ -71,6 +71,23 @@ def ray_cluster(tmp_path_factory, s3_server):
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _unit_environment_restored(request):
+    """A unit test leaves ``os.environ`` as it found it.  Code under test sets variables itself
+    (``orchestrator.uris.mlflow_uri`` moves a URI's user and password to MLflow's credential
+    variables), which ``monkeypatch.delenv(..., raising=False)`` of an absent variable does not undo;
+    the unit tier runs first, and the shared Ray started after it hands this process's environment
+    to every worker (a trial actor then sent a unit test's password to the credentials test's server)."""
+    if _tier(request.node) != "unit":
+        yield
+        return
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture()
 def tracking_uri(tmp_path):
     from tests.helpers import migrated_store
