@@ -168,8 +168,13 @@ def worker_stretches(tmp) -> list[int]:
             rows = db.execute("select step, value from metrics where key = 'workers' order by step").fetchall()
     except sqlite3.Error:
         return []
+    return _stretches(v for _, v in rows)
+
+
+def _stretches(counts) -> list[int]:
+    """Worker counts in step order, each run of equal counts once (3, 3, 2, 3 -> 3, 2, 3)."""
     out: list[int] = []
-    for _, v in rows:
+    for v in counts:
         if not out or out[-1] != int(v):
             out.append(int(v))
     return out
@@ -179,8 +184,4 @@ def logged_workers(uri: str, run_id: str) -> list[int]:
     """The worker counts of a finished run in step order, each stretch once (3, 2, 3: shrunk, grown back)."""
     from tests.helpers import metric_series
 
-    out: list[int] = []
-    for _, v in metric_series(uri, run_id, "workers"):
-        if not out or out[-1] != int(v):
-            out.append(int(v))
-    return out
+    return _stretches(v for _, v in metric_series(uri, run_id, "workers"))
