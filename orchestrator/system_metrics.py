@@ -1,6 +1,7 @@
-"""The driver's own machine in its MLflow run: MLflow's system-metrics monitor (CPU, memory, disk,
-network; GPU with ``pynvml``) as ``system/<metric>``.  The workers' rank 0 reports its node as
-``system/worker-<host>/<metric>`` over the link (trainers/link/system.py)."""
+"""The driver's own machine in its MLflow run, sampled by MLflow's system-metrics monitor.
+
+CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  The workers' rank 0 reports
+its node as ``system/worker-<host>/<metric>`` over the link (trainers/link/system.py)."""
 
 from __future__ import annotations
 
