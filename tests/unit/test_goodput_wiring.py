@@ -149,7 +149,7 @@ def test_the_monitor_keeps_the_group_when_the_measured_start_does_not_pay():
     m.set_costs(start_s=30.0)  # a group's start measured on this cluster
     f = _feed(SYNC_BOUND, [(64, 1), (32, 1), (16, 4), (32, 4)])
     answer = m.on_batch_change(20, 64, 4, remaining_samples=64 * 10, inputs=f.inputs(None, 64, 64))
-    assert answer.workers == 0 and m.resize is None
+    assert answer.workers == 0 and m.handovers.resize is None
     (d,) = [e for e in m.drain()[1] if isinstance(e, GoodputDecided)]
     assert not d.changes and d.cost_s == 30.0 and "less than its ~30.0 s cost" in d.reason
 
@@ -172,7 +172,7 @@ def test_no_room_for_an_overlap_is_judged_as_a_restart():
     m.set_costs(start_s=500.0, pause_s=1.0)  # a restart costs more than the shrink saves
     f = _feed(SYNC_BOUND, [(64, 1), (32, 1), (16, 4), (32, 4)])
     answer = m.on_batch_change(20, 64, 4, remaining_samples=64 * 100, inputs=f.inputs(None, 64, 64))
-    assert answer.workers == 0 and m.resize is None
+    assert answer.workers == 0 and m.handovers.resize is None
 
 
 def test_the_monitor_grows_on_the_prior_of_one_measured_worker_count():
@@ -303,7 +303,7 @@ def test_before_any_step_time_the_batchs_need_must_still_pay():
     m.set_costs(start_s=30.0)
     answer = m.on_batch_change(0, 256, 1, remaining_samples=256 * 2, samples_per_s=1000.0,
                                inputs=StepTimeFeed(10).inputs(None, 64, 256))
-    assert answer.workers == 0 and m.resize is None
+    assert answer.workers == 0 and m.handovers.resize is None
 
 
 def test_the_decisions_reach_mlflow_as_metrics_and_tags(tmp_path):

@@ -150,7 +150,7 @@ def test_an_overlap_is_called_off_when_training_ends_first(tmp_path, monkeypatch
     def old(m: MonitorState, phase: int) -> str:
         _group(m, phase, 1, 0)
         assert m.on_batch_change(10, 64, 1).mode == "overlap"
-        while not m.resize.ready:  # the new group is ready; the old one finishes anyway
+        while not m.handovers.resize.ready:  # the new group is ready; the old one finishes anyway
             threading.Event().wait(0.005)
         return "finished"
 

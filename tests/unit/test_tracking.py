@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+import orchestrator.run_writer as run_writer
 import orchestrator.tracking as tracking
 from orchestrator.config import validate
 from orchestrator.tracking import RunTracker
@@ -142,7 +143,7 @@ def test_rows_carry_the_time_their_step_ran(tmp_path):
                                                                 if m.step <= 12]
         assert abs(hist[-1].timestamp / 1000 - time.time()) < 60
     assert [m.step for m in client.get_metric_history(tr.run_id, "lr")] == [1, 6, 7, 13]
-    assert tr._when == {} or min(tr._when) >= 12  # only the times a held point may still need
+    assert all(s >= 12 for s in tr.series.held_times())  # only the times a held point may still need
 
 
 def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp_path, monkeypatch):
@@ -151,7 +152,7 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
     from trainers.link.channel import Channel
     from trainers.link.messages import PushAnswer
 
-    monkeypatch.setattr(tracking, "FLUSH_S", 3600.0)
+    monkeypatch.setattr(run_writer, "FLUSH_S", 3600.0)
     tr, uri = _tracker(tmp_path)
     rep = Channel(None, None, enabled=False)
     rep._handle = object()
@@ -160,14 +161,14 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
         rep.log(*r)
     tr.log_metrics(records[:4])
     assert metric_series(uri, tr.run_id, "train/loss") == [] and tr.written_upto == -1
-    monkeypatch.setattr(tracking, "FLUSH_S", 0.0)
+    monkeypatch.setattr(run_writer, "FLUSH_S", 0.0)
     tr.log_metrics(records[4:6])  # the interval has passed: steps 1..6 are written in one call
     for r in records[4:6]:
         rep.log(*r)
     assert [s for s, _ in metric_series(uri, tr.run_id, "train/loss")] == list(range(1, 7))
     assert tr.written_upto == 6
     rep.receive(PushAnswer(acked=tr.written_upto))
-    monkeypatch.setattr(tracking, "FLUSH_S", 3600.0)
+    monkeypatch.setattr(run_writer, "FLUSH_S", 3600.0)
     for r in records[6:9]:
         rep.log(*r)
     tr.log_metrics(records[6:9])  # buffered, then the driver dies
@@ -220,7 +221,7 @@ class _Outage:
 
 
 def _watched(tmp_path, monkeypatch, timeout_s=300.0):
-    monkeypatch.setattr(tracking, "RETRY_S", 0.0)
+    monkeypatch.setattr(run_writer, "RETRY_S", 0.0)
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t",
                                  "outage_timeout_s": timeout_s}})
     tr = RunTracker(cfg)
@@ -262,7 +263,7 @@ def test_a_store_away_past_the_timeout_is_given_up_with_what_was_not_recorded(tm
     assert tr.outage_expired() is None  # within the window
     time.sleep(0.25)
     lost = tr.outage_expired()
-    assert isinstance(lost, tracking.TrackingLost) and "did not answer for 0.2 s" in str(lost)
+    assert isinstance(lost, run_writer.TrackingLost) and "did not answer for 0.2 s" in str(lost)
     assert tr.lost and tr.outage_expired() is None  # said once
     calls = tr.client.calls
     tr.log_metrics([(10, {"train/loss": 1.0, "lr": 0.1})], flush=True)
@@ -286,8 +287,8 @@ def test_a_refused_request_is_not_an_outage(tmp_path, monkeypatch):
     tr.run_id = "no-such-run"
     with pytest.raises(MlflowException):
         tr.log_metrics([(1, {"train/loss": 1.0})], flush=True)
-    assert not tracking.unavailable(RuntimeError("bad value"))
-    assert tracking.unavailable(_server_down())
+    assert not run_writer.unavailable(RuntimeError("bad value"))
+    assert run_writer.unavailable(_server_down())
 
 
 def test_a_real_client_to_a_closed_port_is_an_outage_and_each_call_is_bounded(monkeypatch):
@@ -296,12 +297,12 @@ def test_a_real_client_to_a_closed_port_is_an_outage_and_each_call_is_bounded(mo
 
     from tests.helpers import free_port
 
-    for key in tracking.HTTP_LIMITS:
+    for key in run_writer.HTTP_LIMITS:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")  # a person's own setting stays
     uri = f"http://127.0.0.1:{free_port()}"
-    tracking.bound_http_requests(uri)
+    run_writer.bound_http_requests(uri)
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
     with pytest.raises(Exception) as info:
         MlflowClient(uri).log_batch("r", metrics=[Metric("a", 1.0, 0, 1)])
-    assert tracking.unavailable(info.value)
+    assert run_writer.unavailable(info.value)
