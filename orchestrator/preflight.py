@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.config import ConfigError
+from trainers.errors import one_line
 
 if TYPE_CHECKING:
     from orchestrator.config import RootConfig
@@ -226,11 +227,10 @@ def check_model_input(cfg: "RootConfig") -> None:
             raise RuntimeError(f"output shape {tuple(out.shape)}, expected (2, {info.num_classes})")
     except Exception as e:  # noqa: BLE001 - any failure here is a shape the model cannot take
         field = "data.shape" if cfg.data.name == "synthetic" else "model.name"
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ("cnn and resnet* take [channels, height, width], e.g. [1, 8, 8]; mlp takes any shape"
                 if cfg.model.name != "mlp" else "give a shape of positive sizes")
         raise ConfigError(f"{field}: model {cfg.model.name} cannot take inputs of shape {list(info.shape)} "
-                          f"({detail[:160]}); {hint}") from None
+                          f"({one_line(e, 160, name=False)}); {hint}") from None
 
 
 def check_config(cfg: "RootConfig", ignored: bool = True) -> None:

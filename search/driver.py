@@ -47,6 +47,7 @@ from search.study import best_config_yaml, completed_twin, config_key, create_or
 from orchestrator.uris import absolute_tracking_uri, redact_uri
 from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
 from search.view import trial_run_name
+from trainers.errors import one_line
 from trainers.loop.storage import join, resolve, store_for
 
 logger = logging.getLogger(__name__)
@@ -499,7 +500,7 @@ class SearchDriver:
             try:
                 self._bury(t, t.user_attrs.get("mlflow_run_id"), LOST_ERROR)
             except Exception as e:  # MLflow or the disk: the trial is FAIL and queued again all the same
-                self._write(f"warning: trial {t.number}: {type(e).__name__}: {e}")
+                self._write(f"warning: trial {t.number}: {one_line(e)}")
             self._write(f"trial {t.number}: FAIL ({LOST_ERROR}); its config is queued again")
 
     def _bury(self, t: FrozenTrial, run_id: str | None, why: str) -> None:
@@ -523,7 +524,7 @@ class SearchDriver:
                 warnings.simplefilter("ignore")
                 self.tracker.finish(self.study, status, wall_s, best_yaml)
         except Exception as e:
-            self._write(f"warning: cannot finish the MLflow parent run ({type(e).__name__}: {e})")
+            self._write(f"warning: cannot finish the MLflow parent run ({one_line(e)})")
 
     # -- what the driver shows -----------------------------------------------------------------------
 
