@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 from orchestrator.config import ConfigError, RootConfig, public_config
 from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
 from trainers.errors import one_line
+from trainers.link import tags as T
 from trainers.loop.storage import is_uri, join, pid_alive, reach_problem, resolve, store_for
 
 logger = logging.getLogger(__name__)
@@ -124,9 +125,9 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
     except MlflowException:
         raise ConfigError(f"run: {ref!r} is neither an MLflow run id in {redact_uri(uri)} nor a run storage "
                           f"directory holding {RUN_INFO}; pass one of those (or --tracking-uri)") from None
-    storage, name = run.data.tags.get("elastic.storage_path"), run.data.tags.get("elastic.train_run_name")
+    storage, name = run.data.tags.get(T.STORAGE_PATH), run.data.tags.get(T.TRAIN_RUN_NAME)
     if not storage or not name or not _holds_run_info(join(storage, name)):
-        raise ConfigError(f"run: {ref!r} has no checkpoint storage recorded (tags elastic.storage_path); "
+        raise ConfigError(f"run: {ref!r} has no checkpoint storage recorded (tags {T.STORAGE_PATH}); "
                           "it was not started by this orchestrator or its storage is gone")
     return ref, uri, read_run_info(join(storage, name))["config"]
 

@@ -32,11 +32,11 @@ from search.space import SearchSpace
 from search.view import (best_key, best_note, best_points, objective_key, objective_points, settled_upto,
                          table_csv, table_json, trials_table)
 from trainers.errors import one_line
+from trainers.link import tags as T
 
 STATE_TAG = "search.state"
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
-NOTE_TAG = "mlflow.note.content"          # the run's description in MLflow's UI (markdown)
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # where MlflowClient.log_table lists its tables
 INTERACTIVE_PLOTS = "interactive.html"
 NOTE_MAX = 7500  # MLflow keeps tag values up to 8000 characters
@@ -136,7 +136,7 @@ class StudyTracker:
             self._best_upto = max(steps, default=-1)
         tags = self.client.get_run(self.run_id).data.tags
         self._best_tags = {k for k in tags if k.startswith("best.")}
-        self._note = tags.get(NOTE_TAG)
+        self._note = tags.get(T.NOTE)
         self._table_tagged = "trials.json" in tags.get(LOGGED_ARTIFACTS_TAG, "")
 
     def trial_done(self, study: Any) -> str | None:
@@ -192,7 +192,7 @@ class StudyTracker:
         note = best_note(self.study_name, self.experiment_id, metrics, self.space.directions, best, counts)
         note = note if len(note) <= NOTE_MAX else note[:NOTE_MAX - 40] + "\n\n(cut: see trials.csv)"
         if note != self._note:
-            tags[NOTE_TAG] = note
+            tags[T.NOTE] = note
             self._note = note
         from mlflow.entities import RunTag
 
