@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, validate
+from orchestrator.pipeline import validated
+from orchestrator.preflight import check_data_files
 from search.capacity import Capacity, trial_needs
 from search.liveness import DEFAULT_HEARTBEAT_S, LOST_ERROR, DriverLife, StudyStore, request_key, requeue
 from search.pool import Slots
@@ -329,8 +331,8 @@ class SearchDriver:
         try:
             values = self.space.sample(trial)
             trial.set_user_attr("config_values", values)
-            cfg = validate(self.targets.runtime(self.space.raw_config(values), trial.number))
-            cfg.check_resources()
+            cfg = validated(self.targets.runtime(self.space.raw_config(values), trial.number))
+            check_data_files(cfg)
             need = trial_needs(cfg)
             why = capacity.never_fits(need) if capacity else None
             if why:
