@@ -12,7 +12,8 @@ import sys
 import tempfile
 from typing import Any
 
-from orchestrator.config import RootConfig, validate
+from orchestrator.config import RootConfig
+from orchestrator.pipeline import validated
 
 
 def scratch_dir(prefix: str = "elastic-bench-") -> str:
@@ -34,7 +35,7 @@ def temp_config(**sections) -> tuple[RootConfig, str]:
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
-    return validate(raw), tmp
+    return validated(raw), tmp
 
 
 def table(rows: list[tuple], header: tuple) -> str:

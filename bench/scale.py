@@ -58,6 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
+from trainers.errors import one_line  # noqa: E402
 
 PROJECTED = (8, 64, 512)
 UNRESOLVED_BPS = 1e14  # a fitted bandwidth this high means the sizes did not show it (see fit_network)
@@ -551,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(a.config, a.set)
     except Exception as e:  # a one-line config error
-        bad("--config", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        bad("--config", one_line(e, None, name=False))
 
     t_start = time.time()
     # 1. compute alone, one core
@@ -616,8 +617,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             cold = cold_starts([1, 2], a.cold_repeats)
         except Exception as e:  # a local Ray that does not come up (an overloaded machine)
-            why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-            print(f"cold start: no Ray Train group started ({why}); give --cold-start-s C0,C1 to project "
+            print(f"cold start: no Ray Train group started ({one_line(e, None)}); give --cold-start-s C0,C1 to project "
                   "without measuring it", file=sys.stderr)
             sys.exit(1)
         c1 = max(0.0, cold[2] - cold[1])

@@ -109,7 +109,7 @@ def planned(tmp: str, epochs: float, values: dict) -> tuple[int, int]:
     """The steps and samples a trial of these sampled values trains when it runs to its end."""
     key = (epochs, tuple(sorted(values.items())))
     if key not in _PLANNED:
-        from orchestrator.config import validate
+        from orchestrator.pipeline import validated
         from orchestrator.plan import make_plan
         from orchestrator.progress import total_samples
         from search.space import set_path
@@ -117,7 +117,7 @@ def planned(tmp: str, epochs: float, values: dict) -> tuple[int, int]:
         raw = base_config(tmp, epochs)
         for path, v in values.items():
             set_path(raw, path, v)
-        cfg = validate(raw)
+        cfg = validated(raw)
         _PLANNED[key] = (make_plan(cfg).total_steps, total_samples(cfg))
     return _PLANNED[key]
 

@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import parse_args, scratch_dir, table  # noqa: E402
+from trainers.errors import one_line  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE_KEYS = ("noise_scale_factor", "check_every", "min_growth", "round_to", "ema", "max_size", "cbs_window")
@@ -181,7 +182,7 @@ def train_one(name: str, raw: dict, common: list[str], uri: str, target: float,
         if name == "goodput":
             out.skipped = "scaling.policy=goodput not available"
         else:
-            out.skipped = f"config rejected: {str(e).splitlines()[0]}"
+            out.skipped = f"config rejected: {one_line(e, None, name=False)}"
         return out
     old = reused_run(reuse, name) if reuse else None
     if reuse and old is None:

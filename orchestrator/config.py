@@ -1,23 +1,24 @@
 """The root config: the trainers' sections plus the driver's own, YAML loading,
 ``--set`` overrides and validation errors that name the field.
 
-Everything is validated here, before Ray starts or an MLflow run is created.
-``ConfigError`` carries one line (``section.key: what is wrong; what to do``).
+Each field is validated here (its type, its range), before Ray starts or an MLflow run is created;
+what relates two or more fields is checked next, in one place (``orchestrator/preflight.py``
+``check_config``, run by ``orchestrator/pipeline.py``).  ``ConfigError`` carries one line
+(``section.key: what is wrong; what to do``).
 """
 
 from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from trainers.section import Section
 
 from orchestrator.code import CodeConfig
-from trainers.combine.methods import check_combination
 from trainers.loop.config import LoopConfig
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -71,13 +72,6 @@ class ScalingConfig(Section):
         default=600.0, gt=0, description="after a node is lost, how long the driver waits for room for "
                                          "scaling.min_workers before it ends the run FAILED (resume it later)")
 
-    @model_validator(mode="after")
-    def _order(self) -> "ScalingConfig":
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"scaling.min_workers: {self.min_workers} is above scaling.max_workers "
-                             f"{self.max_workers}; lower min_workers or raise max_workers")
-        return self
-
 
 class TrackingConfig(Section):
     """The ``tracking`` section (MLflow)."""
@@ -115,65 +109,9 @@ class RootConfig(LoopConfig):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     code: CodeConfig = Field(default_factory=CodeConfig)
 
-    @model_validator(mode="after")
-    def _root_checks(self) -> "RootConfig":
-        if self.model.sync_bn and not self.scaling.use_gpu:
-            raise ValueError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
-                             "or model.sync_bn: false (per-worker BatchNorm)")
-        self.check_fast_path()
-        if self.scaling.policy == "goodput" and self.combine.method != "mean":
-            raise ValueError(f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
-                             f"{self.combine.method} does not measure; use combine.method: mean or scaling.policy: "
-                             f"workers_for_batch")
-        why = check_combination(self.combine, optimizer_name=self.optimizer.name, batch_policy=self.batch.policy,
-                                scaling_rule=self.schedule.scaling_rule, min_workers=self.scaling.min_workers,
-                                max_workers=self.scaling.max_workers,
-                                check_every=self.batch.check_every if self.batch.policy == "norm_test" else None)
-        if why:  # what combine.method cannot honour (trainers/combine/methods.py)
-            raise ValueError(why)
-        if self.train.precision == "fp16" and self.combine.method != "mean":
-            # a step fp16's scaler skips would still be combined (adasum) or counted toward a sync (local_sgd)
-            raise ValueError(f"train.precision: fp16 cannot be used with combine.method {self.combine.method}; "
-                             "use bf16 or fp32, or combine.method: mean")
-        return self
-
-    def check_fast_path(self) -> None:
-        """The GPU fast path's options against the resources (trainers/accel/device.py :func:`check_fast_path`):
-        fp16 and data on the accelerator need GPUs; channels_last and augmentation need an image
-        model and image inputs (known here for built-in data and models)."""
-        from trainers.data.datasets import dataset_info
-        from trainers.accel.device import check_fast_path
-
-        d = self.data
-        shape = list(dataset_info(d).shape) if d.in_memory else [d.context] if d.name == "text" else None
-        check_fast_path(precision=self.train.precision, data_device=d.device, channels_last=self.model.channels_last,
-                        input_shape=shape, use_gpu=self.scaling.use_gpu, model_name=self.model.name,
-                        augment=d.augment)
-
     def loop_dict(self) -> dict[str, Any]:
         """The sections the workers need (the trainers' own config)."""
         return self.model_dump(mode="json", include=set(LoopConfig.model_fields))
-
-    def check_resources(self) -> None:
-        """Checks that need the filesystem (data present), still before Ray starts."""
-        try:
-            self.data.check_available()
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-
-    def check_workload(self, functions: Mapping[str, Callable[..., Any]] | None = None) -> Any:
-        """Probe a workload that is not all built-in (trainers/workload/build.py :func:`probe_config`): build,
-        forward and loss on two samples, backward, state-dict round trip, and a training set that holds
-        the global batch.  Returns the probe's report (``trainers.workload.factory.ProbeReport``: its
-        BatchNorm warning, the training set's size, the layers that cannot train on one sample), or
-        None for an all built-in workload; a failure is a ConfigError."""
-        from trainers.workload.factory import FactoryError
-        from trainers.workload.build import probe_config
-
-        try:
-            return probe_config(self, functions)
-        except (FactoryError, FileNotFoundError) as e:
-            raise ConfigError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- errors

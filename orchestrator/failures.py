@@ -6,6 +6,8 @@ from __future__ import annotations
 import ray
 from ray.train import UserCallback
 
+from trainers.errors import one_line
+
 
 class FailureNotice(UserCallback):
     """Runs in Ray Train's controller: tells the run's monitor when a worker of a phase's group
@@ -17,7 +19,7 @@ class FailureNotice(UserCallback):
 
     def after_exception(self, run_context, worker_exceptions) -> None:  # noqa: ANN001 - Ray Train's signature
         first = next(iter(worker_exceptions.values()), None) if worker_exceptions else None
-        message = f"{type(first).__name__}: {(str(first).splitlines() or [''])[0][:200]}" if first else "unknown"
+        message = one_line(first, 200) if first else "unknown"
         try:
             ray.get_actor(self.monitor_name, namespace=self.namespace).group_failed.remote(self.phase, message)
         except Exception:  # noqa: BLE001 - a notice for the bar never fails the run (no monitor: the run ended)

@@ -12,10 +12,11 @@ The stages, in the order a user fixes them:
 1. **load**: a YAML file (``orchestrator.config.read_yaml``: missing, binary, empty, invalid,
    duplicate keys) or a dict of sections;
 2. **merge**: ``--set`` items (and ``--tracking-uri``) over it;
-3. **schema**: every section's types, ranges and cross-field validators (``RootConfig``), then the
-   pure cross-field checks of ``orchestrator/preflight.py`` (settings with no effect, a batch the
-   data cannot fill, an input shape the model cannot take) and the data files;
-4. **workload**: the factories probed on two samples (``RootConfig.check_workload``), and a model
+3. **schema**: every section's fields, one at a time (types, ranges: ``RootConfig``), then every
+   rule between fields, in one place (``preflight.check_config``: fields that cannot go together,
+   settings with no effect, a batch the data cannot fill, an input shape the model cannot take),
+   and the data files (``preflight.check_data_files``);
+4. **workload**: the factories probed on two samples (``preflight.check_workload``), and a model
    whose batch statistics cannot take the micro-batches of one sample the config would give it
    (``preflight.check_single_samples``);
 5. **environment**: the checkpoint folder and the tracking store, read only
@@ -31,7 +32,8 @@ from typing import Any
 
 from orchestrator.config import (ConfigError, RootConfig, apply_overrides, drop_replaced_choice, read_yaml,
                                  validate)
-from orchestrator.preflight import check_config, check_environment, check_single_samples, single_sample_facts
+from orchestrator.preflight import (check_config, check_data_files, check_environment, check_single_samples,
+                                   check_workload, single_sample_facts)
 
 Functions = Mapping[str, Callable[..., Any]]
 
@@ -72,14 +74,25 @@ def prepare(source: str | Mapping[str, Any] | None, overrides: Iterable[str] = (
     raw = merge(load(source), overrides, tracking_uri)
     cfg = validate(raw)
     check_config(cfg, ignored=not search_base)
-    cfg.check_resources()
-    report = cfg.check_workload(functions)
+    check_data_files(cfg)
+    report = check_workload(cfg, functions)
     if report is not None and report.warning:
         print(f"warning: {report.warning}", file=sys.stderr)
     n, layers = single_sample_facts(cfg, report)
     check_single_samples(cfg, n, layers)
     if environment:
         check_environment(cfg)
+    return cfg
+
+
+def validated(raw: Mapping[str, Any]) -> RootConfig:
+    """Stage 3 for a config whose parts already went through :func:`prepare` or are the code's own:
+    a search trial's (its space's base plus sampled values), a stored trial's, a benchmark's.  The
+    schema and every rule between fields (``preflight.check_config``), without refusing settings
+    that act only with another value (a trial's parameters set the others) and without building
+    the model (a space checks many points).  The workload and the environment are not checked."""
+    cfg = validate(copy.deepcopy(dict(raw)))
+    check_config(cfg, ignored=False, model_input=False)
     return cfg
 
 

@@ -1,21 +1,27 @@
 """Checks of a validated config that need more than one field, before anything starts.
 
-Two groups, both raising :class:`~orchestrator.config.ConfigError` with one line
-``field: problem; fix`` (the CLI prints ``error: ...`` and exits 2):
+Every rule that relates two or more fields of a config lives here (each section's pydantic class
+checks only its own fields, one at a time), and every check raises
+:class:`~orchestrator.config.ConfigError` with one line ``field: problem; fix`` (the CLI prints
+``error: ...`` and exits 2).  ``orchestrator.pipeline`` calls them, for every entry point:
 
-- :func:`check_config` is pure (no filesystem, no Ray, no MLflow): settings the user gave that
+- :func:`check_config` is pure (no filesystem, no Ray, no MLflow): fields that cannot go together
+  (:data:`COMBINATIONS`: a policy and the fields it needs, the GPU fast path against the
+  resources, what a gradient-combination method cannot honour, ...), settings the user gave that
   have no effect in combination with others (:data:`IGNORED_UNLESS`), a batch that the training
   set cannot fill, and an input shape the model cannot take (a forward pass on the ``meta``
-  device: shapes only, no memory, no compute).  ``orchestrator.pipeline.prepare`` runs it, and
-  :func:`check_single_samples` after the workload probe (BatchNorm fed micro-batches of one).
+  device: shapes only, no memory, no compute);
+- :func:`check_data_files` and :func:`check_workload` (the factories probed on two samples), then
+  :func:`check_single_samples` (BatchNorm fed micro-batches of one);
 - :func:`check_environment` reads the filesystem and an existing tracking store, never creating
   anything: the checkpoint folder and the tracking store's folder must be creatable and
   writable, and the experiment must not be a deleted one.  ``prepare`` runs it last, for every
   command that trains.
 
 "The user gave" is pydantic's ``model_fields_set`` of each section, and a value other than the
-field's default: a field left at its default, or written out at its default, is never reported.  So these checks belong on the driver, on the config validated from the
-user's own YAML; a worker re-validates a full dump in which every field looks set.
+field's default: a field left at its default, or written out at its default, is never reported.
+So these checks belong on the driver, on the config validated from the user's own YAML; a worker
+re-validates a full dump in which every field looks set (and checks only each field there).
 """
 
 from __future__ import annotations
@@ -24,12 +30,297 @@ import glob
 import os
 import sqlite3
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.config import ConfigError
+from trainers.errors import one_line
 
 if TYPE_CHECKING:
     from orchestrator.config import RootConfig
+
+# --------------------------------------------------------------------------- fields that cannot go together
+#
+# Every rule that relates two or more fields, within a section or across sections.  Each section's
+# pydantic class checks its own fields one at a time (type, range, one list's order); what depends
+# on another field is here, so a worker's re-validation of the driver's dump stays cheap and every
+# entry point gets the same rules from one call (check_config).
+
+
+def _choice(cfg: "RootConfig") -> None:
+    """A ``data``/``model`` section names a built-in or a factory, never both; ``data.val_split:
+    test`` needs a dataset with an official test set."""
+    for section in ("data", "model"):
+        s = getattr(cfg, section)
+        if s.name is not None and s.factory is not None:
+            raise ConfigError(f"{section}.factory: give either {section}.name ({s.name!r}) or {section}.factory "
+                              f"({s.factory!r}), not both; remove one of them")
+        if section == "data" and s.val_split == "test" and s.name != "cifar10":
+            raise ConfigError(f"data.val_split: test needs a dataset with an official test set (cifar10), "
+                              f"not {s.factory or s.name!r}; set data.val_split: fraction")
+
+
+def _weight_decay_rule(cfg: "RootConfig") -> None:
+    """``optimizer.wd_rule: timescale`` is AdamW's, with a weight decay to scale."""
+    o = cfg.optimizer
+    if o.wd_rule == "timescale":
+        if o.name != "adamw":
+            raise ConfigError(f"optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay, got "
+                              f"optimizer.name '{o.name}'; set optimizer.name: adamw or wd_rule: none")
+        if o.weight_decay <= 0:
+            raise ConfigError("optimizer.weight_decay: wd_rule timescale scales it with B, so it must be > 0; "
+                              "set the value tuned at base_batch_size, e.g. 0.1")
+
+
+def _batch_sizes(cfg: "RootConfig") -> None:
+    """``batch.max_size`` caps ``batch.size`` and the schedule's entries; the schedule starts at or
+    above ``batch.size`` (each entry against the one before: ``BatchConfig``'s own validator)."""
+    b = cfg.batch
+    if b.max_size is not None and b.max_size < b.size:
+        raise ConfigError(f"batch.max_size: {b.max_size} is below batch.size {b.size}; raise it to at "
+                          f"least {b.size} or remove it")
+    for i, (_, batch) in enumerate(b.schedule):
+        where = f"batch.schedule[{i}]"
+        if i == 0 and batch < b.size:
+            raise ConfigError(f"{where}: batch {batch} is below batch.size {b.size}; the batch only grows, "
+                              "so list non-decreasing sizes")
+        if b.max_size is not None and batch > b.max_size:
+            raise ConfigError(f"{where}: batch {batch} is above batch.max_size {b.max_size}; "
+                              "raise max_size or lower the entry")
+
+
+def _batch_policy_fields(cfg: "RootConfig") -> None:
+    """``batch.schedule`` with the schedule policy only; ``ramp_to`` and ``ramp_epochs`` with the ramp
+    only, the ramp growing B in whole ``round_to`` steps up to at most ``max_size``."""
+    from trainers.policies.batching import round_up
+
+    b = cfg.batch
+    if b.policy == "schedule" and not b.schedule:
+        raise ConfigError("batch.schedule: required by batch.policy schedule; give [epoch, batch] pairs, "
+                          "e.g. [[0, 64], [3, 256]]")
+    if b.policy != "schedule" and b.schedule:
+        raise ConfigError(f"batch.schedule: given but batch.policy is {b.policy!r}; set batch.policy: "
+                          "schedule or remove the schedule")
+    if b.policy != "ramp":
+        for name in ("ramp_to", "ramp_epochs"):
+            if getattr(b, name) is not None:
+                raise ConfigError(f"batch.{name}: given but batch.policy is {b.policy!r}; set batch.policy: "
+                                  f"ramp or remove {name}")
+        return
+    if b.ramp_to is None or b.ramp_epochs is None:
+        missing = "ramp_to" if b.ramp_to is None else "ramp_epochs"
+        raise ConfigError(f"batch.{missing}: required by batch.policy ramp; give both, e.g. ramp_to: 512 and "
+                          "ramp_epochs: 2")
+    if b.ramp_to <= b.size:
+        raise ConfigError(f"batch.ramp_to: {b.ramp_to} is not above batch.size {b.size}; the ramp grows "
+                          f"B, so set it above {b.size}")
+    if (b.ramp_to - b.size) % b.round_to:
+        raise ConfigError(f"batch.ramp_to: {b.ramp_to} - batch.size {b.size} is not a multiple of "
+                          f"batch.round_to {b.round_to} (the ramp's increment); use ramp_to "
+                          f"{b.size + round_up(b.ramp_to - b.size, b.round_to)} or another round_to")
+    if b.max_size is not None and b.ramp_to > b.max_size:
+        raise ConfigError(f"batch.ramp_to: {b.ramp_to} is above batch.max_size {b.max_size}; raise "
+                          "max_size or lower ramp_to")
+
+
+def _warmup_and_decay(cfg: "RootConfig") -> None:
+    """The ``schedule`` section's warmup, decay and scaling rule that only work together."""
+    s = cfg.schedule
+    if s.warmup not in ("none", "auto") and s.warmup_epochs <= 0:
+        raise ConfigError(f"schedule.warmup_epochs: must be > 0 when schedule.warmup is '{s.warmup}'; "
+                          f"set it, e.g. 5")
+    if s.warmup == "legw" and s.scaling_rule != "sqrt":
+        raise ConfigError(f"schedule.scaling_rule: warmup 'legw' is defined with sqrt scaling (You et al.), "
+                          f"got '{s.scaling_rule}'; set schedule.scaling_rule: sqrt")
+    if s.warmup == "auto" and s.decay == "none":
+        raise ConfigError("schedule.decay: warmup 'auto' decays from the LR it finds (Kim et al. use cosine); "
+                          "set schedule.decay: cosine")
+    if s.decay in ("step", "seesaw") and not s.milestones:
+        raise ConfigError(f"schedule.milestones: required when schedule.decay is '{s.decay}'; e.g. [30, 60, 80]")
+    if s.decay == "seesaw" and s.scaling_rule != "sqrt":
+        raise ConfigError(f"schedule.scaling_rule: decay 'seesaw' keeps lr / sqrt(B) as the step schedule would "
+                          f"(Meterez et al. 2025), got '{s.scaling_rule}'; set schedule.scaling_rule: sqrt")
+    if s.decay == "seesaw" and s.decay_factor >= 1.0:
+        raise ConfigError("schedule.decay_factor: 1 makes seesaw neither cut the LR nor grow the batch; set it "
+                          "below 1, e.g. 0.5")
+    if s.auto_max_lr <= s.auto_init_lr:
+        raise ConfigError(f"schedule.auto_max_lr: {s.auto_max_lr} must be above schedule.auto_init_lr "
+                          f"{s.auto_init_lr}; raise auto_max_lr or lower auto_init_lr")
+
+
+def _local_sgd_fields(cfg: "RootConfig") -> None:
+    """``combine.local_steps`` and ``combine.average_momentum`` are local SGD's, which needs H."""
+    c = cfg.combine
+    if c.method == "local_sgd":
+        if c.local_steps is None:
+            raise ConfigError("combine.local_steps: required by combine.method local_sgd; give H >= 1, "
+                              "the steps between parameter averages")
+        return
+    if c.local_steps is not None:
+        raise ConfigError(f"combine.local_steps: only used by combine.method local_sgd, but method is "
+                          f"{c.method!r}; remove local_steps or set combine.method: local_sgd")
+    if c.average_momentum is not None:
+        raise ConfigError(f"combine.average_momentum: only used by combine.method local_sgd, but method "
+                          f"is {c.method!r}; remove it or set combine.method: local_sgd")
+
+
+def _worker_range(cfg: "RootConfig") -> None:
+    s = cfg.scaling
+    if s.min_workers > s.max_workers:
+        raise ConfigError(f"scaling.min_workers: {s.min_workers} is above scaling.max_workers "
+                          f"{s.max_workers}; lower min_workers or raise max_workers")
+
+
+def _within_training(cfg: "RootConfig") -> None:
+    """What a schedule or a batch policy does must fit in ``train.epochs``."""
+    s, total = cfg.schedule, cfg.train.epochs
+    if s.warmup in ("constant", "gradual", "linear") and s.warmup_epochs >= total:
+        raise ConfigError(f"schedule.warmup_epochs: {s.warmup_epochs} leaves no epoch after warmup "
+                          f"(train.epochs is {total}); lower it")
+    late = [m for m in s.milestones if m >= total]
+    if s.decay in ("step", "seesaw") and late:
+        raise ConfigError(f"schedule.milestones: {late} at or after train.epochs {total} never apply; "
+                          f"remove them")
+
+
+def _batch_with_schedule(cfg: "RootConfig") -> None:
+    """The seesaw batch policy and the seesaw decay go together; a ramp ends before training does."""
+    b, s, total = cfg.batch, cfg.schedule, cfg.train.epochs
+    if b.policy == "seesaw" and s.decay != "seesaw":
+        raise ConfigError(f"schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones "
+                          f"cut the LR, got decay '{s.decay}'; set schedule.decay: seesaw (with "
+                          f"milestones and scaling_rule: sqrt)")
+    if s.decay == "seesaw" and b.policy != "seesaw":
+        raise ConfigError(f"batch.policy: schedule.decay seesaw cuts the LR by only sqrt(decay_factor) because "
+                          f"the batch grows at the same milestones, got batch.policy '{b.policy}'; set "
+                          f"batch.policy: seesaw (or schedule.decay: step)")
+    if b.policy == "ramp" and b.ramp_epochs is not None and b.ramp_epochs >= total:
+        raise ConfigError(f"batch.ramp_epochs: {b.ramp_epochs:g} is not below train.epochs "
+                          f"{total:g}, so B never reaches ramp_to {b.ramp_to}; lower it")
+
+
+def _weight_decay_with_scaling(cfg: "RootConfig") -> None:
+    """``optimizer.wd_rule: timescale`` needs the LR a batch gets ahead of time."""
+    if cfg.optimizer.wd_rule == "timescale" and cfg.schedule.scaling_rule == "adascale":
+        raise ConfigError("optimizer.wd_rule: timescale needs the LR a batch gets ahead of time, but adascale's "
+                          "gain is measured at run time; use schedule.scaling_rule linear, sqrt or none")
+
+
+def _sync_bn(cfg: "RootConfig") -> None:
+    if cfg.model.sync_bn and not cfg.scaling.use_gpu:
+        raise ConfigError("model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only; set scaling.use_gpu: true "
+                          "or model.sync_bn: false (per-worker BatchNorm)")
+
+
+def check_fast_path(cfg: "RootConfig") -> None:
+    """The GPU fast path's options against the resources (``trainers/accel/``): fp16 and data on the
+    accelerator need GPUs; channels_last and augmentation need an image model and image inputs
+    (known here for built-in data and models; a factory's model is checked once built, by
+    ``trainers.accel.device.to_channels_last`` on the worker)."""
+    from trainers.accel.device import NON_IMAGE_MODELS
+    from trainers.accel.precision import check_precision
+    from trainers.data.datasets import dataset_info
+
+    d, m, use_gpu = cfg.data, cfg.model, cfg.scaling.use_gpu
+    try:  # the precision's own rule, which the worker also applies to the device it got
+        check_precision(cfg.train.precision, "cuda" if use_gpu else "cpu")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if d.device == "accelerator" and not use_gpu:
+        raise ConfigError("data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true; "
+                          "set data.device: host to train on CPUs")
+    if m.channels_last and m.name in NON_IMAGE_MODELS:
+        raise ConfigError(f"model.channels_last: {m.name} has no Conv2d layer (not a 4-D image model); set "
+                          "model.channels_last: false, or use cnn/resnet18/resnet50")
+    shape = list(dataset_info(d).shape) if d.in_memory else [d.context] if d.name == "text" else None
+    if shape is None:
+        return
+    if m.channels_last and len(shape) != 3:
+        raise ConfigError(f"model.channels_last: needs 4-D image batches (inputs shaped [C, H, W]); this "
+                          f"dataset's inputs are shaped {shape}; set model.channels_last: false")
+    if d.augment and len(shape) != 3:
+        raise ConfigError(f"data.augment: {', '.join(d.augment)} need image inputs shaped [C, H, W]; this "
+                          f"dataset's inputs are shaped {shape}; remove data.augment")
+
+
+def _goodput_needs_mean(cfg: "RootConfig") -> None:
+    if cfg.scaling.policy == "goodput" and cfg.combine.method != "mean":
+        raise ConfigError(f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
+                          f"{cfg.combine.method} does not measure; use combine.method: mean or scaling.policy: "
+                          f"workers_for_batch")
+
+
+def check_combine(cfg: "RootConfig") -> None:
+    """What the rest of the config asks that ``combine.method`` cannot honour
+    (``trainers/combine/methods.py``).  Every optimizer works with each method (Adasum combines
+    gradients, local SGD averages any per-parameter optimizer state).
+
+    adasum:
+      * ``schedule.scaling_rule`` must be ``none``: Adasum adapts between mean and sum itself, so
+        any scaling by B/B0 (linear, sqrt) double-counts; ``adascale``'s gain assumes a mean.
+      * ``batch.policy`` must be ``fixed``: ``noise_scale``/``norm_test`` read the noise probe,
+        whose DDP hook measures the mean all-reduce Adasum replaces; and a growing batch resizes
+        the group, which changes the number of Adasum inputs (the math).  ``schedule`` resizes too.
+      * ``scaling.min_workers == scaling.max_workers``: an elastic restart at fewer workers changes
+        the number of inputs, hence the math.
+    local_sgd:
+      * ``schedule.scaling_rule`` ``adascale`` and ``batch.policy: noise_scale`` (or ``cbs_warmup``)
+        need the per-step combined gradient, which local SGD does not compute (only ``norm_test``
+        has a local form).
+      * ``batch.policy: norm_test`` decides only at syncs: ``batch.check_every`` must be a
+        multiple of ``combine.local_steps``, and it needs ``scaling.max_workers >= 2``.
+    fp16 (any method but mean): a step fp16's scaler skips would still be combined (adasum) or
+    counted toward a sync (local_sgd).
+    """
+    c, rule, policy, s = cfg.combine, cfg.schedule.scaling_rule, cfg.batch.policy, cfg.scaling
+    if c.method == "adasum":
+        if rule != "none":
+            raise ConfigError(f"schedule.scaling_rule: {rule!r} cannot be used with combine.method adasum (it "
+                              "adapts between mean and sum itself; no scaling by W); set schedule.scaling_rule: none "
+                              "and tune optimizer.lr at the per-worker batch")
+        if policy != "fixed":
+            raise ConfigError(f"batch.policy: {policy!r} cannot be used with combine.method adasum (a changing "
+                              "batch resizes the group and changes the number of Adasum inputs; the noise probe "
+                              "reads the mean all-reduce); set batch.policy: fixed")
+        if s.min_workers != s.max_workers:
+            raise ConfigError(f"scaling.min_workers: {s.min_workers} differs from scaling.max_workers "
+                              f"{s.max_workers}; combine.method adasum needs a fixed worker count (its result "
+                              "depends on W)")
+    elif c.method == "local_sgd":
+        if rule == "adascale":
+            raise ConfigError("schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd (it "
+                              "needs the per-step combined gradient); choose linear, sqrt or none")
+        if policy in ("noise_scale", "cbs_warmup"):
+            raise ConfigError(f"batch.policy: {policy!r} cannot be used with combine.method local_sgd (it needs "
+                              "the per-step combined gradient); use batch.policy: norm_test, its local form")
+        if policy == "norm_test":
+            if s.max_workers < 2:
+                raise ConfigError("scaling.max_workers: combine.method local_sgd with batch.policy norm_test "
+                                  "estimates the variance from the workers' gradients and needs at least 2 workers")
+            if cfg.batch.check_every % c.H != 0:
+                raise ConfigError(f"batch.check_every: {cfg.batch.check_every} is not a multiple of "
+                                  f"combine.local_steps {c.H}; the local norm test runs at syncs only")
+    if cfg.train.precision == "fp16" and c.method != "mean":
+        raise ConfigError(f"train.precision: fp16 cannot be used with combine.method {c.method}; "
+                          "use bf16 or fp32, or combine.method: mean")
+
+
+COMBINATIONS: tuple[Callable[["RootConfig"], None], ...] = (
+    # within a section, in the sections' order
+    _choice, _weight_decay_rule, _batch_sizes, _batch_policy_fields, _warmup_and_decay, _local_sgd_fields,
+    _worker_range,
+    # across sections
+    _within_training, _batch_with_schedule, _weight_decay_with_scaling, _sync_bn, check_fast_path,
+    _goodput_needs_mean, check_combine,
+)
+"""Every rule between fields, in the order a user fixes them (a section's own first)."""
+
+
+def check_combinations(cfg: "RootConfig") -> None:
+    """Refuse fields that cannot go together (:data:`COMBINATIONS`): the first broken rule, one line."""
+    for rule in COMBINATIONS:
+        rule(cfg)
+
 
 # --------------------------------------------------------------------------- silently ignored settings
 
@@ -226,23 +517,52 @@ def check_model_input(cfg: "RootConfig") -> None:
             raise RuntimeError(f"output shape {tuple(out.shape)}, expected (2, {info.num_classes})")
     except Exception as e:  # noqa: BLE001 - any failure here is a shape the model cannot take
         field = "data.shape" if cfg.data.name == "synthetic" else "model.name"
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ("cnn and resnet* take [channels, height, width], e.g. [1, 8, 8]; mlp takes any shape"
                 if cfg.model.name != "mlp" else "give a shape of positive sizes")
         raise ConfigError(f"{field}: model {cfg.model.name} cannot take inputs of shape {list(info.shape)} "
-                          f"({detail[:160]}); {hint}") from None
+                          f"({one_line(e, 160, name=False)}); {hint}") from None
 
 
-def check_config(cfg: "RootConfig", ignored: bool = True) -> None:
-    """The pure cross-field checks, in the order a user fixes them.  ``ignored``: refuse settings that
-    have no effect (:func:`check_ignored`; not for a search's base, whose trials change other fields)."""
+def check_config(cfg: "RootConfig", ignored: bool = True, model_input: bool = True) -> None:
+    """Every pure cross-field check, in the order a user fixes them: fields that cannot go together
+    (:func:`check_combinations`), settings that have no effect (``ignored``: :func:`check_ignored`;
+    not for a search's base or trial, whose parameters change other fields), a batch the training
+    set cannot fill, and (``model_input``) an input shape the model cannot take, which builds the
+    model (left out where many configs are checked at once: a search's trials)."""
+    check_combinations(cfg)
     if ignored:
         check_ignored(cfg)
     builtin_data = cfg.data.factory is None and (cfg.data.name == "synthetic" or cfg.data.name in DATASET_SIZES)
     if builtin_data:  # a factory's or a text corpus's size is checked by the workload probe
         check_samples(cfg)
-    if builtin_data and cfg.model.factory is None and cfg.model.name in ("mlp", "cnn", "resnet18", "resnet50"):
+    if model_input and builtin_data and cfg.model.factory is None and cfg.model.name in MODELS_IN_MEMORY:
         check_model_input(cfg)
+
+
+# --------------------------------------------------------------------------- data files and the workload
+
+
+def check_data_files(cfg: "RootConfig") -> None:
+    """The data the config names is there (reads the filesystem; still before Ray starts)."""
+    try:
+        cfg.data.check_available()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_workload(cfg: "RootConfig", functions: Mapping[str, Callable[..., Any]] | None = None) -> Any:
+    """Probe a workload that is not all built-in (trainers/workload/build.py :func:`probe_config`): build,
+    forward and loss on two samples, backward, state-dict round trip, and a training set that holds
+    the global batch.  Returns the probe's report (``trainers.workload.factory.ProbeReport``: its
+    BatchNorm warning, the training set's size, the layers that cannot train on one sample), or
+    None for an all built-in workload; a failure is a ConfigError."""
+    from trainers.workload.build import probe_config
+    from trainers.workload.factory import FactoryError
+
+    try:
+        return probe_config(cfg, functions)
+    except (FactoryError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- micro-batches of one sample

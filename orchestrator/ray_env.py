@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.reservations import PLACEMENT_WAIT_S
+from trainers.errors import first_line
 
 _term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
 
@@ -133,8 +134,8 @@ def first_line_only(show: Callable[[dict, bool], Any]) -> Callable[[dict, bool],
     and the driver says what it means for the run itself (a worker failed, the group restarts)."""
     def short(data: dict, ignore_prefix: bool) -> Any:
         if data.get("pid") == "raylet":
-            lines = [line for text in data.get("lines", []) for line in str(text).splitlines() if line.strip()]
-            data = dict(data, lines=[lines[0][:200]] if lines else [])
+            line = first_line("\n".join(str(text) for text in data.get("lines", [])), 200)
+            data = dict(data, lines=[line] if line else [])
         return show(data, ignore_prefix)
 
     short.first_line_only = True  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ with it before the controller can drop it, and the reservation stays for Ray's e
 ``resume`` started meanwhile finds the cluster reserved to a run that no longer exists and waits
 ("ready resources for 0 workers") for up to three minutes.
 
-So every group's Ray Train run id is recorded on the MLflow run (:data:`TAG`), and ``resume`` drops
+So every group's Ray Train run id is recorded on the MLflow run (tag ``elastic.ray_train_runs``), and ``resume`` drops
 the reservations of those ids before its first group starts.
 
 The coordinator also sizes a restarted group: it re-reads the cluster's nodes every 20 s, so right
@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-TAG = "elastic.ray_train_runs"  # the newest groups' Ray Train run ids, space-separated
+from trainers.link import tags as T
+
+TAG = T.RAY_TRAIN_RUNS  # the name phases.py and runner.py import; its home is trainers/link/tags.py
 KEEP = 4  # an overlap resize has two groups alive at once; a few more cost nothing
 _COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")  # Ray's actor name and namespace
 # Ray Train's wait for a group's placement group (resources that are there are placed at once);

@@ -25,6 +25,8 @@ from typing import Any, Callable, Protocol
 
 from orchestrator.config import ConfigError, RootConfig, public_config
 from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
+from trainers.errors import one_line
+from trainers.link import tags as T
 from trainers.loop.storage import is_uri, join, pid_alive, reach_problem, resolve, store_for
 
 logger = logging.getLogger(__name__)
@@ -42,10 +44,6 @@ class _Run(Protocol):  # what write_run_info reads of a PhaseRunner
 def run_folder(storage_path: str, train_run_name: str) -> str:
     """The run's (first phase's) folder: an absolute local path, or a URI under the bucket prefix."""
     return join(resolve(storage_path), train_run_name)
-
-
-def _short(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
 
 
 def write_run_info(runner: _Run, cfg: RootConfig) -> None:
@@ -66,9 +64,9 @@ def read_run_info(folder: str) -> dict[str, Any]:
         data = store_for(path).read_bytes(path)
     except OSError as e:
         if is_uri(path):  # the store did not answer: nothing says the file is damaged
-            raise ConfigError(f"run: cannot read {path} ({_short(e)}); check the object store's credentials and "
+            raise ConfigError(f"run: cannot read {path} ({one_line(e, 160)}); check the object store's credentials and "
                               "endpoint in the environment") from None
-        raise ConfigError(f"run: {path} is damaged ({_short(e)}); "
+        raise ConfigError(f"run: {path} is damaged ({one_line(e, 160)}); "
                           "resume by the MLflow run id with --tracking-uri instead") from None
     try:
         info = json.loads(data)
@@ -76,7 +74,7 @@ def read_run_info(folder: str) -> dict[str, Any]:
             raise ValueError("keys run_id, tracking_uri, config missing")
         return info
     except ValueError as e:
-        raise ConfigError(f"run: {path} is damaged ({_short(e)}); "
+        raise ConfigError(f"run: {path} is damaged ({one_line(e, 160)}); "
                           "resume by the MLflow run id with --tracking-uri instead") from None
 
 
@@ -91,7 +89,7 @@ def _holds_run_info(folder: str) -> bool:
     try:
         return store_for(folder).kind(join(folder, RUN_INFO)) == "file"
     except OSError as e:
-        raise ConfigError(f"run: cannot read {folder} ({_short(e)})") from None
+        raise ConfigError(f"run: cannot read {folder} ({one_line(e, 160)})") from None
 
 
 def _uri_to_use(stored: str, given: str | None) -> str:
@@ -127,9 +125,9 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
     except MlflowException:
         raise ConfigError(f"run: {ref!r} is neither an MLflow run id in {redact_uri(uri)} nor a run storage "
                           f"directory holding {RUN_INFO}; pass one of those (or --tracking-uri)") from None
-    storage, name = run.data.tags.get("elastic.storage_path"), run.data.tags.get("elastic.train_run_name")
+    storage, name = run.data.tags.get(T.STORAGE_PATH), run.data.tags.get(T.TRAIN_RUN_NAME)
     if not storage or not name or not _holds_run_info(join(storage, name)):
-        raise ConfigError(f"run: {ref!r} has no checkpoint storage recorded (tags elastic.storage_path); "
+        raise ConfigError(f"run: {ref!r} has no checkpoint storage recorded (tags {T.STORAGE_PATH}); "
                           "it was not started by this orchestrator or its storage is gone")
     return ref, uri, read_run_info(join(storage, name))["config"]
 
@@ -167,7 +165,7 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
         paths = run_checkpoints(resolve(storage_path), train_run_name)
     except OSError as e:
         raise ConfigError(f"checkpoint.storage_path: cannot list {run_folder(storage_path, train_run_name)} "
-                          f"({_short(e)}); check the object store's credentials and endpoint") from None
+                          f"({one_line(e, 160)}); check the object store's credentials and endpoint") from None
     for path in paths:
         try:
             verify_checkpoint(path)
@@ -317,7 +315,7 @@ class DriverLease:
                 self._beat += 1
                 self._write()
             except Exception as e:  # noqa: BLE001 - a store that does not answer now may answer at the next beat
-                logger.warning("could not renew the driver lease %s (%s)", self.path, _short(e))
+                logger.warning("could not renew the driver lease %s (%s)", self.path, one_line(e, 160))
 
     def release(self) -> None:
         self._stop.set()
@@ -329,7 +327,7 @@ class DriverLease:
             if fields.get("token") == self.token:
                 self.store.remove(self.path)
         except OSError as e:  # it expires on its own
-            logger.warning("could not remove the driver lease %s (%s)", self.path, _short(e))
+            logger.warning("could not remove the driver lease %s (%s)", self.path, one_line(e, 160))
 
 
 __all__ = ["DRIVER_LOCK", "DriverLease", "DriverLock", "RUN_INFO", "check_resumable", "check_store_exists", "find_run",

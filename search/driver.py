@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, validate
+from orchestrator.pipeline import validated
+from orchestrator.preflight import check_data_files
 from search.capacity import Capacity, trial_needs
 from search.liveness import DEFAULT_HEARTBEAT_S, LOST_ERROR, DriverLife, StudyStore, request_key, requeue
 from search.pool import Slots
@@ -47,6 +49,7 @@ from search.study import best_config_yaml, completed_twin, config_key, create_or
 from orchestrator.uris import absolute_tracking_uri, redact_uri
 from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
 from search.view import trial_run_name
+from trainers.errors import one_line
 from trainers.loop.storage import join, resolve, store_for
 
 logger = logging.getLogger(__name__)
@@ -328,8 +331,8 @@ class SearchDriver:
         try:
             values = self.space.sample(trial)
             trial.set_user_attr("config_values", values)
-            cfg = validate(self.targets.runtime(self.space.raw_config(values), trial.number))
-            cfg.check_resources()
+            cfg = validated(self.targets.runtime(self.space.raw_config(values), trial.number))
+            check_data_files(cfg)
             need = trial_needs(cfg)
             why = capacity.never_fits(need) if capacity else None
             if why:
@@ -499,7 +502,7 @@ class SearchDriver:
             try:
                 self._bury(t, t.user_attrs.get("mlflow_run_id"), LOST_ERROR)
             except Exception as e:  # MLflow or the disk: the trial is FAIL and queued again all the same
-                self._write(f"warning: trial {t.number}: {type(e).__name__}: {e}")
+                self._write(f"warning: trial {t.number}: {one_line(e)}")
             self._write(f"trial {t.number}: FAIL ({LOST_ERROR}); its config is queued again")
 
     def _bury(self, t: FrozenTrial, run_id: str | None, why: str) -> None:
@@ -523,7 +526,7 @@ class SearchDriver:
                 warnings.simplefilter("ignore")
                 self.tracker.finish(self.study, status, wall_s, best_yaml)
         except Exception as e:
-            self._write(f"warning: cannot finish the MLflow parent run ({type(e).__name__}: {e})")
+            self._write(f"warning: cannot finish the MLflow parent run ({one_line(e)})")
 
     # -- what the driver shows -----------------------------------------------------------------------
 

@@ -54,8 +54,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from orchestrator.config import (ConfigError, DuplicateKeyError, RootConfig, load_yaml_text, parse_override, read_yaml,
-                                 validate)
+from orchestrator.config import ConfigError, DuplicateKeyError, RootConfig, load_yaml_text, parse_override, read_yaml
 from search.registry import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS, AlgorithmSpec, Grid, check_options
 from trainers.link.metrics import STEP_METRICS as _STEP_METRICS
 
@@ -493,13 +492,11 @@ class SearchSpace:
 
     def config(self, values: dict[str, Any]) -> RootConfig:
         """The validated training config for ``values`` (``ConfigError`` if they do not fit together,
-        or if its batch is more than the training set holds)."""
-        from orchestrator.preflight import DATASET_SIZES, check_samples
+        or if its batch is more than the training set holds: ``orchestrator.pipeline.validated``; a
+        factory's or a text corpus's size is known once loaded, the trial's probe checks it)."""
+        from orchestrator.pipeline import validated
 
-        cfg = validate(self.raw_config(values))
-        if cfg.data.factory is None and (cfg.data.name == "synthetic" or cfg.data.name in DATASET_SIZES):
-            check_samples(cfg)  # a factory's or a text corpus's size is known once loaded: the trial's probe checks it
-        return cfg
+        return validated(self.raw_config(values))
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able record of the space (kept in the study's user attributes)."""

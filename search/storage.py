@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 from orchestrator.config import ConfigError
+from trainers.errors import one_line
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -116,8 +117,8 @@ def open_storage(storage: str, heartbeat_s: int | None = None) -> BaseStorage:
         try:
             return optuna.storages.RDBStorage(storage, **kw)
         except Exception as e:
-            raise ConfigError(f"--storage: cannot open {describe_storage(storage)!r} ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}); check the URL") from None
+            raise ConfigError(f"--storage: cannot open {describe_storage(storage)!r} ({one_line(e)}); "
+                              f"check the URL") from None
     path = os.path.abspath(os.path.expanduser(storage))
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):

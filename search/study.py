@@ -15,6 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import ConfigError, RootConfig, to_yaml, validate
+from orchestrator.pipeline import validated
 from search.registry import AlgorithmSpec
 from search.space import SearchSpace, SpaceError, set_path
 from search.storage import describe_storage, open_storage, study_names
@@ -115,7 +116,7 @@ def trial_raw_config(study: Study, trial: FrozenTrial) -> dict[str, Any]:
     raw = copy.deepcopy(base)
     for path, v in trial_values(trial).items():
         set_path(raw, path, v)
-    validate(copy.deepcopy(raw))
+    validated(raw)
     return raw
 
 

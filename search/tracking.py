@@ -31,11 +31,12 @@ from orchestrator.uris import mlflow_uri
 from search.space import SearchSpace
 from search.view import (best_key, best_note, best_points, objective_key, objective_points, settled_upto,
                          table_csv, table_json, trials_table)
+from trainers.errors import one_line
+from trainers.link import tags as T
 
 STATE_TAG = "search.state"
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
-NOTE_TAG = "mlflow.note.content"          # the run's description in MLflow's UI (markdown)
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # where MlflowClient.log_table lists its tables
 INTERACTIVE_PLOTS = "interactive.html"
 NOTE_MAX = 7500  # MLflow keeps tag values up to 8000 characters
@@ -135,7 +136,7 @@ class StudyTracker:
             self._best_upto = max(steps, default=-1)
         tags = self.client.get_run(self.run_id).data.tags
         self._best_tags = {k for k in tags if k.startswith("best.")}
-        self._note = tags.get(NOTE_TAG)
+        self._note = tags.get(T.NOTE)
         self._table_tagged = "trials.json" in tags.get(LOGGED_ARTIFACTS_TAG, "")
 
     def trial_done(self, study: Any) -> str | None:
@@ -144,7 +145,7 @@ class StudyTracker:
         try:
             self.sync(study)
         except Exception as e:  # MLflow trouble must not stop the study
-            return f"warning: cannot update the MLflow parent run ({type(e).__name__}: {str(e)[:300]})"
+            return f"warning: cannot update the MLflow parent run ({one_line(e, 300)})"
         return None
 
     def sync(self, study: Any, final: bool = False) -> None:
@@ -191,7 +192,7 @@ class StudyTracker:
         note = best_note(self.study_name, self.experiment_id, metrics, self.space.directions, best, counts)
         note = note if len(note) <= NOTE_MAX else note[:NOTE_MAX - 40] + "\n\n(cut: see trials.csv)"
         if note != self._note:
-            tags[NOTE_TAG] = note
+            tags[T.NOTE] = note
             self._note = note
         from mlflow.entities import RunTag
 
@@ -274,7 +275,7 @@ class StudyTracker:
         try:
             self.sync(study, final=True)
         except Exception as e:  # the figures and the run's end matter more
-            self.client.set_tag(self.run_id, "search.view_error", _why(e)[:5000])
+            self.client.set_tag(self.run_id, "search.view_error", one_line(e, 5000))
         trials = study.get_trials(deepcopy=False)
         n = len(trials)
         now = int(time.time() * 1000)
@@ -353,7 +354,7 @@ class StudyTracker:
                     fig.savefig(path, dpi=100)
                     self.client.log_artifact(self.run_id, path, "plots")
                 except Exception as e:  # a plot Optuna cannot draw for this study (e.g. no varying param)
-                    skipped.append(f"{name}: {_why(e)}")
+                    skipped.append(f"{name}: {one_line(e, None)}")
                 finally:
                     plt.close("all")
         return skipped + self.log_html_plots(study)
@@ -377,7 +378,7 @@ class StudyTracker:
                     div = make().to_html(full_html=False, include_plotlyjs=not parts)
                     parts.append(f"<h2>{html.escape(name.replace('_', ' '))}</h2>\n{div}")
                 except Exception as e:
-                    skipped.append(f"{name} (html): {_why(e)}")
+                    skipped.append(f"{name} (html): {one_line(e, None)}")
         if parts:
             title = html.escape(f"study {self.study_name}: Optuna plots")
             page = (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
@@ -419,10 +420,6 @@ def close_lost_child(uri: str, parent_run_id: str | None, study_name: str, numbe
         client.set_tag(run.info.run_id, "search.error", error[:5000])
         client.set_terminated(run.info.run_id, status="KILLED")
     return run.info.run_id
-
-
-def _why(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def trial_values(trial: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 
+from trainers.errors import one_line
 from trainers.link import metrics as M
 from trainers.loop.storage import join, store_for
 
@@ -66,7 +67,6 @@ class TrialResult:
 def short_error(e: BaseException) -> str:
     """One line for a trial's failure: the exception, and for Ray's wrapped errors the root cause."""
     text = str(e).strip()
-    first = text.splitlines()[0] if text else ""
     root = ""
     for line in reversed(text.splitlines()):
         s = line.strip()
@@ -74,7 +74,7 @@ def short_error(e: BaseException) -> str:
                 ("Error", "Exception", "Interrupt")):
             root = s
             break
-    msg = f"{type(e).__name__}: {first}"
+    msg = one_line(e, None)
     if root and root not in msg:
         msg += f" (cause: {root})"
     return msg[:1000]

@@ -66,7 +66,7 @@ CASES = {
                                  "official test set (cifar10)"),
     "augment_text": (None, ["data.name=text", "model.name=lstm", "data.augment=[hflip]"],
                      "data.augment: hflip need image inputs shaped [C, H, W]"),
-    # what a gradient-combination method cannot honour (trainers/combine/methods.py check_combination)
+    # what a gradient-combination method cannot honour (orchestrator/preflight.py check_combine)
     "unknown_combine": (None, ["combine.method=sum"], "combine.method: unknown 'sum'; expected one of mean, adasum, "
                         "local_sgd"),
     "local_steps_zero": (None, ["combine.method=local_sgd", "combine.local_steps=0"],

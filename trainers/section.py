@@ -88,10 +88,3 @@ class Section(BaseModel):
             if problem is not None:
                 raise ValueError(problem)
         return value
-
-
-def check_name_or_factory(section: str, name: str | None, factory: str | None) -> None:
-    """A ``model``/``data`` section names a built-in or a factory, never both (:class:`FactoryError`)."""
-    if name is not None and factory is not None:
-        raise ValueError(f"{section}.factory: give either {section}.name ({name!r}) or {section}.factory "
-                           f"({factory!r}), not both; remove one of them")

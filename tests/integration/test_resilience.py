@@ -203,7 +203,7 @@ def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster,
     # resume drops it by the group's recorded id instead of waiting it out.
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.reservations import TAG
+    from trainers.link.tags import RAY_TRAIN_RUNS as TAG
 
     groups = MlflowClient(uri).get_run(run_id).data.tags[TAG].split()
     assert _reserved(ray_cluster, groups[-1]), "the killed driver's group holds no reservation"

@@ -19,9 +19,14 @@ def _cfg(**kw: Any) -> BatchConfig:
 
 
 def _error(**kw: Any) -> str:
-    with pytest.raises(ValidationError) as e:
-        BatchConfig(**kw)
-    return str(e.value.errors(include_url=False)[0]["ctx"]["error"])
+    """The one-line error of a ``batch`` section: its own fields (pydantic) or their rules together
+    (``orchestrator/preflight.py``), as every entry point reports it."""
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
+
+    with pytest.raises(ConfigError) as e:
+        validated({"batch": kw})
+    return str(e.value)
 
 
 # --------------------------------------------------------------------------- config
@@ -57,6 +62,14 @@ def test_cross_field_errors_name_the_field(kw: dict[str, Any], start: str) -> No
     assert _error(**kw).startswith(start)
 
 
+def test_the_section_alone_checks_each_schedule_entry_against_the_one_before() -> None:
+    """The entries' own order is the section's (a worker re-validating the dump checks it too); an
+    entry against batch.size or batch.max_size is a rule between fields, checked on the driver."""
+    with pytest.raises(ValidationError, match=r"batch\.schedule\[1\]: batch 128 is below the previous entry's"):
+        BatchConfig(policy="schedule", schedule=[[1, 256], [2, 128]])
+    BatchConfig(policy="schedule", size=64, schedule=[[1, 32]])  # below batch.size: preflight's rule
+
+
 @pytest.mark.parametrize("kw", [{"min_growth": 0.9}, {"check_every": 0}, {"round_to": 0}, {"norm_test_eta": 1.0},
                                 {"noise_scale_factor": 0}, {"ema": 1.0}, {"policy": "adaptive"}, {"colour": 1}])
 def test_field_bounds(kw: dict[str, Any]) -> None:
@@ -66,9 +79,10 @@ def test_field_bounds(kw: dict[str, Any]) -> None:
 
 def test_root_config_reports_the_field_in_one_line() -> None:
     from orchestrator.config import ConfigError, validate
+    from orchestrator.pipeline import validated
 
     with pytest.raises(ConfigError, match=r"^batch\.max_size: 32 is below batch\.size 64; raise it"):
-        validate({"batch": {"size": 64, "max_local_batch": 32, "max_size": 32}})
+        validated({"batch": {"size": 64, "max_local_batch": 32, "max_size": 32}})
     with pytest.raises(ConfigError, match=r"^batch\.policy: unknown 'grow'"):
         validate({"batch": {"policy": "grow"}})
     cfg = validate({"batch": {"policy": "schedule", "schedule": [[0, 64], [2.5, 256]]}})
@@ -307,10 +321,11 @@ def test_new_field_bounds(kw: dict[str, Any]) -> None:
 
 
 def test_ramp_longer_than_training_is_refused() -> None:
-    from orchestrator.config import ConfigError, validate
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
 
     with pytest.raises(ConfigError, match=r"^batch\.ramp_epochs: 3 is not below train\.epochs 2"):
-        validate({"batch": {"policy": "ramp", "ramp_to": 128, "ramp_epochs": 3}, "train": {"epochs": 2}})
+        validated({"batch": {"policy": "ramp", "ramp_to": 128, "ramp_epochs": 3}, "train": {"epochs": 2}})
 
 
 # --------------------------------------------------------------------------- seesaw
@@ -345,10 +360,11 @@ def test_seesaw_policy_reads_the_schedule_milestones_and_is_clamped() -> None:
      "schedule.decay_factor: 1 makes seesaw"),
 ])
 def test_seesaw_cross_checks_in_one_line(batch: dict[str, Any], schedule: dict[str, Any], start: str) -> None:
-    from orchestrator.config import ConfigError, validate
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
 
     with pytest.raises(ConfigError) as e:
-        validate({"batch": {"max_local_batch": 64, **batch}, "schedule": schedule, "train": {"epochs": 3}})
+        validated({"batch": {"max_local_batch": 64, **batch}, "schedule": schedule, "train": {"epochs": 3}})
     assert str(e.value).startswith(start) and "\n" not in str(e.value)
 
 
@@ -413,9 +429,10 @@ def test_cbs_warmup_window_survives_a_checkpoint() -> None:
 
 def test_cbs_warmup_is_refused_with_local_sgd() -> None:
     """Local SGD computes no per-step combined gradient, so cbs_warmup would never see a B_simple."""
-    from orchestrator.config import ConfigError, validate
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
 
     with pytest.raises(ConfigError, match=r"^batch\.policy: 'cbs_warmup' cannot be used with combine\.method "
                                           r"local_sgd"):
-        validate({"batch": {"policy": "cbs_warmup"}, "combine": {"method": "local_sgd", "local_steps": 4},
+        validated({"batch": {"policy": "cbs_warmup"}, "combine": {"method": "local_sgd", "local_steps": 4},
                   "scaling": {"max_workers": 2}})

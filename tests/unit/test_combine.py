@@ -6,8 +6,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from orchestrator.config import validate
+
 from trainers.policies.batching import BatchConfig, BatchStats, NormTestBatch
-from trainers.combine.methods import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, adasum_pair, adasum_tree, check_combination, local_variance)
+from trainers.combine.methods import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, adasum_pair, adasum_tree, local_variance)
 from trainers.policies.noise import norm_test
 
 D = torch.float64
@@ -30,17 +32,32 @@ def hand_pair(a, b):
 # --------------------------------------------------------------------------- config
 
 
+def _combination_error(**sections) -> str | None:
+    """What ``orchestrator/preflight.py check_combine`` says of a config with these sections (None: fine)."""
+    from orchestrator.config import ConfigError, validate
+    from orchestrator.preflight import check_combine
+
+    try:
+        check_combine(validate(sections))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def test_config_defaults_and_cross_checks():
+    from orchestrator.config import ConfigError
+    from orchestrator.preflight import check_combinations
+
     assert CombineConfig().method == "mean"
     c = CombineConfig(method="local_sgd", local_steps=4)
     assert c.H == 4 and c.averages_momentum
     assert not CombineConfig(method="local_sgd", local_steps=4, average_momentum=False).averages_momentum
-    with pytest.raises(ValidationError, match="combine.local_steps: only used by"):
-        CombineConfig(method="adasum", local_steps=4)
-    with pytest.raises(ValidationError, match="combine.local_steps: required"):
-        CombineConfig(method="local_sgd")
-    with pytest.raises(ValidationError, match="combine.average_momentum"):
-        CombineConfig(method="mean", average_momentum=True)
+    for combine, start in (({"method": "adasum", "local_steps": 4}, "combine.local_steps: only used by"),
+                           ({"method": "local_sgd"}, "combine.local_steps: required"),
+                           ({"method": "mean", "average_momentum": True}, "combine.average_momentum")):
+        cfg = validate({"combine": combine, "schedule": {"scaling_rule": "none"}})  # each field fine alone
+        with pytest.raises(ConfigError, match=f"^{start}"):
+            check_combinations(cfg)
     with pytest.raises(ValidationError, match="local_steps"):
         CombineConfig(method="local_sgd", local_steps=0)
     with pytest.raises(ValidationError, match="method"):
@@ -50,21 +67,23 @@ def test_config_defaults_and_cross_checks():
 
 
 def test_check_combination():
-    mean = CombineConfig()
-    ada = CombineConfig(method="adasum")
-    loc = CombineConfig(method="local_sgd", local_steps=4)
-    assert check_combination(mean, batch_policy="noise_scale", scaling_rule="adascale") is None
-    assert check_combination(ada, scaling_rule="none") is None
-    assert check_combination(ada, scaling_rule="linear").startswith("schedule.scaling_rule:")
-    assert check_combination(ada, scaling_rule="none", batch_policy="noise_scale").startswith("batch.policy:")
-    assert check_combination(ada, scaling_rule="none", min_workers=1, max_workers=4).startswith("scaling.min_workers")
-    assert check_combination(loc) is None
-    assert check_combination(loc, scaling_rule="adascale").startswith("schedule.scaling_rule:")
-    assert check_combination(loc, batch_policy="noise_scale").startswith("batch.policy:")
-    assert check_combination(loc, batch_policy="norm_test", max_workers=1).startswith("scaling.max_workers")
-    assert check_combination(loc, batch_policy="norm_test", max_workers=2, check_every=6).startswith(
+    ada, loc = {"method": "adasum"}, {"method": "local_sgd", "local_steps": 4}
+    none, adascale = {"scaling_rule": "none"}, {"scaling_rule": "adascale"}
+    assert _combination_error(batch={"policy": "noise_scale"}, schedule=adascale) is None  # mean: anything
+    assert _combination_error(combine=ada, schedule=none) is None
+    assert _combination_error(combine=ada).startswith("schedule.scaling_rule:")
+    assert _combination_error(combine=ada, schedule=none, batch={"policy": "noise_scale"}).startswith("batch.policy:")
+    assert _combination_error(combine=ada, schedule=none, scaling={"max_workers": 4}).startswith("scaling.min_workers")
+    assert _combination_error(combine=loc) is None
+    assert _combination_error(combine=loc, schedule=adascale).startswith("schedule.scaling_rule:")
+    assert _combination_error(combine=loc, batch={"policy": "noise_scale"}).startswith("batch.policy:")
+    assert _combination_error(combine=loc, batch={"policy": "norm_test"}).startswith("scaling.max_workers")
+    two = {"max_workers": 2}
+    assert _combination_error(combine=loc, batch={"policy": "norm_test", "check_every": 6}, scaling=two).startswith(
         "batch.check_every:")
-    assert check_combination(loc, batch_policy="norm_test", max_workers=2, check_every=8) is None
+    assert _combination_error(combine=loc, batch={"policy": "norm_test", "check_every": 8}, scaling=two) is None
+    assert _combination_error(combine=loc, scaling={"use_gpu": True}, train={"precision": "fp16"}).startswith(
+        "train.precision: fp16 cannot be used with combine.method local_sgd")
 
 
 # --------------------------------------------------------------------------- Adasum

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from orchestrator.config import ConfigError, flatten, public_config, validate
+from orchestrator.pipeline import validated
 from search.space import SpaceError, parse_space
 from trainers.policies.batching import BatchConfig, build_batch_policy
 from trainers.combine.methods import Combination, CombineConfig, LocalSGD
@@ -55,7 +56,7 @@ def test_default_is_mean_and_every_method_is_a_logged_param():
 ])
 def test_what_combine_cannot_honour_is_one_line_naming_the_field(sections, fragment):
     with pytest.raises(ConfigError) as e:
-        validate(raw(**sections))
+        validated(raw(**sections))
     msg = str(e.value)
     assert fragment in msg and "\n" not in msg and msg.split(":")[0] in {
         "combine.method", "combine.local_steps", "schedule.scaling_rule", "batch.policy", "scaling.min_workers",
@@ -63,8 +64,8 @@ def test_what_combine_cannot_honour_is_one_line_naming_the_field(sections, fragm
 
 
 def test_valid_combinations_pass():
-    validate(raw(combine={"method": "adasum"}, schedule={"scaling_rule": "none"}))
-    validate(raw(combine={"method": "local_sgd", "local_steps": 4}, batch={"policy": "norm_test", "check_every": 8}))
+    validated(raw(combine={"method": "adasum"}, schedule={"scaling_rule": "none"}))
+    validated(raw(combine={"method": "local_sgd", "local_steps": 4}, batch={"policy": "norm_test", "check_every": 8}))
 
 
 def test_search_space_explores_combine_method():

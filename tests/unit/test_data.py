@@ -126,8 +126,12 @@ def test_cifar10_val_split_test_validates_on_the_official_test_batch(tmp_path):
 
 
 def test_val_split_test_needs_cifar10():
-    with pytest.raises(ValueError, match=r"data\.val_split: test needs a dataset with an official test set"):
-        DataConfig(name="digits", val_split="test")
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
+
+    with pytest.raises(ConfigError, match=r"^data\.val_split: test needs a dataset with an official test set"):
+        validated({"data": {"name": "digits", "val_split": "test"}})
+    validated({"data": {"name": "cifar10", "root": "/nowhere", "val_split": "test"}})  # the files: check_data_files
 
 
 def test_the_loop_trains_tiny_cifar_with_the_recipes_input_options(tmp_path):

@@ -5,7 +5,9 @@ from torch import nn
 from trainers.data.augment import Augment
 from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DatasetInfo
 from trainers.data.pipeline import DeviceData, Prefetcher
-from trainers.accel.device import (check_channels_last, check_data_device, check_fast_path, clean_state_dict, compile_model, load_clean_state_dict, strip_prefixes, to_channels_last, unwrap_model)
+from orchestrator.config import ConfigError, validate
+from orchestrator.preflight import check_fast_path
+from trainers.accel.device import (clean_state_dict, compile_model, load_clean_state_dict, strip_prefixes, to_channels_last, unwrap_model)
 from trainers.workload.models import ModelConfig, build_model
 
 
@@ -23,21 +25,31 @@ def test_channels_last_converts_weights_and_keeps_outputs():
     assert torch.allclose(m(x.contiguous(memory_format=torch.channels_last)), ref(x), atol=1e-5)
 
 
+def _fast_path(shape=(3, 8, 8), *, model="cnn", channels_last=False, device="host", use_gpu=False,
+               precision="bf16"):
+    """``orchestrator/preflight.py check_fast_path`` on a config of synthetic data shaped ``shape``."""
+    check_fast_path(validate({"data": {"name": "synthetic", "shape": list(shape), "device": device},
+                              "model": {"name": model, "channels_last": channels_last},
+                              "scaling": {"use_gpu": use_gpu}, "train": {"precision": precision}}))
+
+
 def test_channels_last_refuses_a_non_image_model_naming_the_field():
     mlp = build_model(DatasetInfo((1, 8, 8), 10), ModelConfig(name="mlp"))
     with pytest.raises(ValueError, match=r"^model\.channels_last: Sequential has no Conv2d"):
         to_channels_last(mlp)
-    with pytest.raises(ValueError, match=r"^model\.channels_last: needs 4-D image batches"):
-        check_channels_last(True, [64])
-    check_channels_last(True, [3, 32, 32])
-    check_channels_last(False, [64])
+    with pytest.raises(ConfigError, match=r"^model\.channels_last: needs 4-D image batches"):
+        _fast_path([64], channels_last=True)
+    with pytest.raises(ConfigError, match=r"^model\.channels_last: mlp has no Conv2d layer"):
+        _fast_path(model="mlp", channels_last=True)
+    _fast_path([3, 32, 32], channels_last=True)
+    _fast_path([64], model="mlp")
 
 
 def test_data_device_accelerator_needs_gpus():
-    with pytest.raises(ValueError, match=r"^data\.device: accelerator .* needs scaling\.use_gpu: true"):
-        check_data_device("accelerator", use_gpu=False)
-    check_data_device("accelerator", use_gpu=True)
-    check_data_device("host", use_gpu=False)
+    with pytest.raises(ConfigError, match=r"^data\.device: accelerator .* needs scaling\.use_gpu: true"):
+        _fast_path(device="accelerator")
+    _fast_path(device="accelerator", use_gpu=True)
+    _fast_path(device="host")
 
 
 def test_device_data_gives_the_cpu_paths_normalised_batch():
@@ -119,14 +131,12 @@ def test_prefetcher_yields_every_batch_in_order_on_the_device():
 
 @pytest.mark.parametrize("kw, field", [
     ({"precision": "fp16"}, "train.precision"),
-    ({"data_device": "accelerator"}, "data.device"),
-    ({"channels_last": True, "input_shape": [10]}, "model.channels_last"),
+    ({"device": "accelerator"}, "data.device"),
+    ({"channels_last": True, "shape": [10]}, "model.channels_last"),
 ])
 def test_check_fast_path_names_the_field_on_cpu(kw, field):
-    args = {"precision": "bf16", "data_device": "host", "channels_last": False, "input_shape": [3, 8, 8],
-            "use_gpu": False, **kw}
-    with pytest.raises(ValueError) as e:
-        check_fast_path(**args)
+    with pytest.raises(ConfigError) as e:
+        _fast_path(**kw)
     msg = str(e.value)
     assert msg.startswith(field + ":") and "\n" not in msg
-    check_fast_path(**{**args, **kw, "use_gpu": True, "channels_last": False})
+    _fast_path(**{**kw, "use_gpu": True, "channels_last": False})

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from trainers.workload.factory import (BATCHNORM_WARNING, FactoryError, build_datasets, build_model, check_dataset_size, check_loss_output, cross_entropy, probe, qualified_name, resolve, resolve_loss, token_cross_entropy)
-from trainers.section import check_name_or_factory
 
 GOOD = """
 import torch
@@ -264,9 +263,12 @@ def test_probe_reports_a_state_dict_that_weights_only_cannot_load(pkg):
 
 
 def test_name_and_factory_are_mutually_exclusive():
-    check_name_or_factory("model", "cnn", None)
-    check_name_or_factory("model", None, "a.b:c")
-    with pytest.raises(ValueError) as e:
-        check_name_or_factory("data", "digits", "pkg.data:build")
+    from orchestrator.config import ConfigError, validate
+    from orchestrator.preflight import check_combinations
+
+    check_combinations(validate({"model": {"name": "cnn"}}))
+    check_combinations(validate({"model": {"factory": "a.b:c"}}))
+    with pytest.raises(ConfigError) as e:
+        check_combinations(validate({"data": {"name": "digits", "factory": "pkg.data:build"}}))
     assert one_line(e) == ("data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
                            "not both; remove one of them")

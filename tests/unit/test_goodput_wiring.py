@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from orchestrator.config import ConfigError, apply_overrides, validate
+from orchestrator.pipeline import validated
 from orchestrator.monitor import MonitorState
 from trainers.link.messages import GoodputDecided, ResizeDecided
 from trainers.policies.goodput import StepTimeFeed, StepTimeFit
@@ -29,7 +30,7 @@ def _cfg(**sections):
     raw = {k: dict(v) for k, v in BASE.items()}
     for k, v in sections.items():
         raw[k] = {**raw.get(k, {}), **v}
-    return validate(raw)
+    return validated(raw)
 
 
 # --------------------------------------------------------------------------- the config field

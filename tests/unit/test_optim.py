@@ -325,16 +325,20 @@ def test_timescale_rule_keeps_tau_at_its_tuned_value(rule, scale, expected):
     ({"wd_rule": "power"}, "wd_rule"),
 ])
 def test_wd_rule_config_errors(cfg, start):
-    with pytest.raises(ValidationError) as e:
-        OptimizerConfig(**cfg)
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
+
+    with pytest.raises(ConfigError) as e:
+        validated({"optimizer": cfg})
     assert start in str(e.value)
 
 
 def test_wd_rule_refuses_adascale_in_one_line():
-    from orchestrator.config import ConfigError, validate
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
 
     with pytest.raises(ConfigError, match=r"^optimizer\.wd_rule: timescale needs the LR a batch gets ahead of time"):
-        validate({"optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
+        validated({"optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
                   "schedule": {"scaling_rule": "adascale"}})
 
 

@@ -10,7 +10,6 @@ from typing import get_args
 import numpy as np
 import pytest
 import torch
-from pydantic import ValidationError
 
 from trainers.policies.schedules import (DECAYS, SCALING_RULES, WARMUPS, AutoWarmup, DecayName, Schedule, ScalingRuleName, ScheduleConfig, WarmupName)
 
@@ -164,24 +163,32 @@ def test_batch_change_mid_run_just_recomputes():
     ({"warmpu": "gradual"}, "warmpu"),
 ])
 def test_bad_config_names_the_field(cfg, field):
-    with pytest.raises(ValidationError) as e:
-        ScheduleConfig(**cfg)
-    assert field in str(e.value)
+    assert field in _error(cfg)
+
+
+def _error(schedule: dict, epochs: float = 90, **sections: dict) -> str:
+    """The one-line error of a config with this ``schedule`` section (its own fields: pydantic; its
+    fields together and with the others: orchestrator/preflight.py)."""
+    from orchestrator.config import ConfigError
+    from orchestrator.pipeline import validated
+
+    with pytest.raises(ConfigError) as e:
+        validated({"schedule": schedule, "train": {"epochs": epochs}, **sections})
+    return str(e.value)
 
 
 def test_validator_message_starts_with_the_field_path():
-    with pytest.raises(ValidationError) as e:
-        ScheduleConfig(warmup="gradual")
-    msg = str(e.value.errors()[0]["ctx"]["error"])
-    assert msg == "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; set it, e.g. 5"
+    assert _error({"warmup": "gradual"}) == ("schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; "
+                                             "set it, e.g. 5")
+    ScheduleConfig(warmup="gradual")  # a rule between two fields: not the section's own check
 
 
-def test_check_total_epochs():
-    ScheduleConfig(warmup="gradual", warmup_epochs=5).check_total_epochs(90)
-    with pytest.raises(ValueError, match=r"^schedule.warmup_epochs"):
-        ScheduleConfig(warmup="gradual", warmup_epochs=5).check_total_epochs(5)
-    with pytest.raises(ValueError, match=r"^schedule.milestones"):
-        ScheduleConfig(decay="step", milestones=[30, 100]).check_total_epochs(90)
+def test_a_schedule_must_fit_in_train_epochs():
+    from orchestrator.pipeline import validated
+
+    validated({"schedule": {"warmup": "gradual", "warmup_epochs": 5}, "train": {"epochs": 90}})
+    assert _error({"warmup": "gradual", "warmup_epochs": 5}, epochs=5).startswith("schedule.warmup_epochs: 5")
+    assert _error({"decay": "step", "milestones": [30, 100]}).startswith("schedule.milestones: [100.0] at or after")
 
 
 def test_schedule_rejects_bad_arguments():
@@ -377,9 +384,9 @@ def test_seesaw_with_a_capped_batch_takes_the_full_cut():
 
 
 def test_seesaw_config_errors():
-    with pytest.raises(ValidationError, match="schedule.scaling_rule: decay 'seesaw'"):
-        ScheduleConfig(decay="seesaw", milestones=[1])
-    with pytest.raises(ValidationError, match="schedule.milestones: required when schedule.decay is 'seesaw'"):
-        ScheduleConfig(decay="seesaw", scaling_rule="sqrt")
-    with pytest.raises(ValueError, match=r"^schedule.milestones: \[3\.0\] at or after"):
-        ScheduleConfig(decay="seesaw", scaling_rule="sqrt", milestones=[1, 3]).check_total_epochs(3)
+    seesaw = {"batch": {"policy": "seesaw"}}
+    assert _error({"decay": "seesaw", "milestones": [1]}, **seesaw).startswith("schedule.scaling_rule: decay 'seesaw'")
+    assert _error({"decay": "seesaw", "scaling_rule": "sqrt"}, **seesaw).startswith(
+        "schedule.milestones: required when schedule.decay is 'seesaw'")
+    assert _error({"decay": "seesaw", "scaling_rule": "sqrt", "milestones": [1, 3]}, epochs=3, **seesaw).startswith(
+        "schedule.milestones: [3.0] at or after")

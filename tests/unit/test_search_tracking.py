@@ -24,7 +24,8 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from optuna.distributions import CategoricalDistribution, FloatDistribution  # noqa: E402
 
 from search.space import parse_space  # noqa: E402
-from search.tracking import NOTE_TAG, StudyTracker  # noqa: E402
+from search.tracking import StudyTracker  # noqa: E402
+from trainers.link.tags import NOTE as NOTE_TAG  # noqa: E402
 from tests.search_helpers import base_config  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

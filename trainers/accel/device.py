@@ -25,7 +25,7 @@ still overlaps backward), and the hook registered on DDP keeps working.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
@@ -33,9 +33,8 @@ from torch import nn
 from trainers.section import Section
 
 __all__ = [
-    "CompileConfig", "DataDeviceConfig", "LayoutConfig", "NON_IMAGE_MODELS", "check_channels_last",
-    "check_data_device", "check_fast_path", "clean_state_dict", "compile_model", "load_clean_state_dict",
-    "strip_prefixes", "to_channels_last", "unwrap_model",
+    "CompileConfig", "DataDeviceConfig", "LayoutConfig", "NON_IMAGE_MODELS", "clean_state_dict", "compile_model",
+    "load_clean_state_dict", "strip_prefixes", "to_channels_last", "unwrap_model",
 ]
 
 DataDevice = Literal["host", "accelerator"]
@@ -70,47 +69,9 @@ class CompileConfig(Section):
                                         "aot_eager/eager: graph capture only, to debug or test)")
 
 
-# --------------------------------------------------------------------------- checks (driver, before Ray)
-
-
-def check_data_device(device: str, use_gpu: bool) -> None:
-    """``data.device: accelerator`` needs GPUs."""
-    if device == "accelerator" and not use_gpu:
-        raise ValueError("data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true; "
-                         "set data.device: host to train on CPUs")
-
-
-def check_channels_last(enabled: bool, input_shape: Sequence[int]) -> None:
-    """``model.channels_last`` needs image inputs ``[C, H, W]`` (a 4-D batch)."""
-    if enabled and len(input_shape) != 3:
-        raise ValueError(f"model.channels_last: needs 4-D image batches (inputs shaped [C, H, W]); this "
-                         f"dataset's inputs are shaped {list(input_shape)}; set model.channels_last: false")
-
-
-#: built-in models without a Conv2d layer (``model.channels_last`` would change nothing)
+#: built-in models without a Conv2d layer (``model.channels_last`` would change nothing; the driver's
+#: config check refuses it: ``orchestrator/preflight.py`` ``check_fast_path``)
 NON_IMAGE_MODELS = ("mlp", "gpt", "lstm")
-
-
-def check_fast_path(*, precision: str, data_device: str, channels_last: bool, input_shape: Sequence[int] | None,
-                    use_gpu: bool, model_name: str | None = None, augment: Sequence[str] = ()) -> None:
-    """Every check of the GPU fast path's options in one call for the driver (before Ray starts): the first
-    problem as a ``ValueError`` whose one-line message starts with the field.
-
-    ``input_shape``: one sample's input shape where the driver knows it (built-in data), else
-    ``None``; ``model_name``: a built-in model's name (``None`` for a factory's, which the worker's
-    :func:`to_channels_last` checks once built)."""
-    from trainers.accel.precision import check_precision
-
-    check_precision(precision, "cuda" if use_gpu else "cpu")
-    check_data_device(data_device, use_gpu)
-    if channels_last and model_name in NON_IMAGE_MODELS:
-        raise ValueError(f"model.channels_last: {model_name} has no Conv2d layer (not a 4-D image model); set "
-                         "model.channels_last: false, or use cnn/resnet18/resnet50")
-    if input_shape is not None:
-        check_channels_last(channels_last, input_shape)
-        if augment and len(input_shape) != 3:
-            raise ValueError(f"data.augment: {', '.join(augment)} need image inputs shaped [C, H, W]; this "
-                             f"dataset's inputs are shaped {list(input_shape)}; remove data.augment")
 
 
 # --------------------------------------------------------------------------- model

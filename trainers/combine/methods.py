@@ -54,14 +54,14 @@ adaptive summation", MLSys 2021)
     orthogonal ones their sum, so it already adapts its step between 1x and Wx.  The LR is the
     one tuned for one worker's batch ``b = B / W``: set ``optimizer.base_batch_size`` to the
     per-worker batch and ``schedule.scaling_rule: none`` (Horovod's Adasum guidance likewise keeps
-    the single-worker LR rather than scaling it by the number of workers).
-    :func:`check_combination` enforces the scaling rule.
+    the single-worker LR rather than scaling it by the number of workers).  The driver's config
+    check enforces the scaling rule (``orchestrator/preflight.py`` ``check_combine``).
 
     *Resize*: the result depends on the number of inputs W, by design.  A changing W (a growing
     batch policy that resizes the group, or an elastic min/max worker range) would change the
-    math mid-run, so :func:`check_combination` refuses those combinations: Adasum runs at a
-    fixed W, and a resume at the same W continues exactly (the state is the optimizer's, identical
-    on all ranks).
+    math mid-run, so the driver's config check (``check_combine``) refuses those combinations:
+    Adasum runs at a fixed W, and a resume at the same W continues exactly (the state is the
+    optimizer's, identical on all ranks).
 
 ``local_sgd`` (Stich 2019, "Local SGD converges fast and communicates little"; with adaptive
 batches: Lau, Li, Xu, Liu, Kolar 2024, "Communication-efficient adaptive batch size strategies
@@ -123,7 +123,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from trainers.policies.batching import BatchPolicy, BatchStats
 from trainers.policies.decisions import BatchDecision, NoopDecision
@@ -142,7 +142,6 @@ __all__ = [
     "adasum_layers",
     "adasum_pair",
     "adasum_tree",
-    "check_combination",
     "local_variance",
 ]
 
@@ -164,21 +163,6 @@ class CombineConfig(Section):
     average_momentum: bool | None = Field(default=None, description="local_sgd: also average the optimizer's "
                                           "per-parameter state (momentum buffers) at a sync; unset = true")
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "CombineConfig":
-        if self.method == "local_sgd":
-            if self.local_steps is None:
-                raise ValueError("combine.local_steps: required by combine.method local_sgd; give H >= 1, "
-                                 "the steps between parameter averages")
-        else:
-            if self.local_steps is not None:
-                raise ValueError(f"combine.local_steps: only used by combine.method local_sgd, but method is "
-                                 f"{self.method!r}; remove local_steps or set combine.method: local_sgd")
-            if self.average_momentum is not None:
-                raise ValueError(f"combine.average_momentum: only used by combine.method local_sgd, but method "
-                                 f"is {self.method!r}; remove it or set combine.method: local_sgd")
-        return self
-
     @property
     def H(self) -> int:
         """Steps between syncs (1 for the methods that combine every step)."""
@@ -187,60 +171,6 @@ class CombineConfig(Section):
     @property
     def averages_momentum(self) -> bool:
         return True if self.average_momentum is None else self.average_momentum
-
-
-def check_combination(combine: CombineConfig, *, optimizer_name: str = "sgd", batch_policy: str = "fixed",
-                      scaling_rule: str = "linear", min_workers: int = 1, max_workers: int = 1,
-                      check_every: int | None = None) -> str | None:
-    """What the rest of the config asks that ``combine`` cannot honour: a one-line error naming the
-    field to change, or ``None``.  The root config validation calls it (exit 2 before Ray starts).
-
-    adasum:
-      * ``schedule.scaling_rule`` must be ``none``: Adasum adapts between mean and sum itself, so
-        any scaling by B/B0 (linear, sqrt) double-counts; ``adascale``'s gain assumes a mean.
-      * ``batch.policy`` must be ``fixed``: ``noise_scale``/``norm_test`` read the noise probe,
-        whose DDP hook measures the mean all-reduce Adasum replaces; and a growing batch resizes
-        the group, which changes the number of Adasum inputs (the math).  ``schedule`` resizes too.
-      * ``scaling.min_workers == scaling.max_workers``: an elastic restart at fewer workers changes
-        the number of inputs, hence the math.
-    local_sgd:
-      * ``schedule.scaling_rule`` ``adascale`` and ``batch.policy: noise_scale`` (or ``cbs_warmup``)
-        need the per-step combined gradient, which local SGD does not compute (only ``norm_test``
-        has a local form).
-      * ``batch.policy: norm_test`` decides only at syncs: ``batch.check_every`` must be a
-        multiple of ``combine.local_steps``, and it needs ``scaling.max_workers >= 2``.
-    ``optimizer_name`` is accepted for completeness: every optimizer here works with each method
-    (Adasum combines gradients, local SGD averages any per-parameter optimizer state).
-    """
-    del optimizer_name
-    m = combine.method
-    if m == "adasum":
-        if scaling_rule != "none":
-            return (f"schedule.scaling_rule: {scaling_rule!r} cannot be used with combine.method adasum (it "
-                    "adapts between mean and sum itself; no scaling by W); set schedule.scaling_rule: none and "
-                    "tune optimizer.lr at the per-worker batch")
-        if batch_policy != "fixed":
-            return (f"batch.policy: {batch_policy!r} cannot be used with combine.method adasum (a changing "
-                    "batch resizes the group and changes the number of Adasum inputs; the noise probe reads "
-                    "the mean all-reduce); set batch.policy: fixed")
-        if min_workers != max_workers:
-            return (f"scaling.min_workers: {min_workers} differs from scaling.max_workers {max_workers}; "
-                    "combine.method adasum needs a fixed worker count (its result depends on W)")
-    elif m == "local_sgd":
-        if scaling_rule == "adascale":
-            return ("schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd (it needs "
-                    "the per-step combined gradient); choose linear, sqrt or none")
-        if batch_policy in ("noise_scale", "cbs_warmup"):
-            return (f"batch.policy: {batch_policy!r} cannot be used with combine.method local_sgd (it needs the "
-                    "per-step combined gradient); use batch.policy: norm_test, its local form")
-        if batch_policy == "norm_test":
-            if max_workers < 2:
-                return ("scaling.max_workers: combine.method local_sgd with batch.policy norm_test estimates "
-                        "the variance from the workers' gradients and needs at least 2 workers")
-            if check_every is not None and check_every % combine.H != 0:
-                return (f"batch.check_every: {check_every} is not a multiple of combine.local_steps "
-                        f"{combine.H}; the local norm test runs at syncs only")
-    return None
 
 
 # --------------------------------------------------------------------------- Adasum math

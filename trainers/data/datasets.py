@@ -60,15 +60,10 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
         return v
 
     @model_validator(mode="after")
-    def _name_or_factory(self) -> "DataConfig":
-        from trainers.section import check_name_or_factory
-
-        check_name_or_factory("data", self.name, self.factory)
+    def _default_name(self) -> "DataConfig":
+        # name and factory both given, data.val_split against the dataset: orchestrator/preflight.py
         if self.name is None and self.factory is None:
             self.name = "digits"
-        if self.val_split == "test" and self.name != "cifar10":
-            raise ValueError(f"data.val_split: test needs a dataset with an official test set (cifar10), "
-                             f"not {self.factory or self.name!r}; set data.val_split: fraction")
         return self
 
     @property

@@ -16,6 +16,7 @@ import sysconfig
 import traceback
 from typing import Any
 
+from trainers.errors import one_line
 from trainers.link.messages import WorkloadFailed
 
 _PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,8 +60,7 @@ def _one_line(exc: BaseException) -> str:
     if "Traceback (most recent call last)" in text:
         last = [line for line in text.strip().splitlines() if line.strip()][-1].strip()
         return last[:300]
-    first = (text.strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+    return one_line(exc, 300)
 
 
 def user_error(exc: BaseException, rank: int = 0, phase: int = 0) -> WorkloadFailed | None:

@@ -2,7 +2,8 @@
 classes, each kept beside its code (data, model, optimizer, batch, schedule, checkpoint, combine).
 
 Importing this module loads the components' config classes and their validators only: not the
-worker loop, not Ray.  The driver's root config (``orchestrator/config.py``) extends
+worker loop, not Ray.  Each section checks its own fields; what relates fields to one another
+(within a section or across sections) is checked on the driver (``orchestrator/preflight.py``).  The driver's root config (``orchestrator/config.py``) extends
 :class:`LoopConfig` with its own sections; how configs flow through a run: ``docs/architecture.md``.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 from trainers.section import Section
 
 from trainers.accel.device import CompileConfig
@@ -55,12 +56,3 @@ class LoopConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     combine: CombineConfig = Field(default_factory=CombineConfig)
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "LoopConfig":
-        # batch.max_local_batch above every batch the policy reaches is a cap that never binds: one
-        # micro-batch per worker, nothing wrong (so it is not checked against batch.size).
-        self.schedule.check_total_epochs(self.train.epochs)
-        self.batch.check_with(self.schedule, self.train.epochs)
-        self.optimizer.check_schedule(self.schedule.scaling_rule)
-        return self

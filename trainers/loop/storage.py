@@ -25,6 +25,8 @@ import socket
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
+from trainers.errors import one_line
+
 Kind = Literal["file", "dir"]
 
 # Schemes pyarrow.fs.FileSystem.from_uri opens (file:// is a local path here).
@@ -490,7 +492,7 @@ def _hint(scheme: str) -> str:
 
 
 def _first_line(e: BaseException, limit: int = 200) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = one_line(e, None, name=False)
     return text if len(text) <= limit else text[:limit] + "..."
 
 

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator
 from trainers.section import Section
 
 from trainers.policies.decisions import BatchDecision, NoopDecision
@@ -106,13 +106,12 @@ class BatchConfig(Section):
     cbs_growth: float = Field(default=2.0, gt=1.0, description="cbs_warmup: B grows by whole powers of this factor, "
                                                                "staying at or below the critical batch")
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "BatchConfig":
-        if self.max_size is not None and self.max_size < self.size:
-            raise ValueError(f"batch.max_size: {self.max_size} is below batch.size {self.size}; raise it to at "
-                             f"least {self.size} or remove it")
-        prev_epoch, prev_batch = -math.inf, self.size
-        for i, (epoch, batch) in enumerate(self.schedule):
+    @field_validator("schedule")
+    @classmethod
+    def _pairs_in_order(cls, v: list[tuple[float, int]]) -> list[tuple[float, int]]:
+        # each entry and its predecessor; against batch.size and batch.max_size: orchestrator/preflight.py
+        prev_epoch = -math.inf
+        for i, (epoch, batch) in enumerate(v):
             where = f"batch.schedule[{i}]"
             if not math.isfinite(epoch) or epoch < 0:
                 raise ValueError(f"{where}: epoch {epoch} must be a finite number >= 0; write [epoch, batch] with "
@@ -122,59 +121,11 @@ class BatchConfig(Section):
                                  "list [epoch, batch] pairs in increasing epoch order")
             if batch <= 0:
                 raise ValueError(f"{where}: batch {batch} must be > 0; give a positive global batch, e.g. [3, 256]")
-            if batch < prev_batch:
-                before = "batch.size" if i == 0 else "the previous entry's batch"
-                raise ValueError(f"{where}: batch {batch} is below {before} {prev_batch}; the batch only grows, "
-                                 "so list non-decreasing sizes")
-            if self.max_size is not None and batch > self.max_size:
-                raise ValueError(f"{where}: batch {batch} is above batch.max_size {self.max_size}; "
-                                 "raise max_size or lower the entry")
-            prev_epoch, prev_batch = epoch, batch
-        if self.policy == "schedule" and not self.schedule:
-            raise ValueError("batch.schedule: required by batch.policy schedule; give [epoch, batch] pairs, "
-                             "e.g. [[0, 64], [3, 256]]")
-        if self.policy != "schedule" and self.schedule:
-            raise ValueError(f"batch.schedule: given but batch.policy is {self.policy!r}; set batch.policy: "
-                             "schedule or remove the schedule")
-        self._check_ramp()
-        return self
-
-    def _check_ramp(self) -> None:
-        if self.policy != "ramp":
-            for name in ("ramp_to", "ramp_epochs"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"batch.{name}: given but batch.policy is {self.policy!r}; set batch.policy: "
-                                     f"ramp or remove {name}")
-            return
-        if self.ramp_to is None or self.ramp_epochs is None:
-            missing = "ramp_to" if self.ramp_to is None else "ramp_epochs"
-            raise ValueError(f"batch.{missing}: required by batch.policy ramp; give both, e.g. ramp_to: 512 and "
-                             "ramp_epochs: 2")
-        if self.ramp_to <= self.size:
-            raise ValueError(f"batch.ramp_to: {self.ramp_to} is not above batch.size {self.size}; the ramp grows "
-                             f"B, so set it above {self.size}")
-        if (self.ramp_to - self.size) % self.round_to:
-            raise ValueError(f"batch.ramp_to: {self.ramp_to} - batch.size {self.size} is not a multiple of "
-                             f"batch.round_to {self.round_to} (the ramp's increment); use ramp_to "
-                             f"{self.size + round_up(self.ramp_to - self.size, self.round_to)} or another round_to")
-        if self.max_size is not None and self.ramp_to > self.max_size:
-            raise ValueError(f"batch.ramp_to: {self.ramp_to} is above batch.max_size {self.max_size}; raise "
-                             "max_size or lower ramp_to")
-
-    def check_with(self, schedule: ScheduleConfig, total_epochs: float) -> None:
-        """Cross-checks with the ``schedule`` section and ``train.epochs`` (for the root config's
-        validator).  Raises ``ValueError`` with a one-line message naming the field."""
-        if self.policy == "seesaw" and schedule.decay != "seesaw":
-            raise ValueError(f"schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones "
-                             f"cut the LR, got decay '{schedule.decay}'; set schedule.decay: seesaw (with "
-                             f"milestones and scaling_rule: sqrt)")
-        if schedule.decay == "seesaw" and self.policy != "seesaw":
-            raise ValueError(f"batch.policy: schedule.decay seesaw cuts the LR by only sqrt(decay_factor) because "
-                             f"the batch grows at the same milestones, got batch.policy '{self.policy}'; set "
-                             f"batch.policy: seesaw (or schedule.decay: step)")
-        if self.policy == "ramp" and self.ramp_epochs is not None and self.ramp_epochs >= total_epochs:
-            raise ValueError(f"batch.ramp_epochs: {self.ramp_epochs:g} is not below train.epochs "
-                             f"{total_epochs:g}, so B never reaches ramp_to {self.ramp_to}; lower it")
+            if i > 0 and batch < v[i - 1][1]:
+                raise ValueError(f"{where}: batch {batch} is below the previous entry's batch {v[i - 1][1]}; the "
+                                 "batch only grows, so list non-decreasing sizes")
+            prev_epoch = epoch
+        return v
 
 
 # --------------------------------------------------------------------------- decisions

@@ -72,7 +72,7 @@ import math
 from typing import Any, Callable, ClassVar, Iterable, Literal
 
 import torch
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 from trainers.section import Section
 
 OptimizerName = Literal["sgd", "nesterov", "adam", "adamw", "lars", "lamb"]
@@ -100,23 +100,6 @@ class OptimizerConfig(Section):
     wd_rule: WDRuleName = Field(default="none", description="none, or timescale (adamw): weight_decay x (B/B0) / "
                                                           "s(B/B0), s the scaling rule, keeps tau = B / (lr x wd x "
                                                           "D) at its tuned value as B and its LR change")
-
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "OptimizerConfig":
-        if self.wd_rule == "timescale":
-            if self.name != "adamw":
-                raise ValueError(f"optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay, got "
-                                 f"optimizer.name '{self.name}'; set optimizer.name: adamw or wd_rule: none")
-            if self.weight_decay <= 0:
-                raise ValueError("optimizer.weight_decay: wd_rule timescale scales it with B, so it must be > 0; "
-                                 "set the value tuned at base_batch_size, e.g. 0.1")
-        return self
-
-    def check_schedule(self, scaling_rule: str) -> None:
-        """Cross-check with ``schedule.scaling_rule`` (for the root config's validator)."""
-        if self.wd_rule == "timescale" and scaling_rule == "adascale":
-            raise ValueError("optimizer.wd_rule: timescale needs the LR a batch gets ahead of time, but adascale's "
-                             "gain is measured at run time; use schedule.scaling_rule linear, sqrt or none")
 
 
 # --------------------------------------------------------------------------- LARS and LAMB

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator
 from trainers.section import Section
 
 ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]
@@ -105,45 +105,17 @@ class ScheduleConfig(Section):
     auto_max_points: int = Field(default=200, ge=10, description="the loss history is binned to this many GP points")
     auto_seed: int = Field(default=0, description="random_state of the GP fit (same on every rank)")
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> "ScheduleConfig":
-        if self.warmup not in ("none", "auto") and self.warmup_epochs <= 0:
-            raise ValueError(f"schedule.warmup_epochs: must be > 0 when schedule.warmup is '{self.warmup}'; "
-                             f"set it, e.g. 5")
-        if self.warmup == "legw" and self.scaling_rule != "sqrt":
-            raise ValueError(f"schedule.scaling_rule: warmup 'legw' is defined with sqrt scaling (You et al.), "
-                             f"got '{self.scaling_rule}'; set schedule.scaling_rule: sqrt")
-        if self.warmup == "auto" and self.decay == "none":
-            raise ValueError("schedule.decay: warmup 'auto' decays from the LR it finds (Kim et al. use cosine); "
-                             "set schedule.decay: cosine")
-        if self.decay in ("step", "seesaw") and not self.milestones:
-            raise ValueError(f"schedule.milestones: required when schedule.decay is '{self.decay}'; e.g. [30, 60, 80]")
-        if self.decay == "seesaw" and self.scaling_rule != "sqrt":
-            raise ValueError(f"schedule.scaling_rule: decay 'seesaw' keeps lr / sqrt(B) as the step schedule would "
-                             f"(Meterez et al. 2025), got '{self.scaling_rule}'; set schedule.scaling_rule: sqrt")
-        if self.decay == "seesaw" and self.decay_factor >= 1.0:
-            raise ValueError("schedule.decay_factor: 1 makes seesaw neither cut the LR nor grow the batch; set it "
-                             "below 1, e.g. 0.5")
-        if any(m < 0 for m in self.milestones):
-            raise ValueError(f"schedule.milestones: epochs must be >= 0 (got {self.milestones}); list epochs from 0 "
+    @field_validator("milestones")
+    @classmethod
+    def _epochs_in_order(cls, v: list[float]) -> list[float]:
+        # against schedule.decay and train.epochs: orchestrator/preflight.py
+        if any(m < 0 for m in v):
+            raise ValueError(f"schedule.milestones: epochs must be >= 0 (got {v}); list epochs from 0 "
                              f"on, e.g. [30, 60, 80]")
-        if any(b <= a for a, b in zip(self.milestones, self.milestones[1:])):
-            raise ValueError(f"schedule.milestones: must be strictly increasing (got {self.milestones}); list each "
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"schedule.milestones: must be strictly increasing (got {v}); list each "
                              f"epoch once, in order, e.g. [30, 60, 80]")
-        if self.auto_max_lr <= self.auto_init_lr:
-            raise ValueError(f"schedule.auto_max_lr: {self.auto_max_lr} must be above schedule.auto_init_lr "
-                             f"{self.auto_init_lr}; raise auto_max_lr or lower auto_init_lr")
-        return self
-
-    def check_total_epochs(self, total_epochs: float) -> None:
-        """Cross-check with ``train.epochs`` (for the root config's validator).  Raises ``ValueError``."""
-        if self.warmup in ("constant", "gradual", "linear") and self.warmup_epochs >= total_epochs:
-            raise ValueError(f"schedule.warmup_epochs: {self.warmup_epochs} leaves no epoch after warmup "
-                             f"(train.epochs is {total_epochs}); lower it")
-        late = [m for m in self.milestones if m >= total_epochs]
-        if self.decay in ("step", "seesaw") and late:
-            raise ValueError(f"schedule.milestones: {late} at or after train.epochs {total_epochs} never apply; "
-                             f"remove them")
+        return v
 
 
 # --------------------------------------------------------------------------- scaling rules

@@ -43,10 +43,8 @@ class ModelConfig(LayoutConfig):
                                      "starts at zero (Goyal et al.)")
 
     @model_validator(mode="after")
-    def _name_or_factory(self) -> "ModelConfig":
-        from trainers.section import check_name_or_factory
-
-        check_name_or_factory("model", self.name, self.factory)
+    def _default_name(self) -> "ModelConfig":
+        # name and factory both given: orchestrator/preflight.py
         if self.name is None and self.factory is None:
             self.name = "cnn"
         return self

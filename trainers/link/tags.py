@@ -1,0 +1,52 @@
+"""The names of the tags the driver sets on a run's MLflow run: one constant per name, beside the
+metric names (``trainers/link/metrics.py``).
+
+The strings are the run's public contract (MLflow keys that ``resume``, a resumed driver and a
+reviewer read back): never rename one.  Who sets them: ``orchestrator/runner.py`` (where the run
+lives, how it ended), ``orchestrator/listeners.py`` (what happened on the way),
+``orchestrator/tracking.py`` (the code and the model), ``orchestrator/note.py`` (the description).
+"""
+
+from __future__ import annotations
+
+# -- where the run lives (read back by resume: orchestrator/run_info.py find_run) ----------------------
+TRAIN_RUN_NAME = "elastic.train_run_name"  # the run's folder under checkpoint.storage_path (elastic-<run id>)
+STORAGE_PATH = "elastic.storage_path"  # checkpoint.storage_path as the run used it (an absolute folder or a URI)
+RESUMES = "elastic.resumes"  # how many times the run was resumed (each resume adds one)
+RAY_TRAIN_RUNS = "elastic.ray_train_runs"  # its newest groups' Ray Train run ids, space-separated (reservations.py)
+GIT_DIRTY = "elastic.git.dirty"  # "true" when the project's checkout had uncommitted changes
+
+# -- how the run ended ---------------------------------------------------------------------------------
+FAILURE = "elastic.failure"  # why the run ended FAILED, one line (removed when a resume finishes the run)
+FINAL_WORKERS = "elastic.final_workers"  # the workers of the run's last group
+RESIZES = "elastic.resizes"  # resizes over the whole run, every driver of it counted
+MODEL_ERROR = "elastic.model_error"  # why the MLflow model was not logged (model/model.pt holds the weights)
+REGISTERED_MODEL = "elastic.registered_model"  # name/version of the registered model (--register)
+
+# -- what happened on the way (orchestrator/listeners.py TrackingListener) -----------------------------
+WARNINGS = "elastic.warnings"  # the run's warnings, one a line (the last 5000 characters)
+WORKER_THREADS = "elastic.worker_threads"  # torch's threads per worker (rank 0's, in the newest group)
+RESTARTS = "elastic.restarts"  # restarts of a group by Ray Train after a failure
+CHECKPOINTS_QUARANTINED = "elastic.checkpoints_quarantined"  # damaged checkpoints moved to quarantine/, one a line
+ROLLBACKS = "elastic.rollbacks"  # rollbacks after a non-finite loss (train.on_nonfinite: rollback)
+RESIZES_CALLED_OFF = "elastic.resizes_called_off"  # resizes whose new group training ended before it was ready
+RESIZE_CALLED_OFF_REASON = "elastic.resize_called_off_reason"  # the last one's reason
+RESIZES_SKIPPED = "elastic.resizes_skipped"  # resizes that could not pay for themselves (scaling.resize_when: pays)
+RESIZE_SKIPPED_REASON = "elastic.resize_skipped_reason"  # the last one's reason
+CAPACITY_RETURNED = "elastic.capacity_returned"  # resizes up once capacity a lost node took came back
+CAPACITY_RETURNED_REASON = "elastic.capacity_returned_reason"  # the last one's reason
+GOODPUT_DECISIONS = "elastic.goodput.decisions"  # decisions of scaling.policy goodput so far
+GOODPUT_REASON = "elastic.goodput.reason"  # the latest decision's reason, with every alternative's goodput
+
+# -- MLflow's own tags the driver writes -----------------------------------------------------------------
+NOTE = "mlflow.note.content"  # the run's description in MLflow's UI, markdown (orchestrator/note.py)
+
+
+def rollback(n: int) -> str:
+    """``elastic.rollback.<n>``: the message of the run's ``n``-th rollback (from 1)."""
+    return f"elastic.rollback.{n}"
+
+
+def goodput_change(n: int) -> str:
+    """``elastic.goodput.change.<n>``: the reason of the ``n``-th goodput decision that changed B or W (from 1)."""
+    return f"elastic.goodput.change.{n}"
