@@ -16,6 +16,7 @@ from orchestrator.progress import Progress
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import metrics as M
+from trainers.link import tags as T
 from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, Diverged, Event, GoodputDecided,
                                     PhaseStart, Record, ResizeSkipped, RolledBack, WorkerWarning, WorkloadFailed)
 
@@ -64,8 +65,8 @@ class TrackingListener(RunListener):
 
     def _tag_goodput(self, now: float) -> None:
         self._goodput_tagged = now
-        self.tracker.set_tags({"elastic.goodput.decisions": self.goodput_decisions,
-                               "elastic.goodput.reason": self._goodput_reason})
+        self.tracker.set_tags({T.GOODPUT_DECISIONS: self.goodput_decisions,
+                               T.GOODPUT_REASON: self._goodput_reason})
 
     def close(self) -> None:
         if self._goodput_reason is not None:  # the last decision's reason, whenever it came
@@ -79,11 +80,11 @@ class TrackingListener(RunListener):
     def continue_from(self, tags: dict[str, str]) -> None:
         """A resumed run: the run-level tags this listener adds to go on from what the earlier
         drivers set (a new warning must not write over theirs)."""
-        self.warnings = [w for w in tags.get("elastic.warnings", "").splitlines() if w]
-        self.quarantined = [q for q in tags.get("elastic.checkpoints_quarantined", "").splitlines() if q]
-        self.called_off = int(tags.get("elastic.resizes_called_off", 0) or 0)
-        self.skipped = int(tags.get("elastic.resizes_skipped", 0) or 0)
-        self.grown = int(tags.get("elastic.capacity_returned", 0) or 0)
+        self.warnings = [w for w in tags.get(T.WARNINGS, "").splitlines() if w]
+        self.quarantined = [q for q in tags.get(T.CHECKPOINTS_QUARANTINED, "").splitlines() if q]
+        self.called_off = int(tags.get(T.RESIZES_CALLED_OFF, 0) or 0)
+        self.skipped = int(tags.get(T.RESIZES_SKIPPED, 0) or 0)
+        self.grown = int(tags.get(T.CAPACITY_RETURNED, 0) or 0)
 
     def _end_open_resize(self, last_step: int) -> None:
         if self.open_resize is not None:
@@ -97,20 +98,20 @@ class TrackingListener(RunListener):
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
-        self.tracker.set_tags({"elastic.warnings": "\n".join(self.warnings)[-5000:]})
+        self.tracker.set_tags({T.WARNINGS: "\n".join(self.warnings)[-5000:]})
 
     def on_event(self, event: Event) -> None:
         match event:
             case PhaseStart(threads=threads):
-                self.tracker.set_tags({"elastic.worker_threads": threads})
+                self.tracker.set_tags({T.WORKER_THREADS: threads})
             case GroupRestarted(step=step, restarts=n):
                 self.tracker.log_metrics([(step, {M.RESTARTS: float(n)})], flush=True)
-                self.tracker.set_tags({"elastic.restarts": n})
+                self.tracker.set_tags({T.RESTARTS: n})
             case WorkerWarning(message=message):
                 self._warn(message)
             case CheckpointQuarantined(path=path, reason=reason, moved_to=moved_to):  # the line: its warning
                 self.quarantined.append(f"{path} moved to {moved_to}: {reason}")
-                self.tracker.set_tags({"elastic.checkpoints_quarantined": "\n".join(self.quarantined)[-5000:]})
+                self.tracker.set_tags({T.CHECKPOINTS_QUARANTINED: "\n".join(self.quarantined)[-5000:]})
             case WorkloadFailed(deterministic=False):  # retried by Ray Train: a note; a failure is tagged at the end
                 self._warn(f"{event.message} (rank {event.rank}); the group was restarted")
             case RolledBack(step=step, rollbacks=n, lr_factor=factor):
@@ -120,21 +121,21 @@ class TrackingListener(RunListener):
                 ms = int(event.time * 1000)
                 self.tracker.log_rows([Metric(M.ROLLBACKS, float(n), ms, step),
                                        Metric(M.LR_FACTOR, float(factor), ms, step)])
-                self.tracker.set_tags({"elastic.rollbacks": n, f"elastic.rollback.{n}": event.message[:5000]})
+                self.tracker.set_tags({T.ROLLBACKS: n, T.rollback(n): event.message[:5000]})
             case OverlapFellBack(error=err):
                 self._warn(f"overlapping resize fell back to restart: {err!r}"[:500])
             case ResizeCalledOff(workers=workers):  # a resize that paid for a group it never used
                 self.called_off += 1
-                self.tracker.set_tags({"elastic.resizes_called_off": self.called_off,
-                                       "elastic.resize_called_off_reason":
+                self.tracker.set_tags({T.RESIZES_CALLED_OFF: self.called_off,
+                                       T.RESIZE_CALLED_OFF_REASON:
                                            f"resize to {workers} workers called off: training ended before "
                                            "the new group was ready"})
             case ResizeSkipped(step=step, gain_s=gain, cost_s=cost, reason=reason):
                 self.skipped += 1
                 self.tracker.log_metrics([(step, {M.RESIZE_SKIPPED_GAIN_S: gain, M.RESIZE_SKIPPED_COST_S: cost})],
                                          flush=True)
-                self.tracker.set_tags({"elastic.resizes_skipped": self.skipped,
-                                       "elastic.resize_skipped_reason": reason})
+                self.tracker.set_tags({T.RESIZES_SKIPPED: self.skipped,
+                                       T.RESIZE_SKIPPED_REASON: reason})
             case GoodputDecided(step=step):
                 self.goodput_decisions += 1
                 m = {M.GOODPUT_CURRENT: event.goodput, M.GOODPUT_CHOSEN: event.chosen_goodput}
@@ -144,14 +145,14 @@ class TrackingListener(RunListener):
                 self._goodput_reason = f"step {step}: {event.reason}"[:5000]
                 if event.changes:
                     self.goodput_changes += 1
-                    self.tracker.set_tags({f"elastic.goodput.change.{self.goodput_changes}": self._goodput_reason})
+                    self.tracker.set_tags({T.goodput_change(self.goodput_changes): self._goodput_reason})
                 now = time.monotonic()
                 if event.changes or now - self._goodput_tagged >= TAG_EVERY_S:  # a decision can come every few steps
                     self._tag_goodput(now)
             case CapacityReturned(reason=reason):
                 self.grown += 1
-                self.tracker.set_tags({"elastic.capacity_returned": self.grown,
-                                       "elastic.capacity_returned_reason": reason})
+                self.tracker.set_tags({T.CAPACITY_RETURNED: self.grown,
+                                       T.CAPACITY_RETURNED_REASON: reason})
             case ResizeMeasured(resize=r):  # where the time went: the timeline artifact (TimelineListener)
                 self._end_open_resize(r.step - 1)  # the previous resize's stretch ended at this one
                 values = {M.RESIZE_FROM: float(r.from_workers), M.RESIZE_TO: float(r.to),

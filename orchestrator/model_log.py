@@ -11,6 +11,8 @@ import yaml
 
 from orchestrator.config import RootConfig, public_config
 from orchestrator.uris import redact_text
+from trainers.errors import one_line
+from trainers.link import tags as T
 
 MODEL_NAME = "final_model"  # the MLflow Model's name (the run's artifact "model/" holds the raw state dict)
 EXAMPLE_ROWS = 4  # validation samples in the logged model's input example
@@ -40,10 +42,10 @@ class ModelLogger:
         try:
             return self.log_pytorch(model_state, cfg, functions, register)
         except Exception as e:  # noqa: BLE001 - the run trained; its weights are logged above
-            why = redact_text(str(e))[:300]
-            message = f"the MLflow model was not logged ({type(e).__name__}: {why}); model/model.pt holds the weights"
+            why = redact_text(one_line(e, None))[:300]
+            message = f"the MLflow model was not logged ({why}); model/model.pt holds the weights"
             warn(f"warning: {message}")
-            self.set_tags({"elastic.model_error": message})
+            self.set_tags({T.MODEL_ERROR: message})
             return None, None
 
     def log_pytorch(self, model_state: dict[str, Any], cfg: RootConfig, functions: dict[str, Any] | None,
@@ -93,5 +95,5 @@ class ModelLogger:
         if register:
             mv = mlflow.register_model(info.model_uri, register)
             version = f"{mv.name}/{mv.version}"
-            self.set_tags({"elastic.registered_model": version})
+            self.set_tags({T.REGISTERED_MODEL: version})
         return info.model_uri, version

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from orchestrator.uris import redact_text
+from trainers.errors import one_line
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 # Rows are written in batches about this often: a MLflow (SQLite) call costs the driver ~4 ms of CPU
@@ -62,8 +63,7 @@ def short_error(e: BaseException) -> str:
     inner = e
     while inner.__cause__ or inner.__context__:
         inner = inner.__cause__ or inner.__context__
-    line = (str(inner).strip().splitlines() or [""])[0][:160]
-    return redact_text(f"{type(inner).__name__}: {line}" if line else type(inner).__name__)
+    return redact_text(one_line(inner, None))[:160]
 
 
 class TrackingLost(Exception):

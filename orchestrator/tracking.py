@@ -27,6 +27,7 @@ from orchestrator.series import SeriesCompressor
 from orchestrator.system_metrics import DriverSystemMetrics
 from orchestrator.ui import experiment_id
 from orchestrator.uris import mlflow_uri
+from trainers.link import tags as T
 
 HOLD_S = 5.0  # a held point of a piecewise metric is logged at least this often, so the MLflow UI stays current
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +53,7 @@ def source_tags() -> dict[str, str]:
     if not os.path.isfile(script) or os.sep + "ray" + os.sep in script:  # a Ray worker (a search's trial)
         script = os.path.join(PROJECT_ROOT, "orchestrator", "__main__.py")
     tags = {"mlflow.source.git.commit": commit, "mlflow.source.name": script, "mlflow.source.type": "LOCAL",
-            "elastic.git.dirty": str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower()}
+            T.GIT_DIRTY: str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower()}
     remote = _git("remote", "get-url", "origin")
     if remote:
         from orchestrator.uris import redact_uri
@@ -276,8 +277,8 @@ class RunTracker:
 
     def clear_failure(self) -> None:
         """A run that reached its planned end no longer carries an earlier driver's failure."""
-        if "elastic.failure" in self.client.get_run(self.run_id).data.tags:
-            self.client.delete_tag(self.run_id, "elastic.failure")
+        if T.FAILURE in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, T.FAILURE)
 
     def end(self, status: str = "FINISHED") -> None:
         """Close the run with ``status``; a run whose store stayed away (:attr:`lost`) is left as it
