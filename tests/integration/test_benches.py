@@ -35,6 +35,7 @@ SUMMARY = {
     "checkpoint": ("save_ratio", "restore_ratio"),
     "cpu": ("beside_worker",),
     "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
+    "group_start": ("fit_s",),
     "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
     "recovery": ("cold_start_s", "resume_s", "grow_s", "ratio"),
