@@ -6,8 +6,8 @@ terminal state, which it returns (the terminal states: orchestrator/outcome.py):
 
     Starting -> Running <-> Overlapping          (a new group starts beside the old one)
                    |             |
-                   |             +-> CapacityLost | TrackingGone      (any poll: no room for
-                   |             |                                      min_workers, no tracking)
+                   +-------------+-> CapacityLost | TrackingGone  (a poll of either: no room for
+                   |             |                 min_workers, or no tracking server, for too long)
                    v             v
                 PhaseEnded (the old group's fit() returned)
                    |-> Resizing -> Running       (a resize handed over: the new group trains)
