@@ -14,14 +14,14 @@ import time
 from orchestrator import command
 from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.flags import OneLineParser, number, set_without_equals
+from orchestrator.outcome import EXIT_INTERRUPTED
 from orchestrator.pipeline import prepare
 from orchestrator.ray_env import quiet_libraries
 from orchestrator.ui import open_hint
 from orchestrator.uris import redact_text, redact_uri
 from trainers.loop.storage import join
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+EXIT_BAD_INPUT = 2  # a run's own exit statuses: orchestrator/outcome.py
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,19 +111,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_and_report(cfg, **kwargs) -> int:
-    """Run, print the summary; exit 0 FINISHED, 1 FAILED, 130 stopped by Ctrl-C or SIGTERM
-    (``ray job stop``): then the run ended KILLED, its message says how to continue it."""
+    """Run, print the summary; the exit status is the run's end's (orchestrator/outcome.py): 0
+    FINISHED, 1 FAILED, 130 stopped by Ctrl-C or SIGTERM (``ray job stop``): then the run ended
+    KILLED, its message says how to continue it."""
     from orchestrator.ray_env import terminate_as_interrupt
-    from orchestrator.runner import Interrupted, run_training
+    from orchestrator.runner import RunInterrupted, run_training
 
     try:
         with terminate_as_interrupt():
             summary = run_training(cfg, **kwargs)
-    except Interrupted as e:
+    except RunInterrupted as e:
         print(_summary(e.summary, cfg), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return e.summary.exit_code
     print(_summary(summary, cfg))
-    return 0 if summary.status == "FINISHED" else 1
+    return summary.exit_code
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

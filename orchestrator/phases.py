@@ -2,14 +2,21 @@
 
 Built the way Ray Train V2's controller is (``ray/train/v2/_internal/execution/controller``):
 the run is always in one small state object, and :meth:`PhaseRunner.run` steps it until a
-terminal state::
+terminal state, which it returns (the terminal states: orchestrator/outcome.py)::
 
     Starting -> Running <-> Overlapping          (a new group starts beside the old one)
                    |             |
+                   +-------------+-> CapacityLost | TrackingGone  (a poll of either: no room for
+                   |             |                 min_workers, or no tracking server, for too long)
                    v             v
                 PhaseEnded (the old group's fit() returned)
                    |-> Resizing -> Running       (a resize handed over: the new group trains)
-                   |-> Finished | Failed         (terminal)
+                   |-> Finished | Stopped        (the planned end; asked to stop before it)
+                   |-> Diverged | UserCodeFailed | OutOfStorage     (what the workers' events said)
+                   |-> RayTrainFailed            (fit() raised, not the user's error)
+
+    Ctrl-C or SIGTERM anywhere: the group stops at a checkpoint, the KeyboardInterrupt goes on
+    up and orchestrator/runner.py ends the run Interrupted.
 
 A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
 ``FailureConfig``): the driver sees the same phase start again and counts it (``restarts``).
@@ -28,58 +35,37 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from orchestrator import command
 from orchestrator.config import RootConfig
 from orchestrator.events import (GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, ResizeMeasured,
                                  ResizeRecord)
 from orchestrator.nodes import CapacityWatch
-from orchestrator.listeners import ProgressListener, RecordsCallback, RunListener, TrackingListener
-from orchestrator.progress import Progress, total_samples
+from orchestrator.listeners import ProgressListener, RunListener, TrackingListener
+from orchestrator.outcome import (CapacityLost, Diverged, Finished, Outcome, OutOfStorage, RayTrainFailed, Resume,
+                                  Stopped, TrackingGone, UserCodeFailed, is_fatal)
+from orchestrator.progress import Progress
 from orchestrator.reservations import TAG as RESERVATIONS_TAG
 from orchestrator.reservations import ray_train_run_id, recorded
 from orchestrator.reservations import refresh as refresh_nodes
-from orchestrator.tracking import RunTracker, TrackingLost
-from trainers.link import metrics as M
+from orchestrator.timeline import Timeline
+from orchestrator.tracking import RunTracker
 from trainers.link import messages as msg
-from trainers.link.messages import (Diverged, Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided,
-                                    StorageFailed, WorkloadFailed)
+from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided, WorkloadFailed
 from trainers.link.runtime import Runtime
-from trainers.loop.storage import resolve
+from trainers.loop.storage import join, resolve
 
 POLL_S = 0.5
 NEVER_S = 1e9  # Ray Train's own look for capacity that came back: the driver does it (look_for_capacity)
 
-
-class CapacityLost(Exception):
-    """Fewer than ``scaling.min_workers`` fit the live nodes for ``scaling.capacity_timeout_s``."""
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
 # driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
 STOP_WAIT_S = 2.0
 # Once the tracking server has stayed away for tracking.outage_timeout_s, the group is stopped at a
 # checkpoint; nothing hurries the driver then, but it must end.
 TRACKING_STOP_WAIT_S = 60.0
-
-
-def resume_command(run_id: str, tracking_uri: str, functions: dict[str, Callable[..., Any]] | None = None) -> str:
-    """The exact command that continues a run (from Python for functions sent by value); the
-    tracking URI with any credential masked (the person gives it again)."""
-    if functions:
-        return f"fit(resume={run_id!r}, ...) with the same functions"
-    from orchestrator.command import cli
-    from orchestrator.uris import absolute_tracking_uri, redact_uri
-
-    return f"{cli()} resume {run_id} --tracking-uri {redact_uri(absolute_tracking_uri(tracking_uri))}"
-
-
-def storage_failed_message(ev: StorageFailed, run_id: str, tracking_uri: str,
-                           functions: dict[str, Callable[..., Any]] | None = None) -> str:
-    """One line: which path is full (why, the space free there), what is kept, and the resume command."""
-    kept = f"the newest checkpoint is {ev.checkpoint}" if ev.checkpoint else "no checkpoint was written yet"
-    return (f"{ev.message}; training stopped at step {ev.step} without restarting (a restart would write into "
-            f"the same storage); {kept}; {ev.fix}, then: {resume_command(run_id, tracking_uri, functions)}")
 
 
 class _Phase:
@@ -110,21 +96,20 @@ class _Phase:
 
 class RunState(ABC):
     """Where the run is.  :meth:`step` does one poll's work and returns the next state (itself
-    to stay); ``early`` is a group started ahead of a resize, which must not train if the run
-    ends here."""
+    to stay), or the terminal state the run ended in; ``early`` is a group started ahead of a
+    resize, which must not train if the run ends here."""
 
-    terminal: ClassVar[bool] = False
     early: _Phase | None = None
 
     @abstractmethod
-    def step(self, run: PhaseRunner) -> RunState: ...
+    def step(self, run: PhaseRunner) -> RunState | Outcome: ...
 
 
 @dataclass
 class Starting(RunState):
     """Create the monitor and start phase 0 with enough workers for the (restored) batch."""
 
-    def step(self, run: PhaseRunner) -> RunState:
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
         run.make_monitor()
         return Running(run.start_phase(run.initial_workers(), 0, handover=False))
 
@@ -136,8 +121,10 @@ class Running(RunState):
 
     cur: _Phase
 
-    def step(self, run: PhaseRunner) -> RunState:
-        run.poll(self.cur)
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        end = run.poll(self.cur)
+        if end is not None:
+            return end
         if not self.cur.alive:
             return PhaseEnded(self.cur)
         run.look_for_capacity(self.cur)
@@ -156,8 +143,11 @@ class Overlapping(RunState):
     cur: _Phase
     early: _Phase | None
 
-    def step(self, run: PhaseRunner) -> RunState:
-        run.poll(self.cur)
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        end = run.poll(self.cur)
+        if end is not None:  # the run ends here: the new group must not train
+            run.cancel_early(self.early)
+            return end
         nxt = self.early
         if nxt is not None and not nxt.alive and self.cur.alive and run.handover_path(nxt.idx) is None:
             # (One that took over may well end first: it trains while the old group's fit() tears down.)
@@ -171,20 +161,18 @@ class Overlapping(RunState):
 @dataclass
 class PhaseEnded(RunState):
     """The group's ``fit()`` returned: either it handed over to a resize, or the run is over
-    (finished, stopped or failed), and a new group started early is called off."""
+    (how: :meth:`EventBook.outcome`), and a new group started early is called off."""
 
     cur: _Phase
     early: _Phase | None = None
 
-    def step(self, run: PhaseRunner) -> RunState:
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
         run.pump()
         done = run.take_handovers()
         if "error" in self.cur.box or not done:
             if self.early is not None:
                 run.call_off(self.early)
-            if "error" in self.cur.box:
-                return Failed(self.cur.box["error"])
-            return Finished(self.cur.box["result"])
+            return run.book.outcome(self.cur.box.get("result"), self.cur.box.get("error"))
         return Resizing(self.cur, done[-1], self.early)
 
 
@@ -197,12 +185,12 @@ class Resizing(RunState):
     resize: Resize
     early: _Phase | None = None
 
-    def step(self, run: PhaseRunner) -> RunState:
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
         record = run.record_resize(self.old, self.resize)
         nxt = self.early
         if nxt is None:
             run.await_room(record.to)
-            nxt = run.start_phase(record.to, run.last_idx + 1, handover=False)
+            nxt = run.start_phase(record.to, run.names.last_idx + 1, handover=False)
         record.fit_called = nxt.t_called or time.time()
         record.phase = nxt.idx  # after a fallback to restart, not old.idx + 1 (that index failed to start)
         run.take_overlap_wanted()
@@ -210,40 +198,43 @@ class Resizing(RunState):
         return Running(nxt)
 
 
-@dataclass
-class Finished(RunState):
-    """Terminal: the last group's ``fit()`` returned (training finished or was stopped)."""
-
-    result: Any
-    terminal: ClassVar[bool] = True
-
-    def step(self, run: PhaseRunner) -> RunState:
-        return self
-
-
-@dataclass
-class Failed(RunState):
-    """Terminal: the last group's ``fit()`` raised (Ray Train ran out of ``max_failures``)."""
-
-    error: BaseException
-    terminal: ClassVar[bool] = True
-
-    def step(self, run: PhaseRunner) -> RunState:
-        return self
-
-
 # --------------------------------------------------------------------------- what the runner keeps
+
+
+@dataclass
+class RunStart:
+    """What a run brings to its driver, read once before it starts (orchestrator/runner.py): when
+    the driver was invoked (``t0``) and, for a resumed run, what its earlier drivers left: how
+    many resumed it before (phase run names stay unique), the Ray Train runs whose reservations
+    it holds, their restarts and last worker count, their run-level tags and their timeline."""
+
+    t0: float = field(default_factory=time.time)
+    resumes: int = 0
+    ray_train_runs: str = ""  # orchestrator/reservations.py
+    restarts: int = 0
+    workers: int = 0  # the W logged last (0: none)
+    tags: dict[str, str] = field(default_factory=dict)  # the earlier drivers' tags (listeners go on from them)
+    timeline: Timeline | None = None  # the earlier drivers' stretches and resizes (orchestrator/history.py)
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumes > 0
 
 
 class RunNames:
     """Where a run's phases go: the storage they share and each phase's Ray Train run name."""
 
-    def __init__(self, run_id: str, storage_path: str) -> None:
+    def __init__(self, run_id: str, storage_path: str, resumes: int = 0, ray_train_runs: str = "") -> None:
         self.train_run_name = f"elastic-{run_id}"  # all phases and resumes share it
         self.storage_path = resolve(storage_path)  # a local folder made absolute, or a URI
-        self.resumes = 0  # set by run_training for a resumed run: keeps phase run names unique
+        self.resumes = resumes  # earlier drivers of a resumed run: keeps phase run names unique
         self.last_idx = -1  # the newest phase started (a failed early start keeps its index)
-        self.ray_train_runs = ""  # the newest groups' Ray Train run ids (orchestrator/reservations.py)
+        self.ray_train_runs = ray_train_runs  # the newest groups' Ray Train run ids (orchestrator/reservations.py)
+
+    @property
+    def folder(self) -> str:
+        """The run's (first phase's) folder, where its checkpoints are found."""
+        return join(self.storage_path, self.train_run_name)
 
     def phase_run_name(self, phase: int) -> str:
         """Each phase is its own Ray Train run (two may run at once during an overlapping
@@ -252,15 +243,26 @@ class RunNames:
             return self.train_run_name
         return f"{self.train_run_name}-r{self.resumes}p{phase}"
 
+    def newest_checkpoint_step(self) -> int | None:
+        """The step of the run's newest checkpoint, across its phases (None: none, or the store
+        did not answer)."""
+        from trainers.loop.checkpoint import checkpoint_step, run_checkpoints
+
+        try:
+            found = run_checkpoints(self.storage_path, self.train_run_name)
+        except OSError:
+            return None
+        return checkpoint_step(found[0]) if found else None
+
 
 class MonitorLink:
     """The driver's handle on the run's monitor actor (orchestrator/monitor.py), and what the
     workers are told about it (``Runtime``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, judged_metrics: Sequence[str] = ()) -> None:
         self.actor: Any = None
         self.name, self.namespace = "", None
-        self.judged_metrics: list[str] = []  # values the driver judges (a pruned search trial)
+        self.judged_metrics = list(judged_metrics)  # values the driver judges (a pruned search trial)
 
     def create(self, cfg: RootConfig, resources: dict[str, float]) -> None:
         import ray
@@ -295,43 +297,35 @@ class MonitorLink:
 
 class EventBook:
     """What the workers' events told the driver: every event, when each phase's group entered its
-    loop and made its first step, restarts of a group, a divergence, a new group wanted beside the
-    running one."""
+    loop and made its first step, restarts of a group, a divergence, the user's errors, a full
+    storage, a new group wanted beside the running one; and so how the run ended (:meth:`outcome`)."""
 
-    def __init__(self, restarts: int) -> None:
+    def __init__(self, restarts: int = 0, t_start: float | None = None) -> None:
         self.events: list[Event] = []
-        self.t_start = time.time()
-        self.restarts = restarts
-        self.diverged: Diverged | None = None  # the run stopped on a non-finite loss
-        self.failure: str | None = None  # the run could not go on (no room for min_workers): why
+        self.t_start = time.time() if t_start is None else t_start  # when the driver was invoked
+        self.restarts = restarts  # restarts of the run's groups so far (earlier drivers' included)
+        self.diverged: msg.Diverged | None = None  # the run stopped on a non-finite loss
         self.starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
         self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
         self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self.user_errors: list[WorkloadFailed] = []  # the user's code raised on a worker (trainers/link/failure.py)
-        self.fatal: WorkloadFailed | None = None  # the one that ends the run (the monitor's rule)
-        self.storage_failed: StorageFailed | None = None  # a checkpoint's storage was full: the run ended
-        self.tracking_lost: TrackingLost | None = None  # the tracking server stayed away: the run stopped
-
-    @property
-    def user_error(self) -> WorkloadFailed | None:
-        """The user's error to report for a run that failed: the one that ended it, else the last."""
-        return self.fatal or (self.user_errors[-1] if self.user_errors else None)
+        self.fatal: WorkloadFailed | None = None  # the one that ends the run (outcome.is_fatal)
+        self.storage_failed: msg.StorageFailed | None = None  # a checkpoint's storage was full: the run ended
 
     def observe(self, ev: Event) -> list[Event]:
         """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
         self.events.append(ev)
-        if isinstance(ev, Diverged):
+        if isinstance(ev, msg.Diverged):
             self.diverged = ev
-        elif isinstance(ev, StorageFailed):
+        elif isinstance(ev, msg.StorageFailed):
             self.storage_failed = ev
         elif isinstance(ev, FirstStep):
             self.first_step.setdefault(ev.phase, ev.time)
         elif isinstance(ev, WorkloadFailed):
-            repeated = any(e.signature == ev.signature for e in self.user_errors)
-            self.user_errors.append(ev)
-            if self.fatal is None and (ev.deterministic or repeated):  # as orchestrator/monitor.py decides
+            if self.fatal is None and is_fatal(ev, self.user_errors):
                 self.fatal = ev
+            self.user_errors.append(ev)
         elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
             self.overlap_wanted = ev.workers
         elif isinstance(ev, PhaseStart):
@@ -341,6 +335,20 @@ class EventBook:
                 self.restarts += 1
                 return [GroupRestarted(step=ev.step, workers=ev.workers, restarts=self.restarts)]
         return []
+
+    def outcome(self, result: Any, error: BaseException | None) -> Outcome:
+        """How the run ended, once its last group's ``fit()`` returned ``result`` or raised
+        ``error``: what the events said, the gravest first."""
+        if error is not None:  # Ray Train's error carries the user's, which is said better by itself
+            user = self.fatal or (self.user_errors[-1] if self.user_errors else None)
+            return UserCodeFailed(user) if user is not None else RayTrainFailed(error)
+        if self.fatal is not None:
+            return UserCodeFailed(self.fatal)
+        if self.diverged is not None:
+            return Diverged(self.diverged)
+        if self.storage_failed is not None:  # never a restart: it would write into the same storage
+            return OutOfStorage(self.storage_failed)
+        return Stopped(result) if self.stopped else Finished(result)
 
     def take_overlap_wanted(self) -> int | None:
         """The workers of a new group to start beside the running one, once."""
@@ -353,12 +361,12 @@ class EventBook:
 
     def ended_since(self, seen: int) -> bool:
         """Whether a group said it ended (stopped, finished, diverged) after the first ``seen`` events."""
-        return any(isinstance(ev, (msg.Stopped, msg.Finished, Diverged)) for ev in self.events[seen:])
+        return any(isinstance(ev, (msg.Stopped, msg.Finished, msg.Diverged)) for ev in self.events[seen:])
 
     @property
     def stopped(self) -> bool:
         """The last group stopped before the planned end (the driver asked it to)."""
-        ends = [ev for ev in self.events if isinstance(ev, (msg.Stopped, msg.Finished, Diverged))]
+        ends = [ev for ev in self.events if isinstance(ev, (msg.Stopped, msg.Finished, msg.Diverged))]
         return bool(ends) and isinstance(ends[-1], msg.Stopped)
 
 
@@ -395,186 +403,91 @@ class ResizeBook:
 class PhaseRunner:
     """Runs one training run as a sequence of ``fit()`` phases (the context the states act on).
 
-    What it keeps is split by concern: ``names`` (where phases go), ``link`` (the monitor actor),
-    ``book`` (what the workers' events said), ``resize_book`` (measured resizes), ``listeners``
-    (what is done with records and events)."""
+    Everything it needs comes to its constructor: what the run brings (``start``, a
+    :class:`RunStart`), the progress bar, the caller's listeners, the functions sent by value, how
+    often to poll and the metrics the driver judges.  What it keeps is split by concern: ``names``
+    (where phases go), ``link`` (the monitor actor), ``book`` (what the workers' events said),
+    ``resize_book`` (measured resizes), ``listeners`` (what is done with records and events)."""
 
-    def __init__(self, cfg: RootConfig, tracker: RunTracker, verbose: bool = False, progress: bool = True,
-                 on_records: Callable[[list[Record]], None] | None = None,
-                 functions: dict[str, Callable[..., Any]] | None = None):
-        self.cfg, self.tracker = cfg, tracker
+    def __init__(self, cfg: RootConfig, tracker: RunTracker, start: RunStart, progress: Progress,
+                 listeners: Sequence[RunListener] = (), functions: dict[str, Callable[..., Any]] | None = None,
+                 poll_s: float = POLL_S, judged: Sequence[str] = ()):
+        self.cfg, self.tracker, self.start = cfg, tracker, start
         self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
-        self.progress = Progress(total_samples(cfg, functions), enabled=progress)
-        self.listeners: list[RunListener] = [TrackingListener(tracker), ProgressListener(self.progress)]
-        if on_records is not None:
-            self.listeners.append(RecordsCallback(on_records))
-        self.poll_s = POLL_S  # how often the monitor is drained (a search lowers it to prune sooner)
-        self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path)
-        self.link = MonitorLink()
-        self.book = EventBook(restarts=int(tracker.last_value(M.RESTARTS, 0)))
+        self.progress = progress
+        tracking = TrackingListener(tracker)
+        tracking.continue_from(start.tags)  # a resumed run's tags go on from what its earlier drivers set
+        self.listeners: list[RunListener] = [tracking, ProgressListener(progress), *listeners]
+        self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
+        self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path, start.resumes, start.ray_train_runs)
+        self.link = MonitorLink(judged)
+        self.book = EventBook(restarts=start.restarts, t_start=start.t0)
         self.resize_book = ResizeBook()
-        self.state: RunState = Starting()
         self.capacity = CapacityWatch(cfg.scaling.min_workers, cfg.scaling.capacity_timeout_s,
                                       grow_every_s=cfg.scaling.capacity_check_s, on_change=refresh_nodes)
-        tracker.warn = self.progress.write  # "the tracking server does not answer" under the bar
-
-    # -- what runner.py and run_info.py read (kept where it belongs, shown here) -------------------
-
-    @property
-    def train_run_name(self) -> str:
-        return self.names.train_run_name
-
-    @property
-    def storage_path(self) -> str:
-        return self.names.storage_path
-
-    @property
-    def resumes(self) -> int:
-        return self.names.resumes
-
-    @resumes.setter
-    def resumes(self, n: int) -> None:
-        self.names.resumes = n
-
-    @property
-    def t_start(self) -> float:
-        return self.book.t_start
-
-    @t_start.setter
-    def t_start(self, t: float) -> None:
-        self.book.t_start = t
-
-    @property
-    def monitor(self) -> Any:
-        return self.link.actor
-
-    @monitor.setter
-    def monitor(self, actor: Any) -> None:
-        self.link.actor = actor
-
-    @property
-    def events(self) -> list[Event]:
-        return self.book.events
-
-    @property
-    def diverged(self) -> Diverged | None:
-        return self.book.diverged
-
-    @property
-    def failure(self) -> str | None:
-        return self.book.failure
 
     @property
     def tracking(self) -> TrackingListener:
         """The listener that keeps the run's MLflow tags (the first one)."""
         return next(li for li in self.listeners if isinstance(li, TrackingListener))
 
-    @property
-    def user_error(self) -> WorkloadFailed | None:
-        """The user's error that ended the run (None: none did)."""
-        return self.book.fatal
-
-    @property
-    def tracking_lost(self) -> TrackingLost | None:
-        """The tracking server did not answer for ``tracking.outage_timeout_s``: the run stopped."""
-        return self.book.tracking_lost
-
-    @property
-    def restarts(self) -> int:
-        return self.book.restarts
-
-    @property
-    def resizes(self) -> list[dict[str, Any]]:
-        return self.resize_book.measured
-
-    @property
-    def called_off(self) -> int:
-        return self.resize_book.called_off
-
-    @property
-    def last_idx(self) -> int:
-        return self.names.last_idx
-
-    def first_step_s(self) -> float | None:
-        """Seconds from the run's start to its first optimizer step."""
-        return self.book.first_step_s()
+    def resume(self) -> Resume:
+        """How a person continues this run (the messages of the ends a resume cures)."""
+        return Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(self.functions))
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> Any:
-        """Step the states until a terminal one: the last ``fit()``'s result, or its error raised."""
-        import ray
-
-        self.state = Starting()
+    def run(self) -> Outcome:
+        """Step the states until a terminal one (orchestrator/outcome.py) and return it.  Ctrl-C or
+        SIGTERM (a KeyboardInterrupt) stops the group at a checkpoint and drains what it pushes on
+        its way up (orchestrator/runner.py ends the run Interrupted)."""
+        state: RunState | Outcome = Starting()
         try:
-            while not self.state.terminal:
-                self.state = self.state.step(self)
-            if isinstance(self.state, Failed) and self.book.user_error is None:
-                raise self.state.error
-            if isinstance(self.state, Failed):  # Ray Train's error carries the user's, said better by it
-                self.book.fatal = self.book.user_error
-            full = self.book.storage_failed
-            if full is not None:  # FAILED with the message (run_training), never a restart
-                self.book.failure = storage_failed_message(full, self.tracker.run_id, self.tracker.uri,
-                                                           self.functions)
-            return None if self.book.fatal is not None else self.state.result
-        except CapacityLost as e:  # the checkpoints are kept: resume once the cluster has room again
-            self.book.failure = str(e)
-            return None
-        except TrackingLost as e:  # stop at a checkpoint; the records it carries are logged on resume
-            self.book.tracking_lost = e
-            if self.monitor is not None:
-                try:
-                    self._stop_and_drain(TRACKING_STOP_WAIT_S)
-                except Exception:  # noqa: BLE001 - the newest checkpoint is where the resume goes on
-                    pass
-            return None
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers cleanly, what they trained reaches MLflow
-            if self.monitor is not None:
-                try:
-                    self._stop_and_drain(STOP_WAIT_S)
-                except Exception:  # noqa: BLE001 - a resume re-logs whatever is missing
-                    pass
+            while isinstance(state, RunState):
+                state = state.step(self)
+            return state
+        except KeyboardInterrupt:  # what the workers trained until they stop reaches MLflow
+            self.stop_and_drain(STOP_WAIT_S)
             raise
         finally:
-            early = self.state.early
-            if early is not None and early.alive and self.monitor is not None:
-                ray.get(self.monitor.cancel_overlap.remote(early.idx))
+            if isinstance(state, RunState):  # left by an exception: a group started early must not train
+                self.cancel_early(state.early)
             for listener in self.listeners:
                 listener.close()
             self.link.kill()
 
-    def _stop_and_drain(self, wait_s: float) -> None:
+    def stop_and_drain(self, wait_s: float) -> None:
         """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the
         monitor until it says the group ended, or for ``wait_s`` at most."""
-        self.monitor.request_stop.remote()
-        seen, deadline = len(self.events), time.monotonic() + wait_s
-        while True:
-            self.pump(timeout=max(0.1, deadline - time.monotonic()))
-            if self.book.ended_since(seen):
-                return
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.05)
+        if self.link.actor is None:
+            return
+        try:
+            self.link.actor.request_stop.remote()
+            seen, deadline = len(self.book.events), time.monotonic() + wait_s
+            while True:
+                self.pump(timeout=max(0.1, deadline - time.monotonic()))
+                if self.book.ended_since(seen) or time.monotonic() >= deadline:
+                    return
+                time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - the newest checkpoint is where a resume goes on
+            pass
 
     def request_stop(self) -> None:
-        if self.monitor is not None:
-            self.monitor.request_stop.remote()
-
-    def judge(self, metrics: list[str]) -> None:
-        """Before the run starts: the driver judges these metrics' values (a pruned search trial);
-        rank 0 waits for the verdict on one at the next (:meth:`verdict`)."""
-        self.link.judged_metrics = list(metrics)
+        if self.link.actor is not None:
+            self.link.actor.request_stop.remote()
 
     def verdict(self, step: int, stop: bool) -> None:
         """The driver judged the values up to ``step``: ``stop`` the run there, or go on."""
-        if self.monitor is not None:
-            self.monitor.judged.remote(int(step), bool(stop))
+        if self.link.actor is not None:
+            self.link.actor.judged.remote(int(step), bool(stop))
 
-    @property
-    def stopped(self) -> bool:
-        """The run ended because it was asked to stop, before its planned end."""
-        return self.book.stopped
+    def tracking_gone(self, lost: Exception) -> TrackingGone:
+        """The run's end when the tracking server stayed away: the tracker's account of what it did
+        not record, where the checkpoints are and the command that records it all once it is back."""
+        newest = self.names.newest_checkpoint_step()
+        where = self.names.folder + (f" (newest at step {newest})" if newest is not None else " (none written yet)")
+        return TrackingGone(lost, self.tracker.lost_message(lost, max(self.tracker.newest_step, 0), where,
+                                                            self.resume().command()))
 
     # -- phases ----------------------------------------------------------------------------------
 
@@ -585,13 +498,10 @@ class PhaseRunner:
         # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
         s = self.cfg.scaling
         workers = WorkerCount.from_config(self.cfg).initial(self.cfg.batch.size)
-        last = min(int(self.tracker.last_value(M.WORKERS, 0)), s.max_workers)
+        last = min(self.start.workers, s.max_workers)
         if s.policy == "goodput" and last:  # goodput may have shrunk the group: a resumed run goes on at its W
             return max(last, s.min_workers)
         return max(workers, last)
-
-    def phase_run_name(self, phase: int) -> str:
-        return self.names.phase_run_name(phase)
 
     def resources(self) -> dict[str, float]:
         s = self.cfg.scaling
@@ -611,8 +521,9 @@ class PhaseRunner:
         num_workers: int | tuple[int, int] = workers
         if s.min_workers < workers:
             num_workers = (s.min_workers, workers)
-        runtime = self.link.runtime(phase=phase, workers=workers, handover=handover, storage=self.storage_path,
-                                    run_prefix=self.train_run_name, run_name=self.phase_run_name(phase),
+        names = self.names
+        runtime = self.link.runtime(phase=phase, workers=workers, handover=handover, storage=names.storage_path,
+                                    run_prefix=names.train_run_name, run_name=names.phase_run_name(phase),
                                     goodput=s.policy == "goodput")
         payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
         if self.functions:
@@ -628,8 +539,8 @@ class PhaseRunner:
                                          # steps since the last one
                                          elastic_resize_monitor_interval_s=NEVER_S),
             run_config=RunConfig(
-                name=self.phase_run_name(phase),
-                storage_path=self.storage_path,
+                name=names.phase_run_name(phase),
+                storage_path=names.storage_path,
                 failure_config=FailureConfig(max_failures=s.max_failures),
                 callbacks=[FailureNotice(self.link.name, self.link.namespace, phase)] if self.link.name else [],
             ),
@@ -643,8 +554,8 @@ class PhaseRunner:
         if train_id:  # a resume after this driver is killed drops the group's reservation by it
             self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
             self.tracker.set_tags({RESERVATIONS_TAG: self.names.ray_train_runs})
-        if not handover and self.monitor is not None:  # a cold start: what a resize's new group costs here
-            self.monitor.starting.remote(idx, time.time())
+        if not handover and self.link.actor is not None:  # a cold start: what a resize's new group costs here
+            self.link.actor.starting.remote(idx, time.time())
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
         ph.thread.start()
         return ph
@@ -676,20 +587,22 @@ class PhaseRunner:
     def make_monitor(self) -> None:
         self.link.create(self.cfg, self.resources())
 
-    def poll(self, ph: _Phase) -> None:
-        """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump."""
+    def poll(self, ph: _Phase) -> Outcome | None:
+        """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump.  The run's end
+        (None while it goes on) when the live nodes have had no room for ``scaling.min_workers``,
+        or the tracking server no answer, for too long."""
         ph.thread.join(self.poll_s)
         self.pump()
         status = self.capacity.look(self.resources())
         if status is not None:
             self.progress.write(status)
-        if self.capacity.wait.expired():
-            how = (f"fit(resume={self.tracker.run_id!r}, ...) with the same functions" if self.functions
-                   else f"{command.cli()} resume {self.tracker.run_id}")
-            raise CapacityLost(self.capacity.wait.message(how))
-        lost = self.tracker.outage_expired()  # the tracking server stayed away too long: stop at a checkpoint
-        if lost is not None:
-            raise lost
+        if self.capacity.wait.expired():  # the checkpoints are kept: resume once the cluster has room again
+            return CapacityLost(self.capacity.wait.message(self.resume().command(store=False)))
+        lost = self.tracker.outage_expired()
+        if lost is not None:  # stop at a checkpoint; the records it carries are logged on resume
+            self.stop_and_drain(TRACKING_STOP_WAIT_S)
+            return self.tracking_gone(lost)
+        return None
 
     def look_for_capacity(self, ph: _Phase) -> None:
         """Every ``scaling.capacity_check_s``: ask the monitor whether ``ph``'s group, smaller than it
@@ -699,14 +612,14 @@ class PhaseRunner:
             return
         import ray
 
-        ray.get(self.monitor.capacity_check.remote(ph.idx, ph.workers))
+        ray.get(self.link.actor.capacity_check.remote(ph.idx, ph.workers))
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
         rides on the drain: one call to the monitor per poll)."""
         import ray
 
-        ref = self.monitor.drain.remote(self.tracker.written_upto)
+        ref = self.link.actor.drain.remote(self.tracker.written_upto)
         records, events = ray.get(ref) if timeout is None else ray.get(ref, timeout=timeout)
         for ev in events:
             # in step order: the records up to an event's step reach the listeners before it (a
@@ -720,8 +633,8 @@ class PhaseRunner:
             for driver_event in implied:
                 self.emit(driver_event)
             self.emit(ev)
-            if isinstance(ev, WorkloadFailed) and self.book.fatal is ev and self.monitor is not None:
-                self.monitor.request_stop.remote()  # a group that is still training (an overlap's old one) ends
+            if isinstance(ev, WorkloadFailed) and self.book.fatal is ev:
+                self.request_stop()  # a group that is still training (an overlap's old one) ends
             if isinstance(ev, FirstStep):
                 self.maybe_measure_resize()
         self._deliver(records)
@@ -742,12 +655,12 @@ class PhaseRunner:
     def handover_path(self, phase: int) -> str | None:
         import ray
 
-        return ray.get(self.monitor.handover.remote(phase)).path
+        return ray.get(self.link.actor.handover.remote(phase)).path
 
     def take_handovers(self) -> list[Resize]:
         import ray
 
-        return ray.get(self.monitor.take_handovers.remote())
+        return ray.get(self.link.actor.take_handovers.remote())
 
     # -- resizes ---------------------------------------------------------------------------------------
 
@@ -756,16 +669,24 @@ class PhaseRunner:
         import ray
 
         self.emit(OverlapFellBack(workers=nxt.workers, error=nxt.box.get("error")))
-        ray.get(self.monitor.fall_back_to_restart.remote())
+        ray.get(self.link.actor.fall_back_to_restart.remote())
 
     def call_off(self, nxt: _Phase) -> None:
         """The run ended before the new group took over: it must not train."""
         import ray
 
-        ray.get(self.monitor.cancel_overlap.remote(nxt.idx))
+        ray.get(self.link.actor.cancel_overlap.remote(nxt.idx))
         self.resize_book.called_off += 1
         self.emit(ResizeCalledOff(workers=nxt.workers))
         self.wait(nxt)
+
+    def cancel_early(self, ph: _Phase | None) -> None:
+        """The run ended while a new group started beside the old one: it must not train (its
+        ``fit()`` is not waited for)."""
+        import ray
+
+        if ph is not None and ph.alive and self.link.actor is not None:
+            ray.get(self.link.actor.cancel_overlap.remote(ph.idx))
 
     def record_resize(self, old: _Phase, r: Resize) -> ResizeRecord:
         record = self.resize_book.record(old, r)
@@ -778,6 +699,6 @@ class PhaseRunner:
         r = self.resize_book.measure(self.book)
         if r is None:
             return
-        if r.mode == "overlap" and self.monitor is not None and r.latency_s is not None:
-            self.monitor.set_costs.remote(pause_s=r.latency_s)
+        if r.mode == "overlap" and self.link.actor is not None and r.latency_s is not None:
+            self.link.actor.set_costs.remote(pause_s=r.latency_s)
         self.emit(ResizeMeasured(resize=r))

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from orchestrator.config import ConfigError, RootConfig, public_config
 from orchestrator.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
@@ -35,25 +35,19 @@ RUN_INFO = "elastic_run.json"
 DRIVER_LOCK = "driver.lock"
 
 
-class _Run(Protocol):  # what write_run_info reads of a PhaseRunner
-    storage_path: str
-    train_run_name: str
-    tracker: Any
-
-
 def run_folder(storage_path: str, train_run_name: str) -> str:
     """The run's (first phase's) folder: an absolute local path, or a URI under the bucket prefix."""
     return join(resolve(storage_path), train_run_name)
 
 
-def write_run_info(runner: _Run, cfg: RootConfig) -> None:
-    """Beside the checkpoints, atomically: what ``resume`` needs to find the MLflow run again."""
-    folder = run_folder(runner.storage_path, runner.train_run_name)
+def write_run_info(folder: str, run_id: str, tracking_uri: str, cfg: RootConfig) -> None:
+    """Beside the checkpoints, in the run's ``folder`` (:func:`run_folder`), atomically: what
+    ``resume`` needs to find MLflow run ``run_id`` in ``tracking_uri`` again."""
     config = public_config(cfg)
     config["checkpoint"]["storage_path"] = resolve(cfg.checkpoint.storage_path)
-    uri = absolute_tracking_uri(runner.tracker.uri)
+    uri = absolute_tracking_uri(tracking_uri)
     config["tracking"]["uri"] = redact_uri(uri)
-    info = {"run_id": runner.tracker.run_id, "tracking_uri": redact_uri(uri), "config": config}
+    info = {"run_id": run_id, "tracking_uri": redact_uri(uri), "config": config}
     path = join(folder, RUN_INFO)
     store_for(path).write_bytes(path, json.dumps(info, indent=1).encode())
 

@@ -114,6 +114,7 @@ class TrialActor:
         driver's verdict on ``judged`` metrics at its next value of them.  ``token`` (the trial
         number) ties later ``verdict`` calls to this run: a late one for an earlier trial is ignored."""
         from orchestrator.config import validate
+        from orchestrator.outcome import Stopped
         from orchestrator.runner import run_training
 
         with self._lock:
@@ -126,8 +127,11 @@ class TrialActor:
         folder = None
         try:
             summary = run_training(cfg, progress=False, parent_run_id=parent_run_id, tags=tags,
-                                   on_start=self._on_start, on_records=self._on_records)
+                                   on_start=self._on_start, on_records=self._on_records, poll_s=RUNNER_POLL_S,
+                                   judged=self._judged_metrics)
             result.status, result.steps = summary.status, summary.steps
+            # pruned only if the run stopped before its planned end: one that finished first is not
+            result.stopped = self._stop and isinstance(summary.outcome, Stopped)
             result.error = summary.error  # a diverged run is a FAIL with its reason
             folder = (summary.storage_path, summary.train_run_name)
         except BaseException as e:  # a failed trial is a result, not a crash of the search
@@ -136,9 +140,7 @@ class TrialActor:
             result.status = "FAILED"
         with self._lock:
             self._integrate(time.time())
-            runner = self._runner
-            # pruned only if the run stopped before its planned end: one that finished first is not
-            result.run_id, result.stopped = self._run_id, bool(self._stop and runner is not None and runner.stopped)
+            result.run_id = self._run_id
             result.steps = result.steps or self._step
             result.last, result.worker_seconds = dict(self._last), self._worker_s
             result.samples = self._samples
@@ -177,8 +179,6 @@ class TrialActor:
     # -- callbacks from run_training (on the actor's run thread) -----------------------------
 
     def _on_start(self, runner: Any) -> None:
-        runner.poll_s = RUNNER_POLL_S
-        runner.judge(self._judged_metrics)
         with self._lock:
             self._runner = runner
             self._run_id = runner.tracker.run_id

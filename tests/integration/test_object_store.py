@@ -170,16 +170,12 @@ def test_a_half_written_checkpoint_is_ignored_and_cleaned_up_by_the_next_save(s3
 
 
 def test_run_info_in_a_bucket_is_found_by_its_folder(s3_server, bucket, tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
     from orchestrator.config import validate
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = validate({"checkpoint": {"storage_path": bucket + "/"}, "tracking": {"uri": uri}})
-    runner = SimpleNamespace(storage_path=bucket, train_run_name="elastic-abc",
-                             tracker=SimpleNamespace(run_id="abc", uri=uri))
-    write_run_info(runner, cfg)
+    write_run_info(f"{bucket}/elastic-abc", "abc", uri, cfg)
     info = read_run_info(f"{bucket}/elastic-abc")
     assert info["run_id"] == "abc" and info["config"]["checkpoint"]["storage_path"] == bucket
     run_id, found_uri, config = find_run(f"{bucket}/elastic-abc/")

@@ -97,7 +97,7 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     from orchestrator.events import GroupFailed
     from trainers.link.messages import PhaseStart
 
-    events = box["runner"].events
+    events = box["runner"].book.events
     failed = next(i for i, e in enumerate(events) if isinstance(e, GroupFailed))
     restarted = [i for i, e in enumerate(events) if isinstance(e, PhaseStart)][1]
     assert failed < restarted, [type(e).__name__ for e in events]

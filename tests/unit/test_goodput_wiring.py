@@ -331,15 +331,11 @@ def test_the_decisions_reach_mlflow_as_metrics_and_tags(tmp_path):
 def test_a_resumed_goodput_run_goes_on_at_the_w_it_had(tmp_path):
     """goodput may have shrunk the group below what the batch needs: a resume starts at the W the run
     logged last, not at the batch's need (workers_for_batch's runs only ever grew)."""
-    from orchestrator.phases import PhaseRunner
+    from orchestrator.phases import RunStart
     from tests.helpers import make_config
-    from tests.unit.test_phases import FakeTracker
-
-    class Resumed(FakeTracker):
-        def last_value(self, key, default=0.0):
-            return 1.0 if key == "workers" else default
+    from tests.unit.test_phases import FakeTracker, make_runner
 
     for policy, expected in (("goodput", 1), ("workers_for_batch", 2)):
         cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 16},
                           scaling={"min_workers": 1, "max_workers": 3, "policy": policy})
-        assert PhaseRunner(cfg, Resumed(), progress=False).initial_workers() == expected  # type: ignore[arg-type]
+        assert make_runner(cfg, FakeTracker(), RunStart(resumes=1, workers=1)).initial_workers() == expected

@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import pytest
 
-from orchestrator.phases import Failed, Finished, PhaseRunner
+from orchestrator.outcome import CapacityLost, Finished, RayTrainFailed
+from orchestrator.phases import PhaseRunner, RunStart
+from orchestrator.progress import Progress
 from trainers.policies.resize import WorkerCount, WorkersForBatch
 from tests.helpers import make_config
 from trainers.link.messages import FirstStep, PhaseStart
@@ -31,7 +33,7 @@ class FakeMonitor:
 
 
 class FakeTracker:
-    run_id, uri, written_upto = "abc", "mem://", -1
+    run_id, uri, written_upto, newest_step = "abc", "mem://", -1, -1
 
     def __init__(self) -> None:
         self.metrics: list = []
@@ -48,6 +50,11 @@ class FakeTracker:
 
     def outage_expired(self):  # the store always answers here
         return None
+
+
+def make_runner(cfg, tracker, start: RunStart | None = None, **kwargs: Any) -> PhaseRunner:
+    """A runner without a progress bar, for a run that brings ``start`` (a new run by default)."""
+    return PhaseRunner(cfg, tracker, start or RunStart(), Progress(0, enabled=False), **kwargs)
 
 
 class FakeFit:
@@ -71,15 +78,14 @@ def _runner(tmp_path, monkeypatch, plays: dict[int, Callable[[MonitorState, int]
     monkeypatch.setattr(ray, "get", lambda x: x)
     monkeypatch.setattr(ray, "kill", lambda x: None)
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free_cpus})
-    runner = PhaseRunner(cfg, tracker, progress=False)  # type: ignore[arg-type]
-    runner.poll_s = 0.01
+    runner = make_runner(cfg, tracker, poll_s=0.01)
     state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 4),
                          overlap_resources={"CPU": 0.5} if resize_mode == "overlap" else None,
                          available=lambda: {"CPU": free_cpus})
     started: list[tuple[int, int, bool]] = []
 
     def make_monitor() -> None:
-        runner.monitor = FakeMonitor(state)
+        runner.link.actor = FakeMonitor(state)
 
     def trainer(workers: int, phase: int, handover: bool) -> FakeFit:
         started.append((phase, workers, handover))
@@ -108,16 +114,15 @@ def test_a_restart_resize_starts_the_next_phase_after_the_old_one_ends(tmp_path,
         return "done"
 
     runner, tracker, started = _runner(tmp_path, monkeypatch, {0: old, 1: new}, "restart")
-    assert runner.run() == "done"
-    assert isinstance(runner.state, Finished) and runner.monitor is None
+    assert runner.run() == Finished("done") and runner.link.actor is None
     assert started == [(0, 1, False), (1, 2, False)]
-    (r,) = runner.resizes
+    (r,) = runner.resize_book.measured
     assert (r["mode"], r["from"], r["to"], r["step"], r["phase"]) == ("restart", 1, 2, 10, 1)
     assert r["latency_s"] is not None and r["overlap_s"] == 0.0
     logged = [r[1] for r in tracker.metrics if "resize/from" in r[1]]
     # the latency's parts are in the timeline artifact (orchestrator/timeline.py), not seven one-dot charts
     assert logged == [{"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": r["latency_s"]}]
-    assert runner.called_off == 0 and runner.first_step_s() is not None
+    assert runner.resize_book.called_off == 0 and runner.book.first_step_s() is not None
 
 
 def test_an_overlap_starts_the_new_group_beside_the_old_one_and_hands_over(tmp_path, monkeypatch):
@@ -140,9 +145,9 @@ def test_an_overlap_starts_the_new_group_beside_the_old_one_and_hands_over(tmp_p
         return "done"
 
     runner, _, started = _runner(tmp_path, monkeypatch, {0: old, 1: new}, "overlap")
-    assert runner.run() == "done"
+    assert runner.run() == Finished("done")
     assert started == [(0, 1, False), (1, 2, True)]
-    (r,) = runner.resizes
+    (r,) = runner.resize_book.measured
     assert (r["mode"], r["from"], r["to"], r["step"]) == ("overlap", 1, 2, 14)
 
 
@@ -161,20 +166,19 @@ def test_an_overlap_is_called_off_when_training_ends_first(tmp_path, monkeypatch
         assert m.handover(phase).cancel
 
     runner, _, started = _runner(tmp_path, monkeypatch, {0: old, 1: new}, "overlap")
-    assert runner.run() == "finished"
-    assert runner.resizes == [] and runner.called_off == 1 and len(started) == 2
+    assert runner.run() == Finished("finished")
+    assert runner.resize_book.measured == [] and runner.resize_book.called_off == 1 and len(started) == 2
 
 
-def test_a_restarted_group_counts_and_a_failed_fit_raises(tmp_path, monkeypatch):
+def test_a_restarted_group_counts_and_a_failed_fit_ends_the_run_with_its_error(tmp_path, monkeypatch):
     def flaky(m: MonitorState, phase: int) -> None:
         _group(m, phase, 1, 0)
         _group(m, phase, 1, 5)  # Ray Train restarted the group after a failure
         raise RuntimeError("out of failures")
 
     runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: flaky}, "restart")
-    with pytest.raises(RuntimeError, match="out of failures"):
-        runner.run()
-    assert isinstance(runner.state, Failed) and runner.restarts == 1
+    end = runner.run()
+    assert isinstance(end, RayTrainFailed) and str(end.error) == "out of failures" and runner.book.restarts == 1
     assert (5, {"restarts": 1.0}) in tracker.metrics and tracker.tags["elastic.restarts"] == 1
 def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeypatch):
     def old(m: MonitorState, phase: int) -> str:
@@ -193,9 +197,9 @@ def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeyp
         return "done"
 
     runner, tracker, started = _runner(tmp_path, monkeypatch, {0: old, 1: broken, 2: new}, "overlap")
-    assert runner.run() == "done"
+    assert runner.run() == Finished("done")
     assert started == [(0, 1, False), (1, 2, True), (2, 2, False)]  # the failed start keeps its index
-    assert [r["mode"] for r in runner.resizes] == ["restart"]
+    assert [r["mode"] for r in runner.resize_book.measured] == ["restart"]
     assert "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
 
 
@@ -229,11 +233,10 @@ def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
 
     cfg = make_config(tmp_path, "mem://")
     monkeypatch.setattr(ray, "get", lambda x: x)
-    runner = PhaseRunner(cfg, FakeTracker(), progress=False)  # type: ignore[arg-type]
-    runner.listeners = [Recorder()]
+    runner = make_runner(cfg, FakeTracker(), listeners=[Recorder()])
     state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 1))
     state.push([(s, {"train/loss": 1.0}, 0.0) for s in range(18, 23)], [BatchChange(step=20, old=16, new=32)])
-    runner.monitor = FakeMonitor(state)
+    runner.link.actor = FakeMonitor(state)
     runner.pump()
     assert seen == [("record", 18), ("record", 19), ("record", 20), ("event", 20), ("record", 21), ("record", 22)]
 
@@ -269,18 +272,36 @@ def test_an_interrupted_driver_stops_the_group_and_drains_its_last_records(tmp_p
     with pytest.raises(KeyboardInterrupt):
         runner.run()
     assert tracker.metrics[-1][1] == {"train/loss": 0.5}  # pushed after the stop, drained before the end
-    assert any(isinstance(ev, Stopped) for ev in runner.events) and runner.monitor is None
+    assert any(isinstance(ev, Stopped) for ev in runner.book.events) and runner.link.actor is None
 
 
 def test_the_runner_keeps_a_dozen_things_or_fewer(tmp_path):
     """What the runner knows is split by concern (names, monitor link, event book, resizes), so
-    the runner itself holds a dozen attributes or fewer; runner.py reads them through it."""
-    runner = PhaseRunner(make_config(tmp_path, "mem://"), FakeTracker(), progress=False)  # type: ignore[arg-type]
+    the runner itself holds a dozen attributes or fewer; runner.py reads them from their owners."""
+    runner = make_runner(make_config(tmp_path, "mem://"), FakeTracker())
     assert len(vars(runner)) <= 12, sorted(vars(runner))
-    assert runner.train_run_name == "elastic-abc" and runner.storage_path.startswith(str(tmp_path))
-    runner.resumes, runner.t_start = 2, 5.0
-    assert runner.phase_run_name(3) == "elastic-abc-r2p3" and runner.book.t_start == 5.0
-    assert (runner.resizes, runner.called_off, runner.restarts, runner.monitor) == ([], 0, 0, None)
+    names = runner.names
+    assert names.train_run_name == "elastic-abc" and names.storage_path.startswith(str(tmp_path))
+    assert names.phase_run_name(3) == "elastic-abc-r0p3" and names.folder == f"{names.storage_path}/elastic-abc"
+    assert (runner.resize_book.measured, runner.resize_book.called_off, runner.book.restarts, runner.link.actor) == (
+        [], 0, 0, None)
+
+
+def test_what_a_resumed_run_brings_reaches_its_owners_at_construction(tmp_path):
+    """A resume's record (runner.read_start) is the runner's only source of what earlier drivers left:
+    phase run names, the reservations it holds, restarts, the W it goes on at, the tags the
+    listeners go on from, the time the run counts from."""
+    cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32},
+                      scaling={"min_workers": 1, "max_workers": 4})
+    start = RunStart(t0=5.0, resumes=2, ray_train_runs="r1,r2", restarts=3, workers=3,
+                     tags={"elastic.warnings": "earlier warning", "elastic.resizes_called_off": "2"})
+    runner = make_runner(cfg, FakeTracker(), start, judged=["val/loss"], poll_s=0.2)
+    assert runner.names.phase_run_name(3) == "elastic-abc-r2p3" and runner.names.ray_train_runs == "r1,r2"
+    assert (runner.book.restarts, runner.book.t_start, runner.initial_workers()) == (3, 5.0, 3)
+    assert runner.tracking.warnings == ["earlier warning"] and runner.tracking.called_off == 2
+    assert runner.link.runtime(phase=0).judged_metrics == ["val/loss"] and runner.poll_s == 0.2
+    fresh = make_runner(cfg, FakeTracker())
+    assert (fresh.names.resumes, fresh.book.restarts, fresh.initial_workers(), fresh.tracking.warnings) == (0, 0, 1, [])
 
 
 def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_to_resume(tmp_path, monkeypatch):
@@ -302,16 +323,136 @@ def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_
         now[0] += 7.0  # each look at the cluster is a few seconds later
         return [{"Alive": False, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 0.25}}]
 
-    runner.capacity = CapacityWatch(min_workers=1, timeout_s=60, every_s=0.0, nodes=live_nodes,
-                                    clock=lambda: now[0])
+    monkeypatch.setattr(runner, "capacity", CapacityWatch(min_workers=1, timeout_s=60, every_s=0.0, nodes=live_nodes,
+                                                          clock=lambda: now[0]))
     said: list[str] = []
-    runner.progress.write = said.append  # type: ignore[method-assign]
+    monkeypatch.setattr(runner.progress, "write", said.append)
     try:
-        assert runner.run() is None
+        end = runner.run()
     finally:
         stop.set()
-    assert runner.failure.startswith("lost capacity: only 0 of scaling.min_workers 1 workers fit the live nodes")
+    assert isinstance(end, CapacityLost)
+    assert end.message.startswith("lost capacity: only 0 of scaling.min_workers 1 workers fit the live nodes")
     from orchestrator.command import cli
 
-    assert runner.failure.endswith(f"with: {cli()} resume {runner.tracker.run_id}")
+    assert end.message.endswith(f"with: {cli()} resume {runner.tracker.run_id}")
     assert said and said[0].startswith("waiting for capacity: 0 of scaling.min_workers 1 workers fit")
+
+
+def _stoppable(m: MonitorState, phase: int) -> str:
+    """A group that trains until the monitor tells it to stop, then stops at a checkpoint."""
+    import time
+
+    from trainers.link.messages import Stopped
+
+    _group(m, phase, 1, 0)
+    step = 1
+    while not m.push([(step, {"train/loss": 1.0}, 1.0)], []).stop:
+        step += 1
+        time.sleep(0.002)
+    m.push([(step + 1, {"train/loss": 0.5}, 1.0)], [Stopped(step=step + 1)])
+    return "stopped"
+
+
+def test_a_run_asked_to_stop_before_its_end_ends_stopped(tmp_path, monkeypatch):
+    from orchestrator.listeners import RunListener
+    from orchestrator.outcome import Stopped
+
+    runner, _, _ = _runner(tmp_path, monkeypatch, {0: _stoppable}, "restart")
+
+    class StopAtFive(RunListener):  # a search trial's pruner, or a test's stop
+        def on_records(self, records):
+            if records[-1][0] >= 5:
+                runner.request_stop()
+
+    runner.listeners.append(StopAtFive())
+    assert runner.run() == Stopped("stopped")
+
+
+def test_a_tracking_server_away_too_long_stops_the_group_and_ends_the_run_with_the_trackers_account(
+        tmp_path, monkeypatch):
+    """No exception between the poll and the loop: the poll stops the group at a checkpoint, drains
+    it and returns the end, with the tracker's one line (its resume command names the store)."""
+    import ray
+
+    from orchestrator.command import cli
+    from orchestrator.outcome import TrackingGone
+    from orchestrator.tracking import TrackingLost
+
+    runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: _stoppable}, "restart")
+    monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
+    lost = TrackingLost("the tracking server mem:// did not answer for 8 s")
+    told: list = []
+
+    def outage_expired():
+        return lost if any(r[0] >= 5 for r in tracker.metrics) and not told else None
+
+    def lost_message(error, stopped_at, checkpoints, resume):
+        told.append((error, stopped_at, checkpoints, resume))
+        return "the account"
+
+    monkeypatch.setattr(tracker, "outage_expired", outage_expired, raising=False)
+    monkeypatch.setattr(tracker, "lost_message", lost_message, raising=False)
+    end = runner.run()
+    assert end == TrackingGone(lost, "the account")
+    assert tracker.metrics[-1][1] == {"train/loss": 0.5}  # the group stopped and was drained first
+    ((error, _, checkpoints, resume),) = told
+    assert error is lost and checkpoints == f"{runner.names.folder} (none written yet)"
+    assert resume == f"{cli()} resume abc --tracking-uri mem://"
+
+
+def _failed(where: str, deterministic: bool):
+    from trainers.link.messages import WorkloadFailed
+
+    return WorkloadFailed(rank=0, phase=0, where=where, error="ValueError: bad", traceback="tb",
+                          deterministic=deterministic)
+
+
+@pytest.mark.parametrize("events, error, want", [
+    ([], None, "Finished"),
+    (["stopped"], None, "Stopped"),
+    (["stopped", "finished"], None, "Finished"),  # a stop that came after the end: it finished
+    (["diverged"], None, "Diverged"),
+    (["storage"], None, "OutOfStorage"),
+    (["diverged", "storage", "fatal"], None, "UserCodeFailed"),  # the user's error first
+    (["diverged", "storage"], None, "Diverged"),
+    (["transient"], None, "Finished"),  # retried once by Ray Train, and it went on
+    (["transient"], RuntimeError("out of failures"), "UserCodeFailed"),  # Ray Train gave up on the user's error
+    (["storage"], RuntimeError("out of failures"), "RayTrainFailed"),
+    ([], RuntimeError("out of failures"), "RayTrainFailed"),
+])
+def test_the_book_says_how_the_run_ended_the_gravest_first(events, error, want):
+    from orchestrator.phases import EventBook
+    from trainers.link import messages as msg
+
+    made = {"stopped": msg.Stopped(step=3), "finished": msg.Finished(step=4),
+            "diverged": msg.Diverged(step=5, value=float("nan")),
+            "storage": msg.StorageFailed(step=6, path="/d", code=28, free=0, message="full", fix="free space"),
+            "fatal": _failed("my.py:1 in f", True), "transient": _failed("my.py:2 in g", False)}
+    book = EventBook()
+    for name in events:
+        book.observe(made[name])
+    end = book.outcome("result", error)
+    assert type(end).__name__ == want, end
+    if want == "UserCodeFailed":
+        assert end.event in (made["fatal"], made["transient"])
+
+
+def test_the_same_user_error_again_is_fatal_and_stops_the_group(tmp_path, monkeypatch):
+    """The driver's book decides with outcome.is_fatal, as the monitor does: a transient error
+    is let through once, the same one again ends the run, and the driver asks the group to stop."""
+    from orchestrator.outcome import UserCodeFailed
+
+    transient = _failed("my_data.py:9 in __getitem__", False)
+
+    def group(m: MonitorState, phase: int) -> str:
+        _group(m, phase, 1, 0)
+        m.push([], [transient])
+        step = 2
+        while not m.push([(step, {"train/loss": 1.0}, 1.0)], [transient] if step == 4 else []).stop:
+            step += 1
+            threading.Event().wait(0.002)
+        return "stopped"
+
+    runner, _, _ = _runner(tmp_path, monkeypatch, {0: group}, "restart")
+    assert runner.run() == UserCodeFailed(transient) and len(runner.book.user_errors) == 2

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,17 +27,12 @@ def test_credentials_are_redacted(uri, shown):
     assert "s3cret" not in redact_uri(uri) and "abc" not in redact_uri(uri)
 
 
-def _runner(tmp_path, uri, run_id="r1"):
-    return SimpleNamespace(storage_path=str(tmp_path / "ray_runs"), train_run_name=f"elastic-{run_id}",
-                           tracker=SimpleNamespace(run_id=run_id, uri=uri))
-
-
 def test_run_info_holds_absolute_locations_and_no_credentials(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = validate({"checkpoint": {"storage_path": "ray_runs"},
                     "tracking": {"uri": "postgresql://alice:s3cret@db/mlflow"}})
-    write_run_info(_runner(tmp_path, "postgresql://alice:s3cret@db/mlflow"), cfg)
     folder = run_folder(str(tmp_path / "ray_runs"), "elastic-r1")
+    write_run_info(folder, "r1", "postgresql://alice:s3cret@db/mlflow", cfg)
     text = open(os.path.join(folder, RUN_INFO)).read()
     assert "s3cret" not in text
     info = json.loads(text)
@@ -54,7 +48,7 @@ def test_run_info_holds_absolute_locations_and_no_credentials(tmp_path, monkeypa
 def test_a_relative_store_is_pinned_to_an_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = validate({"tracking": {"uri": "sqlite:///mlflow.db"}})
-    write_run_info(_runner(tmp_path, "sqlite:///mlflow.db"), cfg)
+    write_run_info(run_folder(str(tmp_path / "ray_runs"), "elastic-r1"), "r1", "sqlite:///mlflow.db", cfg)
     info = read_run_info(run_folder(str(tmp_path / "ray_runs"), "elastic-r1"))
     assert info["tracking_uri"] == absolute_tracking_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
 

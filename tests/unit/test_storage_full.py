@@ -155,10 +155,15 @@ def test_the_driver_ends_the_run_with_one_line_and_the_resume_command(tmp_path, 
                               fix="free space there", checkpoint="/d/elastic-abc/checkpoint_step00000030")])
         return "ended"
 
+    from orchestrator.outcome import OutOfStorage, ending
+
     runner, tracker, started = _runner(tmp_path, monkeypatch, {0: full}, "restart")
-    assert runner.run() == "ended"
+    end = runner.run()
+    assert isinstance(end, OutOfStorage) and end.full.step == 40
     assert started == [(0, 1, False)]  # no other group
-    assert runner.failure == (
+    said = ending(end, runner.resume())
+    assert (said.status, said.exit_code) == ("FAILED", 1)
+    assert said.message == (
         "the checkpoint storage is full (No space left on device) writing /d/elastic-abc/checkpoint_step00000040, "
         "0 B free there; training stopped at step 40 without restarting (a restart would write into the same "
         "storage); the newest checkpoint is /d/elastic-abc/checkpoint_step00000030; free space there, then: "

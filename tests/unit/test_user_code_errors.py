@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from orchestrator.monitor import MonitorState
+from orchestrator.outcome import is_fatal
 from orchestrator.phases import EventBook
 from trainers.link.failure import is_user_file, user_error
 
@@ -105,4 +106,8 @@ def test_a_deterministic_error_ends_the_run_a_transient_one_when_it_comes_again(
     m2.workload_failed(deterministic)
     book2.observe(deterministic)
     assert m2.fatal() == deterministic and book2.fatal == deterministic
+    # the rule, written once (orchestrator/outcome.py)
+    assert is_fatal(deterministic, []) and not is_fatal(transient, []) and is_fatal(transient, [transient])
+    other = _ev(tmp_path, TimeoutError)  # another type at the same place is another error
+    assert not is_fatal(other, [transient])
     assert [type(e).__name__ for e in m2.drain()[1]] == ["WorkloadFailed"]  # the driver hears of it
