@@ -22,6 +22,7 @@ from typing import Callable
 
 import ray
 
+from orchestrator.outcome import is_fatal
 from orchestrator.resizing import Handover, ResizeCoordinator, ResizeCosts
 from orchestrator.resizing import has_room  # noqa: F401 - orchestrator/phases.py imports it from here
 from trainers.link.messages import (Event, HandoverAnswer, NewGroupReady, PushAnswer, Record, Resize, ResizeAnswer,
@@ -81,14 +82,14 @@ class UserErrors:
     :attr:`fatal`: that error, once met (None: none yet)."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], int] = {}  # a user error's signature -> times met
+        self._met: list[WorkloadFailed] = []
         self.fatal: WorkloadFailed | None = None
 
     def met(self, ev: WorkloadFailed) -> None:
-        """A deterministic error, or the same error met again after a restart, ends the run."""
-        seen = self._seen[ev.signature] = self._seen.get(ev.signature, 0) + 1
-        if self.fatal is None and (ev.deterministic or seen > 1):
+        """The rule is orchestrator/outcome.py's :func:`~orchestrator.outcome.is_fatal`."""
+        if self.fatal is None and is_fatal(ev, self._met):
             self.fatal = ev
+        self._met.append(ev)
 
 
 class MonitorState:

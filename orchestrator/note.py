@@ -7,9 +7,7 @@ from typing import Any
 
 from orchestrator.config import RootConfig
 from trainers.link import metrics as M
-from trainers.link import tags as T
 
-NOTE_TAG = T.NOTE  # the name runner.py imports; its home is trainers/link/tags.py
 # the training metrics the overview leads with (MLflow lists system metrics above the others in its table)
 HEADLINE = (M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.VAL_LOSS, M.TRAIN_LOSS)
 

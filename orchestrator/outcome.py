@@ -30,6 +30,7 @@ from typing import Any
 
 from orchestrator.command import cli
 from orchestrator.uris import absolute_tracking_uri, redact_uri
+from trainers.errors import one_line
 from trainers.link import messages as msg
 from trainers.loop.storage import StorageFull
 
@@ -191,8 +192,7 @@ def ending(end: Outcome, resume: Resume) -> Ending:
         case CapacityLost(message=message):
             return Ending("FAILED", EXIT_FAILED, message)
         case RayTrainFailed(error=e) | DriverFailed(error=e):
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            return Ending("FAILED", EXIT_FAILED, f"{type(e).__name__}: {first}",
+            return Ending("FAILED", EXIT_FAILED, one_line(e, 300),
                           "".join(tb.format_exception(type(e), e, e.__traceback__)))
         case Interrupted(steps=steps, checkpoint=None):
             return Ending("KILLED", EXIT_INTERRUPTED, f"stopped by Ctrl-C or SIGTERM after step {steps}, before its "

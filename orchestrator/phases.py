@@ -47,12 +47,12 @@ from orchestrator.listeners import ProgressListener, RunListener, TrackingListen
 from orchestrator.outcome import (CapacityLost, Diverged, Finished, Outcome, OutOfStorage, RayTrainFailed, Resume,
                                   Stopped, TrackingGone, UserCodeFailed, is_fatal)
 from orchestrator.progress import Progress
-from orchestrator.reservations import TAG as RESERVATIONS_TAG
 from orchestrator.reservations import ray_train_run_id, recorded
 from orchestrator.reservations import refresh as refresh_nodes
 from orchestrator.timeline import Timeline
 from orchestrator.tracking import RunTracker
 from trainers.link import messages as msg
+from trainers.link import tags as T
 from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided, WorkloadFailed
 from trainers.link.runtime import Runtime
 from trainers.loop.storage import join, resolve
@@ -553,7 +553,7 @@ class PhaseRunner:
         train_id = ray_train_run_id(trainer)
         if train_id:  # a resume after this driver is killed drops the group's reservation by it
             self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
-            self.tracker.set_tags({RESERVATIONS_TAG: self.names.ray_train_runs})
+            self.tracker.set_tags({T.RAY_TRAIN_RUNS: self.names.ray_train_runs})
         if not handover and self.link.actor is not None:  # a cold start: what a resize's new group costs here
             self.link.actor.starting.remote(idx, time.time())
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)

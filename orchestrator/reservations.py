@@ -27,9 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from trainers.link import tags as T
 
-TAG = T.RAY_TRAIN_RUNS  # the name phases.py and runner.py import; its home is trainers/link/tags.py
 KEEP = 4  # an overlap resize has two groups alive at once; a few more cost nothing
 _COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")  # Ray's actor name and namespace
 # Ray Train's wait for a group's placement group (resources that are there are placed at once);

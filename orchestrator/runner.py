@@ -28,13 +28,13 @@ from orchestrator.outcome import (TRACEBACK_ARTIFACT, DriverFailed, Ending, Fini
                                   OutOfStorage, RayTrainFailed, Resume, Stopped, TrackingGone, ending)
 from orchestrator.phases import POLL_S, PhaseRunner, RunStart
 from orchestrator.progress import Progress, total_samples
-from orchestrator.reservations import TAG as RESERVATIONS_TAG
 from orchestrator.reservations import release
 from orchestrator.ray_env import ensure_ray, quiet_ray_env
 from orchestrator.run_info import RUN_INFO, DriverLock, find_run, write_run_info
 from orchestrator.tracking import RunTracker, TrackingLost, unavailable
 from orchestrator.uris import redact_text
 from trainers.link import metrics as M
+from trainers.link import tags as T
 from trainers.loop.storage import StorageFull, no_room
 
 __all__ = ["POLL_S", "RUN_INFO", "PhaseRunner", "RunInterrupted", "RunOptions", "RunSummary", "ensure_ray",
@@ -197,8 +197,8 @@ class _Driver:
         if start.resumed:
             tracker.set_running()
         tracker.start_system_metrics(resume=start.resumed)
-        tracker.set_tags({"elastic.train_run_name": names.train_run_name, "elastic.storage_path": names.storage_path,
-                          **({"elastic.resumes": names.resumes} if start.resumed else {})})
+        tracker.set_tags({T.TRAIN_RUN_NAME: names.train_run_name, T.STORAGE_PATH: names.storage_path,
+                          **({T.RESUMES: names.resumes} if start.resumed else {})})
         # One driver per run at a time (a resume acquired it before Ray started: see cli.cmd_resume)
         self.lock = self.lock or DriverLock(names.folder).acquire(tracker.run_id)
         if start.resumed:  # no other driver of the run is alive: its groups' reservations in Ray are stale
@@ -227,8 +227,8 @@ class _Driver:
 
         tracker, runner = self.tracker, self.runner
         tracker.clear_failure()
-        tracker.set_tags({"elastic.final_workers": int(tracker.last_value(M.WORKERS, 0)),
-                          "elastic.resizes": len(self.timeline.timeline.resizes)})
+        tracker.set_tags({T.FINAL_WORKERS: int(tracker.last_value(M.WORKERS, 0)),
+                          T.RESIZES: len(self.timeline.timeline.resizes)})
         tracker.log_plots()
         payload = load_newest_checkpoint(runner.names.storage_path, runner.names.train_run_name, "cpu",
                                          warn=runner.progress.write)
@@ -283,7 +283,7 @@ class _Driver:
     def _record_failure(self, said: Ending) -> None:
         """The end on the MLflow run: the tag ``elastic.failure`` and any traceback as an artifact."""
         try:
-            self.tracker.set_tags({"elastic.failure": said.message})
+            self.tracker.set_tags({T.FAILURE: said.message})
             if said.traceback is not None:
                 self.tracker.log_text(redact_text(said.traceback), TRACEBACK_ARTIFACT)
         except Exception:  # noqa: BLE001 - the run still ends with its status (a store on a full disk)
@@ -310,8 +310,8 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
     if not resumed:
         return RunStart(t0=t0)
     tags = tracker.client.get_run(tracker.run_id).data.tags
-    return RunStart(t0=t0, resumes=int(tags.get("elastic.resumes", "0")) + 1,
-                    ray_train_runs=tags.get(RESERVATIONS_TAG, ""), restarts=int(tracker.last_value(M.RESTARTS, 0)),
+    return RunStart(t0=t0, resumes=int(tags.get(T.RESUMES, "0")) + 1,
+                    ray_train_runs=tags.get(T.RAY_TRAIN_RUNS, ""), restarts=int(tracker.last_value(M.RESTARTS, 0)),
                     workers=int(tracker.last_value(M.WORKERS, 0)), tags=dict(tags),
                     timeline=earlier_timeline(tracker.client, tracker.run_id))
 
@@ -353,12 +353,12 @@ def _tracking_gone(e: BaseException) -> bool:
 
 def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None) -> None:
     """The run's description in MLflow (orchestrator/note.py), rewritten by every driver of the run."""
-    from orchestrator.note import NOTE_TAG, changes, describe
+    from orchestrator.note import changes, describe
 
     try:
         tracker.release_held()  # the newest point of every piecewise series, B and W included
         resizes = len(changes(tracker.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
-        tracker.set_tags({NOTE_TAG: describe(cfg, tracker.history, status, resizes=resizes,
+        tracker.set_tags({T.NOTE: describe(cfg, tracker.history, status, resizes=resizes,
                                              resumes=runner.names.resumes if runner is not None else 0)})
     except Exception:  # noqa: BLE001 - a description must never fail a run (a store that does not answer)
         pass

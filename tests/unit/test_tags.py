@@ -11,7 +11,7 @@ from trainers.link import tags as T
 ROOT = Path(__file__).resolve().parents[2]
 # Files others own that still spell tag names out (listed for their owners; remove an entry once its
 # file uses trainers.link.tags).
-NOT_YET = {"orchestrator/runner.py", "orchestrator/listeners.py", "orchestrator/tracking.py"}
+NOT_YET: set[str] = set()
 
 
 def _names() -> dict[str, str]:
@@ -25,14 +25,6 @@ def test_each_tag_is_named_once_under_the_runs_namespaces():
         assert v.startswith(("elastic.", "mlflow.")), (k, v)
     assert T.rollback(2) == "elastic.rollback.2" and T.goodput_change(3) == "elastic.goodput.change.3"
     assert not any(v.startswith(("elastic.rollback.", "elastic.goodput.change.")) for v in names.values())
-
-
-def test_the_old_names_are_the_same_tags():
-    from orchestrator.note import NOTE_TAG
-    from orchestrator.reservations import TAG
-
-    assert TAG == T.RAY_TRAIN_RUNS == "elastic.ray_train_runs"
-    assert NOTE_TAG == T.NOTE == "mlflow.note.content"
 
 
 def tag_literals(source: str) -> list[tuple[int, str]]:
