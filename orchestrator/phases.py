@@ -486,7 +486,7 @@ class PhaseRunner:
         not record, where the checkpoints are and the command that records it all once it is back."""
         newest = self.names.newest_checkpoint_step()
         where = self.names.folder + (f" (newest at step {newest})" if newest is not None else " (none written yet)")
-        return TrackingGone(lost, self.tracker.lost_message(lost, max(self.tracker.newest_step, 0), where,
+        return TrackingGone(lost, self.tracker.lost_message(lost, max(self.tracker.series.newest_step, 0), where,
                                                             self.resume().command()))
 
     # -- phases ----------------------------------------------------------------------------------
@@ -619,7 +619,7 @@ class PhaseRunner:
         rides on the drain: one call to the monitor per poll)."""
         import ray
 
-        ref = self.link.actor.drain.remote(self.tracker.written_upto)
+        ref = self.link.actor.drain.remote(self.tracker.writer.written_upto)
         records, events = ray.get(ref) if timeout is None else ray.get(ref, timeout=timeout)
         for ev in events:
             # in step order: the records up to an event's step reach the listeners before it (a

@@ -88,13 +88,14 @@ class RunWriter:
     :attr:`lost`: the store stayed away past ``outage_timeout_s``, nothing more is tried;
     :attr:`warn`: where the outage's lines go; :attr:`on_back`: called once the store answers again."""
 
-    def __init__(self, client: Any, run_id: str, uri: str, outage_timeout_s: float) -> None:
+    def __init__(self, client: Any, run_id: str, uri: str, outage_timeout_s: float,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.client, self.run_id, self.uri = client, run_id, uri
         self.outage_timeout_s = outage_timeout_s
         self.outage: Outage | None = None
         self.lost = False
         self.written_upto = -1
-        self.warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+        self.warn: Callable[[str], None] = warn or (lambda line: print(line, file=sys.stderr, flush=True))
         self.on_back: Callable[[], None] = lambda: None
         self._rows: list[Any] = []  # MLflow Metric rows not yet written
         self._tags: dict[str, str] = {}  # tags held back by an outage

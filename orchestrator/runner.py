@@ -99,7 +99,7 @@ class RunInterrupted(KeyboardInterrupt):
 def final_metrics(tracker: RunTracker) -> dict[str, float]:
     out = {}
     for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
-        pts = tracker.history.get(key)
+        pts = tracker.series.history.get(key)
         if pts:
             out[key] = max(pts)[1]
     return out
@@ -175,7 +175,10 @@ class _Driver:
 
     def __init__(self, cfg: RootConfig, opts: RunOptions, t0: float) -> None:
         self.cfg, self.opts, self.t0 = cfg, opts, t0
-        self.tracker = RunTracker(cfg, run_id=opts.resume_run_id, parent_run_id=opts.parent_run_id, tags=opts.tags)
+        self.progress = Progress(total_samples(cfg, opts.functions), enabled=opts.progress)
+        # the tracking server's "does not answer" lines go under the bar, not through it
+        self.tracker = RunTracker(cfg, run_id=opts.resume_run_id, parent_run_id=opts.parent_run_id, tags=opts.tags,
+                                  warn=self.progress.write)
         self.resume = Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(opts.functions))
         self.lock = opts.driver_lock
         self.runner: PhaseRunner | None = None
@@ -187,8 +190,7 @@ class _Driver:
         find the run again, the driver lock, ``elastic_run.json``."""
         cfg, opts, tracker = self.cfg, self.opts, self.tracker
         start = read_start(tracker, self.t0, resumed=opts.resume_run_id is not None)
-        progress = Progress(total_samples(cfg, opts.functions), enabled=opts.progress)
-        tracker.warn = progress.write  # "the tracking server does not answer" under the bar, not through it
+        progress = self.progress
         self.timeline = TimelineListener(start.timeline, on_resize=resize_saver(tracker.log_text, progress.write))
         listeners = [RecordsCallback(opts.on_records)] if opts.on_records is not None else []
         self.runner = runner = PhaseRunner(cfg, tracker, start, progress, [*listeners, self.timeline],
@@ -251,7 +253,7 @@ class _Driver:
         if _tracking_gone(e):
             from orchestrator.tracking import _short_error
 
-            self.tracker.lost = True
+            self.tracker.writer.lost = True
             return runner.tracking_gone(TrackingLost(
                 f"the tracking server {redact_text(self.tracker.uri)} stopped answering while the run was being "
                 f"closed ({_short_error(e)})"))
@@ -318,7 +320,7 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
 
 def _logged_steps(tracker: RunTracker) -> int:
     """The newest step whose training loss is logged."""
-    return max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
+    return max((s for s, _ in tracker.series.history.get(M.TRAIN_LOSS, [])), default=0)
 
 
 def _open_tracking_store(uri: str) -> None:
@@ -357,8 +359,8 @@ def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: Phase
 
     try:
         tracker.release_held()  # the newest point of every piecewise series, B and W included
-        resizes = len(changes(tracker.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
-        tracker.set_tags({T.NOTE: describe(cfg, tracker.history, status, resizes=resizes,
+        resizes = len(changes(tracker.series.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+        tracker.set_tags({T.NOTE: describe(cfg, tracker.series.history, status, resizes=resizes,
                                              resumes=runner.names.resumes if runner is not None else 0)})
     except Exception:  # noqa: BLE001 - a description must never fail a run (a store that does not answer)
         pass

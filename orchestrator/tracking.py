@@ -20,7 +20,7 @@ import yaml
 from orchestrator.config import RootConfig, public_config
 from orchestrator.model_log import ModelLogger
 from orchestrator.plots import RunPlots
-from orchestrator.run_writer import Outage, RunWriter, TrackingLost, bound_http_requests
+from orchestrator.run_writer import RunWriter, TrackingLost, bound_http_requests
 from orchestrator.run_writer import short_error as _short_error  # noqa: F401 - orchestrator/runner.py imports it here
 from orchestrator.run_writer import unavailable  # noqa: F401 - orchestrator/runner.py imports it here
 from orchestrator.series import SeriesCompressor
@@ -73,7 +73,7 @@ class RunTracker:
     credentials, redacted, tell resume to ask again); MLflow itself sees it without a password."""
 
     def __init__(self, cfg: RootConfig, run_id: str | None = None, parent_run_id: str | None = None,
-                 tags: dict[str, str] | None = None):
+                 tags: dict[str, str] | None = None, warn: Callable[[str], None] | None = None):
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -93,7 +93,9 @@ class RunTracker:
             run = client.get_run(run_id)
             self.experiment_id = run.info.experiment_id
         self.series = SeriesCompressor()
-        self.writer = RunWriter(client, run.info.run_id, self.uri, cfg.tracking.outage_timeout_s)
+        self.client, self.run_id = client, run.info.run_id
+        # warn: where the outage's lines go (under the progress bar while one shows)
+        self.writer = RunWriter(client, self.run_id, self.uri, cfg.tracking.outage_timeout_s, warn)
         self.system = DriverSystemMetrics(run.info.run_id, seen_by_mlflow)
         self.writer.on_back = self.system.revive  # its thread ended at the outage's first failed call
         self._released = time.monotonic()  # the held points were last logged (HOLD_S)
@@ -101,61 +103,6 @@ class RunTracker:
             self.log_config(cfg)
         else:
             self._load_history()
-
-    # -- the run and what the parts hold, as callers read them ------------------------------------
-
-    @property
-    def client(self) -> Any:
-        return self.writer.client
-
-    @client.setter
-    def client(self, client: Any) -> None:
-        self.writer.client = client
-
-    @property
-    def run_id(self) -> str:
-        return self.writer.run_id
-
-    @run_id.setter
-    def run_id(self, run_id: str) -> None:
-        self.writer.run_id = run_id
-
-    @property
-    def history(self) -> dict[str, list[tuple[int, float]]]:
-        """Every metric point logged (or already in a resumed run), per metric."""
-        return self.series.history
-
-    @property
-    def newest_step(self) -> int:
-        """The newest step of the records this tracker was given (written or not)."""
-        return self.series.newest_step
-
-    @property
-    def written_upto(self) -> int:
-        """Every record up to this step is written to MLflow (what the driver acks)."""
-        return self.writer.written_upto
-
-    @property
-    def lost(self) -> bool:
-        """The store stayed away past ``tracking.outage_timeout_s``: nothing more is tried."""
-        return self.writer.lost
-
-    @lost.setter
-    def lost(self, lost: bool) -> None:
-        self.writer.lost = lost
-
-    @property
-    def outage(self) -> Outage | None:
-        return self.writer.outage
-
-    @property
-    def warn(self) -> Callable[[str], None]:
-        """Where the outage's lines go (the progress bar's writer while a bar shows)."""
-        return self.writer.warn
-
-    @warn.setter
-    def warn(self, warn: Callable[[str], None]) -> None:
-        self.writer.warn = warn
 
     # -- config ------------------------------------------------------------------------
 
@@ -243,7 +190,7 @@ class RunTracker:
     # -- artifacts -----------------------------------------------------------------------
 
     def log_plots(self) -> None:
-        RunPlots(self.client, self.run_id).curves(self.history)
+        RunPlots(self.client, self.run_id).curves(self.series.history)
 
     def log_timeline(self, timeline: Any) -> None:
         """``timeline.json`` and ``plots/timeline.png`` (:meth:`RunPlots.timeline`)."""
@@ -268,7 +215,7 @@ class RunTracker:
         return self.system.start(resume)
 
     def stop_system_metrics(self) -> None:
-        self.system.stop(lost=self.lost)
+        self.system.stop(lost=self.writer.lost)
 
     # -- the run's status ------------------------------------------------------------------------
 
@@ -284,7 +231,7 @@ class RunTracker:
         """Close the run with ``status``; a run whose store stayed away (:attr:`lost`) is left as it
         is (RUNNING), for ``resume`` to go on with."""
         self.stop_system_metrics()
-        if self.lost:
+        if self.writer.lost:
             return
         self.release_held()
         self.writer.close(status)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -33,11 +34,13 @@ class FakeMonitor:
 
 
 class FakeTracker:
-    run_id, uri, written_upto, newest_step = "abc", "mem://", -1, -1
+    run_id, uri = "abc", "mem://"
 
     def __init__(self) -> None:
         self.metrics: list = []
         self.tags: dict[str, Any] = {}
+        self.writer = SimpleNamespace(written_upto=-1)  # the parts the runner reads (orchestrator/tracking.py)
+        self.series = SimpleNamespace(newest_step=-1, history={})
 
     def log_metrics(self, records, flush: bool = False) -> None:
         self.metrics.extend(records)

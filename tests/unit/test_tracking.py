@@ -30,7 +30,7 @@ def test_stepwise_metrics_are_logged_at_changes_and_plateau_ends(tmp_path):
     assert metric_series(uri, tr.run_id, "lr") == [(1, 0.1), (5, 0.1), (6, 0.2), (8, 0.2), (9, 0.05), (12, 0.05)]
     assert dense_series(uri, tr.run_id, "lr") == [(s, v) for s, v in enumerate(lr, start=1)]
     assert [s for s, _ in metric_series(uri, tr.run_id, "train/loss")] == list(range(1, 13))  # every step
-    assert [s for s, _ in tr.history["lr"]] == [1, 5, 6, 8, 9, 12]  # what the plots draw
+    assert [s for s, _ in tr.series.history["lr"]] == [1, 5, 6, 8, 9, 12]  # what the plots draw
 
 
 def test_a_resumed_tracker_logs_nothing_twice(tmp_path):
@@ -107,7 +107,7 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     for r in records[:9]:
         rep.log(*r)
     tr.log_metrics(records[:9], flush=True)
-    rep.receive(PushAnswer(acked=tr.written_upto))
+    rep.receive(PushAnswer(acked=tr.writer.written_upto))
     pending = rep.pending()  # what the checkpoint at step 9 carries
     assert pending == [[9, records[8][1], records[8][2]]]
     # The driver is killed: steps 2..9 were held, never logged.  The resumed run restores step 9.
@@ -160,19 +160,19 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
     for r in records[:4]:
         rep.log(*r)
     tr.log_metrics(records[:4])
-    assert metric_series(uri, tr.run_id, "train/loss") == [] and tr.written_upto == -1
+    assert metric_series(uri, tr.run_id, "train/loss") == [] and tr.writer.written_upto == -1
     monkeypatch.setattr(run_writer, "FLUSH_S", 0.0)
     tr.log_metrics(records[4:6])  # the interval has passed: steps 1..6 are written in one call
     for r in records[4:6]:
         rep.log(*r)
     assert [s for s, _ in metric_series(uri, tr.run_id, "train/loss")] == list(range(1, 7))
-    assert tr.written_upto == 6
-    rep.receive(PushAnswer(acked=tr.written_upto))
+    assert tr.writer.written_upto == 6
+    rep.receive(PushAnswer(acked=tr.writer.written_upto))
     monkeypatch.setattr(run_writer, "FLUSH_S", 3600.0)
     for r in records[6:9]:
         rep.log(*r)
     tr.log_metrics(records[6:9])  # buffered, then the driver dies
-    rep.receive(PushAnswer(acked=tr.written_upto))
+    rep.receive(PushAnswer(acked=tr.writer.written_upto))
     assert [r[0] for r in rep.pending()] == [7, 8, 9]  # unwritten: they ride in the next checkpoint
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
     again = RunTracker(cfg, run_id=tr.run_id)
@@ -225,9 +225,9 @@ def _watched(tmp_path, monkeypatch, timeout_s=300.0):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t",
                                  "outage_timeout_s": timeout_s}})
     tr = RunTracker(cfg)
-    tr.client = _Outage(tr.client)
+    tr.client = tr.writer.client = _Outage(tr.client)  # every write goes through the writer
     said = []
-    tr.warn = said.append
+    tr.writer.warn = said.append
     return tr, cfg.tracking.uri, said
 
 
@@ -235,18 +235,18 @@ def test_an_outage_keeps_every_record_and_tag_until_the_store_answers(tmp_path, 
     tr, uri, said = _watched(tmp_path, monkeypatch)
     records = [(s, {"train/loss": 1.0 / s, "workers": 1.0}) for s in range(1, 31)]
     tr.log_metrics(records[:10], flush=True)
-    assert tr.written_upto == 10
+    assert tr.writer.written_upto == 10
     tr.client.down = True
     tr.log_metrics(records[10:20], flush=True)  # nothing raised: training goes on
     tr.set_tags({"elastic.restarts": 1})
     tr.log_metrics(records[20:25], flush=True)
-    assert tr.written_upto == 10  # rank 0 keeps steps 11.. in its checkpoints
-    assert tr.outage is not None and tr.outage_expired() is None
+    assert tr.writer.written_upto == 10  # rank 0 keeps steps 11.. in its checkpoints
+    assert tr.writer.outage is not None and tr.outage_expired() is None
     assert tr.unrecorded() == (15, 30, 11)
     assert len(said) == 1 and "does not answer" in said[0] and "ConnectionError" in said[0]
     tr.client.down = False
     tr.log_metrics(records[25:], flush=True)
-    assert tr.outage is None and tr.written_upto == 30 and "answers again" in said[-1]
+    assert tr.writer.outage is None and tr.writer.written_upto == 30 and "answers again" in said[-1]
     tr.end()
     assert metric_series(uri, tr.run_id, "train/loss") == [(s, 1.0 / s) for s in range(1, 31)]
     from mlflow.tracking import MlflowClient
@@ -264,7 +264,7 @@ def test_a_store_away_past_the_timeout_is_given_up_with_what_was_not_recorded(tm
     time.sleep(0.25)
     lost = tr.outage_expired()
     assert isinstance(lost, run_writer.TrackingLost) and "did not answer for 0.2 s" in str(lost)
-    assert tr.lost and tr.outage_expired() is None  # said once
+    assert tr.writer.lost and tr.outage_expired() is None  # said once
     calls = tr.client.calls
     tr.log_metrics([(10, {"train/loss": 1.0, "lr": 0.1})], flush=True)
     tr.set_tags({"elastic.failure": "x"})
@@ -284,7 +284,7 @@ def test_a_refused_request_is_not_an_outage(tmp_path, monkeypatch):
     from mlflow.exceptions import MlflowException
 
     tr, _, _ = _watched(tmp_path, monkeypatch)
-    tr.run_id = "no-such-run"
+    tr.run_id = tr.writer.run_id = "no-such-run"
     with pytest.raises(MlflowException):
         tr.log_metrics([(1, {"train/loss": 1.0})], flush=True)
     assert not run_writer.unavailable(RuntimeError("bad value"))
