@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 TORCH_INDEX ?=
 
-.PHONY: demo test test-unit test-fast bench-check install clean
+.PHONY: demo test test-unit test-fast bench-check lint format install clean
 
 $(STAMP): pyproject.toml
 	@echo "install 1/4: the virtual environment $(VENV) ($(PY))"
@@ -42,6 +42,16 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
 test-fast: test-unit
+
+# ruff (pinned in pyproject.toml): the linter's rules and the formatter's layout, checked (CI runs it first)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# apply the formatter and the linter's safe fixes
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf ray_runs mlruns mlflow.db .pytest_cache

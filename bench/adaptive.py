@@ -29,10 +29,11 @@ B0 = 32
 def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.runner import run_training
+    from orchestrator.run.runner import run_training
 
     cfg, _ = temp_config(
-        data={"name": "digits"}, model={"name": "cnn", "norm": "group", "hidden": 64},
+        data={"name": "digits"},
+        model={"name": "cnn", "norm": "group", "hidden": 64},
         optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": B0, "mf": 0.9},
         batch={"max_local_batch": min(64, batch.get("max_size", batch["size"])), **batch},
         schedule={"scaling_rule": "sqrt"},
@@ -43,7 +44,7 @@ def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
     c = MlflowClient(cfg.tracking.uri)
     start = c.get_run(s.run_id).info.start_time / 1000
     acc = sorted(c.get_metric_history(s.run_id, "val/accuracy"), key=lambda m: m.step)
-    # samples_seen is logged where it bends (orchestrator/tracking.py): read it off the lines between
+    # samples_seen is logged where it bends (orchestrator/record/run_tracker.py): read it off the lines between
     seen_pts = sorted((m.step, m.value) for m in c.get_metric_history(s.run_id, "samples_seen"))
     hit = next((m for m in acc if m.value >= target), None)
     final_b = max(m.value for m in c.get_metric_history(s.run_id, "batch/global"))
@@ -51,8 +52,15 @@ def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
     if hit is None:
         return (name, "not reached", "-", "-", f"{acc[-1].value:.3f}", f"{int(final_b)}", int(workers))
     seen = int(np.interp(hit.step, *zip(*seen_pts)))
-    return (name, hit.step, seen, f"{hit.timestamp / 1000 - start:.0f}", f"{acc[-1].value:.3f}",
-            f"{int(final_b)}", int(workers))
+    return (
+        name,
+        hit.step,
+        seen,
+        f"{hit.timestamp / 1000 - start:.0f}",
+        f"{acc[-1].value:.3f}",
+        f"{int(final_b)}",
+        int(workers),
+    )
 
 
 def main() -> None:
@@ -64,13 +72,18 @@ def main() -> None:
     rows = [
         run(f"fixed B0={B0}", {"size": B0}, a.epochs, a.target),
         run(f"fixed 8*B0={8 * B0}", {"size": 8 * B0}, a.epochs, a.target),
-        run("noise_scale (c=2)", {"size": B0, "policy": "noise_scale", "noise_scale_factor": 2.0,
-                                  "check_every": 10, "max_size": 8 * B0}, a.epochs, a.target),
+        run(
+            "noise_scale (c=2)",
+            {"size": B0, "policy": "noise_scale", "noise_scale_factor": 2.0, "check_every": 10, "max_size": 8 * B0},
+            a.epochs,
+            a.target,
+        ),
     ]
-    print(f"digits, small CNN (group norm), sqrt LR scaling from lr=0.05 at B0={B0}; target val accuracy "
-          f"{a.target}; validation every 5 steps")
-    print(table(rows, ("policy", "steps", "samples", "wall s (incl. start)", "final val acc", "max B",
-                       "max workers")))
+    print(
+        f"digits, small CNN (group norm), sqrt LR scaling from lr=0.05 at B0={B0}; target val accuracy "
+        f"{a.target}; validation every 5 steps"
+    )
+    print(table(rows, ("policy", "steps", "samples", "wall s (incl. start)", "final val acc", "max B", "max workers")))
     (_, b0_steps, b0_samples, *_), (_, ns_steps, ns_samples, *_) = rows[0], rows[2]
 
     def ratio(x, y) -> float:

@@ -35,6 +35,7 @@ if ROOT not in sys.path:
 
 # -- the factories of part (a) (imported by the orchestrator's workers: keep this module light) -------
 
+
 def cnn(shape: list[int], classes: int, hidden: int = 64, norm: str = "group") -> Any:
     """The built-in CNN as a ``model.factory`` (the same model for both data paths; GroupNorm: no
     BatchNorm warning, and no dependence on how a batch is cut)."""
@@ -75,8 +76,11 @@ def synthetic_pairs(size: int, shape: list[int], classes: int = 10, seed: int = 
 
 LEAD_S = 20.0  # each row's loop runs alone this long first: a local Ray's start has 30 s of wall time
 MAP_ROWS = {"memory": "orchestrator, in-memory data", "map": "orchestrator, map-style data (factory)"}
-LM_ROWS = {"plain": "plain loop (method check)", "ray": "plain loop in a bare Ray Train worker",
-           "orchestrator": "orchestrator (lm_quickstart)"}
+LM_ROWS = {
+    "plain": "plain loop (method check)",
+    "ray": "plain loop in a bare Ray Train worker",
+    "orchestrator": "orchestrator (lm_quickstart)",
+}
 
 
 def part_map(a: argparse.Namespace) -> float:
@@ -86,27 +90,61 @@ def part_map(a: argparse.Namespace) -> float:
 
     shape, classes = [1, 8, 8], 10
     model = {"factory": "bench.byo:cnn", "params": {"shape": shape, "classes": classes, "hidden": 64}}
-    common = dict(model=model, optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
-                  batch={"size": a.batch, "max_local_batch": a.batch},
-                  scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
-                  train={"epochs": 1, "eval_every": 0})
+    common = dict(
+        model=model,
+        optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
+        batch={"size": a.batch, "max_local_batch": a.batch},
+        scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
+        train={"epochs": 1, "eval_every": 0},
+    )
     data_mem = {"name": "synthetic", "size": a.size, "shape": shape, "num_classes": classes}
-    data_map = {"factory": "bench.byo:synthetic_pairs", "loader": {"workers": 0},
-                "params": {"size": a.size, "shape": shape, "classes": classes, "seed": 0}}
+    data_map = {
+        "factory": "bench.byo:synthetic_pairs",
+        "loader": {"workers": 0},
+        "params": {"size": a.size, "shape": shape, "classes": classes, "seed": 0},
+    }
     results = {}
-    print(f"(a) synthetic 1x8x8 (n={a.size}), cnn factory, B={a.batch}, {a.threads} threads, {a.steps} steps a "
-          f"loop, {a.slice:g} s slices", flush=True)
+    print(
+        f"(a) synthetic 1x8x8 (n={a.size}), cnn factory, B={a.batch}, {a.threads} threads, {a.steps} steps a "
+        f"loop, {a.slice:g} s slices",
+        flush=True,
+    )
     for row, data in (("memory", data_mem), ("map", data_map)):
         cfg, tmp = temp_config(data=data, **common)
         n_train = load_data(DataConfig(**data_mem), 0).num_train
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": a.steps * a.batch / n_train})})
         cfg_json, cfg_yaml = write_config(cfg, tmp)
-        res, _ = measure(["orchestrator"], cfg, cfg_json, cfg_yaml, n_train, a.threads, a.steps, a.slice, [], tmp,
-                         names={"orchestrator": MAP_ROWS[row]}, lead_s=LEAD_S)
+        res, _ = measure(
+            ["orchestrator"],
+            cfg,
+            cfg_json,
+            cfg_yaml,
+            n_train,
+            a.threads,
+            a.steps,
+            a.slice,
+            [],
+            tmp,
+            names={"orchestrator": MAP_ROWS[row]},
+            lead_s=LEAD_S,
+        )
         results[row] = res["orchestrator"]
-    print(table([(MAP_ROWS[k], f"{r['a']:,.0f}", f"{r['b']:,.0f}", f"{r['a'] / r['b']:.3f}", r["pairs"],
-                  f"{100 * r['beside']:.1f}%") for k, r in results.items()],
-                ("loop", "samples/s", "plain samples/s", "of plain", "pairs", "CPU beside")))
+    print(
+        table(
+            [
+                (
+                    MAP_ROWS[k],
+                    f"{r['a']:,.0f}",
+                    f"{r['b']:,.0f}",
+                    f"{r['a'] / r['b']:.3f}",
+                    r["pairs"],
+                    f"{100 * r['beside']:.1f}%",
+                )
+                for k, r in results.items()
+            ],
+            ("loop", "samples/s", "plain samples/s", "of plain", "pairs", "CPU beside"),
+        )
+    )
     rel = {k: r["a"] / r["b"] for k, r in results.items()}
     ratio = rel["map"] / rel["memory"]
     print(f"map-style / in-memory samples/s (each against its plain slices): {ratio:.3f}", flush=True)
@@ -116,32 +154,57 @@ def part_map(a: argparse.Namespace) -> float:
 def part_lm(a: argparse.Namespace) -> tuple[float, float]:
     from bench.common import scratch_dir, table
     from bench.overhead import measure, write_config
-    from orchestrator.pipeline import load_config
+    from orchestrator.config.prepare import load_config
     from trainers.workload.build import train_size
 
     tmp = scratch_dir()
-    sets = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"checkpoint.storage_path={tmp}/ray_runs",
-            "train.eval_every=0", f"scaling.cpus_per_worker={a.threads}"] + list(a.lm_set)
+    sets = [
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        f"checkpoint.storage_path={tmp}/ray_runs",
+        "train.eval_every=0",
+        f"scaling.cpus_per_worker={a.threads}",
+    ] + list(a.lm_set)
     cfg = load_config(os.path.join(ROOT, "configs", "lm_quickstart.yaml"), sets)
     n_train, batch = train_size(cfg), cfg.batch.size
     tokens = cfg.data.context
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": a.lm_steps * batch / n_train})})
     cfg_json, cfg_yaml = write_config(cfg, tmp)
     rows = ["plain", "ray", "orchestrator"] if a.plain_row else ["ray", "orchestrator"]
-    print(f"(b) lm_quickstart {cfg.model.params}, context {tokens}, B={batch}, {a.threads} threads, {a.lm_steps} "
-          f"steps a loop, {a.slice:g} s slices", flush=True)
-    res, orch = measure(rows, cfg, cfg_json, cfg_yaml, n_train, a.threads, a.lm_steps, a.slice, [], tmp,
-                        names=LM_ROWS, lead_s=LEAD_S)
-    print(table([(LM_ROWS[k], f"{r['a'] * tokens:,.0f}", f"{r['b'] * tokens:,.0f}", f"{r['a'] / r['b']:.3f}",
-                  r["pairs"], f"{100 * r['beside']:.1f}%") for k, r in res.items()],
-                ("loop", "tokens/s", "plain tokens/s", "of plain", "pairs", "CPU beside")))
+    print(
+        f"(b) lm_quickstart {cfg.model.params}, context {tokens}, B={batch}, {a.threads} threads, {a.lm_steps} "
+        f"steps a loop, {a.slice:g} s slices",
+        flush=True,
+    )
+    res, orch = measure(
+        rows, cfg, cfg_json, cfg_yaml, n_train, a.threads, a.lm_steps, a.slice, [], tmp, names=LM_ROWS, lead_s=LEAD_S
+    )
+    print(
+        table(
+            [
+                (
+                    LM_ROWS[k],
+                    f"{r['a'] * tokens:,.0f}",
+                    f"{r['b'] * tokens:,.0f}",
+                    f"{r['a'] / r['b']:.3f}",
+                    r["pairs"],
+                    f"{100 * r['beside']:.1f}%",
+                )
+                for k, r in res.items()
+            ],
+            ("loop", "tokens/s", "plain tokens/s", "of plain", "pairs", "CPU beside"),
+        )
+    )
     rel = {k: r["a"] / r["b"] for k, r in res.items()}
     if orch is not None:
-        print(f"orchestrator: first step {orch[0]:.1f} s after the train invocation; whole run {orch[1]:.1f} s "
-              f"for {orch[2]} steps (time it ran)")
+        print(
+            f"orchestrator: first step {orch[0]:.1f} s after the train invocation; whole run {orch[1]:.1f} s "
+            f"for {orch[2]} steps (time it ran)"
+        )
     ratio, plain_ratio = rel["orchestrator"] / rel["ray"], rel["orchestrator"]
-    print(f"orchestrator / bare Ray Train worker tokens/s: {ratio:.3f}; orchestrator / plain loop: "
-          f"{plain_ratio:.3f}", flush=True)
+    print(
+        f"orchestrator / bare Ray Train worker tokens/s: {ratio:.3f}; orchestrator / plain loop: {plain_ratio:.3f}",
+        flush=True,
+    )
     return ratio, plain_ratio
 
 
@@ -157,10 +220,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parts", default="map,lm", help="map, lm or both")
     ap.add_argument("--plain-row", action="store_true", help="(b): also the plain loop against itself")
-    ap.add_argument("--lm-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override for the LM config (repeatable), e.g. model.params.n_layer=2")
-    a = parse_args(ap, quick={"steps": 600, "lm_steps": 120, "size": 20000, "slice": 1.0,
-                              "lm_set": ["model.params.n_layer=2", "model.params.n_head=2", "model.params.d_model=64"]})
+    ap.add_argument(
+        "--lm-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for the LM config (repeatable), e.g. model.params.n_layer=2",
+    )
+    a = parse_args(
+        ap,
+        quick={
+            "steps": 600,
+            "lm_steps": 120,
+            "size": 20000,
+            "slice": 1.0,
+            "lm_set": ["model.params.n_layer=2", "model.params.n_head=2", "model.params.d_model=64"],
+        },
+    )
     parts = {p.strip() for p in a.parts.split(",") if p.strip()}
     if not parts or parts - {"map", "lm"} or min(a.steps, a.lm_steps) < 40 or a.slice <= 0:
         print("error: --parts: map and/or lm; --steps and --lm-steps >= 40; --slice > 0", file=sys.stderr)

@@ -23,9 +23,9 @@ import torch  # noqa: E402
 
 from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
 from trainers.data.datasets import DatasetInfo  # noqa: E402
-from trainers.workload.models import ModelConfig, build_model  # noqa: E402
 from trainers.loop.checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
 from trainers.policies.plan import TrainState  # noqa: E402
+from trainers.workload.models import ModelConfig, build_model  # noqa: E402
 
 
 def payload(name: str) -> dict:
@@ -34,8 +34,12 @@ def payload(name: str) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(2, *info.shape)).sum().backward()
     opt.step()  # creates the momentum buffers: a checkpoint carries them too
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "train": TrainState(step=1).state_dict(),
-            "rng": {"torch": torch.get_rng_state()}}
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "train": TrainState(step=1).state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+    }
 
 
 def timed(fn) -> float:
@@ -69,12 +73,25 @@ def main() -> None:
         size = os.path.getsize(os.path.join(root, "ckpt0", "state.pt")) / 2**20
         if size > largest[0]:
             largest = (size, median(saves) / median(raw_saves), median(loads) / median(raw_loads))
-        rows.append((name, f"{size:.1f}", f"{median(saves) * 1000:.1f}", f"{median(raw_saves) * 1000:.1f}",
-                     f"{median(loads) * 1000:.1f}", f"{median(raw_loads) * 1000:.1f}",
-                     f"{median(saves) / median(raw_saves):.2f}", f"{median(loads) / median(raw_loads):.2f}"))
+        rows.append(
+            (
+                name,
+                f"{size:.1f}",
+                f"{median(saves) * 1000:.1f}",
+                f"{median(raw_saves) * 1000:.1f}",
+                f"{median(loads) * 1000:.1f}",
+                f"{median(raw_loads) * 1000:.1f}",
+                f"{median(saves) / median(raw_saves):.2f}",
+                f"{median(loads) / median(raw_loads):.2f}",
+            )
+        )
     print(f"CPU, median of {a.repeats}; checkpoint = atomic write + sha256 manifest / verified weights-only load")
-    print(table(rows, ("model", "MiB", "save ms", "torch.save ms", "restore ms", "torch.load ms",
-                       "save ratio", "restore ratio")))
+    print(
+        table(
+            rows,
+            ("model", "MiB", "save ms", "torch.save ms", "restore ms", "torch.load ms", "save ratio", "restore ratio"),
+        )
+    )
     print(f"save_ratio={largest[1]:.3f} restore_ratio={largest[2]:.3f}")
 
 

@@ -12,8 +12,8 @@ import sys
 import tempfile
 from typing import Any
 
-from orchestrator.config import RootConfig
-from orchestrator.pipeline import validated
+from orchestrator.config.prepare import validated
+from orchestrator.config.schema import RootConfig
 
 
 def scratch_dir(prefix: str = "elastic-bench-") -> str:
@@ -50,8 +50,7 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any],
-               argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the benchmark's arguments, adding ``--quick``: the same code path on a small problem
     (seconds to a minute on a 2-core machine), for CI (tests/integration/test_benches.py);
     ``argv``: the arguments (default: the command line's).
@@ -63,8 +62,9 @@ def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any],
     if unknown:
         raise ValueError(f"quick: no argument named {unknown}")
     shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in quick.items())
-    ap.add_argument("--quick", action="store_true",
-                    help=f"short form for CI, the same code path on a small problem: {shown}")
+    ap.add_argument(
+        "--quick", action="store_true", help=f"short form for CI, the same code path on a small problem: {shown}"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         ap.set_defaults(**quick)

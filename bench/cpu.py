@@ -49,7 +49,7 @@ def _read(pid: int) -> tuple[int, int, str] | None:
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return None
-    fields = s[s.rfind(")") + 2:].split()
+    fields = s[s.rfind(")") + 2 :].split()
     return int(fields[1]), int(fields[11]) + int(fields[12]), cmd
 
 
@@ -91,9 +91,19 @@ class Watched:
         env = {**os.environ, "PYTHONPATH": root}
         env.pop("RAY_ADDRESS", None)
         self.log = open(os.path.join(self.tmp, "out.log"), "w")
-        self.proc = subprocess.Popen([python if os.path.exists(python) else sys.executable, "-m", "orchestrator",
-                                      "train", config(self.tmp, steps)], cwd=root, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                python if os.path.exists(python) else sys.executable,
+                "-m",
+                "orchestrator",
+                "train",
+                config(self.tmp, steps),
+            ],
+            cwd=root,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.last: dict[int, tuple[int, str]] = {}
 
     def sample(self) -> None:
@@ -150,10 +160,13 @@ def main() -> None:
     classes = sorted(set().union(*cpus.values()), key=lambda k: -max(c[k] for c in cpus.values()))
     steps = {name: s for name, (s, _) in speed.items()}
     print(f"synthetic 1x8x8 (n={N}), cnn, B=64, W=1; {a.steps} steps asked; {time.time() - t0:.0f} s wall")
-    print(table([(k, *(f"{cpus[n][k]:.2f} ({1000 * cpus[n][k] / max(steps[n], 1):.2f})" for n in runs))
-                 for k in classes] +
-                [("samples/s (first to last step)", *(f"{speed[n][1]:,.0f}" for n in runs))],
-                ("CPU s (per 1000 steps)", *runs)))
+    print(
+        table(
+            [(k, *(f"{cpus[n][k]:.2f} ({1000 * cpus[n][k] / max(steps[n], 1):.2f})" for n in runs)) for k in classes]
+            + [("samples/s (first to last step)", *(f"{speed[n][1]:,.0f}" for n in runs))],
+            ("CPU s (per 1000 steps)", *runs),
+        )
+    )
     this = cpus["this tree"]
     if a.against:
         other = speed[os.path.abspath(a.against)][1]

@@ -19,7 +19,8 @@ process of its own), never together: every ``--slice`` seconds one process tree 
 wall times at which steps ended (the orchestrator's: its MLflow timestamps), leaving out the
 steps at and after an epoch end; each slice of the loop under test is paired with the plain
 slices beside it (``bench/overhead.py:paired``).  The loop under test runs alone until its first
-step (Ray's start, compilation), and cuDNN autotuning falls before the first paired slice.  Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` of
+step (Ray's start, compilation), and cuDNN autotuning falls before the first paired slice.  Peak memory: on a GPU,
+``torch.cuda.max_memory_allocated`` of
 the training process (the orchestrator's from its ``memory/peak_bytes`` metric); on CPU its peak
 RSS (the orchestrator's: the largest peak RSS among the processes it started, an upper bound).
 
@@ -47,8 +48,8 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -57,13 +58,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from trainers.accel.device import compile_model, to_channels_last  # noqa: E402
+from trainers.accel.precision import Precision, check_precision  # noqa: E402
 from trainers.data.augment import Augment  # noqa: E402
 from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DataConfig, DatasetInfo, load_data
 from trainers.data.order import epoch_permutation  # noqa: E402
 from trainers.data.pipeline import DeviceData
-from trainers.accel.device import compile_model, to_channels_last  # noqa: E402
 from trainers.workload.models import ModelConfig, build_model  # noqa: E402
-from trainers.accel.precision import Precision, check_precision  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,13 @@ ROW_LABELS = {
 
 # -- the data: synthetic images in CIFAR-10's file format ----------------------------------------------
 
+
 def synthetic_images(n: int, seed: int, side: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` random uint8 3 x side x side images and labels in 0..9 (CPU tensors)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=g), \
-        torch.randint(0, 10, (n,), generator=g)
+    return torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=g), torch.randint(
+        0, 10, (n,), generator=g
+    )
 
 
 def write_cifar_files(root: str, n: int, seed: int, n_test: int = 256) -> str:
@@ -134,6 +137,7 @@ def data_config(root: str) -> DataConfig:
 
 
 # -- the tuned plain loop --------------------------------------------------------------------------------
+
 
 def plain_step(setup: Setup, root: str, device: str | None = None) -> tuple[Callable[[np.ndarray, int], float], int]:
     """The tuned plain loop's step ``step(ids, epoch) -> loss`` and the number of samples, on the
@@ -168,6 +172,7 @@ def plain_step(setup: Setup, root: str, device: str | None = None) -> tuple[Call
             if aug is not None:
                 xb = aug(xb, idx, epoch)
             return norm.normalize(xb), yb.to(dev, non_blocking=True)
+
     model.train()
 
     def step(ids: np.ndarray, epoch: int) -> float:
@@ -189,8 +194,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_steps(step: Callable[[np.ndarray, int], float], n: int, setup: Setup, warmup: int,
-                steps: int) -> tuple[int, float]:
+def timed_steps(
+    step: Callable[[np.ndarray, int], float], n: int, setup: Setup, warmup: int, steps: int
+) -> tuple[int, float]:
     """Run ``warmup`` then ``steps`` steps along the data order; (samples, seconds) of the latter."""
     epoch, cursor, done, samples, t0 = 0, 0, 0, 0, 0.0
     perm = epoch_permutation(setup.seed, epoch, n)
@@ -201,7 +207,7 @@ def timed_steps(step: Callable[[np.ndarray, int], float], n: int, setup: Setup, 
         if done == warmup:
             _sync(setup.device)
             t0 = time.perf_counter()
-        step(perm[cursor:cursor + setup.batch], epoch)
+        step(perm[cursor : cursor + setup.batch], epoch)
         cursor += setup.batch
         done += 1
         if done > warmup:
@@ -210,8 +216,13 @@ def timed_steps(step: Callable[[np.ndarray, int], float], n: int, setup: Setup, 
     return samples, time.perf_counter() - t0
 
 
-def walk(step: Callable[[np.ndarray, int], float], n: int, setup: Setup, steps: int,
-         stopped: Callable[[], bool] = lambda: False) -> list[float]:
+def walk(
+    step: Callable[[np.ndarray, int], float],
+    n: int,
+    setup: Setup,
+    steps: int,
+    stopped: Callable[[], bool] = lambda: False,
+) -> list[float]:
     """The run's data order as the orchestrator walks it (the short last batch of an epoch too):
     ``steps`` steps (0: until ``stopped()``); the wall time at which each ended."""
     times: list[float] = []
@@ -219,7 +230,7 @@ def walk(step: Callable[[np.ndarray, int], float], n: int, setup: Setup, steps: 
     while True:
         perm = epoch_permutation(setup.seed, epoch, n)
         for s in range(0, n, setup.batch):
-            step(perm[s:s + setup.batch], epoch)
+            step(perm[s : s + setup.batch], epoch)
             times.append(time.time())
             if len(times) == steps or stopped():
                 return times
@@ -251,24 +262,28 @@ def run_in_ray_train(setup: Setup, root: str, steps: int, out: str) -> None:
     from ray.train.torch import TorchTrainer
 
     from bench.common import scratch_dir
-    from orchestrator.ray_env import ensure_ray
+    from orchestrator.run.ray_env import ensure_ray
 
     def loop(c):
         sys.path.insert(0, c["root"])
         import ray.train.torch
 
-        from bench.gpu import Setup as S, run_plain as run
+        from bench.gpu import Setup as S
+        from bench.gpu import run_plain as run
 
         dev = ray.train.torch.get_device()
         run(S(**{**c["setup"], "augment": tuple(c["setup"]["augment"])}), c["data"], c["steps"], c["out"], str(dev))
 
     cuda = setup.device.startswith("cuda")
     started = ensure_ray(verbose=False, num_cpus=os.cpu_count())
-    TorchTrainer(loop, train_loop_config={"setup": asdict(setup), "data": root, "steps": steps, "out": out,
-                                          "root": ROOT},
-                 scaling_config=ScalingConfig(num_workers=1, use_gpu=cuda,
-                                              resources_per_worker={"CPU": max(1, setup.threads or 1)}),
-                 run_config=RunConfig(storage_path=scratch_dir(), name="plain")).fit()
+    TorchTrainer(
+        loop,
+        train_loop_config={"setup": asdict(setup), "data": root, "steps": steps, "out": out, "root": ROOT},
+        scaling_config=ScalingConfig(
+            num_workers=1, use_gpu=cuda, resources_per_worker={"CPU": max(1, setup.threads or 1)}
+        ),
+        run_config=RunConfig(storage_path=scratch_dir(), name="plain"),
+    ).fit()
     if started:
         import ray
 
@@ -281,23 +296,37 @@ def orchestrator_config(setup: Setup, root: str, tmp: str, steps: int) -> dict:
     n = load_data(data_config(root), setup.seed).num_train
     cuda = setup.device.startswith("cuda")
     return {
-        "data": {"name": "cifar10", "root": root, "val_split": "test",
-                 "device": "accelerator" if setup.data == "device" and cuda else "host",
-                 "augment": list(setup.augment)},
+        "data": {
+            "name": "cifar10",
+            "root": root,
+            "val_split": "test",
+            "device": "accelerator" if setup.data == "device" and cuda else "host",
+            "augment": list(setup.augment),
+        },
         "model": {"name": setup.model, "norm": "batch", "channels_last": setup.channels_last},
         "optimizer": {"name": "sgd", "lr": setup.lr, "mf": setup.momentum, "base_batch_size": setup.batch},
         "batch": {"size": setup.batch, "max_local_batch": setup.batch},
         "schedule": {"scaling_rule": "none", "warmup": "none", "decay": "none"},
-        "scaling": {"min_workers": 1, "max_workers": 1, "use_gpu": cuda,
-                    "cpus_per_worker": max(1, setup.threads or (os.cpu_count() or 1))},
-        "train": {"epochs": steps * setup.batch / n, "eval_every": 0, "seed": setup.seed,
-                  "precision": setup.precision, "compile": setup.compile},
+        "scaling": {
+            "min_workers": 1,
+            "max_workers": 1,
+            "use_gpu": cuda,
+            "cpus_per_worker": max(1, setup.threads or (os.cpu_count() or 1)),
+        },
+        "train": {
+            "epochs": steps * setup.batch / n,
+            "eval_every": 0,
+            "seed": setup.seed,
+            "precision": setup.precision,
+            "compile": setup.compile,
+        },
         "checkpoint": {"storage_path": os.path.join(tmp, "ray_runs")},
         "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "bench-gpu"},
     }
 
 
 # -- memory --------------------------------------------------------------------------------------------------
+
 
 def reset_peak_memory(device: str) -> None:
     if device.startswith("cuda"):
@@ -341,7 +370,7 @@ class TreePeakRSS:
         while not self._stop.wait(self.every_s):
             self.sample()
 
-    def __enter__(self) -> "TreePeakRSS":
+    def __enter__(self) -> TreePeakRSS:
         self._thread.start()
         return self
 
@@ -360,6 +389,7 @@ def device_name(device: str) -> str:
 
 # -- rows ----------------------------------------------------------------------------------------------------
 
+
 def measure_plain(setup: Setup, root: str, warmup: int, steps: int) -> Measurement:
     """The plain loop in this process (``--rows plain``)."""
     reset_peak_memory(setup.device)
@@ -373,17 +403,30 @@ def run_rounds(setup: Setup, root: str, warmup: int, steps: int, rounds: int) ->
 
 
 def _child(kind: str, setup: Setup, root: str, steps: int, out: str) -> list[str]:
-    return [sys.executable, os.path.abspath(__file__), "--child", kind, "--child-setup", json.dumps(asdict(setup)),
-            "--child-data", root, "--steps", str(steps), "--out", out]
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        kind,
+        "--child-setup",
+        json.dumps(asdict(setup)),
+        "--child-data",
+        root,
+        "--steps",
+        str(steps),
+        "--out",
+        out,
+    ]
 
 
-def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: int, slice_s: float
-                   ) -> dict[str, list[Measurement]]:
+def measure_sliced(
+    setup: Setup, root: str, tmp: str, rows: list[str], steps: int, slice_s: float
+) -> dict[str, list[Measurement]]:
     """Each row of ``rows`` ("ray", "orchestrator") time-sliced against its own plain loop;
     the plain loop's measurement pools its slices beside every row."""
     from bench.overhead import orchestrator_cmd, paired, step_gaps
+    from orchestrator.config.schema import to_yaml, validate
     from trainers.link import metrics as M
-    from orchestrator.config import to_yaml, validate
 
     n = load_data(data_config(root), setup.seed).num_train
     os.makedirs(tmp, exist_ok=True)
@@ -397,13 +440,14 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
             with open(cfg_yaml, "w") as f:
                 f.write(to_yaml(cfg))
             cmd = orchestrator_cmd(cfg_yaml, [])
-            db = cfg.tracking.uri[len("sqlite:///"):]
+            db = cfg.tracking.uri[len("sqlite:///") :]
             started = lambda: mlflow_has_steps(db)  # noqa: E731
         else:
             cmd = _child(row, setup, root, steps, a_out)
             started = lambda: os.path.exists(a_out + ".started")  # noqa: E731
-        run = sliced_after_start(cmd, _child("plain", setup, root, 0, b_out), slice_s,
-                                 os.path.join(tmp, f"{row}.log"), started)
+        run = sliced_after_start(
+            cmd, _child("plain", setup, root, 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"), started
+        )
         with TreePeakRSS(run.a.pid) as rss:
             run.run(ROW_LABELS[row])
         if row == "orchestrator":
@@ -414,8 +458,11 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
             run_id = client.search_runs([exp.experiment_id], max_results=1)[0].info.run_id
             hist = sorted(client.get_metric_history(run_id, M.TRAIN_LOSS), key=lambda m: m.step)
             a_times = [m.timestamp / 1000 for m in hist]
-            a_peak = max((m.value for m in client.get_metric_history(run_id, M.MEMORY_PEAK)), default=0) \
-                if cuda else rss.peak
+            a_peak = (
+                max((m.value for m in client.get_metric_history(run_id, M.MEMORY_PEAK)), default=0)
+                if cuda
+                else rss.peak
+            )
         else:
             with open(a_out) as f:
                 got = json.load(f)
@@ -427,8 +474,11 @@ def measure_sliced(setup: Setup, root: str, tmp: str, rows: list[str], steps: in
         label = {"ratio": r["a"] / r["b"], "pairs": float(r["pairs"]), "median_pair": r["median"]}
         out[row] = [Measurement(row, setup.model, r["a"], len(a_times), 0.0, int(a_peak), label)]
         out["plain"].append(Measurement("plain", setup.model, r["b"], len(b_times), 0.0, int(b_peak)))
-        print(f"  {ROW_LABELS[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {ROW_LABELS[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
@@ -448,8 +498,9 @@ def mlflow_has_steps(db: str) -> bool:
         return False
 
 
-def sliced_after_start(a: list[str], b: list[str], slice_s: float, log: str, started: Callable[[], bool],
-                       limit_s: float = 900.0):
+def sliced_after_start(
+    a: list[str], b: list[str], slice_s: float, log: str, started: Callable[[], bool], limit_s: float = 900.0
+):
     """``bench/overhead.py``'s :class:`Slices`, with the loop under test running alone until
     ``started()`` (its first step): Ray's own start has wall-clock timeouts (30 s for a raylet to
     register) that a stopped process tree misses on a busy machine, and no slice before the
@@ -457,7 +508,7 @@ def sliced_after_start(a: list[str], b: list[str], slice_s: float, log: str, sta
     from bench.overhead import Slices
 
     class AfterStart(Slices):
-        def run(self, desc: str = "") -> "Slices":
+        def run(self, desc: str = "") -> Slices:
             os.kill(self.b.pid, signal.SIGSTOP)
             deadline = time.time() + limit_s
             while not started() and self.a.poll() is None and time.time() < deadline:
@@ -470,8 +521,12 @@ def sliced_after_start(a: list[str], b: list[str], slice_s: float, log: str, sta
 def summarize(ms: list[Measurement]) -> Measurement:
     """A row's figure over its measurements: the median rate, the largest peak memory."""
     rate = statistics.median(m.samples_per_s for m in ms)
-    return replace(ms[0], samples_per_s=rate, seconds=sum(m.seconds for m in ms),
-                   peak_memory_bytes=max(m.peak_memory_bytes for m in ms))
+    return replace(
+        ms[0],
+        samples_per_s=rate,
+        seconds=sum(m.seconds for m in ms),
+        peak_memory_bytes=max(m.peak_memory_bytes for m in ms),
+    )
 
 
 def report(setup: Setup, results: dict[str, list[Measurement]]) -> str:
@@ -491,8 +546,15 @@ def report(setup: Setup, results: dict[str, list[Measurement]]) -> str:
     rows = []
     for r, m in summ.items():
         q = ratio(r)
-        rows.append((ROW_LABELS.get(r, r), f"{m.samples_per_s:,.0f}", "-" if q is None else f"{q:.3f}",
-                     f"{m.peak_memory_bytes / 2 ** 20:,.0f} MiB", len(results[r])))
+        rows.append(
+            (
+                ROW_LABELS.get(r, r),
+                f"{m.samples_per_s:,.0f}",
+                "-" if q is None else f"{q:.3f}",
+                f"{m.peak_memory_bytes / 2**20:,.0f} MiB",
+                len(results[r]),
+            )
+        )
     lines = [table(rows, ("loop", "samples/s", "of plain", "peak memory", "measurements"))]
     if base:
         lines.append(f"plain_samples_per_s={base.samples_per_s:.1f}")
@@ -505,11 +567,19 @@ def report(setup: Setup, results: dict[str, list[Measurement]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=None, help="comma-separated: resnet18, resnet50, cnn "
-                    "(default resnet18,resnet50; cnn with --quick)")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated: resnet18, resnet50, cnn (default resnet18,resnet50; cnn with --quick)",
+    )
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=None, help="steps of each loop under test (sliced rows; default "
-                    "600) or timed steps per round (--rows plain; default 50)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps of each loop under test (sliced rows; default "
+        "600) or timed steps per round (--rows plain; default 50)",
+    )
     ap.add_argument("--slice", type=float, default=3.0, help="seconds each loop runs before the other's turn")
     ap.add_argument("--warmup", type=int, default=10, help="--rows plain: untimed steps first (compile, autotuning)")
     ap.add_argument("--rounds", type=int, default=3, help="--rows plain: rounds")
@@ -522,8 +592,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", type=int, default=8192, help="synthetic training samples")
     ap.add_argument("--threads", type=int, default=0, help="torch threads of each loop (0: torch's default)")
     ap.add_argument("--rows", default="plain,ray,orchestrator", help="comma-separated: " + ", ".join(ROW_LABELS))
-    ap.add_argument("--quick", action="store_true", help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, "
-                    "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, "
+        "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)",
+    )
     ap.add_argument("--child", choices=("plain", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-setup", help=argparse.SUPPRESS)
     ap.add_argument("--child-data", help=argparse.SUPPRESS)
@@ -551,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("--slice: must be > 0")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     sliced = [r for r in rows if r != "plain"]
     if a.quick:
         a.batch, a.size, a.slice = min(a.batch, 4), min(a.size, 512), min(a.slice, 1.0)
@@ -564,16 +638,30 @@ def main(argv: list[str] | None = None) -> None:
 
     tmp = scratch_dir("elastic-bench-gpu-")
     root = write_cifar_files(os.path.join(tmp, "data"), max(a.size, a.batch), seed=0)
-    print(f"device: {device_name(a.device)}; 3x32x32 synthetic uint8 (n={max(a.size, a.batch)}), B={a.batch}, "
-          f"{a.precision}, {'NCHW' if a.no_channels_last else 'channels_last'}, data on {a.data}, "
-          f"compile={'on' if a.compile else 'off'}, augment={a.augment or 'none'}; "
-          + (f"{steps} steps a loop under test, {a.slice:g} s slices" if sliced else
-             f"{a.warmup} warm-up + {steps} timed steps, {a.rounds} round(s)"), flush=True)
+    print(
+        f"device: {device_name(a.device)}; 3x32x32 synthetic uint8 (n={max(a.size, a.batch)}), B={a.batch}, "
+        f"{a.precision}, {'NCHW' if a.no_channels_last else 'channels_last'}, data on {a.data}, "
+        f"compile={'on' if a.compile else 'off'}, augment={a.augment or 'none'}; "
+        + (
+            f"{steps} steps a loop under test, {a.slice:g} s slices"
+            if sliced
+            else f"{a.warmup} warm-up + {steps} timed steps, {a.rounds} round(s)"
+        ),
+        flush=True,
+    )
     for model in models:
-        setup = Setup(model=model, batch=a.batch, device=a.device, precision=a.precision,
-                      channels_last=not a.no_channels_last, data=a.data, compile=a.compile,
-                      augment=tuple(x for x in a.augment.split(",") if x), size=max(a.size, a.batch),
-                      threads=a.threads)
+        setup = Setup(
+            model=model,
+            batch=a.batch,
+            device=a.device,
+            precision=a.precision,
+            channels_last=not a.no_channels_last,
+            data=a.data,
+            compile=a.compile,
+            augment=tuple(x for x in a.augment.split(",") if x),
+            size=max(a.size, a.batch),
+            threads=a.threads,
+        )
         if sliced:
             results = measure_sliced(setup, root, os.path.join(tmp, model), sliced, steps, a.slice)
         else:

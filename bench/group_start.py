@@ -44,8 +44,11 @@ def time_fit(workers: int, storage: str, i: int) -> float:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    trainer = TorchTrainer(noop, scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
-                           run_config=RunConfig(storage_path=storage, name=f"noop-w{workers}-{i}"))
+    trainer = TorchTrainer(
+        noop,
+        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(storage_path=storage, name=f"noop-w{workers}-{i}"),
+    )
     t = time.perf_counter()
     trainer.fit()
     return time.perf_counter() - t

@@ -54,9 +54,9 @@ from typing import Any
 
 import torch
 
-from trainers.policies.batching import BatchStats
 from trainers.combine.methods import adasum_layers, local_variance
 from trainers.loop.config import LoopConfig
+from trainers.policies.batching import BatchStats
 from trainers.policies.noise import norm_test
 from trainers.policies.optim import build_optimizer
 from trainers.policies.policy_set import PolicySet
@@ -95,8 +95,11 @@ def config(hidden: int, epochs: float, seed: int, **sections: dict[str, Any]) ->
 
 def _opt_state(opt: torch.optim.Optimizer, p: torch.Tensor) -> list[torch.Tensor]:
     st = opt.state.get(p, {})
-    return [v for _, v in sorted(st.items(), key=lambda kv: str(kv[0]))
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape]
+    return [
+        v
+        for _, v in sorted(st.items(), key=lambda kv: str(kv[0]))
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape
+    ]
 
 
 def _float_bytes(ts: list[torch.Tensor]) -> int:
@@ -152,8 +155,17 @@ def train(cfg: LoopConfig, workers: int, method: str = "mean", local_steps: int 
     work = build_workload(cfg)
     n = work.num_train
     policies = PolicySet.from_config(cfg, dataset_size=n)
-    batches = [make_batches(work, seed=cfg.train.seed, rank=r, world=workers, max_local_batch=cfg.batch.max_local_batch,
-                            split_single=False) for r in range(workers)]
+    batches = [
+        make_batches(
+            work,
+            seed=cfg.train.seed,
+            rank=r,
+            world=workers,
+            max_local_batch=cfg.batch.max_local_batch,
+            split_single=False,
+        )
+        for r in range(workers)
+    ]
     copies = workers if method == "local_sgd" else 1
     models = [work.model] + [copy.deepcopy(work.model) for _ in range(copies - 1)]
     opts = [build_optimizer(m, cfg.optimizer) for m in models]
@@ -227,8 +239,16 @@ def train(cfg: LoopConfig, workers: int, method: str = "mean", local_steps: int 
         sent += _average_into(models, opts)
         syncs += 1
     tail = epoch_losses or last_epoch_losses
-    return Result(_accuracy(models[0], batches[0]), statistics.fmean(last_epoch_losses or tail), step, samples, sent,
-                  syncs, B, False)
+    return Result(
+        _accuracy(models[0], batches[0]),
+        statistics.fmean(last_epoch_losses or tail),
+        step,
+        samples,
+        sent,
+        syncs,
+        B,
+        False,
+    )
 
 
 # --------------------------------------------------------------------------- the tables
@@ -258,23 +278,33 @@ def mean_of(rs: list[Result], attr: str) -> float:
 def goyal(args: argparse.Namespace, seeds: list[int]) -> tuple[float, float]:
     b0, k = 32, 8
     E, ew = args.epochs, args.warmup_epochs
-    print(f"\n## Goyal et al.: B0 = {b0} (1 worker) vs 8*B0 = {k * b0} ({k} workers, 32 each), {E:g} epochs, "
-          f"lr {args.lr} at B0, SGD momentum 0.9, cosine decay; val accuracy % (mean ± sd over {len(seeds)} seeds)")
+    print(
+        f"\n## Goyal et al.: B0 = {b0} (1 worker) vs 8*B0 = {k * b0} ({k} workers, 32 each), {E:g} epochs, "
+        f"lr {args.lr} at B0, SGD momentum 0.9, cosine decay; val accuracy % (mean ± sd over {len(seeds)} seeds)"
+    )
     rows = [
         ("B0", b0, {"scaling_rule": "linear", "warmup": "none"}),
         ("8*B0 (a) no LR scaling", k * b0, {"scaling_rule": "none", "warmup": "none"}),
         ("8*B0 (b) linear, no warmup", k * b0, {"scaling_rule": "linear", "warmup": "none"}),
-        (f"8*B0 (c) linear + gradual warmup {ew:g} ep", k * b0,
-         {"scaling_rule": "linear", "warmup": "gradual", "warmup_epochs": ew}),
-        (f"8*B0 (d) sqrt + LEGW ({ew / k:g} ep x k)", k * b0,
-         {"scaling_rule": "sqrt", "warmup": "legw", "warmup_epochs": ew / k}),
+        (
+            f"8*B0 (c) linear + gradual warmup {ew:g} ep",
+            k * b0,
+            {"scaling_rule": "linear", "warmup": "gradual", "warmup_epochs": ew},
+        ),
+        (
+            f"8*B0 (d) sqrt + LEGW ({ew / k:g} ep x k)",
+            k * b0,
+            {"scaling_rule": "sqrt", "warmup": "legw", "warmup_epochs": ew / k},
+        ),
     ]
     print(f"| {'setting':42} | {'val acc %':>12} | {'lr peak':>7} | {'steps':>5} |")
     print(f"|{'-' * 44}|{'-' * 14}|{'-' * 9}|{'-' * 7}|")
     acc = {}
     for name, B, sched in rows:
+
         def make(seed: int, B: int = B, sched: dict = sched) -> LoopConfig:
             return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=sched)
+
         rs = repeat(make, seeds, workers=B // b0)
         peak = PolicySet.from_config(make(0), dataset_size=1438).schedule.peak_lr(B)
         acc[name[:8]] = mean_of(rs, "val_acc")
@@ -287,9 +317,11 @@ def goyal(args: argparse.Namespace, seeds: list[int]) -> tuple[float, float]:
 
 def tang(args: argparse.Namespace, seeds: list[int]) -> float:
     B = args.tang_batch
-    print(f"\n## Tang et al.: final training loss (mean over the last epoch) at global batch {B} split over 1, 2, 4 "
-          f"workers, per-worker BatchNorm, {args.epochs:g} epochs, lr {args.lr * B / 32:g} (linear from B0 = 32), "
-          "warmup 2 epochs")
+    print(
+        f"\n## Tang et al.: final training loss (mean over the last epoch) at global batch {B} split over 1, 2, 4 "
+        f"workers, per-worker BatchNorm, {args.epochs:g} epochs, lr {args.lr * B / 32:g} (linear from B0 = 32), "
+        "warmup 2 epochs"
+    )
     mfs: list[tuple[str, dict]] = [(f"MF {m}", {"mf": m}) for m in (0.8, 0.9, 0.95, 0.99)]
     mfs.append(("per-worker rule 0.9^(b/B)", {"mf": 0.9, "mf_rule": "per_worker_batch", "mf_ref_batch": B}))
     ws = (1, 2, 4)
@@ -299,9 +331,17 @@ def tang(args: argparse.Namespace, seeds: list[int]) -> float:
     for name, opt in mfs:
         cells = []
         for w in ws:
+
             def make(seed: int, opt: dict = opt) -> LoopConfig:
-                return config(args.hidden, args.epochs, seed, optimizer={"lr": args.lr, **opt}, batch={"size": B},
-                              schedule={"warmup": "gradual", "warmup_epochs": 2})
+                return config(
+                    args.hidden,
+                    args.epochs,
+                    seed,
+                    optimizer={"lr": args.lr, **opt},
+                    batch={"size": B},
+                    schedule={"warmup": "gradual", "warmup_epochs": 2},
+                )
+
             rs = repeat(make, seeds, workers=w)
             tl = mean_of(rs, "train_loss")
             losses[(name, w)] = tl
@@ -313,50 +353,94 @@ def tang(args: argparse.Namespace, seeds: list[int]) -> float:
 def combination(args: argparse.Namespace, seeds: list[int]) -> float:
     B = args.comb_batch
     E = args.epochs
-    print(f"\n## Gradient combination at global batch {B}, {E:g} epochs, SGD momentum 0.9 "
-          f"(mean, local SGD: lr {args.lr} at B0 = 32 scaled linearly, gradual warmup {args.warmup_epochs:g} ep; "
-          f"Adasum: lr tuned at the per-worker batch b, i.e. {args.lr} * b / 32, no scaling by W)")
-    print(f"| {'method':36} | {'W':>2} | {'val acc %':>12} | {'steps':>5} | {'samples':>7} | {'final B':>7} | "
-          f"{'MB sent/worker':>14} | {'syncs':>5} |")
+    print(
+        f"\n## Gradient combination at global batch {B}, {E:g} epochs, SGD momentum 0.9 "
+        f"(mean, local SGD: lr {args.lr} at B0 = 32 scaled linearly, gradual warmup {args.warmup_epochs:g} ep; "
+        f"Adasum: lr tuned at the per-worker batch b, i.e. {args.lr} * b / 32, no scaling by W)"
+    )
+    print(
+        f"| {'method':36} | {'W':>2} | {'val acc %':>12} | {'steps':>5} | {'samples':>7} | {'final B':>7} | "
+        f"{'MB sent/worker':>14} | {'syncs':>5} |"
+    )
     print(f"|{'-' * 38}|----|{'-' * 14}|-------|---------|---------|{'-' * 16}|-------|")
     warm = {"warmup": "gradual", "warmup_epochs": args.warmup_epochs}
     acc = {}
 
     def row(name: str, w: int, rs: list[Result]) -> None:
         acc[(name, w)] = mean_of(rs, "val_acc")
-        print(f"| {name:36} | {w:2d} | {fmt_acc(rs):>12} | {rs[0].steps:5d} | {rs[0].samples:7d} | "
-              f"{rs[0].final_batch:7d} | {mean_of(rs, 'bytes_sent') / 1e6:14.2f} | {rs[0].syncs:5d} |", flush=True)
+        print(
+            f"| {name:36} | {w:2d} | {fmt_acc(rs):>12} | {rs[0].steps:5d} | {rs[0].samples:7d} | "
+            f"{rs[0].final_batch:7d} | {mean_of(rs, 'bytes_sent') / 1e6:14.2f} | {rs[0].syncs:5d} |",
+            flush=True,
+        )
 
     for w in (2, 4):
+
         def mean_cfg(seed: int) -> LoopConfig:
             return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=warm)
 
         def ada_cfg(seed: int, w: int = w) -> LoopConfig:
             b = B // w
-            return config(args.hidden, E, seed, optimizer={"lr": args.lr * b / 32, "base_batch_size": b},
-                          batch={"size": B}, schedule={"scaling_rule": "none"}, combine={"method": "adasum"})
+            return config(
+                args.hidden,
+                E,
+                seed,
+                optimizer={"lr": args.lr * b / 32, "base_batch_size": b},
+                batch={"size": B},
+                schedule={"scaling_rule": "none"},
+                combine={"method": "adasum"},
+            )
+
         row("mean (per-step averaging)", w, repeat(mean_cfg, seeds, workers=w))
         row("adasum", w, repeat(ada_cfg, seeds, workers=w, method="adasum"))
     w = 4
     for H in (1, 4, 16):
+
         def loc_cfg(seed: int, H: int = H) -> LoopConfig:
-            return config(args.hidden, E, seed, optimizer={"lr": args.lr}, batch={"size": B}, schedule=warm,
-                          combine={"method": "local_sgd", "local_steps": H})
+            return config(
+                args.hidden,
+                E,
+                seed,
+                optimizer={"lr": args.lr},
+                batch={"size": B},
+                schedule=warm,
+                combine={"method": "local_sgd", "local_steps": H},
+            )
+
         row(f"local SGD H={H}", w, repeat(loc_cfg, seeds, workers=w, method="local_sgd", local_steps=H))
     start = max(32 * w, B // 4)
     for H in (1, 4, 16):
+
         def nt_cfg(seed: int, H: int = H) -> LoopConfig:
-            return config(args.hidden, E, seed, optimizer={"lr": args.lr}, schedule=warm,
-                          batch={"size": start, "policy": "norm_test", "norm_test_eta": args.norm_test_eta,
-                                 "check_every": max(16, H), "max_size": 4 * B, "round_to": 32},
-                          combine={"method": "local_sgd", "local_steps": H})
-        row(f"local SGD H={H} + norm test (B from {start})", w,
-            repeat(nt_cfg, seeds, workers=w, method="local_sgd", local_steps=H))
+            return config(
+                args.hidden,
+                E,
+                seed,
+                optimizer={"lr": args.lr},
+                schedule=warm,
+                batch={
+                    "size": start,
+                    "policy": "norm_test",
+                    "norm_test_eta": args.norm_test_eta,
+                    "check_every": max(16, H),
+                    "max_size": 4 * B,
+                    "round_to": 32,
+                },
+                combine={"method": "local_sgd", "local_steps": H},
+            )
+
+        row(
+            f"local SGD H={H} + norm test (B from {start})",
+            w,
+            repeat(nt_cfg, seeds, workers=w, method="local_sgd", local_steps=H),
+        )
     return 100 * (acc[("adasum", 4)] - acc[("mean (per-step averaging)", 4)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="1 seed, 6 epochs, hidden 32: the same code path, seconds")
     p.add_argument("--seeds", type=int, default=None, help="seeds per row (default 3; quick 1)")
     p.add_argument("--epochs", type=float, default=None, help="epochs per run (default 24; quick 6)")
@@ -379,8 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     tables = set(args.tables.split(","))
     t0 = time.time()
-    print(f"bench/large_batch.py: digits, MLP+BatchNorm hidden {args.hidden}, {args.epochs:g} epochs, seeds {seeds}; "
-          "in one process simulating W workers (see the docstring)")
+    print(
+        f"bench/large_batch.py: digits, MLP+BatchNorm hidden {args.hidden}, {args.epochs:g} epochs, seeds {seeds}; "
+        "in one process simulating W workers (see the docstring)"
+    )
     summary = {}
     if "goyal" in tables:
         summary["goyal_gap_c_points"], summary["goyal_gap_b_points"] = goyal(args, seeds)

@@ -55,10 +55,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.common import median, parse_args, scratch_dir, table, temp_config  # noqa: E402
-from trainers.data.order import epoch_permutation
 from trainers.data.datasets import load_data  # noqa: E402
-from trainers.workload.models import build_model  # noqa: E402
+from trainers.data.order import epoch_permutation
 from trainers.policies.optim import build_optimizer  # noqa: E402
+from trainers.workload.models import build_model  # noqa: E402
 
 ROWS = {
     "plain": "plain PyTorch loop",
@@ -71,6 +71,7 @@ MIN_STEPS = 10  # a slice with fewer measured steps is not paired
 
 # -- the loops (each runs in a process of its own) -------------------------------------------------
 
+
 def walk_steps(step, n: int, batch: int, seed: int, steps: int, stopped=lambda: False) -> list[float]:
     """Run ``step(ids)`` along the run's data order for ``steps`` steps (0: until ``stopped()``);
     the wall time at which each step ended."""
@@ -79,7 +80,7 @@ def walk_steps(step, n: int, batch: int, seed: int, steps: int, stopped=lambda: 
     while True:
         perm = epoch_permutation(seed, epoch, n)
         for s in range(0, n, batch):
-            step(perm[s:s + batch])
+            step(perm[s : s + batch])
             times.append(time.time())
             if len(times) == steps or stopped():
                 return times
@@ -120,9 +121,11 @@ def plain_workload_step(cfg):
     opt = build_optimizer(model, cfg.optimizer)
     model.train()
     if work.tensors is not None:
+
         def load(ids):
             return work.tensors.train_x[ids], work.tensors.train_y[ids]
     else:
+
         def load(ids):
             return fetch(work.train, ids.tolist())
 
@@ -149,7 +152,7 @@ def local_step(cfg, threads: int):
 
 def run_loop(cfg_json: dict, kind: str, threads: int, steps: int, out: str) -> None:
     """``steps`` steps of a plain or local loop (0: until SIGTERM); the step end times to ``out``."""
-    from orchestrator.config import validate
+    from orchestrator.config.schema import validate
 
     cfg = validate(cfg_json)
     stop: list[int] = []
@@ -167,7 +170,7 @@ def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str) -> None
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from orchestrator.runner import ensure_ray
+    from orchestrator.run.runner import ensure_ray
 
     def loop(c):
         sys.path.insert(0, c["root"])
@@ -176,10 +179,12 @@ def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str) -> None
         run(c["cfg"], "plain", c["threads"], c["steps"], c["out"])
 
     started = ensure_ray(verbose=False, num_cpus=os.cpu_count())
-    TorchTrainer(loop, train_loop_config={"cfg": cfg_json, "threads": threads, "steps": steps, "out": out,
-                                          "root": ROOT},
-                 scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
-                 run_config=RunConfig(storage_path=scratch_dir(), name="plain")).fit()
+    TorchTrainer(
+        loop,
+        train_loop_config={"cfg": cfg_json, "threads": threads, "steps": steps, "out": out, "root": ROOT},
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
+        run_config=RunConfig(storage_path=scratch_dir(), name="plain"),
+    ).fit()
     if started:
         import ray
 
@@ -188,10 +193,11 @@ def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str) -> None
 
 # -- slicing -----------------------------------------------------------------------------------------
 
+
 def _proc_stat(pid) -> list[str]:
     with open(f"/proc/{pid}/stat") as f:
         s = f.read()
-    return s[s.rfind(")") + 2:].split()  # fields from the 3rd on: state, ppid, ..., utime (14th), stime
+    return s[s.rfind(")") + 2 :].split()  # fields from the 3rd on: state, ppid, ..., utime (14th), stime
 
 
 def _cmdline(pid: int) -> bytes:
@@ -254,7 +260,7 @@ class Slices:
         self.slice_s = slice_s
         self.log = log
 
-    def run(self, desc: str = "", lead_s: float = 0.0) -> "Slices":
+    def run(self, desc: str = "", lead_s: float = 0.0) -> Slices:
         """Slice until ``a`` ends; its first slice lasts until a Ray Train worker runs, at most
         ``lead_s`` (Ray's node start allows the raylet 30 s of wall time, which stopped slices
         would eat)."""
@@ -279,9 +285,16 @@ class Slices:
                 end = time.time()
                 self.slices.append((who, start, end))
                 after = self._snapshot()  # also the next slice's start
-                self.cpu.append((who, after[0] - before[0], max(
-                    (after[2][p] - before[2].get(p, after[2][p]) for p in after[1][who] if p in after[2]),
-                    default=0)))
+                self.cpu.append(
+                    (
+                        who,
+                        after[0] - before[0],
+                        max(
+                            (after[2][p] - before[2].get(p, after[2][p]) for p in after[1][who] if p in after[2]),
+                            default=0,
+                        ),
+                    )
+                )
                 if self.a.poll() is not None:
                     break
                 nxt = "b" if who == "a" else "a"
@@ -352,7 +365,7 @@ def paired(run: Slices, a_gaps, b_gaps) -> dict:
         ra = slice_rate(a_gaps, lo, hi) if who == "a" else None
         if ra is None:
             continue
-        near = [slice_rate(b_gaps, l2, h2) for w2, l2, h2 in run.slices[max(0, i - 1):i + 2] if w2 == "b"]
+        near = [slice_rate(b_gaps, l2, h2) for w2, l2, h2 in run.slices[max(0, i - 1) : i + 2] if w2 == "b"]
         near = [r for r in near if r is not None]
         if not near:
             continue
@@ -365,21 +378,34 @@ def paired(run: Slices, a_gaps, b_gaps) -> dict:
     def pooled(rates):
         return sum(s for s, _ in rates) / sum(d for _, d in rates) if rates else float("nan")
 
-    return {"a": pooled(rates_a), "b": pooled(rates_b), "pairs": len(ratios), "median": median(ratios),
-            "beside": median(beside)}
+    return {
+        "a": pooled(rates_a),
+        "b": pooled(rates_b),
+        "pairs": len(ratios),
+        "median": median(ratios),
+        "beside": median(beside),
+    }
 
 
 # -- main --------------------------------------------------------------------------------------------
 
+
 def orchestrator_cmd(cfg_yaml: str, overrides: list[str]) -> list[str]:
     """The orchestrator row's command: the ``train`` CLI on the bench's config, with ``--set``s."""
-    return [sys.executable, "-m", "orchestrator", "train", cfg_yaml, "--no-progress",
-            *[x for kv in overrides for x in ("--set", kv)]]
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "train",
+        cfg_yaml,
+        "--no-progress",
+        *[x for kv in overrides for x in ("--set", kv)],
+    ]
 
 
 def write_config(cfg, tmp: str) -> tuple[str, str]:
     """The config as JSON (for the child loops) and YAML (for the ``train`` CLI) in ``tmp``."""
-    from orchestrator.config import to_yaml
+    from orchestrator.config.schema import to_yaml
 
     cfg_json, cfg_yaml = os.path.join(tmp, "cfg.json"), os.path.join(tmp, "cfg.yaml")
     with open(cfg_json, "w") as f:
@@ -389,9 +415,20 @@ def write_config(cfg, tmp: str) -> tuple[str, str]:
     return cfg_json, cfg_yaml
 
 
-def measure(rows: list[str], cfg, cfg_json: str, cfg_yaml: str, n_train: int, threads: int, steps: int,
-            slice_s: float, overrides: list[str], tmp: str, names: dict[str, str] | None = None,
-            lead_s: float = 0.0) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
+def measure(
+    rows: list[str],
+    cfg,
+    cfg_json: str,
+    cfg_yaml: str,
+    n_train: int,
+    threads: int,
+    steps: int,
+    slice_s: float,
+    overrides: list[str],
+    tmp: str,
+    names: dict[str, str] | None = None,
+    lead_s: float = 0.0,
+) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
     """Each row's loop time-sliced against its own plain loop of ``cfg``: ``{row: paired(...)}`` and,
     for the orchestrator row, (time to its first step, whole run, steps) counting only the time it ran.
     ``names``: the rows' labels (default :data:`ROWS`); ``lead_s``: the first slice of each row
@@ -400,8 +437,20 @@ def measure(rows: list[str], cfg, cfg_json: str, cfg_yaml: str, n_train: int, th
     batch = cfg.batch.size
 
     def child(kind: str, n_steps: int, out: str) -> list[str]:
-        return [sys.executable, os.path.abspath(__file__), "--child", kind, "--child-config", cfg_json,
-                "--threads", str(threads), "--steps", str(n_steps), "--out", out]
+        return [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            kind,
+            "--child-config",
+            cfg_json,
+            "--threads",
+            str(threads),
+            "--steps",
+            str(n_steps),
+            "--out",
+            out,
+        ]
 
     results, orch = {}, None
     for row in rows:
@@ -424,8 +473,9 @@ def measure(rows: list[str], cfg, cfg_json: str, cfg_yaml: str, n_train: int, th
             b_times = json.load(f)
         results[row] = r = paired(run, step_gaps(a_times, n_train, batch), step_gaps(b_times, n_train, batch))
         r["first"] = run.ran_for(a_times[0]) if a_times else None  # invocation -> first step (time it ran)
-        print(f"  {names[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)", file=sys.stderr,
-              flush=True)
+        print(
+            f"  {names[row]}: {r['a'] / r['b']:.3f} of the plain loop ({r['pairs']} pairs)", file=sys.stderr, flush=True
+        )
     return results, orch
 
 
@@ -438,8 +488,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default=",".join(ROWS), help="which rows, comma-separated: " + ", ".join(ROWS))
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for the orchestrator row, e.g. train.push_every_s=1.0 (repeatable)")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for the orchestrator row, e.g. train.push_every_s=1.0 (repeatable)",
+    )
     ap.add_argument("--child", choices=("plain", "local", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -453,8 +509,13 @@ def main() -> None:
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
     if bad or not rows or a.steps < 4 * MIN_STEPS or a.slice <= 0:
-        what = f"--rows: unknown {bad}; choose from {', '.join(ROWS)}" if bad or not rows else \
-            f"--steps must be at least {4 * MIN_STEPS}" if a.steps < 4 * MIN_STEPS else "--slice must be > 0"
+        what = (
+            f"--rows: unknown {bad}; choose from {', '.join(ROWS)}"
+            if bad or not rows
+            else f"--steps must be at least {4 * MIN_STEPS}"
+            if a.steps < 4 * MIN_STEPS
+            else "--slice must be > 0"
+        )
         print(f"error: {what}", file=sys.stderr)
         raise SystemExit(2)
     if not os.path.exists("/proc/stat"):
@@ -463,7 +524,8 @@ def main() -> None:
 
     data = {"name": "synthetic", "size": a.size, "shape": [1, 8, 8]} if a.size else {"name": "digits"}
     cfg, tmp = temp_config(
-        data=data, model={"name": a.model, "norm": "batch", "hidden": 64},
+        data=data,
+        model={"name": a.model, "norm": "batch", "hidden": 64},
         optimizer={"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": a.batch},
         batch={"size": a.batch, "max_local_batch": a.batch},
         scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": a.threads},
@@ -473,25 +535,42 @@ def main() -> None:
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"epochs": a.steps * a.batch / n_train})})
     cfg_json, cfg_yaml = write_config(cfg, tmp)
     if a.overrides:  # a bad --set stops here, before any loop runs
-        from orchestrator.config import ConfigError
-        from orchestrator.pipeline import load_config
+        from orchestrator.config.prepare import load_config
+        from orchestrator.config.schema import ConfigError
 
         try:
             load_config(cfg_yaml, a.overrides)
         except ConfigError as e:
             print(f"error: --set: {e}", file=sys.stderr)
-            raise SystemExit(2)
+            raise SystemExit(2) from None
 
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
-    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, "
-          f"{a.slice:g} s slices", flush=True)
+    print(
+        f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, {a.slice:g} s slices", flush=True
+    )
     results, orch = measure(rows, cfg, cfg_json, cfg_yaml, n_train, a.threads, a.steps, a.slice, a.overrides, tmp)
-    print(table([(ROWS[k], f"{r['a']:,.0f}", f"{r['b']:,.0f}", f"{r['a'] / r['b']:.3f}", f"{r['median']:.3f}",
-                  r["pairs"], f"{100 * r['beside']:.1f}%") for k, r in results.items()],
-                ("loop", "samples/s", "plain samples/s", "ratio", "median pair", "pairs", "CPU beside")))
+    print(
+        table(
+            [
+                (
+                    ROWS[k],
+                    f"{r['a']:,.0f}",
+                    f"{r['b']:,.0f}",
+                    f"{r['a'] / r['b']:.3f}",
+                    f"{r['median']:.3f}",
+                    r["pairs"],
+                    f"{100 * r['beside']:.1f}%",
+                )
+                for k, r in results.items()
+            ],
+            ("loop", "samples/s", "plain samples/s", "ratio", "median pair", "pairs", "CPU beside"),
+        )
+    )
     if orch is not None:
-        print(f"time from train invocation to first step: {orch[0]:.1f} s; whole run {orch[1]:.1f} s "
-              f"for {orch[2]} steps (time it ran)")
+        print(
+            f"time from train invocation to first step: {orch[0]:.1f} s; whole run {orch[1]:.1f} s "
+            f"for {orch[2]} steps (time it ran)"
+        )
         ray_first = results.get("ray", {}).get("first")
         if ray_first:
             print(f"bare Ray Train worker, invocation (Ray start, TorchTrainer) to first step: {ray_first:.1f} s")

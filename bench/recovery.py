@@ -42,21 +42,33 @@ sys.path.insert(0, ROOT)
 
 from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
 
-HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
-          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+HEALTH = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
 WAIT_S = 600  # for each thing the bench waits on (a cold start took 262 s at a load average of 60 on 2 cores)
 
 
 def run_config(tmp: str, workers: int, every: int, check_s: float) -> dict:
     """A run long enough to outlast the measurements (it is stopped once they are in)."""
-    return {"data": {"name": "digits", "val_fraction": 0.2}, "model": {"name": "mlp", "norm": "none"},
-            "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 16 * workers},
-            "batch": {"size": 16 * workers, "max_local_batch": 16},
-            "scaling": {"min_workers": workers - 1, "max_workers": workers, "cpus_per_worker": 1,
-                        "max_failures": 3, "capacity_check_s": check_s},
-            "train": {"epochs": 10000, "log_every": 5},
-            "checkpoint": {"every_steps": every, "storage_path": f"{tmp}/ray_runs"},
-            "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"}}
+    return {
+        "data": {"name": "digits", "val_fraction": 0.2},
+        "model": {"name": "mlp", "norm": "none"},
+        "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 16 * workers},
+        "batch": {"size": 16 * workers, "max_local_batch": 16},
+        "scaling": {
+            "min_workers": workers - 1,
+            "max_workers": workers,
+            "cpus_per_worker": 1,
+            "max_failures": 3,
+            "capacity_check_s": check_s,
+        },
+        "train": {"epochs": 10000, "log_every": 5},
+        "checkpoint": {"every_steps": every, "storage_path": f"{tmp}/ray_runs"},
+        "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"},
+    }
 
 
 def steps(tmp: str, key: str) -> list[tuple[int, float, float]]:
@@ -98,12 +110,24 @@ def measure(cluster, nodes: list, tmp: str, a: argparse.Namespace) -> tuple[floa
     env.pop("ELASTIC_KEEP_RAY", None)
     log = open(os.path.join(tmp, "driver.txt"), "w")
     launched = time.time()
-    p = subprocess.Popen([sys.executable, "-m", "orchestrator", "train", path, "--no-progress"], cwd=tmp,
-                         env=env, stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", path, "--no-progress"],
+        cwd=tmp,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         first = wait(p, "the first step", lambda: next((t for s, _, t in steps(tmp, "train/loss") if s == 1), None))
-        wait(p, "a checkpoint", lambda: any(f.startswith("checkpoint_step") for d in os.listdir(f"{tmp}/ray_runs")
-                                            for f in os.listdir(f"{tmp}/ray_runs/{d}")))
+        wait(
+            p,
+            "a checkpoint",
+            lambda: any(
+                f.startswith("checkpoint_step")
+                for d in os.listdir(f"{tmp}/ray_runs")
+                for f in os.listdir(f"{tmp}/ray_runs/{d}")
+            ),
+        )
         lost = time.time()
         cluster.remove_node(nodes.pop(), allow_graceful=False)  # its raylet and every process under it
         resumed = wait(p, f"a step at W={workers - 1}", lambda: first_at(tmp, workers - 1, lost))
@@ -130,8 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(ap, quick={"repeats": 1}, argv=argv)
     for name, low in (("nodes", 2), ("repeats", 1), ("checkpoint_every", 1)):
         if getattr(a, name) < low:
-            print(f"--{name.replace('_', '-')}: {getattr(a, name)} is below {low}; give at least {low}",
-                  file=sys.stderr)
+            print(
+                f"--{name.replace('_', '-')}: {getattr(a, name)} is below {low}; give at least {low}", file=sys.stderr
+            )
             sys.exit(2)
     if a.capacity_check_s <= 0:
         print(f"--capacity-check-s: {a.capacity_check_s} must be positive", file=sys.stderr)
@@ -147,18 +172,32 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(a.repeats):
             rows.append(measure(cluster, nodes, scratch_dir(), a))
             cold, resume, grow = rows[-1]
-            print(f"repeat {i + 1}: cold start {cold:.1f} s, resume after a lost node {resume:.1f} s, "
-                  f"W={a.nodes} again {grow:.1f} s after the node came back", flush=True)
+            print(
+                f"repeat {i + 1}: cold start {cold:.1f} s, resume after a lost node {resume:.1f} s, "
+                f"W={a.nodes} again {grow:.1f} s after the node came back",
+                flush=True,
+            )
     finally:
         cluster.shutdown()  # its own processes only (never `ray stop`)
     cold, resume, grow = (median([r[k] for r in rows]) for k in range(3))
     print()
-    print(table([(f"{i + 1}", f"{c:.1f}", f"{r:.1f}", f"{g:.1f}", f"{r / c:.2f}") for i, (c, r, g) in enumerate(rows)],
-                ("repeat", "cold start to step 1 (s)", "lost node to a step at W-1 (s)",
-                 "node back to a step at W (s)", "resume / cold")))
-    print(f"\nhealth check {HEALTH['health_check_period_ms']} ms x {HEALTH['health_check_failure_threshold']}; "
-          f"W={a.nodes} on 1-CPU nodes; checkpoints every {a.checkpoint_every} steps; "
-          f"scaling.capacity_check_s {a.capacity_check_s:g}")
+    print(
+        table(
+            [(f"{i + 1}", f"{c:.1f}", f"{r:.1f}", f"{g:.1f}", f"{r / c:.2f}") for i, (c, r, g) in enumerate(rows)],
+            (
+                "repeat",
+                "cold start to step 1 (s)",
+                "lost node to a step at W-1 (s)",
+                "node back to a step at W (s)",
+                "resume / cold",
+            ),
+        )
+    )
+    print(
+        f"\nhealth check {HEALTH['health_check_period_ms']} ms x {HEALTH['health_check_failure_threshold']}; "
+        f"W={a.nodes} on 1-CPU nodes; checkpoints every {a.checkpoint_every} steps; "
+        f"scaling.capacity_check_s {a.capacity_check_s:g}"
+    )
     print(f"cold_start_s={cold:.2f} resume_s={resume:.2f} grow_s={grow:.2f}")
     print(f"ratio={resume / cold:.2f} (resume after a lost node / cold start to the first step; aim <= 1.2)")
 

@@ -39,9 +39,12 @@ def cold_start(workers: int, cpus: float, storage: str) -> float:
             f.write(f"{time.time()}\n")
 
     t0 = time.time()
-    TorchTrainer(loop, train_loop_config={"marker": marker},
-                 scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus}),
-                 run_config=RunConfig(name=f"cold-{time.time_ns()}", storage_path=storage)).fit()
+    TorchTrainer(
+        loop,
+        train_loop_config={"marker": marker},
+        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cpus}),
+        run_config=RunConfig(name=f"cold-{time.time_ns()}", storage_path=storage),
+    ).fit()
     with open(marker) as f:
         first = min(float(x) for x in f.read().split())
     os.remove(marker)
@@ -51,14 +54,20 @@ def cold_start(workers: int, cpus: float, storage: str) -> float:
 def resize_once(mode: str) -> dict:
     """One resize 1 -> 2 after epoch 1; the run is stopped once the new group has trained a bit
     (with ``overlap`` the old group trains on at B=64 until the new one takes over)."""
-    from orchestrator.runner import run_training
+    from orchestrator.run.runner import run_training
 
     cfg, _ = temp_config(
-        data={"name": "digits"}, model={"name": "mlp", "norm": "none", "hidden": 32},
+        data={"name": "digits"},
+        model={"name": "mlp", "norm": "none", "hidden": 32},
         optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": 32},
         batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-        scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5, "resize_mode": mode,
-                 "resize_when": "always"},  # measured, not judged: a short run's resize would not pay
+        scaling={
+            "min_workers": 1,
+            "max_workers": 2,
+            "cpus_per_worker": 0.5,
+            "resize_mode": mode,
+            "resize_when": "always",
+        },  # measured, not judged: a short run's resize would not pay
         train={"epochs": 500, "log_every": 5, "eval_every": 0},
     )
     box = {}
@@ -77,7 +86,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     a = parse_args(ap, quick={"repeats": 1})
     os.environ["ELASTIC_KEEP_RAY"] = "1"
-    from orchestrator.runner import ensure_ray
+    from orchestrator.run.runner import ensure_ray
 
     ensure_ray(verbose=False)
     storage = scratch_dir()
@@ -90,8 +99,10 @@ def main() -> None:
             if r["mode"] != mode:
                 print(f"note: a {mode} resize ran as {r['mode']} (the new group could not start early)")
             runs[mode].append(r)
-    print(f"Ray Train V2, local, 2 workers x 0.5 CPU; {a.repeats} repeats, interleaved; "
-          f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={os.environ.get('RAY_TRAIN_HEALTH_CHECK_INTERVAL_S')}")
+    print(
+        f"Ray Train V2, local, 2 workers x 0.5 CPU; {a.repeats} repeats, interleaved; "
+        f"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={os.environ.get('RAY_TRAIN_HEALTH_CHECK_INTERVAL_S')}"
+    )
 
     def row(label: str, xs: list[float]) -> tuple:
         return (label, *[f"{x:.2f}" for x in xs], f"{median(xs):.2f}")
@@ -99,10 +110,15 @@ def main() -> None:
     rows = [row("cold start of a bare TorchTrainer (call -> loop)", cold)]
     for mode, rs in runs.items():
         rows += [row(f"resize 1 -> 2, {mode}: checkpoint -> first step", [r["latency_s"] for r in rs])]
-        parts = [("overlap_s", "old group trains on while the new one starts")] if mode == "overlap" else \
-            [("teardown_s", "old group teardown (checkpoint -> fit returns)")]
-        parts += [("start_s", "new group start (fit called -> loop entered)"),
-                  ("setup_s", "loop setup (data, model, restore, 1st step)")]
+        parts = (
+            [("overlap_s", "old group trains on while the new one starts")]
+            if mode == "overlap"
+            else [("teardown_s", "old group teardown (checkpoint -> fit returns)")]
+        )
+        parts += [
+            ("start_s", "new group start (fit called -> loop entered)"),
+            ("setup_s", "loop setup (data, model, restore, 1st step)"),
+        ]
         rows += [row(f"  {label}", [r[key] for r in rs]) for key, label in parts]
     print(table(rows, ("", *[f"run {i + 1} s" for i in range(a.repeats)], "median s")))
     overlap = median([r["latency_s"] for r in runs["overlap"]])

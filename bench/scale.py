@@ -69,16 +69,23 @@ BACKWARD_SHARE = 2 / 3  # backward ~ 2x forward: the part of compute an all-redu
 # a node is marked dead after `failure_threshold` checks in a row fail; a check is sent
 # `period_ms` after the previous one ended and fails at once when the node refuses the connection,
 # or after `timeout_ms` when it hangs.
-RAY_HEALTH_CHECK = {"health_check_initial_delay_ms": 5000, "health_check_period_ms": 3000,
-                    "health_check_timeout_ms": 10000, "health_check_failure_threshold": 5}
-SHORTEN = ("ray start --head --system-config='{\"health_check_period_ms\": 1000, "
-           "\"health_check_failure_threshold\": 3}'  (on the head, where the GCS runs; or "
-           "ray.init(_system_config={...}) for a local cluster, or RAY_health_check_period_ms=1000 "
-           "RAY_health_check_failure_threshold=3 in the head's environment); Ray Train's own poll of "
-           "its workers: RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
+RAY_HEALTH_CHECK = {
+    "health_check_initial_delay_ms": 5000,
+    "health_check_period_ms": 3000,
+    "health_check_timeout_ms": 10000,
+    "health_check_failure_threshold": 5,
+}
+SHORTEN = (
+    'ray start --head --system-config=\'{"health_check_period_ms": 1000, '
+    '"health_check_failure_threshold": 3}\'  (on the head, where the GCS runs; or '
+    "ray.init(_system_config={...}) for a local cluster, or RAY_health_check_period_ms=1000 "
+    "RAY_health_check_failure_threshold=3 in the head's environment); Ray Train's own poll of "
+    "its workers: RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+)
 
 
 # -- the model (pure: tests/unit/test_bench_scale.py) -------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Network:
@@ -148,8 +155,9 @@ class Compute:
         return (self.a + self.c * b) / self.speedup
 
 
-def step_s(workers: int, local_batch: float, comp: Compute, grad_bytes: float, net: Network,
-           overlap: float = 0.0) -> tuple[float, float, float]:
+def step_s(
+    workers: int, local_batch: float, comp: Compute, grad_bytes: float, net: Network, overlap: float = 0.0
+) -> tuple[float, float, float]:
     """``(T_step, T_comp, T_ar)`` of one synchronous data-parallel step; ``overlap`` (0..1) is the
     share of the all-reduce hidden behind backward (at most backward's time, 2/3 of compute)."""
     tc = comp(local_batch)
@@ -157,8 +165,16 @@ def step_s(workers: int, local_batch: float, comp: Compute, grad_bytes: float, n
     return tc + ta - overlap * min(ta, BACKWARD_SHARE * tc), tc, ta
 
 
-def projection(workers: list[int], comp: Compute, grad_bytes: float, net: Network, *, local_batch: int,
-               strong_batch: int, overlap: float = 0.0) -> list[dict]:
+def projection(
+    workers: list[int],
+    comp: Compute,
+    grad_bytes: float,
+    net: Network,
+    *,
+    local_batch: int,
+    strong_batch: int,
+    overlap: float = 0.0,
+) -> list[dict]:
     """Per W: the step and throughput with the local batch fixed (``B = local_batch W``) and with
     the global batch fixed (``strong_batch``; ``None`` where ``B/W < 1``), speedups over W = 1."""
     base_weak = step_s(1, local_batch, comp, grad_bytes, net, overlap)[0]
@@ -166,9 +182,17 @@ def projection(workers: list[int], comp: Compute, grad_bytes: float, net: Networ
     out = []
     for w in workers:
         t, tc, ta = step_s(w, local_batch, comp, grad_bytes, net, overlap)
-        row = {"workers": w, "local_batch": local_batch, "batch": local_batch * w, "step_s": t, "comp_s": tc,
-               "ar_s": ta, "samples_per_s": local_batch * w / t, "speedup": w * base_weak / t,
-               "efficiency": base_weak / t}
+        row = {
+            "workers": w,
+            "local_batch": local_batch,
+            "batch": local_batch * w,
+            "step_s": t,
+            "comp_s": tc,
+            "ar_s": ta,
+            "samples_per_s": local_batch * w / t,
+            "speedup": w * base_weak / t,
+            "efficiency": base_weak / t,
+        }
         if strong_batch / w >= 1:
             ts = step_s(w, strong_batch / w, comp, grad_bytes, net, overlap)[0]
             row.update(strong_step_s=ts, strong_speedup=base_strong / ts)
@@ -214,8 +238,14 @@ class Recovery:
         }
         total = sum(parts.values())
         failures_per_h = nodes / self.node_mtbf_h
-        return {**parts, "workers": workers, "nodes": nodes, "total_s": total,
-                "failures_per_day": 24 * failures_per_h, "time_lost": failures_per_h * total / 3600}
+        return {
+            **parts,
+            "workers": workers,
+            "nodes": nodes,
+            "total_s": total,
+            "failures_per_day": 24 * failures_per_h,
+            "time_lost": failures_per_h * total / 3600,
+        }
 
 
 def ray_train_poll_s() -> float:
@@ -231,6 +261,7 @@ def ray_train_poll_s() -> float:
 
 
 # -- measuring ---------------------------------------------------------------------------------------
+
 
 class Workload:
     """The config's model, loss, optimizer and data in this process, one step at a time."""
@@ -289,7 +320,7 @@ class Workload:
             if pos + batch > self.n:
                 epoch, pos = epoch + 1, 0
                 perm = epoch_permutation(self.cfg.train.seed, epoch, self.n)
-            yield perm[pos:pos + batch]
+            yield perm[pos : pos + batch]
             pos += batch
 
 
@@ -310,8 +341,9 @@ def measure_compute(w: Workload, sizes: list[int], steps: int, warmup: int = WAR
     return {b: min(ts) for b, ts in times.items()}
 
 
-def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sweep: list[int],
-               reps: int, out_dir: str) -> None:
+def _gloo_rank(
+    rank: int, world: int, port: int, cfg, batch: int, steps: int, sweep: list[int], reps: int, out_dir: str
+) -> None:
     """One rank of a W-process gloo group: ``steps`` timed steps, then the all-reduce sweep; its
     figures to ``out_dir/rank<r>.json``."""
     import torch
@@ -340,7 +372,7 @@ def _gloo_rank(rank: int, world: int, port: int, cfg, batch: int, steps: int, sw
         t4 = time.perf_counter()
         off = 0
         for p in w.params:
-            p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+            p.grad.copy_(flat[off : off + p.numel()].view_as(p))
             off += p.numel()
         w.opt.step()
         t5 = time.perf_counter()
@@ -403,7 +435,7 @@ def cold_starts(workers: list[int], repeats: int) -> dict[int, float]:
     worker, on a local Ray started here."""
     os.environ["ELASTIC_KEEP_RAY"] = "1"
     from bench.resize import cold_start
-    from orchestrator.runner import ensure_ray
+    from orchestrator.run.runner import ensure_ray
 
     started = ensure_ray(verbose=False)
     storage = scratch_dir()
@@ -421,6 +453,7 @@ def cold_starts(workers: list[int], repeats: int) -> dict[int, float]:
 
 
 # -- the report --------------------------------------------------------------------------------------
+
 
 def fmt_s(x: float | None) -> str:
     if x is None:
@@ -441,23 +474,68 @@ def fmt_bytes(n: float) -> str:
 
 
 def projection_table(rows: list[dict], strong_batch: int) -> str:
-    return table([(r["workers"], r["batch"], fmt_s(r["comp_s"]), fmt_s(r["ar_s"]), fmt_s(r["step_s"]),
-                   f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.1f}", f"{r['efficiency']:.0%}",
-                   fmt_s(r["strong_step_s"]),
-                   "-" if r["strong_speedup"] is None else f"{r['strong_speedup']:.1f}") for r in rows],
-                 ("W", "B = b W", "T_comp", "T_allreduce", "T_step", "samples/s", "speedup", "efficiency",
-                  f"T_step B={strong_batch}", f"speedup B={strong_batch}"))
+    return table(
+        [
+            (
+                r["workers"],
+                r["batch"],
+                fmt_s(r["comp_s"]),
+                fmt_s(r["ar_s"]),
+                fmt_s(r["step_s"]),
+                f"{r['samples_per_s']:,.0f}",
+                f"{r['speedup']:.1f}",
+                f"{r['efficiency']:.0%}",
+                fmt_s(r["strong_step_s"]),
+                "-" if r["strong_speedup"] is None else f"{r['strong_speedup']:.1f}",
+            )
+            for r in rows
+        ],
+        (
+            "W",
+            "B = b W",
+            "T_comp",
+            "T_allreduce",
+            "T_step",
+            "samples/s",
+            "speedup",
+            "efficiency",
+            f"T_step B={strong_batch}",
+            f"speedup B={strong_batch}",
+        ),
+    )
 
 
 def recovery_table(rec: Recovery, workers: list[int]) -> str:
     rows = []
     for w in workers:
         c = rec.cost(w)
-        rows.append((w, c["nodes"], fmt_s(c["detect_s"]), fmt_s(c["restart_s"]), fmt_s(c["load_s"]),
-                     fmt_s(c["lost_work_s"]), fmt_s(c["total_s"]), f"{c['failures_per_day']:.2f}",
-                     f"{c['time_lost']:.2%}"))
-    return table(rows, ("W", "nodes", "detection", "restart", "checkpoint load", "lost work", "recovery",
-                        "node losses/day", "time lost"))
+        rows.append(
+            (
+                w,
+                c["nodes"],
+                fmt_s(c["detect_s"]),
+                fmt_s(c["restart_s"]),
+                fmt_s(c["load_s"]),
+                fmt_s(c["lost_work_s"]),
+                fmt_s(c["total_s"]),
+                f"{c['failures_per_day']:.2f}",
+                f"{c['time_lost']:.2%}",
+            )
+        )
+    return table(
+        rows,
+        (
+            "W",
+            "nodes",
+            "detection",
+            "restart",
+            "checkpoint load",
+            "lost work",
+            "recovery",
+            "node losses/day",
+            "time lost",
+        ),
+    )
 
 
 WEAKEST = """\
@@ -492,30 +570,44 @@ Where the model is weakest:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "quickstart.yaml"),
-                    help="the workload (model, data, optimizer) to measure")
+    ap.add_argument(
+        "--config",
+        default=os.path.join(ROOT, "configs", "quickstart.yaml"),
+        help="the workload (model, data, optimizer) to measure",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
     ap.add_argument("--batch", type=int, default=96, help="global batch of the measured W = 1..3 steps")
     ap.add_argument("--workers", default="1,2,3", help="measured group sizes")
     ap.add_argument("--steps", type=int, default=30, help="measured steps per size")
-    ap.add_argument("--sweep", default="4096,65536,1048576,4194304,16777216",
-                    help="all-reduce sizes in bytes (+ the gradient's)")
+    ap.add_argument(
+        "--sweep", default="4096,65536,1048576,4194304,16777216", help="all-reduce sizes in bytes (+ the gradient's)"
+    )
     ap.add_argument("--sweep-reps", type=int, default=20)
     ap.add_argument("--local-batch", type=int, default=32, help="the projection's local batch (B = b W)")
     ap.add_argument("--strong-batch", type=int, default=8192, help="the projection's fixed global batch")
     ap.add_argument("--bandwidth-gbps", type=float, default=100.0, help="per link, Gb/s (GPU cluster: 100)")
     ap.add_argument("--latency-us", type=float, default=5.0, help="per ring hop, us (GPU cluster: 5)")
     ap.add_argument("--overlap", type=float, default=0.0, help="share of the all-reduce hidden behind backward")
-    ap.add_argument("--compute-speedup", type=float, default=1.0,
-                    help="a projected worker computes this many times faster than one core here")
+    ap.add_argument(
+        "--compute-speedup",
+        type=float,
+        default=1.0,
+        help="a projected worker computes this many times faster than one core here",
+    )
     ap.add_argument("--workers-per-node", type=int, default=8)
     ap.add_argument("--checkpoint-every-s", type=float, default=600.0)
     ap.add_argument("--storage-gbs", type=float, default=1.0, help="aggregate checkpoint read bandwidth, GB/s")
-    ap.add_argument("--node-mtbf-h", type=float, default=6000.0,
-                    help="hours between failures of one node (Llama 3's report: 419 unexpected "
-                         "interruptions in 54 days on 2,048 nodes of 8 GPUs, ~6,300)")
-    ap.add_argument("--cold-start-s", help="C0,C1: the group restart's constant and per-node seconds "
-                                           "(skips measuring cold starts on a local Ray)")
+    ap.add_argument(
+        "--node-mtbf-h",
+        type=float,
+        default=6000.0,
+        help="hours between failures of one node (Llama 3's report: 419 unexpected "
+        "interruptions in 54 days on 2,048 nodes of 8 GPUs, ~6,300)",
+    )
+    ap.add_argument(
+        "--cold-start-s",
+        help="C0,C1: the group restart's constant and per-node seconds (skips measuring cold starts on a local Ray)",
+    )
     ap.add_argument("--cold-repeats", type=int, default=2)
     a = parse_args(ap, quick={"steps": 4, "sweep": "4096,4194304", "sweep_reps": 5, "cold_repeats": 1}, argv=argv)
 
@@ -529,12 +621,24 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         bad("--workers/--sweep", "give integers separated by commas, e.g. --workers 1,2,3")
     if not measured or measured[0] < 1 or a.batch < 2 * measured[-1]:
-        bad("--batch", f"{a.batch} gives a rank fewer than 2 samples at W = {measured[-1]}; give at least "
-                       f"{2 * measured[-1]}")
+        bad(
+            "--batch",
+            f"{a.batch} gives a rank fewer than 2 samples at W = {measured[-1]}; give at least {2 * measured[-1]}",
+        )
     if not 0 <= a.overlap <= 1:
         bad("--overlap", f"{a.overlap} is not a share; give 0..1")
-    for name in ("steps", "local_batch", "strong_batch", "bandwidth_gbps", "compute_speedup", "workers_per_node",
-                 "storage_gbs", "node_mtbf_h", "sweep_reps", "cold_repeats"):
+    for name in (
+        "steps",
+        "local_batch",
+        "strong_batch",
+        "bandwidth_gbps",
+        "compute_speedup",
+        "workers_per_node",
+        "storage_gbs",
+        "node_mtbf_h",
+        "sweep_reps",
+        "cold_repeats",
+    ):
         if getattr(a, name) <= 0:
             bad(f"--{name.replace('_', '-')}", f"{getattr(a, name)} must be positive")
     if a.latency_us < 0 or a.checkpoint_every_s < 0:
@@ -547,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, AssertionError):
             bad("--cold-start-s", f"{a.cold_start_s!r}: give the constant and the per-node seconds, e.g. 15,3")
 
-    from orchestrator.pipeline import load_config
+    from orchestrator.config.prepare import load_config
 
     try:
         cfg = load_config(a.config, a.set)
@@ -568,48 +672,88 @@ def main(argv: list[str] | None = None) -> None:
     del w
 
     # 2. groups of 1..3 processes, gloo
-    groups = [measure_group(cfg, k, a.batch, a.steps, sorted(set(sweep) | {grad_bytes}), a.sweep_reps)
-              for k in measured]
+    groups = [
+        measure_group(cfg, k, a.batch, a.steps, sorted(set(sweep) | {grad_bytes}), a.sweep_reps) for k in measured
+    ]
     points = [p for g in groups for p in g["sweep"]]
     gloo = fit_network(points, "gloo on this machine (fitted)") if points else None
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     model_name = cfg.model.factory or cfg.model.name
-    print(f"workload: {os.path.relpath(a.config, ROOT) if os.path.isabs(a.config) else a.config} "
-          f"({cfg.data.factory or cfg.data.name}, {model_name}, optimizer {cfg.optimizer.name}); "
-          f"{n_params:,} parameters, gradient S = {fmt_bytes(grad_bytes)}, model + optimizer state "
-          f"{fmt_bytes(state_bytes)}")
+    print(
+        f"workload: {os.path.relpath(a.config, ROOT) if os.path.isabs(a.config) else a.config} "
+        f"({cfg.data.factory or cfg.data.name}, {model_name}, optimizer {cfg.optimizer.name}); "
+        f"{n_params:,} parameters, gradient S = {fmt_bytes(grad_bytes)}, model + optimizer state "
+        f"{fmt_bytes(state_bytes)}"
+    )
     load = f"load average {os.getloadavg()[0]:.1f}; " if hasattr(os, "getloadavg") else ""
-    print(f"this machine: {cores} cores, CPU, gloo over loopback; a worker = 1 torch thread; {load}"
-          f"{time.time() - t_start:.0f} s of measuring")
+    print(
+        f"this machine: {cores} cores, CPU, gloo over loopback; a worker = 1 torch thread; {load}"
+        f"{time.time() - t_start:.0f} s of measuring"
+    )
     print()
-    print(f"Measured: W-process gloo groups, global batch B = {a.batch} split over the ranks, {a.steps} steps: the "
-          "median step; compute and all-reduce of the fastest step (what a dedicated core sees)")
+    print(
+        f"Measured: W-process gloo groups, global batch B = {a.batch} split over the ranks, {a.steps} steps: the "
+        "median step; compute and all-reduce of the fastest step (what a dedicated core sees)"
+    )
     rows = []
     for g in groups:
         b = -(-a.batch // g["workers"])
         model_step = step_s(g["workers"], b, here, grad_bytes, gloo)[0] if gloo else here(b)
-        rows.append((g["workers"], b, fmt_s(g["step_s"]), fmt_s(g["fastest_step_s"]), fmt_s(g["comp_s"]),
-                     fmt_s(here(b)),
-                     f"{g['comp_s'] / here(b):.2f}", fmt_s(g["ar_s"]), fmt_s(model_step),
-                     f"{a.batch / g['step_s']:,.0f}"))
-    print(table(rows, ("W", "local b", "step", "fastest", "compute (slowest rank)", "T_comp(b) alone", "group / alone",
-                       "all-reduce", "model step (gloo fit)", "samples/s")))
+        rows.append(
+            (
+                g["workers"],
+                b,
+                fmt_s(g["step_s"]),
+                fmt_s(g["fastest_step_s"]),
+                fmt_s(g["comp_s"]),
+                fmt_s(here(b)),
+                f"{g['comp_s'] / here(b):.2f}",
+                fmt_s(g["ar_s"]),
+                fmt_s(model_step),
+                f"{a.batch / g['step_s']:,.0f}",
+            )
+        )
+    print(
+        table(
+            rows,
+            (
+                "W",
+                "local b",
+                "step",
+                "fastest",
+                "compute (slowest rank)",
+                "T_comp(b) alone",
+                "group / alone",
+                "all-reduce",
+                "model step (gloo fit)",
+                "samples/s",
+            ),
+        )
+    )
     over = [g for g in groups if g["workers"] > cores]
     if over:
-        print(f"  W = {', '.join(str(g['workers']) for g in over)}: more processes than the {cores} cores: their "
-              "compute runs slower than alone (beyond the noise of a shared machine that 'group / alone' shows at "
-              f"W <= {cores}); the model takes compute from T_comp(b) measured alone and the all-reduce from the "
-              "sweep, where the ranks wait on sockets")
+        print(
+            f"  W = {', '.join(str(g['workers']) for g in over)}: more processes than the {cores} cores: their "
+            "compute runs slower than alone (beyond the noise of a shared machine that 'group / alone' shows at "
+            f"W <= {cores}); the model takes compute from T_comp(b) measured alone and the all-reduce from the "
+            "sweep, where the ranks wait on sockets"
+        )
     print()
-    print(f"Fits:  T_comp(b) = {fmt_s(ca)} + {fmt_s(cc)} x b  (one core, fastest of {a.steps}; points "
-          + ", ".join(f"b={b}: {fmt_s(t)}" for b, t in comp_points.items()) + ")")
+    print(
+        f"Fits:  T_comp(b) = {fmt_s(ca)} + {fmt_s(cc)} x b  (one core, fastest of {a.steps}; points "
+        + ", ".join(f"b={b}: {fmt_s(t)}" for b, t in comp_points.items())
+        + ")"
+    )
     resolved = gloo is not None and gloo.bandwidth_bps < UNRESOLVED_BPS
     if gloo:
         bw = f"{gloo.bandwidth_bps / 1e9:.2f} Gb/s" if resolved else "not resolved (the times did not grow with size)"
-        print(f"       gloo ring fit: bandwidth {bw}, latency {gloo.latency_s * 1e6:.0f} us"
-              f"  (fastest all-reduce of {a.sweep_reps} at each of {len(points)} (W, size) points: "
-              + ", ".join(f"W={k} {fmt_bytes(nb)} {fmt_s(t)}" for k, nb, t in points) + ")")
+        print(
+            f"       gloo ring fit: bandwidth {bw}, latency {gloo.latency_s * 1e6:.0f} us"
+            f"  (fastest all-reduce of {a.sweep_reps} at each of {len(points)} (W, size) points: "
+            + ", ".join(f"W={k} {fmt_bytes(nb)} {fmt_s(t)}" for k, nb, t in points)
+            + ")"
+        )
     sys.stdout.flush()  # the figures so far stay printed if Ray cannot start
 
     # 3. cold start of a bare Ray Train group
@@ -617,13 +761,17 @@ def main(argv: list[str] | None = None) -> None:
         try:
             cold = cold_starts([1, 2], a.cold_repeats)
         except Exception as e:  # a local Ray that does not come up (an overloaded machine)
-            print(f"cold start: no Ray Train group started ({one_line(e, None)}); give --cold-start-s C0,C1 to project "
-                  "without measuring it", file=sys.stderr)
+            print(
+                f"cold start: no Ray Train group started ({one_line(e, None)}); give --cold-start-s C0,C1 to project "
+                "without measuring it",
+                file=sys.stderr,
+            )
             sys.exit(1)
         c1 = max(0.0, cold[2] - cold[1])
         c0 = cold[1] - c1
-        cold_note = (f"measured here: W=1 {cold[1]:.1f} s, W=2 {cold[2]:.1f} s (median of {a.cold_repeats}, "
-                     f"0.5 CPU a worker)")
+        cold_note = (
+            f"measured here: W=1 {cold[1]:.1f} s, W=2 {cold[2]:.1f} s (median of {a.cold_repeats}, 0.5 CPU a worker)"
+        )
     else:
         c0, c1 = cold_given
         cold = {1: c0 + c1}
@@ -631,25 +779,39 @@ def main(argv: list[str] | None = None) -> None:
     print(f"       group restart = {c0:.1f} s + {c1:.1f} s x nodes  ({cold_note})")
 
     poll = ray_train_poll_s()
-    rec = Recovery(train_poll_s=poll, restart_s=c0, restart_per_node_s=c1, state_bytes=state_bytes,
-                   storage_Bps=a.storage_gbs * 1e9, checkpoint_every_s=a.checkpoint_every_s,
-                   workers_per_node=a.workers_per_node, node_mtbf_h=a.node_mtbf_h)
+    rec = Recovery(
+        train_poll_s=poll,
+        restart_s=c0,
+        restart_per_node_s=c1,
+        state_bytes=state_bytes,
+        storage_Bps=a.storage_gbs * 1e9,
+        checkpoint_every_s=a.checkpoint_every_s,
+        workers_per_node=a.workers_per_node,
+        node_mtbf_h=a.node_mtbf_h,
+    )
     hc = RAY_HEALTH_CHECK
     hung = hc["health_check_failure_threshold"] * (hc["health_check_timeout_ms"] + hc["health_check_period_ms"]) / 1000
     print()
     print("Ray's failure detection (GCS health check of every node; defaults of src/ray/common/ray_config_def.h):")
     print("  " + ", ".join(f"{k}={v}" for k, v in hc.items()))
-    print(f"  a node is dead after {hc['health_check_failure_threshold']} failed checks in a row: "
-          f"{rec.detect_period_s * rec.detect_threshold:.0f} s when the lost node refuses connections, up to "
-          f"{hung:.0f} s when it hangs (each check waits its timeout); then Ray Train's controller sees its "
-          f"worker gone at its next poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={poll:g} s).  Modelled: "
-          f"{rec.detect_s:.0f} s")
-    print(f"  shorten it: {SHORTEN}.  Shorter means a busy or briefly unreachable node is declared dead "
-          "(and the group restarted) when it was only slow")
+    print(
+        f"  a node is dead after {hc['health_check_failure_threshold']} failed checks in a row: "
+        f"{rec.detect_period_s * rec.detect_threshold:.0f} s when the lost node refuses connections, up to "
+        f"{hung:.0f} s when it hangs (each check waits its timeout); then Ray Train's controller sees its "
+        f"worker gone at its next poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S={poll:g} s).  Modelled: "
+        f"{rec.detect_s:.0f} s"
+    )
+    print(
+        f"  shorten it: {SHORTEN}.  Shorter means a busy or briefly unreachable node is declared dead "
+        "(and the group restarted) when it was only slow"
+    )
 
-    nets = [Network(f"stated: {a.bandwidth_gbps:g} Gb/s, {a.latency_us:g} us a hop", a.bandwidth_gbps * 1e9,
-                    a.latency_us * 1e-6),
-            Network("ethernet: 10 Gb/s, 50 us", 10e9, 50e-6)]
+    nets = [
+        Network(
+            f"stated: {a.bandwidth_gbps:g} Gb/s, {a.latency_us:g} us a hop", a.bandwidth_gbps * 1e9, a.latency_us * 1e-6
+        ),
+        Network("ethernet: 10 Gb/s, 50 us", 10e9, 50e-6),
+    ]
     if gloo:
         nets.append(gloo)
     comp = Compute(ca, cc, a.compute_speedup)
@@ -657,10 +819,12 @@ def main(argv: list[str] | None = None) -> None:
     projections = {}
     for net in nets:
         print()
-        print(f"Projection, network {net.name}; local batch b = {a.local_batch} (B = b W) and "
-              f"B = {a.strong_batch} fixed:")
-        projections[net.name] = projection(ws, comp, grad_bytes, net, local_batch=a.local_batch,
-                                           strong_batch=a.strong_batch, overlap=a.overlap)
+        print(
+            f"Projection, network {net.name}; local batch b = {a.local_batch} (B = b W) and B = {a.strong_batch} fixed:"
+        )
+        projections[net.name] = projection(
+            ws, comp, grad_bytes, net, local_batch=a.local_batch, strong_batch=a.strong_batch, overlap=a.overlap
+        )
         print(projection_table(projections[net.name], a.strong_batch))
     print()
     print(f"Recovery from losing one node ({a.workers_per_node} workers a node), seconds the group stands still:")
@@ -691,8 +855,10 @@ def main(argv: list[str] | None = None) -> None:
     print()
     main_rows = {r["workers"]: r for r in projections[nets[0].name]}
     if gloo:
-        print(f"gloo_bandwidth_gbps={gloo.bandwidth_bps / 1e9 if resolved else math.nan:.3f} "
-              f"gloo_latency_us={gloo.latency_s * 1e6:.1f}")
+        print(
+            f"gloo_bandwidth_gbps={gloo.bandwidth_bps / 1e9 if resolved else math.nan:.3f} "
+            f"gloo_latency_us={gloo.latency_s * 1e6:.1f}"
+        )
     print(f"cold_start_s={cold[1]:.2f}")
     strong = main_rows[64]["strong_speedup"]
     print(f"strong_speedup_64={strong:.1f}" if strong is not None else "strong_speedup_64=nan")

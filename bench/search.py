@@ -17,7 +17,7 @@ steps.  Wall time is reported but on one small machine it is dominated by each t
 What pruning saved, per search: what its pruned trials trained past the step they were judged at
 (steps and samples; a pruned trial stops by its next evaluation, ``train.eval_every`` = 10 steps
 here), what the search trained, what it would have trained had every trial run to its end
-(``orchestrator.plan``: each trial's planned steps and samples), and the share pruning saved.
+(``orchestrator.preview``: each trial's planned steps and samples), and the share pruning saved.
 
     .venv/bin/python bench/search.py [--trials 8] [--parallel 2] [--pruners median,hyperband]
         [--space full] [--epochs 4] [--report both|samples|steps] [--quick]
@@ -80,26 +80,58 @@ PRUNERS = {
 }
 
 
-def run_study(name: str, tmp: str, sampler: dict, pruner: dict | str, trials: int | None, parallel: int,
-              params: dict, epochs: float, report_against: str = "samples"):
-    from search.space import parse_space
+def run_study(
+    name: str,
+    tmp: str,
+    sampler: dict,
+    pruner: dict | str,
+    trials: int | None,
+    parallel: int,
+    params: dict,
+    epochs: float,
+    report_against: str = "samples",
+):
     from search.driver import SearchOptions, run_search
+    from search.space import parse_space
 
-    space = parse_space({"base": base_config(tmp, epochs),
-                         "objective": {"metric": "val/accuracy", "direction": "maximize"},
-                         "sampler": sampler, "pruner": pruner, "params": params,
-                         "report_against": report_against}, source=f"bench:{name}")
+    space = parse_space(
+        {
+            "base": base_config(tmp, epochs),
+            "objective": {"metric": "val/accuracy", "direction": "maximize"},
+            "sampler": sampler,
+            "pruner": pruner,
+            "params": params,
+            "report_against": report_against,
+        },
+        source=f"bench:{name}",
+    )
     t0 = time.time()
-    summary = run_search(space, SearchOptions(trials=trials, parallel=parallel, study_name=name,
-                                              storage=os.path.join(tmp, "optuna.journal"), progress=False))
+    summary = run_search(
+        space,
+        SearchOptions(
+            trials=trials,
+            parallel=parallel,
+            study_name=name,
+            storage=os.path.join(tmp, "optuna.journal"),
+            progress=False,
+        ),
+    )
     wall = time.time() - t0
     recs = summary.records
     best = summary.best[0].value if summary.best else float("nan")
-    return {"name": name, "trials": len(recs), "complete": summary.count("COMPLETE"),
-            "pruned": summary.count("PRUNED"), "failed": summary.count("FAIL"), "best": best,
-            "steps": sum(r.steps for r in recs), "samples": sum(r.samples for r in recs), "wall_s": wall,
-            "best_params": summary.best[0].params if summary.best else {},
-            **pruning_saved(recs, tmp, epochs)}
+    return {
+        "name": name,
+        "trials": len(recs),
+        "complete": summary.count("COMPLETE"),
+        "pruned": summary.count("PRUNED"),
+        "failed": summary.count("FAIL"),
+        "best": best,
+        "steps": sum(r.steps for r in recs),
+        "samples": sum(r.samples for r in recs),
+        "wall_s": wall,
+        "best_params": summary.best[0].params if summary.best else {},
+        **pruning_saved(recs, tmp, epochs),
+    }
 
 
 _PLANNED: dict[tuple, tuple[int, int]] = {}
@@ -109,9 +141,9 @@ def planned(tmp: str, epochs: float, values: dict) -> tuple[int, int]:
     """The steps and samples a trial of these sampled values trains when it runs to its end."""
     key = (epochs, tuple(sorted(values.items())))
     if key not in _PLANNED:
-        from orchestrator.pipeline import validated
-        from orchestrator.plan import make_plan
-        from orchestrator.progress import total_samples
+        from orchestrator.config.prepare import validated
+        from orchestrator.preview import make_plan
+        from orchestrator.record.progress_bar import total_samples
         from search.space import set_path
 
         raw = base_config(tmp, epochs)
@@ -132,9 +164,15 @@ def pruning_saved(recs: list, tmp: str, epochs: float) -> dict:
     full = [planned(tmp, epochs, r.params) for r in ran]
     to_end_steps, to_end_samples = sum(f[0] for f in full), sum(f[1] for f in full)
     trained_steps, trained_samples = sum(r.steps for r in ran), sum(r.samples for r in ran)
-    return {"past_steps": sum(past_steps), "past_steps_max": max(past_steps, default=0),
-            "past_samples": sum(past_samples), "to_end_steps": to_end_steps, "to_end_samples": to_end_samples,
-            "saved_steps": to_end_steps - trained_steps, "saved_samples": to_end_samples - trained_samples}
+    return {
+        "past_steps": sum(past_steps),
+        "past_steps_max": max(past_steps, default=0),
+        "past_samples": sum(past_samples),
+        "to_end_steps": to_end_steps,
+        "to_end_samples": to_end_samples,
+        "saved_steps": to_end_steps - trained_steps,
+        "saved_samples": to_end_samples - trained_samples,
+    }
 
 
 def main() -> None:
@@ -143,53 +181,133 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--pruners", default="median,hyperband", help="comma-separated: median, hyperband")
     p.add_argument("--seed", type=int, default=0, help="the TPE sampler's seed")
-    p.add_argument("--space", choices=sorted(SPACES), default="full",
-                   help="full: 16 points (lr x momentum x batch); small: 2 points (lr)")
+    p.add_argument(
+        "--space",
+        choices=sorted(SPACES),
+        default="full",
+        help="full: 16 points (lr x momentum x batch); small: 2 points (lr)",
+    )
     p.add_argument("--epochs", type=float, default=4, help="epochs of digits a trial trains")
-    p.add_argument("--report", choices=("both", "samples", "steps"), default="both",
-                   help="where intermediate values go: both (before/after, default), samples (equal work), steps")
-    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median",
-                                     "report": "samples"})
+    p.add_argument(
+        "--report",
+        choices=("both", "samples", "steps"),
+        default="both",
+        help="where intermediate values go: both (before/after, default), samples (equal work), steps",
+    )
+    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median", "report": "samples"})
     params = SPACES[args.space]
     os.environ["ELASTIC_KEEP_RAY"] = "1"  # one Ray for every study of the benchmark
-    from orchestrator.runner import ensure_ray
+    from orchestrator.run.runner import ensure_ray
 
     ensure_ray()
     import ray
 
     tmp = scratch_dir("elastic-bench-search-")
     described = ", ".join(f"{k} {v['choices']}" for k, v in params.items())
-    print(f"space: {described}  ({points(params)} points); "
-          f"{args.epochs:g} epochs of digits, MLP; {args.parallel} trials at a time", file=sys.stderr)
+    print(
+        f"space: {described}  ({points(params)} points); "
+        f"{args.epochs:g} epochs of digits, MLP; {args.parallel} trials at a time",
+        file=sys.stderr,
+    )
     results = [run_study("grid", tmp, {"name": "grid", "seed": 0}, "none", None, args.parallel, params, args.epochs)]
     reports = ("steps", "samples") if args.report == "both" else (args.report,)
     for name in [n.strip() for n in args.pruners.split(",") if n.strip()]:
         for against in reports:
-            results.append(run_study(f"tpe+{name}@{against}", tmp,
-                                     {"name": "tpe", "seed": args.seed, "n_startup_trials": 3, "constant_liar": True},
-                                     PRUNERS[name], args.trials, args.parallel, params, args.epochs, against))
+            results.append(
+                run_study(
+                    f"tpe+{name}@{against}",
+                    tmp,
+                    {"name": "tpe", "seed": args.seed, "n_startup_trials": 3, "constant_liar": True},
+                    PRUNERS[name],
+                    args.trials,
+                    args.parallel,
+                    params,
+                    args.epochs,
+                    against,
+                )
+            )
     ray.shutdown()
 
     grid = results[0]
     rows = []
     for r in results:
         gap = (grid["best"] - r["best"]) * 100
-        rows.append((r["name"], r["trials"], r["complete"], r["pruned"], r["failed"], f"{r['best']:.4f}",
-                     f"{gap:+.2f}" if r is not grid else "-", r["steps"], f"{r['steps'] / grid['steps']:.2f}",
-                     r["samples"], f"{r['samples'] / grid['samples']:.2f}", f"{r['wall_s']:.0f}",
-                     f"{r['wall_s'] / grid['wall_s']:.2f}"))
-    print(table(rows, ("search", "trials", "complete", "pruned", "failed", "best_val_acc", "gap_points", "steps",
-                       "steps_ratio", "samples", "samples_ratio", "wall_s", "wall_ratio")))
+        rows.append(
+            (
+                r["name"],
+                r["trials"],
+                r["complete"],
+                r["pruned"],
+                r["failed"],
+                f"{r['best']:.4f}",
+                f"{gap:+.2f}" if r is not grid else "-",
+                r["steps"],
+                f"{r['steps'] / grid['steps']:.2f}",
+                r["samples"],
+                f"{r['samples'] / grid['samples']:.2f}",
+                f"{r['wall_s']:.0f}",
+                f"{r['wall_s'] / grid['wall_s']:.2f}",
+            )
+        )
+    print(
+        table(
+            rows,
+            (
+                "search",
+                "trials",
+                "complete",
+                "pruned",
+                "failed",
+                "best_val_acc",
+                "gap_points",
+                "steps",
+                "steps_ratio",
+                "samples",
+                "samples_ratio",
+                "wall_s",
+                "wall_ratio",
+            ),
+        )
+    )
     print()
     rows = []
     for r in results:
         share = r["saved_samples"] / r["to_end_samples"] if r["to_end_samples"] else 0.0
-        rows.append((r["name"], r["pruned"], r["past_steps"], r["past_steps_max"], r["past_samples"], r["samples"],
-                     r["to_end_samples"], r["saved_samples"], f"{share:.0%}", r["saved_steps"]))
-    print("compute saved by pruning (past_judged: trained by pruned trials after the step they were judged at; "
-          "to_end: every trial run to its end)")
-    print(table(rows, ("search", "pruned", "past_judged_steps", "max_per_trial", "past_judged_samples", "samples",
-                       "to_end_samples", "saved_samples", "saved", "saved_steps")))
+        rows.append(
+            (
+                r["name"],
+                r["pruned"],
+                r["past_steps"],
+                r["past_steps_max"],
+                r["past_samples"],
+                r["samples"],
+                r["to_end_samples"],
+                r["saved_samples"],
+                f"{share:.0%}",
+                r["saved_steps"],
+            )
+        )
+    print(
+        "compute saved by pruning (past_judged: trained by pruned trials after the step they were judged at; "
+        "to_end: every trial run to its end)"
+    )
+    print(
+        table(
+            rows,
+            (
+                "search",
+                "pruned",
+                "past_judged_steps",
+                "max_per_trial",
+                "past_judged_samples",
+                "samples",
+                "to_end_samples",
+                "saved_samples",
+                "saved",
+                "saved_steps",
+            ),
+        )
+    )
     print()
     for r in results:
         print(f"{r['name']:<16} best params: {r['best_params']}")
@@ -198,23 +316,29 @@ def main() -> None:
         before, after = by_name.get(f"tpe+{name}@steps"), by_name.get(f"tpe+{name}@samples")
         if before and after:
             ok = after["best"] >= before["best"] and after["samples"] <= before["samples"]
-            print(f"{name}: before (at global steps) best {before['best']:.4f} with {before['samples']} samples; "
-                  f"after (at equal samples) best {after['best']:.4f} with {after['samples']} samples: "
-                  f"{'unchanged or better at no more compute' if ok else 'NOT unchanged-or-better at no more compute'}")
+            print(
+                f"{name}: before (at global steps) best {before['best']:.4f} with {before['samples']} samples; "
+                f"after (at equal samples) best {after['best']:.4f} with {after['samples']} samples: "
+                f"{'unchanged or better at no more compute' if ok else 'NOT unchanged-or-better at no more compute'}"
+            )
     searched = results[1:]
     if searched:
         pick = min(searched, key=lambda r: ((grid["best"] - r["best"]) * 100 > 1.0, r["steps"]))
         gap = (grid["best"] - pick["best"]) * 100
         ratio = pick["steps"] / grid["steps"]
         ok = gap <= 1.0 and ratio <= 0.35
-        print(f"\n{pick['name']}: {gap:.2f} points below the grid's best at {ratio:.0%} of its steps "
-              f"({pick['wall_s'] / grid['wall_s']:.0%} of its wall time); aim: <= 1 point at <= 35% of the steps: "
-              f"{'met' if ok else 'not met'}")
+        print(
+            f"\n{pick['name']}: {gap:.2f} points below the grid's best at {ratio:.0%} of its steps "
+            f"({pick['wall_s'] / grid['wall_s']:.0%} of its wall time); aim: <= 1 point at <= 35% of the steps: "
+            f"{'met' if ok else 'not met'}"
+        )
         saved = pick["saved_samples"] / pick["to_end_samples"] if pick["to_end_samples"] else 0.0
         past = max(r["past_steps_max"] for r in searched)
-        print(f"{pick['name']}: pruning saved {saved:.0%} of the samples its trials would have trained to their "
-              f"ends; a pruned trial trained at most {past} steps past the step it was judged at "
-              f"(bound: one evaluation interval, {base_config(tmp, args.epochs)['train']['eval_every']} steps)")
+        print(
+            f"{pick['name']}: pruning saved {saved:.0%} of the samples its trials would have trained to their "
+            f"ends; a pruned trial trained at most {past} steps past the step it was judged at "
+            f"(bound: one evaluation interval, {base_config(tmp, args.epochs)['train']['eval_every']} steps)"
+        )
         print(f"steps_ratio={ratio:.3f} gap_points={gap:.2f} saved_samples={saved:.3f} past_judged_steps={past}")
 
 

@@ -78,12 +78,18 @@ class Outcome:
 
 
 def base_values(config: str) -> dict:
-    from orchestrator.pipeline import load, load_config
+    from orchestrator.config.prepare import load, load_config
 
     cfg = load_config(config, [])
     raw = load(config)
-    return {"b0": cfg.optimizer.base_batch_size, "context": cfg.data.context, "raw": raw,
-            "batch": cfg.batch, "eval_every": cfg.train.eval_every, "mlb": cfg.batch.max_local_batch}
+    return {
+        "b0": cfg.optimizer.base_batch_size,
+        "context": cfg.data.context,
+        "raw": raw,
+        "batch": cfg.batch,
+        "eval_every": cfg.train.eval_every,
+        "mlb": cfg.batch.max_local_batch,
+    }
 
 
 def schedules(base: dict, epochs: float, factor: int) -> list[tuple[str, dict]]:
@@ -104,18 +110,36 @@ def schedules(base: dict, epochs: float, factor: int) -> list[tuple[str, dict]]:
 
     return [
         ("fixed B0", batch(policy="fixed")),
-        (f"fixed {factor}*B0", {"batch": {"size": big, "max_local_batch": mlb, "policy": "fixed"},
-                                "train": {"eval_every": max(1, every // factor)}}),
+        (
+            f"fixed {factor}*B0",
+            {
+                "batch": {"size": big, "max_local_batch": mlb, "policy": "fixed"},
+                "train": {"eval_every": max(1, every // factor)},
+            },
+        ),
         ("ramp", batch(policy="ramp", ramp_to=big, ramp_epochs=epochs / 2, round_to=b0, max_size=big)),
-        ("cbs_warmup", batch(policy="cbs_warmup", cbs_window=bc.cbs_window, cbs_growth=2.0,
-                             **{k: v for k, v in adaptive.items() if k != "min_growth"})),  # it doubles instead
-        ("seesaw", batch(policy="seesaw", max_size=big)
-         | {"schedule": {"decay": "seesaw", "milestones": milestones, "decay_factor": 0.5, "scaling_rule": "sqrt"}}),
+        (
+            "cbs_warmup",
+            batch(
+                policy="cbs_warmup",
+                cbs_window=bc.cbs_window,
+                cbs_growth=2.0,
+                **{k: v for k, v in adaptive.items() if k != "min_growth"},
+            ),
+        ),  # it doubles instead
+        (
+            "seesaw",
+            batch(policy="seesaw", max_size=big)
+            | {"schedule": {"decay": "seesaw", "milestones": milestones, "decay_factor": 0.5, "scaling_rule": "sqrt"}},
+        ),
         ("noise_scale", batch(policy="noise_scale", **adaptive)),
         # goodput chooses B itself (from B0 up to the cap, by throughput x efficiency) when the batch
         # policy is fixed with room above B0; with an adaptive policy it would only choose W
-        ("goodput", batch(policy="fixed", max_size=cap, round_to=b0, check_every=bc.check_every, ema=bc.ema)
-         | {"scaling": {"policy": "goodput"}}),
+        (
+            "goodput",
+            batch(policy="fixed", max_size=cap, round_to=b0, check_every=bc.check_every, ema=bc.ema)
+            | {"scaling": {"policy": "goodput"}},
+        ),
     ]
 
 
@@ -156,9 +180,12 @@ def reused_run(uris: list[str], name: str) -> tuple[str, str, int] | None:
         exp = client.get_experiment_by_name("bench-time-to-target")
         if exp is None:
             continue
-        found = client.search_runs([exp.experiment_id], f"tags.`mlflow.runName` = '{run_name(name)}' and "
-                                   "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
-                                   max_results=1)
+        found = client.search_runs(
+            [exp.experiment_id],
+            f"tags.`mlflow.runName` = '{run_name(name)}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         if found and (best is None or found[0].info.start_time > best[1].info.start_time):
             best = (uri, found[0])
     if best is None:
@@ -168,12 +195,13 @@ def reused_run(uris: list[str], name: str) -> tuple[str, str, int] | None:
     return uri, run.info.run_id, steps
 
 
-def train_one(name: str, raw: dict, common: list[str], uri: str, target: float,
-              reuse: list[str] | None = None) -> Outcome:
+def train_one(
+    name: str, raw: dict, common: list[str], uri: str, target: float, reuse: list[str] | None = None
+) -> Outcome:
     from mlflow.tracking import MlflowClient
 
     from orchestrator.api import fit
-    from orchestrator.pipeline import ConfigError, load_config
+    from orchestrator.config.prepare import ConfigError, load_config
 
     out = Outcome(name)
     try:
@@ -272,18 +300,32 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=float, default=0.06, help="the budget of every run, in epochs of samples")
     ap.add_argument("--factor", type=int, default=8, help="the large fixed batch and the growth cap, x B0")
     ap.add_argument("--only", default="", help="comma-separated schedule names to run (default: all)")
-    ap.add_argument("--sync-s", type=float, default=1e-4,
-                    help="gamma, seconds per extra worker of a step on the cluster (not measurable at W = 1 here): "
-                         "a ring all-reduce's 2 hops of 5 us plus a ~0.3 MB gradient at 100 Gb/s, rounded up")
-    ap.add_argument("--cluster-local-batch", type=int, default=0,
-                    help="largest local batch a cluster worker runs (default: B0: B grows by adding workers)")
+    ap.add_argument(
+        "--sync-s",
+        type=float,
+        default=1e-4,
+        help="gamma, seconds per extra worker of a step on the cluster (not measurable at W = 1 here): "
+        "a ring all-reduce's 2 hops of 5 us plus a ~0.3 MB gradient at 100 Gb/s, rounded up",
+    )
+    ap.add_argument(
+        "--cluster-local-batch",
+        type=int,
+        default=0,
+        help="largest local batch a cluster worker runs (default: B0: B grows by adding workers)",
+    )
     ap.add_argument("--out", default=os.path.join(ROOT, "bench_out", "time_to_target"))
-    ap.add_argument("--reuse", action="store_true",
-                    help="report from the newest finished run of each schedule in --out's store (no training; "
-                         "another --target is read off the same curves)")
-    ap.add_argument("--part", default="",
-                    help="train into mlflow-PART.db under --out (several bench processes side by side, each with "
-                         "--only; then one --reuse reports them all)")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="report from the newest finished run of each schedule in --out's store (no training; "
+        "another --target is read off the same curves)",
+    )
+    ap.add_argument(
+        "--part",
+        default="",
+        help="train into mlflow-PART.db under --out (several bench processes side by side, each with "
+        "--only; then one --reuse reports them all)",
+    )
     ap.add_argument("--set", dest="sets", action="append", default=[], help="more --set items for every run")
     a = parse_args(ap, quick={"epochs": 0.004, "target": 30.0, "only": "fixed B0,noise_scale,goodput"}, argv=argv)
     os.environ["ELASTIC_KEEP_RAY"] = "1"
@@ -293,19 +335,28 @@ def main(argv: list[str] | None = None) -> None:
     b0, context = base["b0"], base["context"]
     local = a.cluster_local_batch or b0
     runs_dir = os.path.join(scratch_dir("elastic-ttt-"), "ray_runs")
-    common = [f"train.epochs={a.epochs}", f"checkpoint.storage_path={runs_dir}", "checkpoint.every_steps=0",
-              "tracking.experiment=bench-time-to-target", *a.sets]
+    common = [
+        f"train.epochs={a.epochs}",
+        f"checkpoint.storage_path={runs_dir}",
+        "checkpoint.every_steps=0",
+        "tracking.experiment=bench-time-to-target",
+        *a.sets,
+    ]
     wanted = [s.strip() for s in a.only.split(",") if s.strip()]
     outcomes = []
     t_bench = time.time()
     for name, sections in schedules(base, a.epochs, a.factor):
         if wanted and name not in wanted:
             continue
-        o = train_one(name, with_sections(base["raw"], sections), common, uri, a.target,
-                      stores(a.out) if a.reuse else None)
+        o = train_one(
+            name, with_sections(base["raw"], sections), common, uri, a.target, stores(a.out) if a.reuse else None
+        )
         outcomes.append(o)
-        print(f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else
-                             f"{o.steps} steps, target at step {o.hit_step}"), file=sys.stderr, flush=True)
+        print(
+            f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else f"{o.steps} steps, target at step {o.hit_step}"),
+            file=sys.stderr,
+            flush=True,
+        )
     fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s)
     for o in outcomes:
         o.projected_s = project(o, fit, local)
@@ -322,12 +373,29 @@ def main(argv: list[str] | None = None) -> None:
             continue
         tokens = int(round(o.samples_at(o.hit_step) * context))
         rows.append((o.name, o.hit_step, tokens, f"{o.hit_wall_s:.0f}", f"{o.projected_s:.2f}", final, max_b, o.steps))
-    print(f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
-          f"{a.target:g}; budget {a.epochs:g} epoch each; seed and data order the same for all")
-    print(table(rows, ("schedule", "steps", "tokens", "wall s (here)", "projected s (cluster)", "final ppl",
-                       "max B", "steps run")))
-    print(f"projection: {fit.describe() if fit else 'no step times'}; each step on W = ceil(B / {local}) "
-          f"workers of local batch ceil(B / W); gamma is the stated --sync-s (every run here had W = 1)")
+    print(
+        f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
+        f"{a.target:g}; budget {a.epochs:g} epoch each; seed and data order the same for all"
+    )
+    print(
+        table(
+            rows,
+            (
+                "schedule",
+                "steps",
+                "tokens",
+                "wall s (here)",
+                "projected s (cluster)",
+                "final ppl",
+                "max B",
+                "steps run",
+            ),
+        )
+    )
+    print(
+        f"projection: {fit.describe() if fit else 'no step times'}; each step on W = ceil(B / {local}) "
+        f"workers of local batch ceil(B / W); gamma is the stated --sync-s (every run here had W = 1)"
+    )
     by = {o.name: o for o in outcomes}
     fixed, ns, gp = by.get("fixed B0"), by.get("noise_scale"), by.get("goodput")
 
@@ -348,15 +416,29 @@ def main(argv: list[str] | None = None) -> None:
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("bench-time-to-target")
     with mlflow.start_run(run_name="time_to_target"):
-        mlflow.log_params({"config": os.path.relpath(a.config, ROOT), "target": a.target, "epochs": a.epochs,
-                           "b0": b0, "cluster_local_batch": local, "sync_s": a.sync_s})
-        for key, value in (("steps_ratio", steps_ratio), ("tokens_ratio", tokens_ratio),
-                           ("goodput_wall_ratio", goodput_ratio), ("bench_wall_s", time.time() - t_bench)):
+        mlflow.log_params(
+            {
+                "config": os.path.relpath(a.config, ROOT),
+                "target": a.target,
+                "epochs": a.epochs,
+                "b0": b0,
+                "cluster_local_batch": local,
+                "sync_s": a.sync_s,
+            }
+        )
+        for key, value in (
+            ("steps_ratio", steps_ratio),
+            ("tokens_ratio", tokens_ratio),
+            ("goodput_wall_ratio", goodput_ratio),
+            ("bench_wall_s", time.time() - t_bench),
+        ):
             if math.isfinite(value):
                 mlflow.log_metric(key, value)
         mlflow.log_artifact(png, "plots")
-        mlflow.log_text(table(rows, ("schedule", "steps", "tokens", "wall s", "projected s", "final ppl", "max B",
-                                     "steps run")), "time_to_target.txt")
+        mlflow.log_text(
+            table(rows, ("schedule", "steps", "tokens", "wall s", "projected s", "final ppl", "max B", "steps run")),
+            "time_to_target.txt",
+        )
     print(f"plot: {os.path.relpath(png, ROOT)} (and in MLflow {uri}, experiment bench-time-to-target)")
     print(f"steps_ratio={steps_ratio:.3f} tokens_ratio={tokens_ratio:.3f} goodput_wall_ratio={goodput_ratio:.3f}")
 

@@ -3,7 +3,7 @@
     python docs/gen_config_reference.py            # rewrite docs/configuration.md
     python docs/gen_config_reference.py --check    # exit 1 when the file is stale (what the unit test asks)
 
-The classes are the single source: ``orchestrator.config.RootConfig`` and the sections it composes
+The classes are the single source: ``orchestrator.config.schema.RootConfig`` and the sections it composes
 (each kept beside its code in ``trainers/`` and ``orchestrator/``); a field's type, bounds, default
 and ``description`` become one row.
 """
@@ -61,7 +61,8 @@ def _bounds(metadata: list[Any]) -> str:
             if getattr(m, attr, None) is not None:
                 high = (op, getattr(m, attr))
     if low and high:
-        return f" in {'(' if low[0] == '>' else '['}{_fmt_value(low[1])}, {_fmt_value(high[1])}{')' if high[0] == '<' else ']'}"
+        opening, closing = "(" if low[0] == ">" else "[", ")" if high[0] == "<" else "]"
+        return f" in {opening}{_fmt_value(low[1])}, {_fmt_value(high[1])}{closing}"
     if low or high:
         op, v = low or high
         return f" {op} {_fmt_value(v)}"
@@ -132,22 +133,38 @@ def _rows(cls: type, prefix: str) -> list[str]:
             nested.append((key, field.annotation))
     out = rows
     for key, sub in nested:
-        out += ["", f"### `{key}`", "", _summary(sub), "", "| key | type | default | description |",
-                "|---|---|---|---|", *_rows(sub, key)]
+        out += [
+            "",
+            f"### `{key}`",
+            "",
+            _summary(sub),
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+            *_rows(sub, key),
+        ]
     return out
 
 
 def render() -> str:
     """The whole reference, one section per top-level key of ``RootConfig``."""
     sys.path.insert(0, str(ROOT))
-    from orchestrator.config import RootConfig
+    from orchestrator.config.schema import RootConfig
 
     lines = [HEADER.rstrip("\n"), "", "Sections: " + ", ".join(f"[`{n}`](#{n})" for n in RootConfig.model_fields), ""]
     for name, field in RootConfig.model_fields.items():
         cls = field.annotation
         where = cls.__module__.replace(".", "/") + ".py"
-        lines += [f"## {name}", "", f"{_summary(cls)} Defined by `{cls.__name__}` in `{where}`.", "",
-                  "| key | type | default | description |", "|---|---|---|---|", *_rows(cls, name), ""]
+        lines += [
+            f"## {name}",
+            "",
+            f"{_summary(cls)} Defined by `{cls.__name__}` in `{where}`.",
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+            *_rows(cls, name),
+            "",
+        ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -8,7 +8,7 @@ sent to the workers by value (Ray pickles it with cloudpickle) and recorded as
 ``"python:module.qualname"``: ``python -m orchestrator resume RUN`` then says in one line how to
 resume it from Python (``fit(resume=RUN, model_fn=..., data_fn=...)``).
 
-Bad input raises :class:`orchestrator.config.ConfigError` (a ``ValueError`` with the CLI's one-line
+Bad input raises :class:`orchestrator.config.schema.ConfigError` (a ``ValueError`` with the CLI's one-line
 message) before Ray starts or an MLflow run exists.
 """
 
@@ -19,8 +19,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import ConfigError
-from orchestrator.pipeline import load, prepare
+from orchestrator.config.prepare import load, prepare
+from orchestrator.config.schema import ConfigError
+from orchestrator.run.ray_env import quiet_libraries
+from orchestrator.run.runner import run_training
+from trainers.loop.storage import join
+from trainers.workload.build import BY_VALUE, by_value_name
+from trainers.workload.factory import qualified_name
 
 
 @dataclass
@@ -42,11 +47,10 @@ class FitResult:
         return self.metrics
 
 
-def _record(section: str, fn: Callable[..., Any], raw: dict[str, Any],
-            functions: dict[str, Callable[..., Any]]) -> None:
+def _record(
+    section: str, fn: Callable[..., Any], raw: dict[str, Any], functions: dict[str, Callable[..., Any]]
+) -> None:
     """Name ``fn`` as the section's factory in ``raw``: by import path, or by value."""
-    from trainers.workload.factory import qualified_name
-    from trainers.workload.build import by_value_name
 
     if not callable(fn):
         raise ConfigError(f"{section}.factory: {section}_fn is a {type(fn).__name__}, not a callable")
@@ -63,7 +67,6 @@ def _record(section: str, fn: Callable[..., Any], raw: dict[str, Any],
 
 def by_value_fields(raw: dict[str, Any]) -> dict[str, str]:
     """``{"model.factory": "python:..."}`` for each factory of a recorded config sent by value."""
-    from trainers.workload.build import BY_VALUE
 
     out = {}
     for section in ("data", "model"):
@@ -78,15 +81,25 @@ def resume_hint(run_id: str, raw: dict[str, Any]) -> str | None:
     fields = by_value_fields(raw)
     if not fields:
         return None
-    args = ", ".join(f"{f.split('.')[0]}_fn=<{v[len('python:'):]}>" for f, v in fields.items())
+    args = ", ".join(f"{f.split('.')[0]}_fn=<{v[len('python:') :]}>" for f, v in fields.items())
     what = ", ".join(f"{f}={v}" for f, v in fields.items())
-    return (f"run: {run_id} was started from Python with functions sent by value ({what}); resume it from "
-            f"Python: from orchestrator import fit; fit(resume={run_id!r}, {args})")
+    return (
+        f"run: {run_id} was started from Python with functions sent by value ({what}); resume it from "
+        f"Python: from orchestrator import fit; fit(resume={run_id!r}, {args})"
+    )
 
 
-def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., Any] | None = None,
-        data_fn: Callable[..., Any] | None = None, overrides: Iterable[str] = (), tracking_uri: str | None = None,
-        resume: str | None = None, progress: bool = True, verbose: bool = False) -> FitResult:
+def fit(
+    config: str | dict[str, Any] | None = None,
+    *,
+    model_fn: Callable[..., Any] | None = None,
+    data_fn: Callable[..., Any] | None = None,
+    overrides: Iterable[str] = (),
+    tracking_uri: str | None = None,
+    resume: str | None = None,
+    progress: bool = True,
+    verbose: bool = False,
+) -> FitResult:
     """Train ``config`` (a YAML path or a dict of sections) on Ray, tracked in MLflow; return the result.
 
     ``model_fn``/``data_fn`` replace ``model.factory``/``data.factory`` (called with ``params`` as
@@ -96,7 +109,6 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
     ``verbose``: also MLflow's and Ray's own INFO lines (by default only the bar and its lines).
     """
     t0 = time.time()
-    from orchestrator.ray_env import quiet_libraries
 
     quiet_libraries(verbose)  # a notebook shows the bar and its lines, not MLflow's and Ray's INFO lines
     functions: dict[str, Callable[..., Any]] = {}
@@ -104,13 +116,13 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
     if resume is not None:
         if config is not None:
             raise ConfigError("config: give either a config or resume=RUN (which uses the run's own config)")
-        from orchestrator.run_info import find_run
+        from orchestrator.run.run_info import find_run  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
 
         resume_id, uri, raw = find_run(resume, tracking_uri)
         raw.setdefault("tracking", {})["uri"] = uri
         for section, fn in (("model", model_fn), ("data", data_fn)):
             if fn is not None:
-                from trainers.workload.factory import qualified_name
+                from trainers.workload.factory import qualified_name  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
 
                 recorded = (raw.get(section) or {}).get("factory") or ""
                 if qualified_name(fn) is None or recorded.startswith("python:"):
@@ -119,8 +131,10 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
         if missing:
             raise ConfigError(resume_hint(resume_id, raw) or f"{missing[0]}: pass the function again")
         if list(overrides):
-            raise ConfigError("overrides: a resumed run keeps its recorded config; drop overrides (or start a new "
-                              "run from the changed config)")
+            raise ConfigError(
+                "overrides: a resumed run keeps its recorded config; drop overrides (or start a new "
+                "run from the changed config)"
+            )
         cfg = prepare(raw, functions=functions or None)  # the same checks as train, environment included
     else:
         raw = load(config)
@@ -129,12 +143,17 @@ def fit(config: str | dict[str, Any] | None = None, *, model_fn: Callable[..., A
                 _record(section, fn, raw, functions)
         cfg = prepare(raw, overrides, functions=functions or None, tracking_uri=tracking_uri)
 
-    from orchestrator.runner import run_training
+    s = run_training(
+        cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id, functions=functions or None
+    )
 
-    s = run_training(cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id,
-                     functions=functions or None)
-    from trainers.loop.storage import join
-
-    return FitResult(run_id=s.run_id, status=s.status, metrics=dict(s.final), steps=s.steps, wall_s=s.wall_s,
-                     tracking_uri=s.tracking_uri, experiment_id=s.experiment_id,
-                     checkpoint_dir=join(s.storage_path, s.train_run_name))
+    return FitResult(
+        run_id=s.run_id,
+        status=s.status,
+        metrics=dict(s.final),
+        steps=s.steps,
+        wall_s=s.wall_s,
+        tracking_uri=s.tracking_uri,
+        experiment_id=s.experiment_id,
+        checkpoint_dir=join(s.storage_path, s.train_run_name),
+    )

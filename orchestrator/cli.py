@@ -8,62 +8,95 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
-from orchestrator import command
-from orchestrator.config import DEFAULT_TRACKING_URI, ConfigError
-from orchestrator.flags import OneLineParser, number, set_without_equals
-from orchestrator.outcome import EXIT_INTERRUPTED
-from orchestrator.pipeline import prepare
-from orchestrator.ray_env import quiet_libraries
-from orchestrator.ui import open_hint
-from orchestrator.uris import redact_text, redact_uri
+from orchestrator.config import command
+from orchestrator.config.flags import OneLineParser, number, set_without_equals
+from orchestrator.config.prepare import prepare
+from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError
+from orchestrator.config.uris import redact_text, redact_uri
+from orchestrator.record.ui import open_hint
+from orchestrator.run.outcome import EXIT_INTERRUPTED
+from orchestrator.run.ray_env import quiet_libraries
 from trainers.loop.storage import join
 
-EXIT_BAD_INPUT = 2  # a run's own exit statuses: orchestrator/outcome.py
+EXIT_BAD_INPUT = 2  # a run's own exit statuses: orchestrator/run/outcome.py
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m orchestrator",
-                      description="Elastic large-batch training on Ray Train, tracked in MLflow.")
+    p = OneLineParser(
+        prog="python -m orchestrator", description="Elastic large-batch training on Ray Train, tracked in MLflow."
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train a YAML config",
-                       description="Train a YAML config on a local Ray (or the cluster in $RAY_ADDRESS).")
+    t = sub.add_parser(
+        "train",
+        help="train a YAML config",
+        description="Train a YAML config on a local Ray (or the cluster in $RAY_ADDRESS).",
+    )
     t.add_argument("config", help="YAML config file, e.g. configs/quickstart.yaml")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value (repeatable), e.g. --set batch.size=128")
-    t.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
-                                          f"{DEFAULT_TRACKING_URI})")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. --set batch.size=128",
+    )
+    t.add_argument(
+        "--tracking-uri", help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})"
+    )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--verbose", action="store_true", help="show Ray's own logs")
-    t.add_argument("--register", metavar="NAME", help="register the final model in MLflow's model registry "
-                                                      "under NAME (a new version each run)")
+    t.add_argument(
+        "--register",
+        metavar="NAME",
+        help="register the final model in MLflow's model registry under NAME (a new version each run)",
+    )
 
-    r = sub.add_parser("resume", help="continue a run whose driver was stopped or killed",
-                       description="Continue a run from its latest checkpoint, in the same MLflow run.")
+    r = sub.add_parser(
+        "resume",
+        help="continue a run whose driver was stopped or killed",
+        description="Continue a run from its latest checkpoint, in the same MLflow run.",
+    )
     r.add_argument("run", help="the MLflow run id, or the run's checkpoint storage directory")
     r.add_argument("--tracking-uri", help="MLflow tracking URI holding the run (default: the one it was started with)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--verbose", action="store_true", help="show Ray's own logs")
 
-    pl = sub.add_parser("plan", help="preview lr, mf, batch and workers step by step without training",
-                        description="Preview the schedule a config implies, without starting anything.")
+    pl = sub.add_parser(
+        "plan",
+        help="preview lr, mf, batch and workers step by step without training",
+        description="Preview the schedule a config implies, without starting anything.",
+    )
     pl.add_argument("config", help="YAML config file")
     pl.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     pl.add_argument("--format", choices=["table", "csv"], default="table")
-    pl.add_argument("--every", type=number(int, ge=0, example="--every 50"), default=0, metavar="N",
-                    help="also a row every N steps (default: step 1, epoch ends, batch changes, last step)")
+    pl.add_argument(
+        "--every",
+        type=number(int, ge=0, example="--every 50"),
+        default=0,
+        metavar="N",
+        help="also a row every N steps (default: step 1, epoch ends, batch changes, last step)",
+    )
     pl.add_argument("--plot", metavar="FILE.png", help="write a plot of lr and mf (and B, W) against steps")
 
-    u = sub.add_parser("ui", help="serve the MLflow UI and print links to the newest runs",
-                       description="Start the MLflow UI on 127.0.0.1 over the tracking store and print links "
-                                   "that open each run in the model-training view. Stop it with Ctrl-C.")
-    u.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or "
-                                          f"{DEFAULT_TRACKING_URI})")
-    u.add_argument("--port", type=number(int, ge=1, le=65535, example="--port 5000"),
-                   help="port on 127.0.0.1 (default: 5000 if free, else a free one)")
+    u = sub.add_parser(
+        "ui",
+        help="serve the MLflow UI and print links to the newest runs",
+        description="Start the MLflow UI on 127.0.0.1 over the tracking store and print links "
+        "that open each run in the model-training view. Stop it with Ctrl-C.",
+    )
+    u.add_argument(
+        "--tracking-uri", help=f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI})"
+    )
+    u.add_argument(
+        "--port",
+        type=number(int, ge=1, le=65535, example="--port 5000"),
+        help="port on 127.0.0.1 (default: 5000 if free, else a free one)",
+    )
     u.add_argument("--run", help="link this run id only")
     u.add_argument("--experiment", help="link the newest runs of this experiment (default: all experiments)")
     u.add_argument("--verbose", action="store_true", help="show the MLflow server's own log")
@@ -71,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _summary(s, cfg) -> str:
-    from orchestrator.timeline import format_table
+    from orchestrator.record.timeline import format_table  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     lines = [
         "",
@@ -101,21 +134,24 @@ def _summary(s, cfg) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a config.  ``ray job submit ... -- python -m orchestrator train CONFIG`` runs this same
-    command on the cluster, so a job's config passes the same checks (``orchestrator/pipeline.py``)."""
+    command on the cluster, so a job's config passes the same checks (``orchestrator/config/prepare.py``)."""
     t_invoked = time.time()
     if args.register is not None and not args.register.strip():
-        raise ConfigError("--register: empty model name; give the name to register the model under, e.g. --register digits-cnn")
+        raise ConfigError(
+            "--register: empty model name; give the name to register the model under, e.g. --register digits-cnn"
+        )
     cfg = prepare(args.config, args.overrides, tracking_uri=args.tracking_uri)  # ConfigError before anything starts
-    return _train_and_report(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
-                             register_model=args.register)
+    return _train_and_report(
+        cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked, register_model=args.register
+    )
 
 
 def _train_and_report(cfg, **kwargs) -> int:
-    """Run, print the summary; the exit status is the run's end's (orchestrator/outcome.py): 0
+    """Run, print the summary; the exit status is the run's end's (orchestrator/run/outcome.py): 0
     FINISHED, 1 FAILED, 130 stopped by Ctrl-C or SIGTERM (``ray job stop``): then the run ended
     KILLED, its message says how to continue it."""
-    from orchestrator.ray_env import terminate_as_interrupt
-    from orchestrator.runner import RunInterrupted, run_training
+    from orchestrator.run.ray_env import terminate_as_interrupt  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.run.runner import RunInterrupted, run_training  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     try:
         with terminate_as_interrupt():
@@ -133,7 +169,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     no checkpoint or MLflow run, so a checkpoint folder or tracking store that ``train`` could not
     use is no reason to refuse a preview (one may plan on a laptop for a cluster's paths)."""
     cfg = prepare(args.config, args.overrides, environment=False)
-    from orchestrator.plan import make_plan, plot, to_csv, to_table
+    from orchestrator.preview import make_plan, plot, to_csv, to_table  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     plan = make_plan(cfg, every=args.every)
     if args.format == "csv":
@@ -150,12 +186,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     t_invoked = time.time()
-    from orchestrator.runner import find_run
-
-    from orchestrator.run_info import DriverLock, check_resumable, run_folder
+    from orchestrator.run.run_info import DriverLock, check_resumable, run_folder  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.run.runner import find_run  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     run_id, uri, raw = find_run(args.run, args.tracking_uri)
-    from orchestrator.api import resume_hint
+    from orchestrator.api import resume_hint  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     hint = resume_hint(run_id, raw)  # functions sent by value from Python: resume there
     if hint:
@@ -165,27 +200,35 @@ def cmd_resume(args: argparse.Namespace) -> int:
     name = f"elastic-{run_id}"
     check_resumable(run_id, uri, cfg.checkpoint.storage_path, name)  # never a silent fresh start
     lock = DriverLock(run_folder(cfg.checkpoint.storage_path, name)).acquire(run_id)
-    return _train_and_report(cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked,
-                             resume_run_id=run_id, driver_lock=lock)
+    return _train_and_report(
+        cfg,
+        verbose=args.verbose,
+        progress=not args.no_progress,
+        t_invoked=t_invoked,
+        resume_run_id=run_id,
+        driver_lock=lock,
+    )
 
 
 def _local_store_path(uri: str) -> str | None:
     """The file or folder a local tracking URI names (None for a server or a database server)."""
     if uri.startswith("sqlite:///"):
-        return uri[len("sqlite:///"):]
+        return uri[len("sqlite:///") :]
     if uri.startswith("file://"):
-        return uri[len("file://"):]
+        return uri[len("file://") :]
     return None if "://" in uri else uri
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from orchestrator import ui
+    from orchestrator.record import ui  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):
-        raise ConfigError(f"--tracking-uri: {redact_uri(uri)} does not exist yet; train a run first "
-                          f"({command.cli()} train configs/quickstart.yaml) or pass the store that holds your runs")
+        raise ConfigError(
+            f"--tracking-uri: {redact_uri(uri)} does not exist yet; train a run first "
+            f"({command.cli()} train configs/quickstart.yaml) or pass the store that holds your runs"
+        )
     try:
         runs = ui.recent_runs(uri, args.experiment, args.run)
     except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line
@@ -210,11 +253,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
         print(f"no runs yet in {redact_uri(uri)}")
     for r in runs:
         status = r.info.status.lower()
-        print(f"  {r.info.run_name or r.info.run_id:<28} {status:<9} {ui.run_url(base, r.info.experiment_id, r.info.run_id)}")
+        url = ui.run_url(base, r.info.experiment_id, r.info.run_id)
+        print(f"  {r.info.run_name or r.info.run_id:<28} {status:<9} {url}")
     sys.stdout.flush()
     if proc is None:
         return 0
-    import signal
 
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

@@ -1,7 +1,7 @@
-"""``python -m search``: see ``search.cli``."""
+"""``python -m search``: see ``search.commands``."""
 
 import sys
 
-from search.cli import main
+from search.commands import main
 
 sys.exit(main())

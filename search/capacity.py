@@ -8,9 +8,9 @@ may resize up to that many workers, so the driver books the maximum before launc
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
-from orchestrator.config import RootConfig
+from orchestrator.config.schema import RootConfig
 
 Resources = dict[str, float]
 """Resource name (``"CPU"``, ``"GPU"``) -> amount, as Ray's ``cluster_resources()`` names them."""

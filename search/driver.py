@@ -18,11 +18,11 @@
   deletes their checkpoints and queues their configs again; a re-run of a command whose driver died
   finishes that command's ``--trials``.
 
-Only this driver touches the study's storage (``search.storage``), through Optuna's public API.
+Only this driver touches the study's storage (``search.study_storage``), through Optuna's public API.
 What it keeps is split by concern: ``slots`` (``search.pool``: trials in flight), ``pruning``
 (``search.pruning``), ``life`` (``search.liveness``), ``targets`` (where a trial's run writes),
-``records``, ``tracker`` and ``bar`` (what it shows: ``search.records``, ``search.tracking``,
-``search.progress``).  See ``docs/architecture.md`` (the search layer).
+``records``, ``tracker`` and ``bar`` (what it shows: ``search.records``, ``search.study_tracking``,
+``search.study_progress``).  See ``docs/architecture.md`` (the search layer).
 """
 
 from __future__ import annotations
@@ -34,20 +34,27 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import ConfigError, validate
-from orchestrator.pipeline import validated
-from orchestrator.preflight import check_data_files
+import optuna
+import ray
+
+from orchestrator.config.code import runtime_env
+from orchestrator.config.feasibility import autoscaler_max_resources, capacity
+from orchestrator.config.preflight import check_data_files
+from orchestrator.config.prepare import validated
+from orchestrator.config.schema import ConfigError, validate
+from orchestrator.config.uris import absolute_tracking_uri, redact_uri
+from orchestrator.run.runner import ensure_ray
 from search.capacity import Capacity, trial_needs
 from search.liveness import DEFAULT_HEARTBEAT_S, LOST_ERROR, DriverLife, StudyStore, request_key, requeue
 from search.pool import Slots
-from search.progress import ProgressBar, best_text, trial_line, write_line
 from search.pruning import Pruning
 from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
 from search.space import SearchSpace
-from search.storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
-from orchestrator.uris import absolute_tracking_uri, redact_uri
-from search.tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
+from search.study_progress import ProgressBar, best_text, trial_line, write_line
+from search.study_storage import DEFAULT_STORAGE, describe_storage, open_storage
+from search.study_tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
+from search.trial import TrialResult, short_error
 from search.view import trial_run_name
 from trainers.errors import one_line
 from trainers.loop.storage import join, resolve, store_for
@@ -86,20 +93,20 @@ class Targets:
     ``storage``: where the study itself lives, as shown."""
 
     def __init__(self, space: SearchSpace, tracking_uri: str | None, storage_desc: str) -> None:
-        from orchestrator.code import runtime_env
 
         base_cfg = validate(space.base)
         self.tracking_uri = absolute_tracking_uri(tracking_uri or base_cfg.tracking.resolved_uri())
         self.experiment = base_cfg.tracking.experiment
-        self.runtime_env = runtime_env(base_cfg)  # the user's code, for the trial actors (orchestrator/code.py)
+        self.runtime_env = runtime_env(base_cfg)  # the user's code, for the trial actors (orchestrator/config/code.py)
         self.storage_path = resolve(base_cfg.checkpoint.storage_path)  # a local folder made absolute, or a URI
         self.storage = storage_desc
         self.base_batch = float(base_cfg.batch.size)  # the unit of equal work (records.ReportUnit)
 
     def runtime(self, raw: dict[str, Any], number: int) -> dict[str, Any]:
         """Where trial ``number``'s results go: the study's MLflow experiment and the checkpoint folder."""
-        raw.setdefault("tracking", {}).update(uri=self.tracking_uri, experiment=self.experiment,
-                                              run_name=trial_run_name(number))
+        raw.setdefault("tracking", {}).update(
+            uri=self.tracking_uri, experiment=self.experiment, run_name=trial_run_name(number)
+        )
         raw.setdefault("checkpoint", {})["storage_path"] = self.storage_path
         return raw
 
@@ -119,12 +126,18 @@ class SearchDriver:
 
     ``run()`` is the whole life of one invocation: open (Ray, capacity, the MLflow parent run, the
     bar), loop (ask, launch, watch, finish), close (actors, parent run, Ray).  ``storage``: the
-    storage the study was opened on (``search.storage.open_storage``); without it the driver keeps
+    storage the study was opened on (``search.study_storage.open_storage``); without it the driver keeps
     no heartbeat (a study in memory, as in tests).
     """
 
-    def __init__(self, space: SearchSpace, study: Study, options: SearchOptions, storage_desc: str,
-                 storage: BaseStorage | None = None) -> None:
+    def __init__(
+        self,
+        space: SearchSpace,
+        study: Study,
+        options: SearchOptions,
+        storage_desc: str,
+        storage: BaseStorage | None = None,
+    ) -> None:
         self.space, self.study, self.opts = space, study, options
         self.targets = Targets(space, options.tracking_uri, storage_desc)
         self.pruning = Pruning(space, study, self.targets.base_batch)
@@ -149,7 +162,6 @@ class SearchDriver:
     def run(self) -> SearchSummary:
         """Called once by ``run_search``.  The running trials are told FAIL if the driver fails or
         is interrupted (the exception goes on); the parent run ends FINISHED, FAILED or KILLED."""
-        from orchestrator.runner import ensure_ray
 
         t0 = time.time()
         self._recover(wait=True)  # the trials of a dead driver: FAIL, runs KILLED, configs queued again
@@ -186,8 +198,10 @@ class SearchDriver:
         if remaining_grid is not None:
             n_trials = remaining_grid if n_trials is None else min(n_trials, remaining_grid)
             if remaining_grid == 0:
-                self._write(f"the grid is done: all {self.space.grid_size()} points of study "
-                            f"{self.study.study_name!r} have been tried")
+                self._write(
+                    f"the grid is done: all {self.space.grid_size()} points of study "
+                    f"{self.study.study_name!r} have been tried"
+                )
         n = DEFAULT_TRIALS if n_trials is None else n_trials
         taken = self.life.begin(request_key(self.space.text, self.opts.trials), n, say=self._write)
         inv = self.life.invocation
@@ -196,22 +210,27 @@ class SearchDriver:
         left = inv.left()
         if remaining_grid is not None:
             left = min(left, remaining_grid)
-        self._write(f"continuing the same command of a driver that died: {inv.total - left} of its "
-                    f"{inv.total} trials were evaluated, {left} left")
+        self._write(
+            f"continuing the same command of a driver that died: {inv.total - left} of its "
+            f"{inv.total} trials were evaluated, {left} left"
+        )
         return left
 
     def _open(self, n_trials: int) -> None:
         """Called by ``run`` once Ray is up: the cluster's capacity, the MLflow parent run (reopened
         for a continued study), the study's user attributes ``show`` needs, and the bar."""
-        import ray
 
         # what the cluster can ever hold: an autoscaling cluster may start with no workers at all
-        from orchestrator.feasibility import autoscaler_max_resources, capacity
 
         self.slots.capacity = Capacity(capacity(ray.cluster_resources(), autoscaler_max_resources()))
-        self.tracker = StudyTracker(self.targets.tracking_uri, self.targets.experiment, self.study.study_name,
-                                    self.targets.storage, self.space,
-                                    existing_run_id=self.study.user_attrs.get(PARENT_RUN_ATTR))
+        self.tracker = StudyTracker(
+            self.targets.tracking_uri,
+            self.targets.experiment,
+            self.study.study_name,
+            self.targets.storage,
+            self.space,
+            existing_run_id=self.study.user_attrs.get(PARENT_RUN_ATTR),
+        )
         self.study.set_user_attr(PARENT_RUN_ATTR, self.tracker.run_id)
         self.study.set_user_attr("tracking_uri", redact_uri(self.targets.tracking_uri))  # never credentials
         self.study.set_user_attr("base_config", self.space.base)
@@ -247,16 +266,25 @@ class SearchDriver:
         if self.tracker is not None:
             self._close_parent(status, wall_s)
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
-            import ray
+            import ray  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
 
             ray.shutdown()
 
     def _summary(self, wall_s: float) -> SearchSummary:
         """Called by ``run`` after a normal end: what this invocation did, and the study's best."""
         assert self.tracker is not None
-        return SearchSummary(self.study.study_name, self.targets.storage, self.tracker.run_id,
-                             self.targets.tracking_uri, self.tracker.experiment_id, self.records,
-                             len(self.study.trials), best_trials(self.study), wall_s, list(self.objectives))
+        return SearchSummary(
+            self.study.study_name,
+            self.targets.storage,
+            self.tracker.run_id,
+            self.targets.tracking_uri,
+            self.tracker.experiment_id,
+            self.records,
+            len(self.study.trials),
+            best_trials(self.study),
+            wall_s,
+            list(self.objectives),
+        )
 
     # -- the loop's steps --------------------------------------------------------------------------
 
@@ -306,7 +334,6 @@ class SearchDriver:
     def _watch(self) -> None:
         """Wait up to ``POLL_S`` for runs to return, relay the running trials' values to the pruner,
         and finish the trials whose runs returned."""
-        import ray
 
         refs = [r.ref for r in self.running.values()]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
@@ -357,17 +384,18 @@ class SearchDriver:
         trial.set_user_attr("steps", 0)
         run_id = None
         if self.tracker is not None:
-            run_id = self.tracker.duplicate_child(trial.number, values, same, self.objectives,
-                                                  run_name=trial_run_name(trial.number))
+            run_id = self.tracker.duplicate_child(
+                trial.number, values, same, self.objectives, run_name=trial_run_name(trial.number)
+            )
             trial.set_user_attr("mlflow_run_id", run_id)
         self.life.forget(trial.number)
         self.study.tell(trial, list(same.values) if self.space.multi_objective else same.value)
-        self._record(TrialRecord(trial.number, "COMPLETE", list(same.values), values, run_id=run_id,
-                                 duplicate_of=same.number))
+        self._record(
+            TrialRecord(trial.number, "COMPLETE", list(same.values), values, run_id=run_id, duplicate_of=same.number)
+        )
 
     def _fail_early(self, trial: Trial, values: dict[str, Any], error: str) -> None:
         """Tell FAIL a trial whose config is invalid; its MLflow child run holds the params and the error."""
-        import optuna
 
         trial.set_user_attr("error", error)
         run_id = None
@@ -384,15 +412,21 @@ class SearchDriver:
         actor = self.slots.pool.get()
         tags = self.tracker.child_tags(p.trial.number, p.values) if self.tracker else {}
         parent = self.tracker.run_id if self.tracker else None
-        ref = actor.run.remote(p.trial.number, p.cfg.model_dump(mode="json"), parent, tags, self.pruning.metrics,
-                               self.space.keep_checkpoints, self.pruning.judged_metrics)
+        ref = actor.run.remote(
+            p.trial.number,
+            p.cfg.model_dump(mode="json"),
+            parent,
+            tags,
+            self.pruning.metrics,
+            self.space.keep_checkpoints,
+            self.pruning.judged_metrics,
+        )
         self.slots.capacity.take(p.need)
         self.running[p.trial.number] = RunningTrial.launched(p, actor, ref, time.time())
 
     def _poll(self) -> None:
         """Relay the running trials' new objective values to the pruner, and its verdicts back to
         their runs (a condemned one stops; the others may go past their next evaluation)."""
-        import ray
 
         refs = {n: r.actor.poll.remote(n) for n, r in self.running.items()}
         for n, ref in refs.items():
@@ -420,35 +454,54 @@ class SearchDriver:
         pruned = r.pruned if out.state == "PRUNED" else None  # a run that reached its end was not pruned
         self._tell(r, res, out, run_id)
         self._close_child(r.trial.number, run_id, out, res.error_detail, pruned.step if pruned else None)
-        self._record(TrialRecord(r.trial.number, out.state, out.values, r.values, steps=res.steps,
-                                 samples=res.samples, wall_s=res.wall_s, worker_seconds=res.worker_seconds,
-                                 error=out.error, run_id=run_id, pruned_at=pruned.step if pruned else None,
-                                 pruned_samples=pruned.samples if pruned else None))
+        self._record(
+            TrialRecord(
+                r.trial.number,
+                out.state,
+                out.values,
+                r.values,
+                steps=res.steps,
+                samples=res.samples,
+                wall_s=res.wall_s,
+                worker_seconds=res.worker_seconds,
+                error=out.error,
+                run_id=run_id,
+                pruned_at=pruned.step if pruned else None,
+                pruned_samples=pruned.samples if pruned else None,
+            )
+        )
 
     def _result(self, r: RunningTrial) -> tuple[TrialResult, bool]:
         """The run's result and whether its actor is healthy (a dead actor gives a FAILED result)."""
-        import ray
-
-        from search.trial import TrialResult, short_error
 
         try:
             return TrialResult(**ray.get(r.ref)), True
         except Exception as e:  # the actor process died
-            return TrialResult(run_id=r.run_id, status="FAILED", stopped=False, steps=0,
-                               wall_s=time.time() - r.t0, worker_seconds=0.0,
-                               error=f"trial actor died: {short_error(e)}"), False
+            return TrialResult(
+                run_id=r.run_id,
+                status="FAILED",
+                stopped=False,
+                steps=0,
+                wall_s=time.time() - r.t0,
+                worker_seconds=0.0,
+                error=f"trial actor died: {short_error(e)}",
+            ), False
 
     def _tell(self, r: RunningTrial, res: TrialResult, out: TrialOutcome, run_id: str | None) -> None:
         """The run's figures as the trial's user attributes, then its state (and values) to the study.
         A PRUNED trial's value is the one it was judged at (its last intermediate value)."""
-        import optuna
 
         t = r.trial
         pruned_at = r.pruned_at if out.state == "PRUNED" else None
-        for key, v in (("mlflow_run_id", run_id), ("steps", res.steps), ("samples", res.samples),
-                       ("wall_s", round(res.wall_s, 3)),
-                       ("worker_seconds", round(res.worker_seconds, 3)), ("error", out.error),
-                       ("pruned_at_step", pruned_at)):
+        for key, v in (
+            ("mlflow_run_id", run_id),
+            ("steps", res.steps),
+            ("samples", res.samples),
+            ("wall_s", round(res.wall_s, 3)),
+            ("worker_seconds", round(res.worker_seconds, 3)),
+            ("error", out.error),
+            ("pruned_at_step", pruned_at),
+        ):
             if v is not None:
                 t.set_user_attr(key, v)
         self.life.forget(t.number)
@@ -458,8 +511,9 @@ class SearchDriver:
         else:
             self.study.tell(t, state=getattr(optuna.trial.TrialState, out.state))
 
-    def _close_child(self, number: int, run_id: str | None, out: TrialOutcome, detail: str | None,
-                     pruned_at: int | None = None) -> None:
+    def _close_child(
+        self, number: int, run_id: str | None, out: TrialOutcome, detail: str | None, pruned_at: int | None = None
+    ) -> None:
         """The trial's MLflow run gets its final state; MLflow trouble is a warning, not a stop."""
         if not run_id or self.tracker is None:
             return
@@ -474,7 +528,6 @@ class SearchDriver:
         """Fail the trials still running or pending (the driver is going away): their MLflow runs end
         KILLED, their checkpoints go, their configs are queued again for the next ``run`` of the study
         (the same command then finishes its ``--trials``)."""
-        import optuna
 
         asked = [(n, r.trial, r.values, r.run_id) for n, r in self.running.items()]
         p = self.slots.pending
@@ -509,8 +562,14 @@ class SearchDriver:
         """A lost trial (told FAIL): queue its config again, close its MLflow run KILLED and delete
         its checkpoints (unless the space keeps them)."""
         requeue(self.study, t)
-        run_id = close_lost_child(self.targets.tracking_uri, self.study.user_attrs.get(PARENT_RUN_ATTR),
-                                  self.study.study_name, t.number, run_id, why)
+        run_id = close_lost_child(
+            self.targets.tracking_uri,
+            self.study.user_attrs.get(PARENT_RUN_ATTR),
+            self.study.study_name,
+            t.number,
+            run_id,
+            why,
+        )
         if run_id and not self.space.keep_checkpoints:
             self.targets.delete_checkpoints(run_id)
 
@@ -543,13 +602,17 @@ class SearchDriver:
 
     def _refresh(self) -> None:
         if self.bar is not None:
-            self.bar.show(len(self.records), best_text(self.study, self.space.multi_objective), len(self.running),
-                          sum(r.state == "PRUNED" for r in self.records), sum(r.state == "FAIL" for r in self.records))
+            self.bar.show(
+                len(self.records),
+                best_text(self.study, self.space.multi_objective),
+                len(self.running),
+                sum(r.state == "PRUNED" for r in self.records),
+                sum(r.state == "FAIL" for r in self.records),
+            )
 
 
 def run_search(space: SearchSpace, options: SearchOptions) -> SearchSummary:
     """Create or continue the study and run ``options.trials`` more trials.  The space is checked."""
-    import optuna
 
     if not options.verbose:
         optuna.logging.set_verbosity(optuna.logging.WARNING)

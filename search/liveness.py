@@ -36,8 +36,11 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+
+import optuna
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -46,10 +49,10 @@ if TYPE_CHECKING:
 
 DEFAULT_HEARTBEAT_S = 10
 GRACE_BEATS = 3  # a trial is stale once its beat is older than GRACE_BEATS x the heartbeat interval
-BEAT_ATTR = "search:heartbeat"       # trial system attribute (journal storage): unix time of the last beat
-REQUEST_PREFIX = "search:request:"   # study system attribute per invocation: its request and last beat
+BEAT_ATTR = "search:heartbeat"  # trial system attribute (journal storage): unix time of the last beat
+REQUEST_PREFIX = "search:request:"  # study system attribute per invocation: its request and last beat
 INVOCATION_ATTR = "search_invocation"  # trial user attribute: the invocation that asked it
-RETRY_ATTR = "retry_of"              # user attribute of a re-queued trial: the number of the lost trial
+RETRY_ATTR = "retry_of"  # user attribute of a re-queued trial: the number of the lost trial
 LOST_ERROR = "its search driver died (no heartbeat)"
 
 
@@ -70,12 +73,11 @@ class StaleCollector:
 
 
 class StudyStore:
-    """A study and the storage the driver opened it on (``search.storage.open_storage``).  The
+    """A study and the storage the driver opened it on (``search.study_storage.open_storage``).  The
     study's id and its trials' ids come from the storage; ``rdb``: an RDB storage opened with
     Optuna's heartbeat (``RDBStorage(heartbeat_interval=...)``), else the driver beats itself."""
 
     def __init__(self, study: Study, storage: BaseStorage) -> None:
-        import optuna
 
         self.study, self.storage = study, storage
         self.study_id = storage.get_study_id_from_name(study.study_name)
@@ -169,7 +171,6 @@ class Heartbeat:
 
 
 def running_trials(study: Study) -> list[FrozenTrial]:
-    import optuna
 
     return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
 
@@ -185,7 +186,6 @@ def last_beat(t: FrozenTrial) -> float:
 def fail_stale(store: StudyStore, interval_s: float, now: Callable[[], float] = time.time) -> list[FrozenTrial]:
     """Tell FAIL every RUNNING trial whose beat is older than ``grace_s(interval_s)``; return them
     (as they were before, RUNNING).  RDB: Optuna's ``fail_stale_trials``; journal: our beat attribute."""
-    import optuna
 
     storage, study = store.storage, store.study
     if store.rdb:
@@ -213,8 +213,9 @@ def fail_stale(store: StudyStore, interval_s: float, now: Callable[[], float] = 
     return lost
 
 
-def wait_for_verdict(store: StudyStore, interval_s: float, say: Callable[[str], None],
-                     sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_for_verdict(
+    store: StudyStore, interval_s: float, say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep
+) -> None:
     """Before recovering: if RUNNING trials have fresh beats, wait until each is either stale or has
     beaten again (at most one grace period), so that a driver killed a moment ago is recognised."""
     running = running_trials(store.study)
@@ -235,12 +236,17 @@ def wait_for_verdict(store: StudyStore, interval_s: float, say: Callable[[str], 
 def requeue(study: Study, lost: FrozenTrial) -> None:
     """Queue the lost trial's config again: a WAITING trial with its params (and grid point), user
     attribute ``retry_of``; the next ``ask`` of any driver takes it."""
-    import optuna
 
     system = {k: lost.system_attrs[k] for k in ("grid_id", "search_space") if k in lost.system_attrs}
-    study.add_trial(optuna.trial.create_trial(
-        state=optuna.trial.TrialState.WAITING, params=dict(lost.params), distributions=dict(lost.distributions),
-        user_attrs={RETRY_ATTR: lost.number}, system_attrs=system))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.WAITING,
+            params=dict(lost.params),
+            distributions=dict(lost.distributions),
+            user_attrs={RETRY_ATTR: lost.number},
+            system_attrs=system,
+        )
+    )
 
 
 # --------------------------------------------------------------------------- invocations
@@ -269,8 +275,13 @@ class Invocation:
 
     def record(self, done: bool = False, stopped: bool = False) -> dict[str, Any]:
         # a driver that stops unfinished (Ctrl-C, an error) writes beat 0: a re-run takes it over at once
-        return {"key": self.key, "total": self.total, "base": self.base, "beat": 0.0 if stopped else time.time(),
-                "done": done}
+        return {
+            "key": self.key,
+            "total": self.total,
+            "base": self.base,
+            "beat": 0.0 if stopped else time.time(),
+            "done": done,
+        }
 
     def beat(self, done: bool = False, stopped: bool = False) -> None:
         self.store.set_system_attr(self.attr, self.record(done, stopped))
@@ -287,21 +298,32 @@ def finished_by(study: Study, invocation_id: str) -> int:
     """Trials asked by ``invocation_id`` that ended (COMPLETE, PRUNED, FAIL), not counting lost ones."""
     trials = study.get_trials(deepcopy=False)
     lost = lost_numbers(trials)
-    return sum(1 for t in trials if t.user_attrs.get(INVOCATION_ATTR) == invocation_id
-               and t.state.is_finished() and t.number not in lost)
+    return sum(
+        1
+        for t in trials
+        if t.user_attrs.get(INVOCATION_ATTR) == invocation_id and t.state.is_finished() and t.number not in lost
+    )
 
 
 def _open_requests(store: StudyStore, key: str) -> list[tuple[float, str, dict[str, Any]]]:
     """``(last beat, attribute, record)`` of the unfinished invocations of the command ``key``."""
     attrs = store.system_attrs()
-    return [(float(rec.get("beat", 0)), name, rec) for name, rec in attrs.items()
-            if name.startswith(REQUEST_PREFIX) and isinstance(rec, dict) and not rec.get("done")
-            and rec.get("key") == key]
+    return [
+        (float(rec.get("beat", 0)), name, rec)
+        for name, rec in attrs.items()
+        if name.startswith(REQUEST_PREFIX) and isinstance(rec, dict) and not rec.get("done") and rec.get("key") == key
+    ]
 
 
-def start_invocation(store: StudyStore, key: str, total: int, interval_s: float,
-                     now: Callable[[], float] = time.time, say: Callable[[str], None] | None = None,
-                     sleep: Callable[[float], None] = time.sleep) -> tuple[Invocation, str | None]:
+def start_invocation(
+    store: StudyStore,
+    key: str,
+    total: int,
+    interval_s: float,
+    now: Callable[[], float] = time.time,
+    say: Callable[[str], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Invocation, str | None]:
     """This command's invocation record.  If an unfinished invocation of the same command (same
     ``key``) stopped beating more than a grace period ago, take it over: the new record continues
     its chain (``base`` = what the chain finished) and the old one is marked done.  One that beat
@@ -313,15 +335,17 @@ def start_invocation(store: StudyStore, key: str, total: int, interval_s: float,
         wait = max(fresh) + limit + 0.5 - now()
         if wait > 0:
             if say is not None:
-                say(f"another driver ran this command {now() - max(fresh):.0f} s ago: waiting {wait:.0f} s to see "
-                    f"whether it is alive")
+                say(
+                    f"another driver ran this command {now() - max(fresh):.0f} s ago: waiting {wait:.0f} s to see "
+                    f"whether it is alive"
+                )
             sleep(wait)
     dead = [r for r in _open_requests(store, key) if now() - r[0] > limit]
     inv = Invocation(store, uuid.uuid4().hex[:12], key, total)
     taken = None
     if dead:
         _, name, rec = max(dead)
-        old_id = name[len(REQUEST_PREFIX):]
+        old_id = name[len(REQUEST_PREFIX) :]
         inv.total = int(rec.get("total", total))
         inv.base = int(rec.get("base", 0)) + finished_by(store.study, old_id)
         store.set_system_attr(name, {**rec, "done": True, "taken_over_by": inv.id})

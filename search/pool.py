@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import ray
+
+from search.trial import TrialActor
+
 if TYPE_CHECKING:
     from search.capacity import Capacity
     from search.records import PendingTrial, RunningTrial
@@ -23,7 +27,6 @@ class ActorPool:
 
     def get(self) -> Any:
         """An idle actor, or a new one when none is idle."""
-        from search.trial import TrialActor
 
         actor = self.idle.pop() if self.idle else TrialActor.remote()
         self.busy.append(actor)
@@ -31,7 +34,6 @@ class ActorPool:
 
     def put(self, actor: Any, healthy: bool = True) -> None:
         """Give ``actor`` back after its trial: idle again if ``healthy``, else killed."""
-        import ray
 
         if actor in self.busy:
             self.busy.remove(actor)
@@ -42,7 +44,6 @@ class ActorPool:
 
     def close(self) -> None:
         """Kill every actor (idle or busy); errors are ignored (the actor may be gone already)."""
-        import ray
 
         for a in self.idle + self.busy:
             try:

@@ -12,8 +12,9 @@ stop arrives a push or two later.  See ``docs/architecture.md`` (the search laye
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from search.records import ReportUnit, RunningTrial
 from trainers.link import metrics as M
@@ -47,8 +48,11 @@ class Pruning:
         self.prunes = self.reports and space.prunes
         # ... at equal work (samples, or tokens, in base steps) unless the space asks for global steps
         stored = study.user_attrs.get("report_unit") or {}
-        self.unit = ReportUnit(space.report_against, float(samples_per_step),
-                               stored.get("tokens_per_step") if space.report_against == "samples" else None)
+        self.unit = ReportUnit(
+            space.report_against,
+            float(samples_per_step),
+            stored.get("tokens_per_step") if space.report_against == "samples" else None,
+        )
 
     @property
     def judged_metrics(self) -> list[str]:

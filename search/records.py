@@ -10,10 +10,11 @@ returns.  See ``docs/architecture.md`` (the search layer).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.config import RootConfig
+from orchestrator.config.schema import RootConfig
 from search.capacity import Resources
 
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ class ReportUnit:
     done instead, in *base steps*: ``round(samples seen / B_base)`` with ``B_base`` the base config's
     global batch (for a language model ``round(tokens seen / (B_base T))``, ``T`` the tokens per
     sequence of the first trial that reported tokens), so a trial at the base batch reports at its
-    global step (an epoch's short last batch aside) and a pruner's ``n_warmup_steps``/``min_resource`` keep their meaning for it.
+    global step (an epoch's short last batch aside) and a pruner's ``n_warmup_steps``/``min_resource`` keep their
+    meaning for it.
     ``by = "steps"``: the global optimizer step (favours large batches: they see more samples per step)."""
 
     by: str = "samples"
@@ -66,11 +68,11 @@ class PendingTrial:
     """An asked trial whose config is valid, waiting for a free slot and for the cluster to fit it."""
 
     trial: Trial
-    values: dict[str, Any]           # the sampled values, by config path
-    cfg: RootConfig                  # the validated training config the trial will run
-    need: Resources                  # what it holds at its largest (``capacity.trial_needs``)
-    key: str                         # ``study.config_key(cfg)``: equal keys train the same run
-    twin: int | None = None          # a running trial with the same key: wait for it, then reuse its value
+    values: dict[str, Any]  # the sampled values, by config path
+    cfg: RootConfig  # the validated training config the trial will run
+    need: Resources  # what it holds at its largest (``capacity.trial_needs``)
+    key: str  # ``study.config_key(cfg)``: equal keys train the same run
+    twin: int | None = None  # a running trial with the same key: wait for it, then reuse its value
 
 
 @dataclass
@@ -82,14 +84,14 @@ class RunningTrial:
     cfg: RootConfig
     need: Resources
     key: str
-    actor: Any                       # the ``TrialActor`` handle
-    ref: Any                         # the ``ObjectRef`` of ``actor.run``
-    t0: float                        # launch time (``time.time()``)
-    run_id: str | None = None        # its MLflow run, once the actor knows it
-    last_step: int = -1              # the global step of the last value relayed
+    actor: Any  # the ``TrialActor`` handle
+    ref: Any  # the ``ObjectRef`` of ``actor.run``
+    t0: float  # launch time (``time.time()``)
+    run_id: str | None = None  # its MLflow run, once the actor knows it
+    last_step: int = -1  # the global step of the last value relayed
     last_value: float | None = None  # the last value reported to the study
-    pruned: Pruned | None = None     # where the pruner condemned it (nothing is reported after)
-    reported: int = -1               # the last Optuna step reported (``ReportUnit.step``)
+    pruned: Pruned | None = None  # where the pruner condemned it (nothing is reported after)
+    reported: int = -1  # the last Optuna step reported (``ReportUnit.step``)
 
     @classmethod
     def launched(cls, p: PendingTrial, actor: Any, ref: Any, t0: float) -> RunningTrial:
@@ -101,8 +103,12 @@ class RunningTrial:
         """The global step of the value the pruner condemned the trial at (``None``: not condemned)."""
         return self.pruned.step if self.pruned is not None else None
 
-    def report(self, values: Sequence[tuple[Any, ...]], unit: ReportUnit | None = None,
-               should_prune: Callable[[], bool] | None = None) -> bool:
+    def report(
+        self,
+        values: Sequence[tuple[Any, ...]],
+        unit: ReportUnit | None = None,
+        should_prune: Callable[[], bool] | None = None,
+    ) -> bool:
         """Report the objective's new ``(step, metric, value[, samples, tokens])`` to the study
         (``trial.report``) at ``unit.step(...)`` (the global step without a unit); global steps at
         or before ``last_step`` were relayed already and are skipped, and of several values that
@@ -144,8 +150,11 @@ class RunningTrial:
         missing = [m for m, v in zip(metrics, figures) if v is None]
         bad = [m for m, v in zip(metrics, figures) if v is not None and not math.isfinite(v)]
         if missing:
-            return TrialOutcome("FAIL", None, f"objective {missing[0]} was never reported by the run; "
-                                              f"check train.eval_every / the metric name")
+            return TrialOutcome(
+                "FAIL",
+                None,
+                f"objective {missing[0]} was never reported by the run; check train.eval_every / the metric name",
+            )
         if bad:
             return TrialOutcome("FAIL", None, f"objective {bad[0]} is not finite (the run diverged)")
         if res.status != "FINISHED":
@@ -177,7 +186,7 @@ class TrialRecord:
     worker_seconds: float = 0.0
     error: str | None = None
     run_id: str | None = None
-    pruned_at: int | None = None     # PRUNED: the global step of the value it was judged at
+    pruned_at: int | None = None  # PRUNED: the global step of the value it was judged at
     pruned_samples: int | None = None  # PRUNED: training samples seen at that step
     duplicate_of: int | None = None
 

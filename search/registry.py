@@ -14,8 +14,9 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 
@@ -30,7 +31,7 @@ class Algorithm:
     build: Callable[[dict[str, Any], Grid | None], Any]
     needs_grid: bool = False
     requires: tuple[str, ...] = ()  # extra Python packages
-    multi_objective: bool = True    # for pruners: Optuna prunes single-objective studies only
+    multi_objective: bool = True  # for pruners: Optuna prunes single-objective studies only
 
 
 def _plain(cls: type) -> Callable[[dict[str, Any], Grid | None], Any]:
@@ -65,14 +66,18 @@ SAMPLERS: dict[str, Algorithm] = {
 
 PRUNERS: dict[str, Algorithm] = {
     "median": Algorithm(optuna.pruners.MedianPruner, _plain(optuna.pruners.MedianPruner), multi_objective=False),
-    "percentile": Algorithm(optuna.pruners.PercentilePruner, _plain(optuna.pruners.PercentilePruner),
-                            multi_objective=False),
-    "hyperband": Algorithm(optuna.pruners.HyperbandPruner, _plain(optuna.pruners.HyperbandPruner),
-                           multi_objective=False),
-    "successive_halving": Algorithm(optuna.pruners.SuccessiveHalvingPruner,
-                                    _plain(optuna.pruners.SuccessiveHalvingPruner), multi_objective=False),
-    "threshold": Algorithm(optuna.pruners.ThresholdPruner, _plain(optuna.pruners.ThresholdPruner),
-                           multi_objective=False),
+    "percentile": Algorithm(
+        optuna.pruners.PercentilePruner, _plain(optuna.pruners.PercentilePruner), multi_objective=False
+    ),
+    "hyperband": Algorithm(
+        optuna.pruners.HyperbandPruner, _plain(optuna.pruners.HyperbandPruner), multi_objective=False
+    ),
+    "successive_halving": Algorithm(
+        optuna.pruners.SuccessiveHalvingPruner, _plain(optuna.pruners.SuccessiveHalvingPruner), multi_objective=False
+    ),
+    "threshold": Algorithm(
+        optuna.pruners.ThresholdPruner, _plain(optuna.pruners.ThresholdPruner), multi_objective=False
+    ),
     "none": Algorithm(optuna.pruners.NopPruner, _plain(optuna.pruners.NopPruner)),
 }
 
@@ -108,8 +113,7 @@ class AlgorithmSpec:
 def allowed_options(cls: type) -> list[str]:
     """The keyword arguments ``cls.__init__`` accepts (what a space file may set)."""
     sig = inspect.signature(cls.__init__)
-    return [n for n, p in sig.parameters.items()
-            if n != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [n for n, p in sig.parameters.items() if n != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def check_options(spec: AlgorithmSpec, grid: Grid | None = None) -> str | None:
@@ -117,12 +121,16 @@ def check_options(spec: AlgorithmSpec, grid: Grid | None = None) -> str | None:
     entry = spec.entry
     for pkg in entry.requires:
         if importlib.util.find_spec(pkg) is None:
-            return f"{spec.kind}: {spec.name} needs the Python package {pkg!r}; pip install {pkg}, or pick another {spec.kind}"
+            return (
+                f"{spec.kind}: {spec.name} needs the Python package {pkg!r}; pip install {pkg}, "
+                f"or pick another {spec.kind}"
+            )
     allowed = [a for a in allowed_options(entry.cls) if not (entry.needs_grid and a == "search_space")]
     for key in spec.options:
         if key not in allowed:
-            return (f"{spec.kind}.{key}: not an option of {spec.name} ({entry.cls.__name__}); "
-                    f"allowed: {', '.join(allowed)}")
+            return (
+                f"{spec.kind}.{key}: not an option of {spec.name} ({entry.cls.__name__}); allowed: {', '.join(allowed)}"
+            )
     if entry.needs_grid and grid is None:
         return None  # checked again once the grid is known
     try:

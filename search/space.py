@@ -46,15 +46,24 @@ import math
 import os
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from inspect import isclass
-from typing import Any, Callable, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from orchestrator.config import ConfigError, DuplicateKeyError, RootConfig, load_yaml_text, parse_override, read_yaml
+from orchestrator.config.prepare import prepare, validated
+from orchestrator.config.schema import (
+    ConfigError,
+    DuplicateKeyError,
+    RootConfig,
+    load_yaml_text,
+    parse_override,
+    read_yaml,
+)
 from search.registry import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS, AlgorithmSpec, Grid, check_options
 from trainers.link.metrics import STEP_METRICS as _STEP_METRICS
 
@@ -63,8 +72,17 @@ class SpaceError(ConfigError):
     """A bad search space file: one line naming the field and the fix."""
 
 
-TOP_KEYS = ("base", "overrides", "objective", "sampler", "pruner", "params", "keep_checkpoints", "skip_duplicates",
-            "report_against")
+TOP_KEYS = (
+    "base",
+    "overrides",
+    "objective",
+    "sampler",
+    "pruner",
+    "params",
+    "keep_checkpoints",
+    "skip_duplicates",
+    "report_against",
+)
 REPORT_AGAINST = ("samples", "steps")
 PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 
@@ -92,7 +110,7 @@ def config_field(path: str, allow_section: bool = False) -> FieldInfo | None:
         fields = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in fields:
-            import difflib
+            import difflib  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
 
             close = difflib.get_close_matches(part, list(fields), n=1)
             guess = f"did you mean {'.'.join([*parts[:i], close[0]])}? " if close else ""
@@ -101,7 +119,7 @@ def config_field(path: str, allow_section: bool = False) -> FieldInfo | None:
         last = i == len(parts) - 1
         if not last:
             if not _is_section(info.annotation):
-                raise ValueError(f"{'.'.join(parts[:i + 1])} is a value, not a section")
+                raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
             model = info.annotation
         elif _is_section(info.annotation):
             if allow_section:
@@ -194,15 +212,18 @@ def parse_when(raw: Any, where: str) -> tuple[Condition, ...]:
         return tuple(_parse_expr(p, where) for p in parts)
     if isinstance(raw, list) and raw and all(isinstance(r, str) for r in raw):
         return tuple(c for r in raw for c in parse_when(r, where))
-    raise SpaceError(f"{where}: expected a mapping like {{schedule.warmup: [gradual, legw]}} or a string like "
-                     f"\"schedule.warmup != none\" (got {raw!r})")
+    raise SpaceError(
+        f"{where}: expected a mapping like {{schedule.warmup: [gradual, legw]}} or a string like "
+        f'"schedule.warmup != none" (got {raw!r})'
+    )
 
 
 def _parse_expr(text: str, where: str) -> Condition:
     m = _COND.match(text)
     if not m:
-        raise SpaceError(f"{where}: cannot read {text!r}; write PATH == V, PATH != V, PATH in [A, B] or "
-                         f"PATH not in [A, B]")
+        raise SpaceError(
+            f"{where}: cannot read {text!r}; write PATH == V, PATH != V, PATH in [A, B] or PATH not in [A, B]"
+        )
     path, op, rhs = m.group(1), " ".join(m.group(2).split()), m.group(3)
     try:
         value = yaml.safe_load(rhs)
@@ -279,8 +300,11 @@ class Param:
         if self.kind == "categorical":
             text = "one of [" + ", ".join(_show(c) for c in self.choices) + "]"
         else:
-            text = f"{self.kind} in [{self.low:g}, {self.high:g}]" + (" log" if self.log else "") + \
-                   (f" step {self.step:g}" if self.step else "")
+            text = (
+                f"{self.kind} in [{self.low:g}, {self.high:g}]"
+                + (" log" if self.log else "")
+                + (f" step {self.step:g}" if self.step else "")
+            )
         if self.when:
             text += " when " + " and ".join(c.describe() for c in self.when)
         return text
@@ -300,8 +324,9 @@ def parse_param(path: str, raw: Any) -> Param:
         raise SpaceError(f"{where}: {e}") from None
     assert info is not None
     if not isinstance(raw, dict):
-        raise SpaceError(f"{where}: expected a mapping like {{low: 0.01, high: 1.0, log: true}} or "
-                         f"{{choices: [a, b]}} (got {raw!r})")
+        raise SpaceError(
+            f"{where}: expected a mapping like {{low: 0.01, high: 1.0, log: true}} or {{choices: [a, b]}} (got {raw!r})"
+        )
     unknown = [k for k in raw if k not in PARAM_KEYS]
     if unknown:
         raise SpaceError(f"{where}.{unknown[0]}: unknown key; allowed keys: {', '.join(PARAM_KEYS)}")
@@ -342,14 +367,17 @@ def parse_param(path: str, raw: Any) -> Param:
         raise SpaceError(f"{where}.low: a log range needs low > 0 (got {low}); raise it or drop log")
     if step is not None:
         if log:
-            raise SpaceError(f"{where}.step: cannot be combined with log (Optuna samples a log range "
-                             f"continuously); drop one")
+            raise SpaceError(
+                f"{where}.step: cannot be combined with log (Optuna samples a log range continuously); drop one"
+            )
         if not _number(step) or step <= 0 or (kind == "int" and not isinstance(step, int)):
-            raise SpaceError(f"{where}.step: must be a positive {'integer' if kind == 'int' else 'number'} "
-                             f"(got {step!r})")
+            raise SpaceError(
+                f"{where}.step: must be a positive {'integer' if kind == 'int' else 'number'} (got {step!r})"
+            )
         if step > high - low:
-            raise SpaceError(f"{where}.step: {step} is wider than the range [{low}, {high}]; the range "
-                             f"would hold one value")
+            raise SpaceError(
+                f"{where}.step: {step} is wider than the range [{low}, {high}]; the range would hold one value"
+            )
     return Param(path, kind, low=low, high=high, log=log, step=step, when=when)
 
 
@@ -492,18 +520,21 @@ class SearchSpace:
 
     def config(self, values: dict[str, Any]) -> RootConfig:
         """The validated training config for ``values`` (``ConfigError`` if they do not fit together,
-        or if its batch is more than the training set holds: ``orchestrator.pipeline.validated``; a
+        or if its batch is more than the training set holds: ``orchestrator.config.prepare.validated``; a
         factory's or a text corpus's size is known once loaded, the trial's probe checks it)."""
-        from orchestrator.pipeline import validated
 
         return validated(self.raw_config(values))
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able record of the space (kept in the study's user attributes)."""
-        return {"source": self.source, "base": self.base,
-                "objectives": [{"metric": o.metric, "direction": o.direction} for o in self.objectives],
-                "sampler": self.sampler.describe(), "pruner": self.pruner.describe(),
-                "params": {p.path: p.describe() for p in self.params}}
+        return {
+            "source": self.source,
+            "base": self.base,
+            "objectives": [{"metric": o.metric, "direction": o.direction} for o in self.objectives],
+            "sampler": self.sampler.describe(),
+            "pruner": self.pruner.describe(),
+            "params": {p.path: p.describe() for p in self.params},
+        }
 
 
 def _order(params: list[Param]) -> list[Param]:
@@ -516,8 +547,9 @@ def _order(params: list[Param]) -> list[Param]:
         if state.get(p.path) == 2:
             return
         if state.get(p.path) == 1:
-            raise SpaceError(f"params.{p.path}.when: conditions go in a circle ({' -> '.join(chain + [p.path])}); "
-                             f"break the loop")
+            raise SpaceError(
+                f"params.{p.path}.when: conditions go in a circle ({' -> '.join(chain + [p.path])}); break the loop"
+            )
         state[p.path] = 1
         for c in p.when:
             if c.path in by_path:
@@ -544,18 +576,24 @@ def _check_conditions(params: list[Param], full: dict[str, Any]) -> None:
             q = by_path.get(c.path)
             if q is None:
                 if not c.holds(full):
-                    raise SpaceError(f"{where}: never true ({c.path} is {_show(get_path(full, c.path))} in the base "
-                                     f"and is not searched); fix the condition or search {c.path}")
+                    raise SpaceError(
+                        f"{where}: never true ({c.path} is {_show(get_path(full, c.path))} in the base "
+                        f"and is not searched); fix the condition or search {c.path}"
+                    )
             elif q.kind == "categorical":
                 possible = [c.admits(v) for v in q.choices]
                 if not any(possible):
-                    raise SpaceError(f"{where}: never true: no choice of {c.path} "
-                                     f"({', '.join(_show(v) for v in q.choices)}) satisfies {c.describe()}")
+                    raise SpaceError(
+                        f"{where}: never true: no choice of {c.path} "
+                        f"({', '.join(_show(v) for v in q.choices)}) satisfies {c.describe()}"
+                    )
                 if not c.negate:
                     stray = [v for v in c.values if v not in q.choices]
                     if stray:
-                        raise SpaceError(f"{where}: {_show(stray[0])!r} is not among {c.path}'s choices "
-                                         f"({', '.join(_show(v) for v in q.choices)})")
+                        raise SpaceError(
+                            f"{where}: {_show(stray[0])!r} is not among {c.path}'s choices "
+                            f"({', '.join(_show(v) for v in q.choices)})"
+                        )
 
 
 def _enabling(p: Param, by_path: dict[str, Param], full: dict[str, Any]) -> dict[str, Any]:
@@ -601,8 +639,12 @@ def check_values(space: SearchSpace) -> None:
             first = _try(space, base, p.path)
             if first is None:
                 continue
-            ok = any(_try(space, {**base, q.path: w}, p.path) is None
-                     for q in space.params if q.path not in base for _, w in q.candidates())
+            ok = any(
+                _try(space, {**base, q.path: w}, p.path) is None
+                for q in space.params
+                if q.path not in base
+                for _, w in q.candidates()
+            )
             if not ok:
                 raise SpaceError(f"params.{p.path}.{label}: {_show(v)} gives no valid training config ({first})")
 
@@ -613,14 +655,15 @@ def _prefix_config_error(msg: str, prefix: str) -> str:
     if head.endswith(":") and re.fullmatch(r"[\w.\[\]]+:", head) and not head.startswith("config:"):
         return f"{prefix}.{msg}"
     if head.startswith("config:"):
-        return f"{prefix}:{msg[len('config:'):]}"
+        return f"{prefix}:{msg[len('config:') :]}"
     return f"{prefix}: {msg}"
 
 
 def _load_base(raw: Any, base_dir: str) -> dict[str, Any]:
     if raw is None:
-        raise SpaceError("base: required; give a training config path (relative to the space file) or an inline "
-                         "mapping of sections")
+        raise SpaceError(
+            "base: required; give a training config path (relative to the space file) or an inline mapping of sections"
+        )
     if isinstance(raw, str):
         path = raw if os.path.isabs(os.path.expanduser(raw)) else os.path.join(base_dir, raw)
         try:
@@ -658,15 +701,21 @@ def _apply_overrides(base: dict[str, Any], raw: Any) -> dict[str, Any]:
     return base
 
 
-def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: str | None = None, *,
-                environment: bool = False, tracking_uri: str | None = None) -> SearchSpace:
+def parse_space(
+    raw: Any,
+    base_dir: str = ".",
+    source: str = "<inline>",
+    text: str | None = None,
+    *,
+    environment: bool = False,
+    tracking_uri: str | None = None,
+) -> SearchSpace:
     """Parse and check a space (the YAML mapping); raises ``SpaceError`` naming the field.
 
-    The base goes through the pipeline every entry point uses (``orchestrator.pipeline.prepare``,
+    The base goes through the pipeline every entry point uses (``orchestrator.config.prepare.prepare``,
     as a search's base), with the environment stage when ``environment`` (``search run``; against
     ``tracking_uri`` when given).  An error in a base file reads as ``train`` would print it for
     that file; one in an inline base is prefixed ``base.``, where it sits in the space file."""
-    from orchestrator.pipeline import prepare
 
     if not isinstance(raw, dict):
         raise SpaceError(f"space: expected a mapping with keys {', '.join(TOP_KEYS)} (got {type(raw).__name__})")
@@ -683,12 +732,15 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
     multi = len(objectives) > 1
     pruner = parse_algorithm("pruner", raw.get("pruner"), "none" if multi else DEFAULT_PRUNER, PRUNERS)
     if multi and not pruner.entry.multi_objective:
-        raise SpaceError(f"pruner: Optuna cannot prune a multi-objective study ({pruner.name}); set pruner: none "
-                         f"or keep one objective")
+        raise SpaceError(
+            f"pruner: Optuna cannot prune a multi-objective study ({pruner.name}); set pruner: none "
+            f"or keep one objective"
+        )
     params_raw = raw.get("params")
     if not isinstance(params_raw, dict) or not params_raw:
-        raise SpaceError("params: required; map config fields to ranges, e.g. "
-                         "{optimizer.lr: {low: 0.01, high: 1.0, log: true}}")
+        raise SpaceError(
+            "params: required; map config fields to ranges, e.g. {optimizer.lr: {low: 0.01, high: 1.0, log: true}}"
+        )
     params = [parse_param(str(path), spec) for path, spec in params_raw.items()]
     flags = {k: raw.get(k, default) for k, default in (("keep_checkpoints", False), ("skip_duplicates", True))}
     for k, v in flags.items():
@@ -696,13 +748,23 @@ def parse_space(raw: Any, base_dir: str = ".", source: str = "<inline>", text: s
             raise SpaceError(f"{k}: must be true or false (got {v!r})")
     report_against = raw.get("report_against", "samples")
     if report_against not in REPORT_AGAINST:
-        raise SpaceError(f"report_against: must be samples or steps (got {report_against!r}); samples compares "
-                         f"trials at equal work")
+        raise SpaceError(
+            f"report_against: must be samples or steps (got {report_against!r}); samples compares trials at equal work"
+        )
     full = cfg.model_dump(mode="json")
     _check_conditions(params, full)
-    space = SearchSpace(source=source, text=text if text is not None else yaml.safe_dump(raw, sort_keys=False),
-                        base=base, objectives=objectives, sampler=sampler, pruner=pruner,
-                        params=tuple(_order(params)), _full=full, report_against=report_against, **flags)
+    space = SearchSpace(
+        source=source,
+        text=text if text is not None else yaml.safe_dump(raw, sort_keys=False),
+        base=base,
+        objectives=objectives,
+        sampler=sampler,
+        pruner=pruner,
+        params=tuple(_order(params)),
+        _full=full,
+        report_against=report_against,
+        **flags,
+    )
     grid = space.grid()
     if sampler.entry.needs_grid and grid is None:
         p = next(p for p in space.params if p.grid_values() is None)
@@ -721,8 +783,9 @@ def load_space(path: str, *, environment: bool = False, tracking_uri: str | None
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
-        raise SpaceError(f"space: file {path!r} not found; pass a space YAML such as "
-                         f"configs/search_quickstart.yaml") from None
+        raise SpaceError(
+            f"space: file {path!r} not found; pass a space YAML such as configs/search_quickstart.yaml"
+        ) from None
     except OSError as e:
         raise SpaceError(f"space: cannot read {path!r} ({e.strerror})") from None
     try:
@@ -733,5 +796,11 @@ def load_space(path: str, *, environment: bool = False, tracking_uri: str | None
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpaceError(f"space: {path!r} is not valid YAML{at}; fix the syntax there") from None
-    return parse_space(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path, text=text,
-                       environment=environment, tracking_uri=tracking_uri)
+    return parse_space(
+        raw,
+        base_dir=os.path.dirname(os.path.abspath(path)),
+        source=path,
+        text=text,
+        environment=environment,
+        tracking_uri=tracking_uri,
+    )

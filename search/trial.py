@@ -1,6 +1,6 @@
 """One trial on Ray: an actor that drives a whole orchestrator run and relays it to the search driver.
 
-The actor calls ``orchestrator.runner.run_training`` (phases, resizes, MLflow child run and all).
+The actor calls ``orchestrator.run.runner.run_training`` (phases, resizes, MLflow child run and all).
 While it runs, the driver polls ``poll()`` for the objective's intermediate values (from the
 records rank 0 pushes to the run's monitor) and answers with ``verdict()`` (go on, or stop) on the
 values up to a step: the actor hands it to the run's ``PhaseRunner``, the monitor answers rank 0's
@@ -26,10 +26,12 @@ from typing import Any
 
 import ray
 
+from orchestrator.config.schema import validate
+from orchestrator.run.outcome import Stopped
+from orchestrator.run.runner import run_training
 from trainers.errors import one_line
 from trainers.link import metrics as M
 from trainers.loop.storage import join, store_for
-
 
 # How often the trial's run drains its monitor: the objective's values reach the pruner, and a
 # stop reaches the workers, within about this (the orchestrator's default is 0.5 s).
@@ -41,14 +43,14 @@ class TrialResult:
     """What ``TrialActor.run`` returns: the run's outcome and its figures."""
 
     run_id: str | None
-    status: str                      # the MLflow run's end status (FINISHED, FAILED) or "ERROR"
-    stopped: bool                    # the run stopped before its planned end, as the driver asked (pruned)
-    steps: int                       # optimizer steps the run took
+    status: str  # the MLflow run's end status (FINISHED, FAILED) or "ERROR"
+    stopped: bool  # the run stopped before its planned end, as the driver asked (pruned)
+    steps: int  # optimizer steps the run took
     wall_s: float
-    worker_seconds: float            # workers x seconds held, integrated over the run
-    samples: int = 0                 # training samples the run consumed
+    worker_seconds: float  # workers x seconds held, integrated over the run
+    samples: int = 0  # training samples the run consumed
     last: dict[str, float] = field(default_factory=dict)  # last value of each watched metric
-    error: str | None = None         # one line
+    error: str | None = None  # one line
     error_detail: str | None = None  # the traceback / Ray's full message
 
     def figure(self, metric: str) -> float | None:
@@ -70,8 +72,12 @@ def short_error(e: BaseException) -> str:
     root = ""
     for line in reversed(text.splitlines()):
         s = line.strip()
-        if s and ":" in s and s.split(":", 1)[0].replace(".", "").isidentifier() and s.split(":", 1)[0].endswith(
-                ("Error", "Exception", "Interrupt")):
+        if (
+            s
+            and ":" in s
+            and s.split(":", 1)[0].replace(".", "").isidentifier()
+            and s.split(":", 1)[0].endswith(("Error", "Exception", "Interrupt"))
+        ):
             root = s
             break
     msg = one_line(e, None)
@@ -107,15 +113,20 @@ class TrialActor:
 
     # -- called by the driver ------------------------------------------------------------
 
-    def run(self, token: int, config: dict[str, Any], parent_run_id: str | None, tags: dict[str, str],
-            metrics: list[str], keep_checkpoints: bool = False, judged: list[str] | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        token: int,
+        config: dict[str, Any],
+        parent_run_id: str | None,
+        tags: dict[str, str],
+        metrics: list[str],
+        keep_checkpoints: bool = False,
+        judged: list[str] | None = None,
+    ) -> dict[str, Any]:
         """Train ``config`` (a resolved, validated config as JSON) as a child run of ``parent_run_id``;
         watch ``metrics`` (their values at each step go to ``poll``); the run waits for the
         driver's verdict on ``judged`` metrics at its next value of them.  ``token`` (the trial
         number) ties later ``verdict`` calls to this run: a late one for an earlier trial is ignored."""
-        from orchestrator.config import validate
-        from orchestrator.outcome import Stopped
-        from orchestrator.runner import run_training
 
         with self._lock:
             self._reset(list(metrics))
@@ -126,9 +137,16 @@ class TrialActor:
         result = TrialResult(run_id=None, status="ERROR", stopped=False, steps=0, wall_s=0.0, worker_seconds=0.0)
         folder = None
         try:
-            summary = run_training(cfg, progress=False, parent_run_id=parent_run_id, tags=tags,
-                                   on_start=self._on_start, on_records=self._on_records, poll_s=RUNNER_POLL_S,
-                                   judged=self._judged_metrics)
+            summary = run_training(
+                cfg,
+                progress=False,
+                parent_run_id=parent_run_id,
+                tags=tags,
+                on_start=self._on_start,
+                on_records=self._on_records,
+                poll_s=RUNNER_POLL_S,
+                judged=self._judged_metrics,
+            )
             result.status, result.steps = summary.status, summary.steps
             # pruned only if the run stopped before its planned end: one that finished first is not
             result.stopped = self._stop and isinstance(summary.outcome, Stopped)
@@ -204,8 +222,9 @@ class TrialActor:
                     if key in m:
                         v = float(m[key])
                         self._last[key] = v
-                        self._values.append((int(step), key, v if math.isfinite(v) else float("nan"),
-                                             self._samples, self._tokens))
+                        self._values.append(
+                            (int(step), key, v if math.isfinite(v) else float("nan"), self._samples, self._tokens)
+                        )
             stop, runner, step = self._stop, self._runner, self._judged
         if stop and runner is not None:
             runner.verdict(step, True)  # a stop asked before the monitor was there

@@ -13,7 +13,7 @@
 * **The table** of every trial (number, state, objective, params, run id): ``trials_table``.
 
 Child runs are named ``trial-N`` (``trial_run_name``): short enough for MLflow's run list, and
-unique under their parent.  ``search.tracking`` writes all of this; see ``docs/architecture.md``.
+unique under their parent.  ``search.study_tracking`` writes all of this; see ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import io
 import json
 import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 ENDED = ("COMPLETE", "PRUNED", "FAIL")
 """Optuna trial states that are final: a trial in one of these will not change its value again."""
@@ -115,8 +116,14 @@ def _cell(v: Any) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def best_note(study_name: str, experiment_id: str, metrics: Sequence[str], directions: Sequence[str],
-              best: Sequence[Any], counts: dict[str, int]) -> str:
+def best_note(
+    study_name: str,
+    experiment_id: str,
+    metrics: Sequence[str],
+    directions: Sequence[str],
+    best: Sequence[Any],
+    counts: dict[str, int],
+) -> str:
     """The parent run's description (markdown): the study, its objective, the best trial (or the
     Pareto front) as links to their runs with values and params, the trial counts, and where the
     history, the table and the plots are."""
@@ -155,7 +162,7 @@ def trials_table(trials: Iterable[Any], metrics: Sequence[str]) -> tuple[list[st
     trials = sorted(trials, key=lambda t: t.number)
     params: dict[str, None] = {}
     for t in trials:
-        for k in (t.user_attrs.get("config_values") or t.params):
+        for k in t.user_attrs.get("config_values") or t.params:
             params.setdefault(k, None)
     extra = ("steps", "wall_s", "duplicate_of", "pruned_at_step", "error")
     columns = ["number", "run_name", "state", *metrics, *params, *extra, "run_id"]

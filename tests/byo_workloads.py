@@ -43,8 +43,9 @@ def digits(seed: int = 0, batched: bool = True):
 
 def mlp(hidden: int = 32) -> nn.Module:
     """The built-in ``mlp`` with ``norm: none`` on 8x8 digits, as a factory."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, 10))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+    )
 
 
 class CorruptRecord(DigitsMap):

@@ -31,7 +31,7 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 # Every Ray the tests start (the shared local one, the multinode tier's clusters) runs workers that
 # import the suite's own factories (``tests.byo_workloads``), also for a CLI driver that joins it: a
-# joining driver relies on the cluster's environment (orchestrator/code.py), so the project's root is
+# joining driver relies on the cluster's environment (orchestrator/config/code.py), so the project's root is
 # on the ``PYTHONPATH`` that Ray's processes inherit from this process.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -62,9 +62,9 @@ def s3_server():
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory, s3_server):
     """A real local Ray with 2 CPUs (this machine's size); workers use fractional CPUs."""
-    from orchestrator.runner import ensure_ray
-
     import ray
+
+    from orchestrator.run.runner import ensure_ray
 
     ensure_ray(verbose=False, num_cpus=2)
     yield ray
@@ -74,7 +74,7 @@ def ray_cluster(tmp_path_factory, s3_server):
 @pytest.fixture(autouse=True)
 def _unit_environment_restored(request):
     """A unit test leaves ``os.environ`` as it found it.  Code under test sets variables itself
-    (``orchestrator.uris.mlflow_uri`` moves a URI's user and password to MLflow's credential
+    (``orchestrator.config.uris.mlflow_uri`` moves a URI's user and password to MLflow's credential
     variables), which ``monkeypatch.delenv(..., raising=False)`` of an absent variable does not undo;
     the unit tier runs first, and the shared Ray started after it hands this process's environment
     to every worker (a trial actor then sent a unit test's password to the credentials test's server)."""

@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.config import RootConfig, validate
-
+from orchestrator.config.schema import RootConfig, validate
 
 _TEMPLATE_STORE: list[str] = []  # this process's empty MLflow SQLite store at MLflow's current schema
 
@@ -25,7 +24,7 @@ def migrated_store(uri: str) -> str:
     for each of the suite's many stores); a copy of a store it migrated once is the same empty
     store (its Default experiment, no runs) at once.  Opening a store that does not exist yet is
     still what every CLI test does (their URIs are not passed through here)."""
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else None
     if path is None or not os.path.isabs(path) or os.path.exists(path):  # a unit test's name only
         return uri
     if not _TEMPLATE_STORE or not os.path.exists(_TEMPLATE_STORE[0]):
@@ -67,7 +66,7 @@ def metric_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def dense_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    """A piecewise metric (logged where its per-step series bends: orchestrator/tracking.py) at
+    """A piecewise metric (logged where its per-step series bends: orchestrator/record/run_tracker.py) at
     every step from its first to its last point, read off the lines between its logged points."""
     import numpy as np
 

@@ -35,17 +35,25 @@ class S3Server:
     @property
     def env(self) -> dict[str, str]:
         """The standard variables an S3 client reads: endpoint, region and (test) credentials."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_REGION": "us-east-1"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing-secret",
+            "AWS_REGION": "us-east-1",
+        }
 
-    def start(self, timeout_s: float = 60.0) -> "S3Server":
+    def start(self, timeout_s: float = 60.0) -> S3Server:
         env = dict(os.environ)
         if self.auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         for _ in range(3):  # the port is free when picked; another process may take it before moto binds
             self.port = free_port()
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                         env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=self.log,
+            )
             deadline = time.time() + timeout_s
             while time.time() < deadline and self.proc.poll() is None:
                 try:
@@ -55,7 +63,9 @@ class S3Server:
                     time.sleep(0.2)
             self.stop()
         self.log.seek(0)
-        raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1: {self.log.read()[-2000:].decode(errors='replace')}")
+        raise RuntimeError(
+            f"moto's S3 server did not start on 127.0.0.1: {self.log.read()[-2000:].decode(errors='replace')}"
+        )
 
     def stop(self) -> None:
         if self.proc is None:
@@ -74,9 +84,14 @@ class S3Server:
         from pyarrow.fs import S3FileSystem
 
         env = self.env
-        return S3FileSystem(endpoint_override=self.endpoint, access_key=env["AWS_ACCESS_KEY_ID"],
-                            secret_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_REGION"],
-                            allow_bucket_creation=True, allow_bucket_deletion=True)
+        return S3FileSystem(
+            endpoint_override=self.endpoint,
+            access_key=env["AWS_ACCESS_KEY_ID"],
+            secret_key=env["AWS_SECRET_ACCESS_KEY"],
+            region=env["AWS_REGION"],
+            allow_bucket_creation=True,
+            allow_bucket_deletion=True,
+        )
 
     def create_bucket(self, name: str) -> str:
         self.filesystem().create_dir(name)

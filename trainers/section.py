@@ -63,14 +63,18 @@ def kind_problem(annotation: Any, value: Any) -> str | None:
         if isinstance(value, bool):
             return f"expects an integer, got the boolean {str(value).lower()}; write a number such as 64"
         if isinstance(value, str):
-            return (f"expects an integer, got the string {value!r}; write plain digits without quotes "
-                    f"or exponent, e.g. 1000")
+            return (
+                f"expects an integer, got the string {value!r}; write plain digits without quotes "
+                f"or exponent, e.g. 1000"
+            )
     elif ann is float:
         if isinstance(value, bool):
             return f"expects a number, got the boolean {str(value).lower()}; write a number such as 0.1"
     elif origin is Literal and isinstance(value, bool):
-        return (f"expects one of {', '.join(repr(a) for a in get_args(ann))}, got the boolean {str(value).lower()}; "
-                f"write one of those names")
+        return (
+            f"expects one of {', '.join(repr(a) for a in get_args(ann))}, got the boolean {str(value).lower()}; "
+            f"write one of those names"
+        )
     return None
 
 

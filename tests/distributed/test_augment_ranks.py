@@ -2,13 +2,12 @@
 every sample of a global batch gets the same augmented input whichever rank and micro-batch draw
 it, because its randomness is a function of (seed, epoch, sample id) only (trainers/data/augment.py)."""
 
-
 import numpy as np
 import torch
 
+from tests.helpers import spawn_gloo
 from trainers.loop.config import LoopConfig
 from trainers.loop.trainer import Runtime, Trainer
-from tests.helpers import spawn_gloo
 
 CFG = {
     "data": {"name": "digits", "augment": ["random_crop", "hflip"], "crop_padding": 2},
@@ -50,7 +49,7 @@ def _run(world: int) -> dict:
 def test_augmented_inputs_are_the_same_at_w1_and_w3():
     one, three = _run(1), _run(3)
     assert len(one) == 3 * 40 and set(one) == set(three)
-    for key, (raw, x) in one.items():
+    for key, (_raw, x) in one.items():
         np.testing.assert_array_equal(three[key][1], x, err_msg=str(key))
     changed = sum(not np.array_equal(raw, x) for raw, x in one.values())
     assert changed > len(one) // 2, "the inputs were augmented"

@@ -8,9 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.combine.methods import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, local_variance)
-from trainers.data.order import slice_bounds
 from tests.helpers import spawn_gloo
+from trainers.combine.methods import (
+    AdasumCombiner,
+    CombineConfig,
+    LocalSGD,
+    adasum_allreduce,
+    adasum_layers,
+    local_variance,
+)
+from trainers.data.order import slice_bounds
 
 SHAPES = [(3, 4), (4,), (1,), (2, 2)]
 
@@ -82,8 +89,9 @@ def test_adasum_input_is_each_workers_mean_gradient_with_accumulation_and_uneven
     inputs = []
     for r in range(world):
         lo, hi = slice_bounds(batch, r, world)
-        inputs.append(_mean_grad(model, x[lo:hi], y[lo:hi]) if hi > lo
-                      else [torch.zeros_like(p) for p in model.parameters()])
+        inputs.append(
+            _mean_grad(model, x[lo:hi], y[lo:hi]) if hi > lo else [torch.zeros_like(p) for p in model.parameters()]
+        )
     expected = adasum_layers(inputs)
     for r in range(world):
         for got, exp in zip(res[r], expected):
@@ -101,20 +109,27 @@ def _sync_worker(rank: int, world: int, out: dict) -> None:
     y = torch.randint(0, 2, (6 + rank,))
     F.cross_entropy(model(x), y).backward()  # local mean gradient over 6 + rank samples
     opt.step()
-    before = {"params": [p.detach().clone() for p in model.parameters()],
-              "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
-              "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
-              "grad_sq": float(sum(p.grad.double().pow(2).sum() for p in model.parameters())),
-              "grad": torch.cat([p.grad.double().reshape(-1) for p in model.parameters()]),
-              "b": 6 + rank}
+    before = {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+        "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
+        "grad_sq": float(sum(p.grad.double().pow(2).sum() for p in model.parameters())),
+        "grad": torch.cat([p.grad.double().reshape(-1) for p in model.parameters()]),
+        "b": 6 + rank,
+    }
     loc = LocalSGD(CombineConfig(method="local_sgd", local_steps=3), norm_test_eta=0.5)
     r = loc.sync(model, opt, step=3, local_count=6 + rank)
-    out[rank] = {"before": before,
-                 "params": [p.detach().clone() for p in model.parameters()],
-                 "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
-                 "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
-                 "variance": r.variance, "suggested": r.norm_test.suggested, "required": r.norm_test.required,
-                 "syncs": loc.syncs, "bytes_saved": loc.bytes_saved}
+    out[rank] = {
+        "before": before,
+        "params": [p.detach().clone() for p in model.parameters()],
+        "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+        "buffers": [b.clone() for b in model.buffers() if b.is_floating_point()],
+        "variance": r.variance,
+        "suggested": r.norm_test.suggested,
+        "required": r.norm_test.required,
+        "syncs": loc.syncs,
+        "bytes_saved": loc.bytes_saved,
+    }
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -138,8 +153,7 @@ def test_after_a_sync_all_ranks_hold_the_mean(world):
         assert res[r]["suggested"] == res[0]["suggested"]
 
 
-def _local_sgd_worker(rank: int, world: int, out: dict, steps: int, start: dict | None,
-                      ckpt_at: int | None) -> None:
+def _local_sgd_worker(rank: int, world: int, out: dict, steps: int, start: dict | None, ckpt_at: int | None) -> None:
     """Local SGD as the loop will run it: global batches of 8 from one permutation, each rank its slice,
     its own optimizer step on its own mean gradient, a sync every H = 3 steps; rank 0 checkpoints at a sync."""
     x, y = _data(48)
@@ -156,7 +170,7 @@ def _local_sgd_worker(rank: int, world: int, out: dict, steps: int, start: dict 
         step = start["step"]
     perm = torch.randperm(48, generator=torch.Generator().manual_seed(3))
     while step < steps:
-        ids = perm[(step * 8) % 48:(step * 8) % 48 + 8]
+        ids = perm[(step * 8) % 48 : (step * 8) % 48 + 8]
         lo, hi = slice_bounds(len(ids), rank, world)
         mine = ids[lo:hi]
         opt.zero_grad()
@@ -166,8 +180,12 @@ def _local_sgd_worker(rank: int, world: int, out: dict, steps: int, start: dict 
         if loc.should_sync(step):
             loc.sync(model, opt, step=step)
             if ckpt_at == step and rank == 0:
-                out["ckpt"] = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-                               "opt": copy.deepcopy(opt.state_dict()), "local": loc.state_dict(), "step": step}
+                out["ckpt"] = {
+                    "model": {k: v.clone() for k, v in model.state_dict().items()},
+                    "opt": copy.deepcopy(opt.state_dict()),
+                    "local": loc.state_dict(),
+                    "step": step,
+                }
     out[rank] = {"params": [p.detach().clone() for p in model.parameters()], "local": loc.state_dict()}
 
 

@@ -9,12 +9,12 @@ import copy
 import numpy as np
 import torch
 
+from tests.helpers import spawn_gloo
 from trainers.combine.methods import adasum_layers
-from trainers.loop.config import LoopConfig
 from trainers.data.order import slice_bounds
+from trainers.loop.config import LoopConfig
 from trainers.loop.trainer import Runtime, Trainer
 from trainers.workload.build import summed_loss
-from tests.helpers import spawn_gloo
 
 BASE = {
     "data": {"name": "digits"},
@@ -40,8 +40,13 @@ def _worker(rank: int, world: int, out: dict, cfg: dict, steps: int) -> None:
         batch = IDS + 24 * s
         loss = t.train_step(batch)
         t.state.step += 1
-        rows.append({"loss": loss, "params": [p.detach().clone() for p in t.learner.params],
-                     "metrics": t.learner.combine.metrics()})
+        rows.append(
+            {
+                "loss": loss,
+                "params": [p.detach().clone() for p in t.learner.params],
+                "metrics": t.learner.combine.metrics(),
+            }
+        )
     out[rank] = rows
     if t.learner.combine.local is not None:
         suggested = t.learner.combine.local.suggested
@@ -86,8 +91,11 @@ def test_local_sgd_h1_without_momentum_is_per_step_averaging():
 
 
 def test_local_sgd_syncs_every_h_steps_and_grows_the_batch_by_its_norm_test():
-    cfg = _cfg(optimizer={"mf": 0.9}, combine={"method": "local_sgd", "local_steps": 2},
-               batch={"policy": "norm_test", "check_every": 2, "norm_test_eta": 0.05, "max_size": 96})
+    cfg = _cfg(
+        optimizer={"mf": 0.9},
+        combine={"method": "local_sgd", "local_steps": 2},
+        batch={"policy": "norm_test", "check_every": 2, "norm_test_eta": 0.05, "max_size": 96},
+    )
     got = _run(cfg, steps=4)
     for step, row in enumerate(got[0], start=1):
         same = all(torch.equal(p, q) for p, q in zip(row["params"], got[1][step - 1]["params"]))

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import spawn_gloo
 from trainers.loop.config import LoopConfig
 from trainers.loop.trainer import Runtime, Trainer
-from tests.helpers import spawn_gloo
 
 CFG = {
     "data": {"name": "digits"},

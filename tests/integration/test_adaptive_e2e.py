@@ -4,7 +4,7 @@ workers with fractional CPUs); ``plan`` against what a run logs: tests/integrati
 import numpy as np
 import pytest
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import dense_series, make_config, metric_series, read_sample_log
 
 pytestmark = pytest.mark.integration
@@ -24,11 +24,18 @@ def grown(ray_cluster, tmp_path_factory):
     runs = {}
     # Break-before-make resizes, so that each resize lands exactly at its batch change (the
     # overlapping mode is tested below: there the old group trains on for a while).
-    for name, scaling in (("elastic", {"min_workers": 1, "max_workers": 4, "resize_mode": "restart"}),
-                          ("fixed4", {"min_workers": 4, "max_workers": 4})):
-        cfg = make_config(tmp, uri, scaling={**scaling, "cpus_per_worker": 0.5},
-                          train={**GROW["train"], "sample_log_dir": str(tmp / f"samples-{name}")},
-                          optimizer=GROW["optimizer"], batch=GROW["batch"])
+    for name, scaling in (
+        ("elastic", {"min_workers": 1, "max_workers": 4, "resize_mode": "restart"}),
+        ("fixed4", {"min_workers": 4, "max_workers": 4}),
+    ):
+        cfg = make_config(
+            tmp,
+            uri,
+            scaling={**scaling, "cpus_per_worker": 0.5},
+            train={**GROW["train"], "sample_log_dir": str(tmp / f"samples-{name}")},
+            optimizer=GROW["optimizer"],
+            batch=GROW["batch"],
+        )
         runs[name] = run_training(cfg, progress=False)
         assert runs[name].status == "FINISHED"
     return tmp, uri, runs
@@ -46,7 +53,7 @@ def _changes(series):
 def test_batch_grows_and_workers_follow(grown):
     _, uri, runs = grown
     rid = runs["elastic"].run_id
-    steps1 = -(-N // 32)           # 45 steps in epoch 0 at B=32
+    steps1 = -(-N // 32)  # 45 steps in epoch 0 at B=32
     steps2 = steps1 + -(-N // 64)  # epoch 1 at B=64
     assert _changes(metric_series(uri, rid, "workers")) == [(1, 1.0), (steps1 + 1, 2.0), (steps2 + 1, 4.0)]
     # batch/global is the policy's B at every step, the epochs' short last batches included
@@ -99,13 +106,18 @@ def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
     the old group's last checkpoint.  Nothing is skipped or repeated, and the new group goes on
     from exactly the old group's state."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = dict(optimizer={"base_batch_size": 32, "lr": 0.05},
-                  batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-                  model={"name": "cnn", "norm": "none", "hidden": 16})
-    cfg = make_config(tmp_path / "e", uri, **common,
-                      scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
-                      train={"epochs": 500, "log_every": 20, "eval_every": 0,
-                             "sample_log_dir": str(tmp_path / "samples")})
+    common = dict(
+        optimizer={"base_batch_size": 32, "lr": 0.05},
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        model={"name": "cnn", "norm": "none", "hidden": 16},
+    )
+    cfg = make_config(
+        tmp_path / "e",
+        uri,
+        **common,
+        scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
+        train={"epochs": 500, "log_every": 20, "eval_every": 0, "sample_log_dir": str(tmp_path / "samples")},
+    )
     taken = {}
 
     def after_takeover(records):  # stop 30 steps after the first step of the 2-worker group
@@ -141,16 +153,20 @@ def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
     # The same schedule on one worker throughout: identical up to the handover (same code), and
     # the new group's first steps continue from exactly that state (a different state or batch
     # would show at once; a different summation order only drifts slowly).
-    ref_cfg = make_config(tmp_path / "f", uri, **common,
-                          scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
-                          train={"epochs": 500, "log_every": 20, "eval_every": 0})
+    ref_cfg = make_config(
+        tmp_path / "f",
+        uri,
+        **common,
+        scaling={"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+        train={"epochs": 500, "log_every": 20, "eval_every": 0},
+    )
     ref = _stopped_run(ref_cfg, lambda records: records[-1][0] >= last)
     a = metric_series(uri, run.run_id, "train/loss")
-    b = metric_series(uri, ref.run_id, "train/loss")[:len(a)]
+    b = metric_series(uri, ref.run_id, "train/loss")[: len(a)]
     assert [s for s, _ in a] == [s for s, _ in b]
     h = r["step"]
     np.testing.assert_allclose([v for _, v in a[:h]], [v for _, v in b[:h]], rtol=1e-6)
-    np.testing.assert_allclose([v for _, v in a[h:h + 3]], [v for _, v in b[h:h + 3]], rtol=1e-4)
+    np.testing.assert_allclose([v for _, v in a[h : h + 3]], [v for _, v in b[h : h + 3]], rtol=1e-4)
     assert {v for _, v in metric_series(uri, ref.run_id, "workers")} == {1.0}
 
 
@@ -160,11 +176,15 @@ def test_overlapping_resize_called_off_when_training_ends_first(ray_cluster, tmp
     import time
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32, "lr": 0.05},
-                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-                      model={"name": "cnn", "norm": "none", "hidden": 16},
-                      scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
-                      train={"epochs": 4, "eval_every": 0})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        optimizer={"base_batch_size": 32, "lr": 0.05},
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        model={"name": "cnn", "norm": "none", "hidden": 16},
+        scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
+        train={"epochs": 4, "eval_every": 0},
+    )
     run = run_training(cfg, progress=False)
     assert run.status == "FINISHED" and run.resizes == [] and run.resizes_called_off == 1
     assert {v for _, v in metric_series(uri, run.run_id, "workers")} == {1.0}

@@ -1,4 +1,4 @@
-"""A run's artifacts follow its tracking store (orchestrator/uris.py ``artifacts_destination``):
+"""A run's artifacts follow its tracking store (orchestrator/config/uris.py ``artifacts_destination``):
 with the SQLite store in one folder and the command run from another, the config, plots, model
 files and the registered MLflow model land beside the store, and no ``./mlruns`` appears where
 the command ran."""
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import make_config
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from orchestrator.pipeline import prepare
-from orchestrator.runner import run_training
+from orchestrator.config.prepare import prepare
+from orchestrator.run.runner import run_training
 from tests.helpers import metric_series
 
 pytestmark = pytest.mark.integration
@@ -19,14 +19,18 @@ def test_a_one_sample_slice_of_the_epochs_tail_trains_through_batchnorm(ray_clus
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # 66 synthetic samples, 13 held out: 53 to train; B = 10 over W = 2 gives slices of 5 and 5, and the
     # epoch's last batch of 3 samples gives slices of 2 and 1
-    cfg = prepare({"data": {"name": "synthetic", "size": 66, "shape": [6]},
-                   "model": {"name": "mlp", "norm": "batch", "hidden": 16},
-                   "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 10},
-                   "batch": {"size": 10, "max_local_batch": 8},
-                   "scaling": {"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5},
-                   "train": {"epochs": 1, "seed": 0, "log_every": 1},
-                   "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
-                   "tracking": {"uri": uri, "experiment": "bn-tail"}})
+    cfg = prepare(
+        {
+            "data": {"name": "synthetic", "size": 66, "shape": [6]},
+            "model": {"name": "mlp", "norm": "batch", "hidden": 16},
+            "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 10},
+            "batch": {"size": 10, "max_local_batch": 8},
+            "scaling": {"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5},
+            "train": {"epochs": 1, "seed": 0, "log_every": 1},
+            "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
+            "tracking": {"uri": uri, "experiment": "bn-tail"},
+        }
+    )
     summary = run_training(cfg, progress=False)
     assert summary.status == "FINISHED", summary.error
     assert summary.steps == math.ceil(53 / 10)

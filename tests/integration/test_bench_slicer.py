@@ -31,7 +31,7 @@ json.dump(times, open(sys.argv[1], "w"))
 def test_the_two_loops_never_run_together(tmp_path):
     a_out, b_out = str(tmp_path / "a.json"), str(tmp_path / "b.json")
     # a runs in a child of a shell: the slicer must stop the whole tree, not only the top process
-    a = ["/bin/sh", "-c", f'"{sys.executable}" -c \'{LOOP}\' {a_out} 400; true']
+    a = ["/bin/sh", "-c", f"\"{sys.executable}\" -c '{LOOP}' {a_out} 400; true"]
     run = Slices(a, [sys.executable, "-c", LOOP, b_out, "0"], 0.3, str(tmp_path / "log")).run()
     a_t, b_t = np.array(json.load(open(a_out))), np.array(json.load(open(b_out)))
     assert len(a_t) == 400 and len(b_t) > 50
@@ -57,8 +57,13 @@ def test_set_overrides_reach_the_orchestrator_row(tmp_path):
 
 
 def test_a_bad_set_stops_the_bench_before_any_loop_runs():
-    out = subprocess.run([sys.executable, "bench/overhead.py", "--rows", "plain", "--set", "scaling.no_such_key=1"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "bench/overhead.py", "--rows", "plain", "--set", "scaling.no_such_key=1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: --set: ") and "scaling.no_such_key" in out.stderr
     assert "slices" not in out.stderr  # no row started

@@ -44,7 +44,16 @@ SUMMARY = {
     "search": ("steps_ratio", "gap_points"),
     "time_to_target": ("steps_ratio", "tokens_ratio", "goodput_wall_ratio"),
 }
-TIMEOUT_S = {"checkpoint": 120, "byo": 600, "gpu": 600, "scale": 420, "recovery": 600, "time_to_target": 540}  # the rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2 beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here)
+# The rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2
+# beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here).
+TIMEOUT_S = {
+    "checkpoint": 120,
+    "byo": 600,
+    "gpu": 600,
+    "scale": 420,
+    "recovery": 600,
+    "time_to_target": 540,
+}
 DEFAULT_TIMEOUT_S = 300
 # A bench whose quick form is known to fail, with what is missing (kept visible as a skip, not dropped).
 BROKEN: dict[str, str] = {}  # bench name -> why its quick form cannot run now (skipped with that reason)
@@ -84,16 +93,28 @@ def test_summary_parsing():
 
 
 def test_every_bench_is_found():
-    assert {"overhead", "resize", "adaptive", "search", "checkpoint", "byo", "large_batch", "gpu", "cpu", "scale",
-            "time_to_target"} <= set(BENCHES)
+    assert {
+        "overhead",
+        "resize",
+        "adaptive",
+        "search",
+        "checkpoint",
+        "byo",
+        "large_batch",
+        "gpu",
+        "cpu",
+        "scale",
+        "time_to_target",
+    } <= set(BENCHES)
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 
 def run_bench(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str, str]:
     """(exit status or None when it ran over ``timeout_s``, stdout, stderr).  A bench that runs
     over gets SIGINT (it shuts its Ray down), then its whole process group SIGKILL."""
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = p.communicate(timeout=timeout_s)
         return p.returncode, out, err
@@ -113,8 +134,9 @@ def run_bench(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[in
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("name", [pytest.param(b, marks=pytest.mark.timeout(TIMEOUT_S.get(b, DEFAULT_TIMEOUT_S) + 60))
-                                  for b in BENCHES])
+@pytest.mark.parametrize(
+    "name", [pytest.param(b, marks=pytest.mark.timeout(TIMEOUT_S.get(b, DEFAULT_TIMEOUT_S) + 60)) for b in BENCHES]
+)
 def test_bench_runs_quick(name: str):
     if name in BROKEN:
         pytest.skip(BROKEN[name])

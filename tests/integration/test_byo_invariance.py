@@ -10,20 +10,25 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import final_model, make_config, metric_series, read_sample_log
 
 pytestmark = pytest.mark.integration
 
 STEPS = 29  # ceil(1438 / 50): one epoch of the digits training split
-FACTORY = dict(data={"name": None, "factory": "tests.byo_workloads:digits", "loader": {"workers": 0}},
-               model={"name": None, "factory": "tests.byo_workloads:mlp", "params": {"hidden": 32}})
+FACTORY = dict(
+    data={"name": None, "factory": "tests.byo_workloads:digits", "loader": {"workers": 0}},
+    model={"name": None, "factory": "tests.byo_workloads:mlp", "params": {"hidden": 32}},
+)
 
 
 def _cfg(tmp, uri, w, samples, **extra):
-    sections = {**FACTORY, "scaling": {"max_workers": w, "min_workers": w},
-                "train": {"epochs": 1, "sample_log_dir": str(samples), "log_every": 1},
-                "checkpoint": {"storage_path": str(tmp / "ray_runs"), "every_steps": 10, "keep": 5}}
+    sections = {
+        **FACTORY,
+        "scaling": {"max_workers": w, "min_workers": w},
+        "train": {"epochs": 1, "sample_log_dir": str(samples), "log_every": 1},
+        "checkpoint": {"storage_path": str(tmp / "ray_runs"), "every_steps": 10, "keep": 5},
+    }
     sections.update(extra)
     return make_config(tmp, uri, **sections)
 

@@ -10,6 +10,7 @@ import pytest
 
 from tests.config_cases import CASES, GOOD, _write
 
+
 def test_bad_input_never_imports_ray_or_creates_a_run(tmp_path):
     """In a fresh interpreter: every bad case exits 2 before Ray is even imported."""
     paths = {}
@@ -34,7 +35,7 @@ def test_loading_a_config_imports_neither_the_worker_loop_nor_ray():
     """Validating a YAML loads the components' config classes, not the loop they run in."""
     script = textwrap.dedent("""
         import json, sys
-        from orchestrator.pipeline import load_config
+        from orchestrator.config.prepare import load_config
         load_config("configs/quickstart.yaml")
         print(json.dumps({m: m in sys.modules for m in ("trainers.loop.trainer", "ray")}))
     """)
@@ -46,16 +47,24 @@ def test_loading_a_config_imports_neither_the_worker_loop_nor_ray():
 
 def test_cli_exit_status_from_a_real_process(tmp_path):
     p = _write(tmp_path, None)
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "train", p, "--set", "batch.size=0"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "train", p, "--set", "batch.size=0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip() == "error: batch.size: must be > 0 (got 0); set a value > 0 such as 64"
 
 
-@pytest.mark.parametrize("override, start", [
-    ("scaling.use_gpu=true", "error: scaling.use_gpu:"),
-    ("scaling.cpus_per_worker=64", "error: scaling.max_workers x cpus_per_worker:"),
-])
+@pytest.mark.parametrize(
+    "override, start",
+    [
+        ("scaling.use_gpu=true", "error: scaling.use_gpu:"),
+        ("scaling.cpus_per_worker=64", "error: scaling.max_workers x cpus_per_worker:"),
+    ],
+)
 def test_impossible_resources_fail_fast_with_no_run(ray_cluster, tmp_path, override, start):
     """Ray Train would wait forever for resources this cluster (the tier's shared local Ray, 2 CPUs,
     no GPU, joined as a user's driver joins one) can never have: the driver checks once Ray is up
@@ -63,11 +72,27 @@ def test_impossible_resources_fail_fast_with_no_run(ray_cluster, tmp_path, overr
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     config = os.path.join(root, "configs", "quickstart.yaml")
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "train", config, "--no-progress", "--set", override,
-                          "--set", f"checkpoint.storage_path={tmp_path}/ray_runs",
-                          "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                         env={**env, "PYTHONPATH": root})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "train",
+            config,
+            "--no-progress",
+            "--set",
+            override,
+            "--set",
+            f"checkpoint.storage_path={tmp_path}/ray_runs",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/mlflow.db",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**env, "PYTHONPATH": root},
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     err = out.stderr.strip()
     assert err.startswith(start) and "\n" not in err and "Traceback" not in err, err

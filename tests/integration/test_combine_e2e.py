@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import make_config, metric_series, read_sample_log
 
 pytestmark = pytest.mark.integration
@@ -35,8 +35,15 @@ def _state(path):
 
 def test_adasum_run_finishes_and_logs(ray_cluster, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri, scaling=W2, schedule={"scaling_rule": "none"}, combine={"method": "adasum"},
-                      optimizer={"lr": 0.05, "base_batch_size": 25}, train={"epochs": 1, "log_every": 5})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        scaling=W2,
+        schedule={"scaling_rule": "none"},
+        combine={"method": "adasum"},
+        optimizer={"lr": 0.05, "base_batch_size": 25},
+        train={"epochs": 1, "log_every": 5},
+    )
     s = run_training(cfg, progress=False)
     assert s.status == "FINISHED" and s.steps == 29  # ceil(1438 / 50)
     assert _params(uri, s.run_id)["combine.method"] == "adasum"
@@ -53,12 +60,24 @@ def local(ray_cluster, tmp_path_factory):
     epochs; checkpoints only at epoch ends, which local SGD defers to the next sync step."""
     tmp = tmp_path_factory.mktemp("local_sgd")
     uri = f"sqlite:///{tmp}/mlflow.db"
-    cfg = make_config(tmp, uri, scaling=W2, combine={"method": "local_sgd", "local_steps": 4},
-                      optimizer={"lr": 0.05, "base_batch_size": 64},
-                      batch={"size": 64, "max_local_batch": 32, "policy": "norm_test", "check_every": 8,
-                             "norm_test_eta": 0.3, "max_size": 256, "round_to": 16},
-                      train={"epochs": 2, "log_every": 5, "sample_log_dir": str(tmp / "samples")},
-                      checkpoint={"every_steps": 0, "keep": 2})
+    cfg = make_config(
+        tmp,
+        uri,
+        scaling=W2,
+        combine={"method": "local_sgd", "local_steps": 4},
+        optimizer={"lr": 0.05, "base_batch_size": 64},
+        batch={
+            "size": 64,
+            "max_local_batch": 32,
+            "policy": "norm_test",
+            "check_every": 8,
+            "norm_test_eta": 0.3,
+            "max_size": 256,
+            "round_to": 16,
+        },
+        train={"epochs": 2, "log_every": 5, "sample_log_dir": str(tmp / "samples")},
+        checkpoint={"every_steps": 0, "keep": 2},
+    )
     s = run_training(cfg, progress=False)
     assert s.status == "FINISHED"
     return tmp, uri, cfg, s
@@ -100,7 +119,7 @@ def test_local_sgd_resume_mid_epoch_continues_exactly(local):
     before = _ckpts(folder)
     assert len(before) == 2
     mid, final = before
-    mid_step = int(os.path.basename(mid)[len("checkpoint_step"):])
+    mid_step = int(os.path.basename(mid)[len("checkpoint_step") :])
     at = _state(mid)["train"]
     assert mid_step % 4 == 0 and at["epoch"] == 1, "the epoch-end checkpoint is taken at a sync step"
     want = _state(final)
@@ -115,7 +134,9 @@ def test_local_sgd_resume_mid_epoch_continues_exactly(local):
     for a, b in zip(want["optimizer"]["state"].values(), got["optimizer"]["state"].values()):
         torch.testing.assert_close(b["momentum_buffer"], a["momentum_buffer"], rtol=1e-5, atol=1e-6)
     assert got["combine"] == want["combine"] and got["batch"] == want["batch"]
-    assert got["train"]["step"] == want["train"]["step"] and got["train"]["samples_seen"] == want["train"]["samples_seen"]
+    assert (
+        got["train"]["step"] == want["train"]["step"] and got["train"]["samples_seen"] == want["train"]["samples_seen"]
+    )
     assert metric_series(uri, ref.run_id, "train/loss") == losses  # no (metric, step) logged twice
     # the steps after the checkpoint were trained again on the same samples by the same ranks
     rows = read_sample_log(str(tmp / "samples"))

@@ -6,13 +6,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.data.datasets import DatasetInfo
 from trainers.accel.device import clean_state_dict, compile_model, load_clean_state_dict, unwrap_model
+from trainers.data.datasets import DatasetInfo
 from trainers.workload.models import ModelConfig, build_model
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")),
-                                 reason="torch.compile's inductor backend needs a C compiler (cc/gcc) on CPU")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not (shutil.which("cc") or shutil.which("gcc")),
+        reason="torch.compile's inductor backend needs a C compiler (cc/gcc) on CPU",
+    ),
+]
 
 
 def _cnn():

@@ -2,7 +2,7 @@
 auth, with the user and password in the tracking URI.  Nothing printed (the product's lines and
 MLflow's own ``View run ... at`` lines), no log record, no param, tag, artifact or file the run
 leaves holds the password, and ``orchestrator ui`` links to the server without it
-(orchestrator/uris.py ``mlflow_uri``, ``public_url``, ``redact_uri``).
+(orchestrator/config/uris.py ``mlflow_uri``, ``public_url``, ``redact_uri``).
 
 MLflow's own basic-auth app needs an extra package (``mlflow[auth]``); the server here is plain
 ``mlflow server`` behind a small proxy that refuses every request without the right
@@ -26,8 +26,18 @@ from tests.helpers import free_port
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "alice", "Pw-q7Zx-not-for-logs"
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-authenticate", "proxy-authorization", "te",
-              "trailer", "upgrade", "host", "content-length"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+    "content-length",
+}
 
 
 class AuthProxy(ThreadingHTTPServer):
@@ -96,8 +106,12 @@ class _Gate(BaseHTTPRequestHandler):
 def guarded_server(tmp_path, monkeypatch):
     """``mlflow server`` over a SQLite store in ``tmp_path/store`` (started as ``orchestrator ui``
     starts it), behind :class:`AuthProxy`; the test's folder is another one (``tmp_path/cwd``)."""
-    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"):
+    for var in (
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT",
+    ):
         monkeypatch.delenv(var, raising=False)  # and whatever the run sets is undone afterwards
     store = tmp_path / "store"
     store.mkdir()
@@ -115,13 +129,16 @@ def guarded_server(tmp_path, monkeypatch):
 
 
 def _config(tmp_path) -> str:
-    raw = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none", "hidden": 16},
-           "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 64},
-           "batch": {"size": 64, "max_local_batch": 64},
-           "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
-           "train": {"epochs": 1, "seed": 0},
-           "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
-           "tracking": {"experiment": "credentials"}}
+    raw = {
+        "data": {"name": "digits"},
+        "model": {"name": "mlp", "norm": "none", "hidden": 16},
+        "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 64},
+        "batch": {"size": 64, "max_local_batch": 64},
+        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+        "train": {"epochs": 1, "seed": 0},
+        "checkpoint": {"storage_path": str(tmp_path / "ray_runs")},
+        "tracking": {"experiment": "credentials"},
+    }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
@@ -161,13 +178,24 @@ def _client(proxy, monkeypatch):
 
 
 def test_a_password_in_the_tracking_uri_reaches_no_output_log_param_tag_or_artifact(
-        ray_cluster, tmp_path, guarded_server, capfd, caplog, monkeypatch):
+    ray_cluster, tmp_path, guarded_server, capfd, caplog, monkeypatch
+):
 
     store, proxy = guarded_server
     uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}"
     caplog.set_level(logging.INFO)
-    rc = cli.main(["train", _config(tmp_path), "--tracking-uri", uri, "--no-progress", "--verbose",
-                   "--register", "credentials-model"])
+    rc = cli.main(
+        [
+            "train",
+            _config(tmp_path),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--verbose",
+            "--register",
+            "credentials-model",
+        ]
+    )
     # the credentials reached the server with every request, and nothing printed or logged shows them
     out = _assert_shown_nowhere(rc, capfd, caplog, proxy)
 
@@ -190,28 +218,48 @@ def test_a_password_in_the_tracking_uri_reaches_no_output_log_param_tag_or_artif
     assert f"http://127.0.0.1:{proxy.port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" in out, out
 
 
-def test_a_study_tracked_with_a_password_shows_it_nowhere(ray_cluster, tmp_path, guarded_server, capfd, caplog,
-                                                           monkeypatch):
+def test_a_study_tracked_with_a_password_shows_it_nowhere(
+    ray_cluster, tmp_path, guarded_server, capfd, caplog, monkeypatch
+):
     """``python -m search run`` with the same URI: the driver's lines, the parent and the trial's
     runs, the files left and the shared Ray's logs (where a trial actor's own output goes)."""
 
-    from search.cli import main as search_main
+    from search.commands import main as search_main
     from tests.search_helpers import base_config, write_space
 
     store, proxy = guarded_server
     uri = f"http://{USER}:{PASSWORD}@127.0.0.1:{proxy.port}"
-    space = write_space(tmp_path, "creds", base=base_config(tmp_path), objective={"metric": "val/accuracy"},
-                        sampler={"name": "random", "seed": 0}, pruner="none",
-                        params={"optimizer.lr": {"low": 0.02, "high": 0.2, "log": True}})
+    space = write_space(
+        tmp_path,
+        "creds",
+        base=base_config(tmp_path),
+        objective={"metric": "val/accuracy"},
+        sampler={"name": "random", "seed": 0},
+        pruner="none",
+        params={"optimizer.lr": {"low": 0.02, "high": 0.2, "log": True}},
+    )
     caplog.set_level(logging.INFO)
-    rc = search_main(["run", space, "--storage", str(tmp_path / "optuna.journal"), "--tracking-uri", uri,
-                      "--trials", "1", "--no-progress", "--verbose"])
+    rc = search_main(
+        [
+            "run",
+            space,
+            "--storage",
+            str(tmp_path / "optuna.journal"),
+            "--tracking-uri",
+            uri,
+            "--trials",
+            "1",
+            "--no-progress",
+            "--verbose",
+        ]
+    )
     _assert_shown_nowhere(rc, capfd, caplog, proxy)
     client = _client(proxy, monkeypatch)
     runs = client.search_runs([client.get_experiment_by_name("search-tests").experiment_id])
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}  # the parent and trial 0
-    assert not [(r.info.run_name, k) for r in runs for k, v in {**r.data.params, **r.data.tags}.items()
-                if PASSWORD in v]
+    assert not [
+        (r.info.run_name, k) for r in runs for k, v in {**r.data.params, **r.data.tags}.items() if PASSWORD in v
+    ]
     assert _files_holding(tmp_path, PASSWORD.encode()) == []
     logs = ray_cluster._private.worker._global_node.get_session_dir_path()
     assert _files_holding(logs, PASSWORD.encode()) == []

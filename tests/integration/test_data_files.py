@@ -16,7 +16,9 @@ def test_digits_read_from_the_file_match_scikit_learns_loader():
     np.testing.assert_array_equal(pixels, d.data)
     np.testing.assert_array_equal(labels, d.target)
     # and a worker that loads digits does not pay for importing scikit-learn
-    code = "import sys; from trainers.data.datasets import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
+    code = (
+        "import sys; from trainers.data.datasets import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -30,12 +32,12 @@ def _write_tiny_cifar(root, per_batch=6):
     os.makedirs(folder)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, per_batch).tolist()}
+        entry = {
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "labels": rng.integers(0, 10, per_batch).tolist(),
+        }
         with open(os.path.join(folder, name), "wb") as f:
             pickle.dump(entry, f)
     with open(os.path.join(folder, "batches.meta"), "wb") as f:
         pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
     return folder
-
-

@@ -49,21 +49,38 @@ def _fill(disk):
 
 def test_a_full_checkpoint_disk_ends_the_run_once_with_free_then_resume(ray_cluster, small_disk, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5},
-                      scaling={"max_failures": 3}, checkpoint={"every_steps": 10, "keep": 2,
-                                                               "storage_path": str(small_disk / "runs")})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        train={"epochs": EPOCHS, "log_every": 5},
+        scaling={"max_failures": 3},
+        checkpoint={"every_steps": 10, "keep": 2, "storage_path": str(small_disk / "runs")},
+    )
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "orchestrator", *args, "--no-progress"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=400, start_new_session=True)
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args, "--no-progress"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+            start_new_session=True,
+        )
 
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline, filler = time.time() + 240, None
     while filler is None and time.time() < deadline and driver.poll() is None:
         if glob.glob(f"{small_disk}/runs/elastic-*/checkpoint_step*"):
@@ -82,7 +99,7 @@ def test_a_full_checkpoint_disk_ends_the_run_once_with_free_then_resume(ray_clus
     lines = [line for line in text.splitlines() if "the checkpoint storage is full (No space left on device)" in line]
     assert len(lines) == 1, text
     folder = glob.glob(f"{small_disk}/runs/elastic-*")[0]
-    run_id = os.path.basename(folder)[len("elastic-"):]
+    run_id = os.path.basename(folder)[len("elastic-") :]
     resume = f"python -m orchestrator resume {run_id} --tracking-uri {uri}"
     line = lines[0]
     assert f"writing {folder}/checkpoint_step" in line and "free there" in line and "without restarting" in line

@@ -14,12 +14,35 @@ def test_a_diverged_run_ends_failed_and_keeps_its_last_finite_checkpoint(ray_clu
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {k: v for k, v in os.environ.items() if k != "ELASTIC_KEEP_RAY"}
     env["RAY_ADDRESS"] = ray_cluster.get_runtime_context().gcs_address  # the tier's shared local Ray
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "train", os.path.join(ROOT, "configs", "quickstart.yaml"),
-                          "--no-progress", "--tracking-uri", uri,
-                          "--set", "optimizer.lr=1e6", "--set", "schedule.warmup=none", "--set", "checkpoint.every_steps=2",
-                          "--set", f"checkpoint.storage_path={tmp_path}/ray_runs", "--set", "scaling.max_workers=1",
-                          "--set", "scaling.min_workers=1"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=400, env={**env, "PYTHONPATH": ROOT})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "train",
+            os.path.join(ROOT, "configs", "quickstart.yaml"),
+            "--no-progress",
+            "--tracking-uri",
+            uri,
+            "--set",
+            "optimizer.lr=1e6",
+            "--set",
+            "schedule.warmup=none",
+            "--set",
+            "checkpoint.every_steps=2",
+            "--set",
+            f"checkpoint.storage_path={tmp_path}/ray_runs",
+            "--set",
+            "scaling.max_workers=1",
+            "--set",
+            "scaling.min_workers=1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**env, "PYTHONPATH": ROOT},
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     assert "training diverged at step" in out.stdout + out.stderr
     from mlflow.tracking import MlflowClient
@@ -44,15 +67,43 @@ def test_rollback_on_a_real_ray_goes_back_halves_the_lr_and_stops_past_the_limit
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {k: v for k, v in os.environ.items() if k != "ELASTIC_KEEP_RAY"}
     env["RAY_ADDRESS"] = ray_cluster.get_runtime_context().gcs_address
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "train", os.path.join(ROOT, "configs", "quickstart.yaml"),
-                          "--no-progress", "--tracking-uri", uri,
-                          "--set", "optimizer.lr=1e6", "--set", "schedule.warmup=gradual",
-                          "--set", "schedule.warmup_epochs=3", "--set", "train.epochs=4",
-                          "--set", "train.on_nonfinite=rollback", "--set", "train.max_rollbacks=2",
-                          "--set", "checkpoint.every_steps=2",
-                          "--set", f"checkpoint.storage_path={tmp_path}/ray_runs", "--set", "scaling.max_workers=1",
-                          "--set", "scaling.min_workers=1"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=400, env={**env, "PYTHONPATH": ROOT})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "train",
+            os.path.join(ROOT, "configs", "quickstart.yaml"),
+            "--no-progress",
+            "--tracking-uri",
+            uri,
+            "--set",
+            "optimizer.lr=1e6",
+            "--set",
+            "schedule.warmup=gradual",
+            "--set",
+            "schedule.warmup_epochs=3",
+            "--set",
+            "train.epochs=4",
+            "--set",
+            "train.on_nonfinite=rollback",
+            "--set",
+            "train.max_rollbacks=2",
+            "--set",
+            "checkpoint.every_steps=2",
+            "--set",
+            f"checkpoint.storage_path={tmp_path}/ray_runs",
+            "--set",
+            "scaling.max_workers=1",
+            "--set",
+            "scaling.min_workers=1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**env, "PYTHONPATH": ROOT},
+    )
     said = out.stdout + out.stderr
     assert out.returncode == 1, said[-3000:]
     assert said.count("rolled back to step") == 2, said[-3000:]

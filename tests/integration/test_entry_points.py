@@ -32,17 +32,27 @@ BASE = {
 
 # name -> (a change to BASE, the start of the one line every entry point must print)
 CASES = {
-    "unknown_key": ({"optimizer": {"momentum": 0.9}},
-                    "optimizer.momentum: unknown key; did you mean optimizer.mf? (allowed keys here: name, lr,"),
-    "non_finite": ({"train": {"epochs": float("nan")}},
-                   "train.epochs: must be a finite number (got nan); .inf and .nan are not allowed"),
-    "wrong_type": ({"batch": {"size": "many"}},
-                   "batch.size: expects an integer, got the string 'many'; write plain digits"),
-    "bad_workload": ({"model": {"factory": "no_such_pkg_31.models:net"}},
-                     "model.factory: cannot import 'no_such_pkg_31.models': no module named 'no_such_pkg_31'"),
-    "bn_single_samples": ({"model": {"norm": "batch"}, "batch": {"max_local_batch": 1}},
-                          "batch.max_local_batch: 1 puts one sample through the model at a time, and model mlp's "
-                          "BatchNorm cannot train on one sample"),
+    "unknown_key": (
+        {"optimizer": {"momentum": 0.9}},
+        "optimizer.momentum: unknown key; did you mean optimizer.mf? (allowed keys here: name, lr,",
+    ),
+    "non_finite": (
+        {"train": {"epochs": float("nan")}},
+        "train.epochs: must be a finite number (got nan); .inf and .nan are not allowed",
+    ),
+    "wrong_type": (
+        {"batch": {"size": "many"}},
+        "batch.size: expects an integer, got the string 'many'; write plain digits",
+    ),
+    "bad_workload": (
+        {"model": {"factory": "no_such_pkg_31.models:net"}},
+        "model.factory: cannot import 'no_such_pkg_31.models': no module named 'no_such_pkg_31'",
+    ),
+    "bn_single_samples": (
+        {"model": {"norm": "batch"}, "batch": {"max_local_batch": 1}},
+        "batch.max_local_batch: 1 puts one sample through the model at a time, and model mlp's "
+        "BatchNorm cannot train on one sample",
+    ),
 }
 
 
@@ -59,7 +69,8 @@ def _config(tmp, name: str) -> dict:
     return raw
 
 
-# Each script gets [(name, argv)] as JSON and prints {"results": {name: [exit status, stderr]}, "ray": ..., "mlflow": ...}.
+# Each script gets [(name, argv)] as JSON and prints
+# {"results": {name: [exit status, stderr]}, "ray": ..., "mlflow": ...}.
 RUN_MODULE = textwrap.dedent("""
     import contextlib, io, json, runpy, sys
     module, cases = sys.argv[1], json.loads(sys.argv[2])
@@ -75,13 +86,14 @@ RUN_MODULE = textwrap.dedent("""
                 code = e.code
         results[name] = [code, err.getvalue()]
     ray = sys.modules.get("ray")
-    print(json.dumps({"results": results, "ray": bool(ray and ray.is_initialized()), "mlflow": "mlflow" in sys.modules}))
+    started = bool(ray and ray.is_initialized())
+    print(json.dumps({"results": results, "ray": started, "mlflow": "mlflow" in sys.modules}))
 """)
 
 FIT = textwrap.dedent("""
     import contextlib, io, json, sys
     from orchestrator import fit
-    from orchestrator.config import ConfigError
+    from orchestrator.config.schema import ConfigError
     results = {}
     for name, argv in json.loads(sys.argv[2]):
         err = io.StringIO()
@@ -94,7 +106,8 @@ FIT = textwrap.dedent("""
                 code = 2
         results[name] = [code, err.getvalue()]
     ray = sys.modules.get("ray")
-    print(json.dumps({"results": results, "ray": bool(ray and ray.is_initialized()), "mlflow": "mlflow" in sys.modules}))
+    started = bool(ray and ray.is_initialized())
+    print(json.dumps({"results": results, "ray": started, "mlflow": "mlflow" in sys.modules}))
 """)
 
 
@@ -110,17 +123,26 @@ def outcomes(tmp_path_factory):
         cfg = folder / "config.yaml"
         cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
         space = folder / "space.yaml"
-        space.write_text(yaml.safe_dump({"base": str(cfg), "objective": {"metric": "val/accuracy"},
-                                         "params": {"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}}}))
+        space.write_text(
+            yaml.safe_dump(
+                {
+                    "base": str(cfg),
+                    "objective": {"metric": "val/accuracy"},
+                    "params": {"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}},
+                }
+            )
+        )
         run = folder / "runs" / "elastic-r1"  # a run folder whose recorded config is the bad one
         run.mkdir(parents=True)
-        (run / "elastic_run.json").write_text(json.dumps({"run_id": "r1", "tracking_uri": raw["tracking"]["uri"],
-                                                          "config": raw}))
+        (run / "elastic_run.json").write_text(
+            json.dumps({"run_id": "r1", "tracking_uri": raw["tracking"]["uri"], "config": raw})
+        )
         argv["train"].append((name, ["train", str(cfg), "--no-progress"]))
         argv["plan"].append((name, ["plan", str(cfg)]))
         argv["resume"].append((name, ["resume", str(run), "--no-progress"]))
-        argv["search run"].append((name, ["run", str(space), "--no-progress", "--storage",
-                                          str(folder / "optuna.journal")]))
+        argv["search run"].append(
+            (name, ["run", str(space), "--no-progress", "--storage", str(folder / "optuna.journal")])
+        )
         argv["fit()"].append((name, [str(cfg)]))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -128,8 +150,14 @@ def outcomes(tmp_path_factory):
     for entry, cases in argv.items():
         module = "search" if entry == "search run" else "orchestrator"
         script = FIT if entry == "fit()" else RUN_MODULE
-        p = subprocess.run([sys.executable, "-c", script, module, json.dumps(cases)], cwd=tmp, env=env,
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-c", script, module, json.dumps(cases)],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         out[entry] = json.loads(p.stdout.strip().splitlines()[-1])
     return tmp, out

@@ -7,7 +7,7 @@ terminal."""
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import make_config, metric_series
 
 pytestmark = pytest.mark.integration
@@ -18,11 +18,21 @@ def test_goodput_resizes_the_group_and_says_why(ray_cluster, tmp_path, capfd):
     # 18 steps of B=96 (1.2 epochs of digits' 1438 samples); goodput is asked every 10 steps: at step
     # 10, from W=1's step times alone (one W measured: no sync cost known yet), W=3 predicts the most.
     # resize_when: always: the run is far too short for a group's start to pay for itself.
-    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 96},
-                      batch={"size": 96, "max_local_batch": 96, "check_every": 10},
-                      scaling={"min_workers": 1, "max_workers": 3, "cpus_per_worker": 0.5,
-                               "resize_mode": "restart", "resize_when": "always", "policy": "goodput"},
-                      train={"epochs": 1.2, "log_every": 5, "eval_every": 0})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        optimizer={"base_batch_size": 96},
+        batch={"size": 96, "max_local_batch": 96, "check_every": 10},
+        scaling={
+            "min_workers": 1,
+            "max_workers": 3,
+            "cpus_per_worker": 0.5,
+            "resize_mode": "restart",
+            "resize_when": "always",
+            "policy": "goodput",
+        },
+        train={"epochs": 1.2, "log_every": 5, "eval_every": 0},
+    )
     run = run_training(cfg, progress=False)
     assert run.status == "FINISHED"
     workers = metric_series(uri, run.run_id, "workers")

@@ -32,16 +32,30 @@ def ray_head():
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", RAY_AUTH_MODE="token")
     env.pop("RAY_ADDRESS", None)
     gcs, dash = free_port(), free_port()
-    start = subprocess.run([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2",
-                            "--disable-usage-stats", f"--temp-dir={temp_dir}",
-                            # own ports for the agents, so another Ray on this machine (the test
-                            # session's) cannot hold them and leave this head without a job agent
-                            f"--dashboard-agent-listen-port={free_port()}",
-                            f"--dashboard-agent-grpc-port={free_port()}",
-                            f"--metrics-export-port={free_port()}",
-                            f"--runtime-env-agent-port={free_port()}"],
-                           env=env, capture_output=True, text=True, timeout=180)
+    start = subprocess.run(
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={gcs}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            "--num-cpus=2",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+            # own ports for the agents, so another Ray on this machine (the test
+            # session's) cannot hold them and leave this head without a job agent
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert start.returncode == 0, start.stdout + start.stderr
     try:
         yield ray_bin, dash, env
@@ -53,8 +67,18 @@ def ray_head():
 def _submit(ray_bin, dash, env, working_dir, entrypoint, runtime_env=None):
     """`ray job submit` of ``entrypoint``; retried while the head's job agent is not up yet."""
     extra = ["--runtime-env-json", json.dumps(runtime_env)] if runtime_env else []
-    cmd = [ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", working_dir,
-           *extra, "--", *entrypoint]
+    cmd = [
+        ray_bin,
+        "job",
+        "submit",
+        "--address",
+        f"http://127.0.0.1:{dash}",
+        "--working-dir",
+        working_dir,
+        *extra,
+        "--",
+        *entrypoint,
+    ]
     for _ in range(20):  # the head's job agent may need a few seconds after `ray start` returns
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         if "No available agent to submit job" not in out.stdout + out.stderr:
@@ -78,13 +102,37 @@ def _finished_run(out, uri):
 def test_quickstart_via_ray_job_submit(ray_head, tmp_path):
     ray_bin, dash, env = ray_head
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    out = _submit(ray_bin, dash, env, ROOT,
-                  ["python", "-m", "orchestrator", "train", "configs/quickstart.yaml", "--no-progress",
-                   "--set", "train.epochs=2", "--set", f"tracking.uri={uri}",
-                   # a fixed batch of 64 on 2 workers from the start (the demo's growing batch is not the point here)
-                   "--set", "batch.policy=fixed", "--set", "batch.max_size=null", "--set", "batch.size=64",
-                   "--set", "batch.max_local_batch=32", "--set", "optimizer.mf_rule=fixed",
-                   "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"])
+    out = _submit(
+        ray_bin,
+        dash,
+        env,
+        ROOT,
+        [
+            "python",
+            "-m",
+            "orchestrator",
+            "train",
+            "configs/quickstart.yaml",
+            "--no-progress",
+            "--set",
+            "train.epochs=2",
+            "--set",
+            f"tracking.uri={uri}",
+            # a fixed batch of 64 on 2 workers from the start (the demo's growing batch is not the point here)
+            "--set",
+            "batch.policy=fixed",
+            "--set",
+            "batch.max_size=null",
+            "--set",
+            "batch.size=64",
+            "--set",
+            "batch.max_local_batch=32",
+            "--set",
+            "optimizer.mf_rule=fixed",
+            "--set",
+            f"checkpoint.storage_path={tmp_path}/ray_runs",
+        ],
+    )
     run = _finished_run(out, uri)
     assert run.data.metrics["val/accuracy"] > 0.8 and run.data.metrics["workers"] == 2
 
@@ -96,13 +144,39 @@ def test_example_project_via_ray_job_submit(ray_head, tmp_path):
     ray_bin, dash, env = ray_head
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     pythonpath = os.pathsep.join(["src", ROOT])  # README: "src" (the project is pip-installed there)
-    out = _submit(ray_bin, dash, env, os.path.join("examples", "user_project"),
-                  ["python", "-m", "orchestrator", "train", "config.yaml", "--no-progress",
-                   "--set", "train.epochs=2", "--set", "data.params.n_train=2048", "--set", "data.params.n_val=512",
-                   "--set", "scaling.cpus_per_worker=0.5", "--set", "batch.size=128",
-                   "--set", "batch.max_local_batch=64", "--set", "optimizer.lr=0.05",  # 32 steps, lr 0.1
-                   "--set", f"tracking.uri={uri}", "--set", f"checkpoint.storage_path={tmp_path}/ray_runs"],
-                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    out = _submit(
+        ray_bin,
+        dash,
+        env,
+        os.path.join("examples", "user_project"),
+        [
+            "python",
+            "-m",
+            "orchestrator",
+            "train",
+            "config.yaml",
+            "--no-progress",
+            "--set",
+            "train.epochs=2",
+            "--set",
+            "data.params.n_train=2048",
+            "--set",
+            "data.params.n_val=512",
+            "--set",
+            "scaling.cpus_per_worker=0.5",
+            "--set",
+            "batch.size=128",
+            "--set",
+            "batch.max_local_batch=64",
+            "--set",
+            "optimizer.lr=0.05",  # 32 steps, lr 0.1
+            "--set",
+            f"tracking.uri={uri}",
+            "--set",
+            f"checkpoint.storage_path={tmp_path}/ray_runs",
+        ],
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+    )
     run = _finished_run(out, uri)
     assert run.data.params["data.factory"] == "my_workload.data:rings"
     assert run.data.metrics["val/accuracy"] > 0.6 and run.data.metrics["workers"] == 2  # 3 rings: chance 1/3

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from orchestrator.pipeline import load_config
-from orchestrator.runner import run_training
+from orchestrator.config.prepare import load_config
+from orchestrator.run.runner import run_training
 from tests.helpers import metric_series
 from trainers.workload.build import train_size
 
@@ -18,12 +18,22 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_lm_quickstart_perplexity_falls(ray_cluster, tmp_path):
-    cfg = load_config(os.path.join(ROOT, "configs", "lm_quickstart.yaml"),
-                      # a validation set of 2% (~490 windows, not the shipped 10%: a pass of those costs
-                      # ~25 training steps, more than these 0.1 epoch of training between four of them)
-                      ["train.epochs=0.1", "schedule.warmup_epochs=0.02", "schedule.decay=none", "schedule.min_lr=0",
-                       "data.val_fraction=0.02", "train.eval_every=20", "train.log_every=5",
-                       f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"checkpoint.storage_path={tmp_path}/runs"])
+    cfg = load_config(
+        os.path.join(ROOT, "configs", "lm_quickstart.yaml"),
+        # a validation set of 2% (~490 windows, not the shipped 10%: a pass of those costs
+        # ~25 training steps, more than these 0.1 epoch of training between four of them)
+        [
+            "train.epochs=0.1",
+            "schedule.warmup_epochs=0.02",
+            "schedule.decay=none",
+            "schedule.min_lr=0",
+            "data.val_fraction=0.02",
+            "train.eval_every=20",
+            "train.log_every=5",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            f"checkpoint.storage_path={tmp_path}/runs",
+        ],
+    )
     s = run_training(cfg, progress=False)
     assert s.status == "FINISHED" and s.steps == math.ceil(0.1 * train_size(cfg) / 32)
     uri = s.tracking_uri

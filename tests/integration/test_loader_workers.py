@@ -25,8 +25,9 @@ SIZES = [8, 8, 8, 5, 5, 12, 12, 12, 12, 12, 3, 3, 3, 3]  # changes of B mid-epoc
 
 
 def collect(dataset, workers: int, rank: int, world: int, seek=None):
-    loader = RankLoader(dataset, seed=7, rank=rank, world=world, max_local_batch=3,
-                        config=LoaderConfig(workers=workers, prefetch=2))
+    loader = RankLoader(
+        dataset, seed=7, rank=rank, world=world, max_local_batch=3, config=LoaderConfig(workers=workers, prefetch=2)
+    )
     if seek is not None:
         loader.seek(*seek)
     out = []

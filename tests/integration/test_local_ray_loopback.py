@@ -1,4 +1,4 @@
-"""A local run's Ray reaches no one else (orchestrator/ray_env.py ``ensure_ray``): every process it
+"""A local run's Ray reaches no one else (orchestrator/run/ray_env.py ``ensure_ray``): every process it
 starts (GCS, raylet, agents, Ray Train's controller and workers, the run's monitor) listens on
 127.0.0.1 only, and the cluster asks for Ray's token.
 
@@ -27,8 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = r"""
 import json, os, sys, threading, time
 import psutil
-from orchestrator.ray_env import ensure_ray
-from orchestrator.runner import run_training
+from orchestrator.run.ray_env import ensure_ray
+from orchestrator.run.runner import run_training
 from tests.helpers import make_config
 import pathlib, ray
 
@@ -74,14 +74,23 @@ def is_loopback(ip: str) -> bool:
 
 
 def test_a_local_runs_ray_listens_on_loopback_only_and_asks_for_a_token(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE",
-                                                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    }
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(line[0][len("RESULT "):])
+    out = json.loads(line[0][len("RESULT ") :])
     for pid in out["pids"]:  # whatever of that Ray outlived its shutdown, by its process id
         try:
             psutil.Process(pid).kill()
@@ -97,6 +106,7 @@ def test_a_local_runs_ray_listens_on_loopback_only_and_asks_for_a_token(tmp_path
     by_process: dict[int, list] = {}
     for pid, name, ip, port in open_to_all:
         by_process.setdefault(pid, []).append((name, ip, port))
+
     def train_worker(pid: int) -> bool:
         return any(n.startswith("ray::RayTrainWorker") for n in out["names"][str(pid)])
 

@@ -15,12 +15,19 @@ import uuid
 import pytest
 import torch
 
-from orchestrator.config import ConfigError
-from orchestrator.run_info import DriverLease, DriverLock, find_run, read_run_info, write_run_info
+from orchestrator.config.schema import ConfigError
+from orchestrator.run.run_info import DriverLease, DriverLock, find_run, read_run_info, write_run_info
 from tests.config_cases import GOOD
 from tests.s3_server import S3Server
-from trainers.loop.checkpoint import (CheckpointManager, CorruptCheckpoint, incomplete_checkpoints, read_checkpoint,
-                                      run_checkpoints, verify_checkpoint, write_checkpoint)
+from trainers.loop.checkpoint import (
+    CheckpointManager,
+    CorruptCheckpoint,
+    incomplete_checkpoints,
+    read_checkpoint,
+    run_checkpoints,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from trainers.loop.storage import ObjectStore, reach_problem, store_for
 
 pytestmark = pytest.mark.integration
@@ -35,7 +42,7 @@ def bucket(s3_server):
 
 
 def _keys(s3_server, location):
-    return [k.split("/", 1)[1] for k in s3_server.keys(location[len("s3://"):])]
+    return [k.split("/", 1)[1] for k in s3_server.keys(location[len("s3://") :])]
 
 
 class _Box:
@@ -85,8 +92,10 @@ def test_a_checkpoint_round_trip_writes_the_manifest_last_and_nothing_locally(s3
     payload = {"model": {"w": torch.randn(50, 20)}, "train": {"step": 7}}
     d = write_checkpoint(f"{bucket}/{RUN}/checkpoint_step00000007", payload)
     assert opened == ["state.pt", "manifest.json"]  # the manifest, last, marks it complete
-    assert _keys(s3_server, bucket) == [f"runs/{RUN}/checkpoint_step00000007/manifest.json",
-                                        f"runs/{RUN}/checkpoint_step00000007/state.pt"]
+    assert _keys(s3_server, bucket) == [
+        f"runs/{RUN}/checkpoint_step00000007/manifest.json",
+        f"runs/{RUN}/checkpoint_step00000007/state.pt",
+    ]
     assert verify_checkpoint(d) == 2
     back = read_checkpoint(d)
     assert back["train"] == {"step": 7}
@@ -115,7 +124,9 @@ def test_the_manager_saves_prunes_and_falls_back_in_a_bucket(s3_server, bucket):
     m2.states["t"].state = {"step": 40}
     m2.save(40, resize=True)
     assert [p.rsplit("/", 2)[1:] for p in m2.checkpoints()] == [
-        [f"{RUN}-r0p1", "checkpoint_step00000040_resize"], [RUN, "checkpoint_step00000030"]]
+        [f"{RUN}-r0p1", "checkpoint_step00000040_resize"],
+        [RUN, "checkpoint_step00000030"],
+    ]
     st = store_for(bucket)
     st.write_bytes(f"{bucket}/{RUN}-r0p1/checkpoint_step00000040_resize/state.pt", b"truncated")
     warnings, box = [], _Box()
@@ -138,10 +149,12 @@ def test_a_damaged_checkpoint_in_a_bucket_is_moved_aside_once(s3_server, bucket)
     assert box.state == {"step": 10}
     moved = f"{bucket}/{RUN}/quarantine/checkpoint_step00000020"
     assert told and told[0][0] == damaged and told[0][2] == moved and warnings[0].endswith(f"moved to {moved}")
-    assert _keys(s3_server, bucket) == [f"runs/{RUN}/checkpoint_step00000010/manifest.json",
-                                        f"runs/{RUN}/checkpoint_step00000010/state.pt",
-                                        f"runs/{RUN}/quarantine/checkpoint_step00000020/manifest.json",
-                                        f"runs/{RUN}/quarantine/checkpoint_step00000020/state.pt"]
+    assert _keys(s3_server, bucket) == [
+        f"runs/{RUN}/checkpoint_step00000010/manifest.json",
+        f"runs/{RUN}/checkpoint_step00000010/state.pt",
+        f"runs/{RUN}/quarantine/checkpoint_step00000020/manifest.json",
+        f"runs/{RUN}/quarantine/checkpoint_step00000020/state.pt",
+    ]
     warnings = []
     assert _manager(bucket, _Box(), warn=warnings.append).load() and warnings == []  # not tried again
 
@@ -165,12 +178,14 @@ def test_a_half_written_checkpoint_is_ignored_and_cleaned_up_by_the_next_save(s3
     assert st.kind(half) == "dir"  # starting did not delete it
     fresh.save(25)
     assert st.kind(half) is None and incomplete_checkpoints(bucket, RUN) == []
-    assert [p.rsplit("/", 1)[1] for p in run_checkpoints(bucket, RUN)] == ["checkpoint_step00000025",
-                                                                         "checkpoint_step00000020"]
+    assert [p.rsplit("/", 1)[1] for p in run_checkpoints(bucket, RUN)] == [
+        "checkpoint_step00000025",
+        "checkpoint_step00000020",
+    ]
 
 
 def test_run_info_in_a_bucket_is_found_by_its_folder(s3_server, bucket, tmp_path, monkeypatch):
-    from orchestrator.config import validate
+    from orchestrator.config.schema import validate
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -197,9 +212,19 @@ def short_lease(monkeypatch):
 
 
 def _foreign_lease(path, renewed_at, beat=0):
-    store_for(path).write_bytes(path, json.dumps({
-        "holder": "pid 1 on elsewhere", "host": "elsewhere", "pid": 1, "token": "theirs",
-        "renewed_at": renewed_at, "beat": beat}).encode())
+    store_for(path).write_bytes(
+        path,
+        json.dumps(
+            {
+                "holder": "pid 1 on elsewhere",
+                "host": "elsewhere",
+                "pid": 1,
+                "token": "theirs",
+                "renewed_at": renewed_at,
+                "beat": beat,
+            }
+        ).encode(),
+    )
 
 
 def test_a_second_driver_is_refused_and_a_released_lock_is_gone(s3_server, bucket, short_lease):
@@ -220,9 +245,19 @@ def test_a_killed_drivers_lease_on_this_host_is_taken_over_at_once(s3_server, bu
     folder = f"{bucket}/elastic-x"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    store_for(folder).write_bytes(f"{folder}/driver.lock", json.dumps({
-        "holder": f"pid {dead.pid} on here", "host": socket.gethostname(), "pid": dead.pid, "token": "old",
-        "renewed_at": time.time(), "beat": 3}).encode())
+    store_for(folder).write_bytes(
+        f"{folder}/driver.lock",
+        json.dumps(
+            {
+                "holder": f"pid {dead.pid} on here",
+                "host": socket.gethostname(),
+                "pid": dead.pid,
+                "token": "old",
+                "renewed_at": time.time(),
+                "beat": 3,
+            }
+        ).encode(),
+    )
     t0 = time.monotonic()
     lock = DriverLock(folder).acquire("x")
     assert time.monotonic() - t0 < DriverLease.lease_s  # no waiting for it to expire
@@ -265,26 +300,36 @@ def test_another_hosts_lease_is_refused_while_renewed_and_taken_once_it_lapses(s
 def test_reach_problems_are_one_line(s3_server, bucket):
     assert reach_problem(bucket) is None
     assert reach_problem(f"{bucket}/not/yet/there") is None  # a prefix is made by writing under it
-    assert reach_problem("s3://no-such-bucket/runs") == ("bucket 'no-such-bucket' does not exist; create it or "
-                                                         "give an existing bucket")
+    assert reach_problem("s3://no-such-bucket/runs") == (
+        "bucket 'no-such-bucket' does not exist; create it or give an existing bucket"
+    )
     store_for(bucket).write_bytes(f"{bucket}/file", b"x")
     assert "is an object, not a prefix" in reach_problem(f"{bucket}/file")
 
 
 def _train_cli(tmp_path, storage, env):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(GOOD + f"checkpoint: {{storage_path: '{storage}'}}\ntracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n")
+    cfg.write_text(
+        GOOD + f"checkpoint: {{storage_path: '{storage}'}}\ntracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n"
+    )
     env = dict(env)
     env.pop("RAY_ADDRESS", None)  # a Ray started by this driver would show in the folder (and take seconds)
-    return subprocess.run([sys.executable, "-m", "orchestrator", "train", str(cfg), "--no-progress"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "train", str(cfg), "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_missing_bucket_is_one_line_and_exit_2_before_ray(s3_server, tmp_path):
     out = _train_cli(tmp_path, "s3://no-such-bucket/runs", dict(os.environ))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr.strip() == ("error: checkpoint.storage_path: bucket 'no-such-bucket' does not exist; create "
-                                  "it or give an existing bucket")
+    assert out.stderr.strip() == (
+        "error: checkpoint.storage_path: bucket 'no-such-bucket' does not exist; create it or give an existing bucket"
+    )
     assert sorted(os.listdir(tmp_path)) == ["cfg.yaml"]  # no MLflow store, no checkpoint folder, no Ray
 
 
@@ -295,13 +340,20 @@ def test_bad_credentials_are_one_line_and_exit_2_before_ray(tmp_path):
         out = _train_cli(tmp_path, "s3://some-bucket/runs", env)
         assert out.returncode == 2, out.stdout + out.stderr
         err = out.stderr.strip()
-        assert len(err.splitlines()) == 1 and err.startswith("error: checkpoint.storage_path: cannot reach "
-                                                             "s3://some-bucket/runs (")
+        assert len(err.splitlines()) == 1 and err.startswith(
+            "error: checkpoint.storage_path: cannot reach s3://some-bucket/runs ("
+        )
         assert "ACCESS_DENIED" in err and "check the credentials (AWS_ACCESS_KEY_ID" in err
         assert server.env["AWS_SECRET_ACCESS_KEY"] not in err
         assert sorted(os.listdir(tmp_path)) == ["cfg.yaml"]
-        resume = subprocess.run([sys.executable, "-m", "orchestrator", "resume", "s3://some-bucket/runs/elastic-x"],
-                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        resume = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "resume", "s3://some-bucket/runs/elastic-x"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert resume.returncode == 2 and len(resume.stderr.strip().splitlines()) == 1, resume.stderr
         assert resume.stderr.startswith("error: run: cannot reach s3://some-bucket/runs/elastic-x (")
     finally:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import dense_series, make_config, metric_series, printed_command, read_sample_log
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,8 @@ def _assert_same_run_as(ref_uri, ref_id, uri, run_id):
     assert np.max(np.abs(a - b) / np.abs(a)) < 1e-4
     for key in ("val/loss", "val/accuracy"):
         assert metric_series(uri, run_id, key)[-1][1] == pytest.approx(
-            metric_series(ref_uri, ref_id, key)[-1][1], rel=1e-4)
+            metric_series(ref_uri, ref_id, key)[-1][1], rel=1e-4
+        )
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def reference(ray_cluster, tmp_path_factory):
 
 
 def _ckpt_steps(folder):
-    return sorted(int(os.path.basename(p)[len("checkpoint_step"):]) for p in glob.glob(f"{folder}/checkpoint_step*"))
+    return sorted(int(os.path.basename(p)[len("checkpoint_step") :]) for p in glob.glob(f"{folder}/checkpoint_step*"))
 
 
 def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path):
@@ -72,8 +73,9 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     samples = tmp_path / "samples"
     cfg = _cfg(tmp_path, uri, train={"sample_log_dir": str(samples)})
     box = {}
-    th = threading.Thread(target=lambda: box.update(s=run_training(cfg, progress=False,
-                                                                   on_start=lambda r: box.update(runner=r))))
+    th = threading.Thread(
+        target=lambda: box.update(s=run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r)))
+    )
     th.start()
     victim = None
     deadline = time.time() + 180
@@ -94,7 +96,7 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     assert int(MlflowClient(uri).get_run(s.run_id).data.tags["elastic.restarts"]) >= 1
     # Ray Train's controller told the driver of the failure before the new group started (the bar
     # says "restarting" from then on, not "training" at a stale rate)
-    from orchestrator.events import GroupFailed
+    from orchestrator.record.events import GroupFailed
     from trainers.link.messages import PhaseStart
 
     events = box["runner"].book.events
@@ -124,9 +126,15 @@ def _driver_past_a_checkpoint(ray_cluster, tmp_path, uri):
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 180
     run_dirs = []
     while time.time() < deadline:
@@ -150,7 +158,7 @@ def test_sigterm_stops_cleanly_and_resume_trains_to_the_planned_end(reference, r
     driver, env, folder = _driver_past_a_checkpoint(ray_cluster, tmp_path, uri)
     driver.send_signal(signal.SIGTERM)  # the driver only, as ray job stop does
     out, err = driver.communicate(timeout=120)
-    run_id = os.path.basename(folder)[len("elastic-"):]
+    run_id = os.path.basename(folder)[len("elastic-") :]
     assert driver.returncode == 130, out + err
     assert "Traceback" not in err and "run killed:" in err, err
     assert f" resume {run_id}" in err, err
@@ -160,8 +168,10 @@ def test_sigterm_stops_cleanly_and_resume_trains_to_the_planned_end(reference, r
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "KILLED"
     # what it trained is kept for the resume (in the newest phase's folder, after a resize)
-    steps = [int(os.path.basename(p)[len("checkpoint_step"):].split("_")[0])
-             for p in glob.glob(f"{folder}*/checkpoint_step*")]
+    steps = [
+        int(os.path.basename(p)[len("checkpoint_step") :].split("_")[0])
+        for p in glob.glob(f"{folder}*/checkpoint_step*")
+    ]
     assert max(steps) >= 20
     assert run.data.tags["elastic.failure"].startswith("stopped by Ctrl-C or SIGTERM after step ")
     named = re.search(r"from its checkpoint at step (\d+) with: ", run.data.tags["elastic.failure"])
@@ -198,7 +208,7 @@ def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster,
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert max(_ckpt_steps(run_dirs[0])) < STEPS, "the run finished before it could be killed"
-    run_id = os.path.basename(run_dirs[0])[len("elastic-"):]
+    run_id = os.path.basename(run_dirs[0])[len("elastic-") :]
     # The killed driver's group still holds its reservation in Ray (for Ray's 180 s expiry): the
     # resume drops it by the group's recorded id instead of waiting it out.
     from mlflow.tracking import MlflowClient
@@ -207,8 +217,14 @@ def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster,
 
     groups = MlflowClient(uri).get_run(run_id).data.tags[TAG].split()
     assert _reserved(ray_cluster, groups[-1]), "the killed driver's group holds no reservation"
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "resume", run_dirs[0], "--no-progress"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "resume", run_dirs[0], "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert not _reserved(ray_cluster, groups[-1]), "the dead group's reservation outlived the resume"
     assert run_id in out.stdout
@@ -219,7 +235,8 @@ def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster,
     np.testing.assert_allclose([v for _, v in got], [v for _, v in ref_losses], rtol=1e-4)
     for key in ("val/loss", "val/accuracy"):
         assert metric_series(uri, run_id, key)[-1][1] == pytest.approx(
-            metric_series(ref_uri, ref.run_id, key)[-1][1], rel=1e-4)
+            metric_series(ref_uri, ref.run_id, key)[-1][1], rel=1e-4
+        )
     # samples_seen and epoch are logged where they bend; the killed driver's unlogged tail of a
     # segment must not bend the resumed series: every step's value is the uninterrupted run's.
     assert dense_series(uri, run_id, "samples_seen") == dense_series(ref_uri, ref.run_id, "samples_seen")
@@ -249,7 +266,8 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(reference):
     moved = os.path.join(folder, "quarantine", f"checkpoint_step{steps[-1]:08d}")
     assert warnings[0].endswith(f"; moved to {moved}") and os.path.isfile(os.path.join(moved, "state.pt"))
     assert tags["elastic.checkpoints_quarantined"].startswith(
-        f"{os.path.join(folder, f'checkpoint_step{steps[-1]:08d}')} moved to {moved}: ")
+        f"{os.path.join(folder, f'checkpoint_step{steps[-1]:08d}')} moved to {moved}: "
+    )
     # It trained again from the previous checkpoint to the end: a new, intact newest checkpoint.
     assert _ckpt_steps(folder)[-1] == STEPS
     from trainers.loop.checkpoint import verify_checkpoint

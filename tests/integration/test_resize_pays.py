@@ -7,19 +7,27 @@ ends, so the group stays at 1 worker and the run says why (metrics ``resize/skip
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.runner import run_training
-from tests.helpers import metric_series, make_config
+from orchestrator.run.runner import run_training
+from tests.helpers import make_config, metric_series
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_resize_that_cannot_pay_is_skipped(ray_cluster, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri,
-                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-                      scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5,
-                               "resize_mode": "restart", "resize_when": "pays"},
-                      train={"epochs": 2, "eval_every": 0, "log_every": 5})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        scaling={
+            "min_workers": 1,
+            "max_workers": 2,
+            "cpus_per_worker": 0.5,
+            "resize_mode": "restart",
+            "resize_when": "pays",
+        },
+        train={"epochs": 2, "eval_every": 0, "log_every": 5},
+    )
     run = run_training(cfg, progress=False)
     assert run.status == "FINISHED" and run.resizes == []
     assert {w for _, w in metric_series(uri, run.run_id, "workers")} == {1.0}

@@ -31,25 +31,39 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # B 32 on 1 worker for the first epoch (45 steps), then B 64 on 2 (a restart resize); long
     # enough that the kill lands mid-run
-    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32},
-                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-                      scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
-                      train={"epochs": 30}, checkpoint={"every_steps": 10})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        optimizer={"base_batch_size": 32},
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
+        train={"epochs": 30},
+        checkpoint={"every_steps": 10},
+    )
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     client, run_id, deadline = MlflowClient(uri), None, time.time() + 240
     while time.time() < deadline:  # the resize measured (logged) and a checkpoint of the bigger group
         if driver.poll() is not None:
             pytest.fail(f"the driver ended early ({driver.returncode}): {driver.communicate()}")
         folders = glob.glob(f"{tmp_path}/ray_runs/elastic-*")
-        run_id = run_id or (os.path.basename(min(folders, key=len))[len("elastic-"):] if folders else None)
-        if run_id and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}-r0p*") > 60 \
-                and client.get_metric_history(run_id, "resize/latency_s"):
+        run_id = run_id or (os.path.basename(min(folders, key=len))[len("elastic-") :] if folders else None)
+        if (
+            run_id
+            and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}-r0p*") > 60
+            and client.get_metric_history(run_id, "resize/latency_s")
+        ):
             break
         time.sleep(0.2)
     else:
@@ -57,8 +71,14 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
 
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri,
-                          "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri, "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["elastic.resumes"] == "1"

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import make_config, metric_series
 
 pytestmark = pytest.mark.integration
@@ -27,10 +27,15 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32},
-                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-                      scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
-                      train={"epochs": 2}, tracking={"uri": uri, "experiment": "review"})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        optimizer={"base_batch_size": 32},
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
+        train={"epochs": 2},
+        tracking={"uri": uri, "experiment": "review"},
+    )
     s = run_training(cfg, progress=False, register_model="digits-mlp")
     assert s.status == "FINISHED" and len(s.resizes) == 1, s
     client = MlflowClient(uri)
@@ -60,7 +65,9 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
 
     # the resize timeline: one table (stretches and the resize, with its parts) and one chart,
     # not a one-dot chart per part
-    arts = {a.path for a in client.list_artifacts(s.run_id)} | {a.path for a in client.list_artifacts(s.run_id, "plots")}
+    arts = {a.path for a in client.list_artifacts(s.run_id)} | {
+        a.path for a in client.list_artifacts(s.run_id, "plots")
+    }
     assert {"timeline.json", "plots/timeline.png", "plots/training_curves.png"} <= arts
     with open(client.download_artifacts(s.run_id, "timeline.json", str(tmp_path))) as f:
         table = json.load(f)

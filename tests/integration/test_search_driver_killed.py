@@ -19,8 +19,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from search.space import load_space
-from search.storage import open_storage
 from search.study import grid_remaining
+from search.study_storage import open_storage
 from tests.search_helpers import base_config, write_space
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,25 +36,50 @@ def _study(storage: str) -> optuna.Study | None:
 @pytest.mark.timeout(300)
 def test_rerun_after_sigkill_finishes_the_dead_drivers_trials(ray_cluster, tmp_path):
     uri, storage = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "optuna.journal")
-    space = write_space(tmp_path, "killed",
-                        base=base_config(tmp_path, train={"epochs": 1, "seed": 0, "log_every": 5, "eval_every": 20},
-                                         checkpoint={"every_steps": 5}),
-                        objective={"metric": "val/accuracy", "direction": "maximize"},
-                        sampler={"name": "grid", "seed": 0}, pruner="none",
-                        params={"optimizer.lr": {"choices": [0.05, 0.1, 0.2]}})
-    cmd = [sys.executable, "-m", "search", "run", space, "--storage", storage, "--tracking-uri", uri,
-           "--trials", "2", "--parallel", "2", "--heartbeat", "1", "--no-progress"]
+    space = write_space(
+        tmp_path,
+        "killed",
+        base=base_config(
+            tmp_path, train={"epochs": 1, "seed": 0, "log_every": 5, "eval_every": 20}, checkpoint={"every_steps": 5}
+        ),
+        objective={"metric": "val/accuracy", "direction": "maximize"},
+        sampler={"name": "grid", "seed": 0},
+        pruner="none",
+        params={"optimizer.lr": {"choices": [0.05, 0.1, 0.2]}},
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "search",
+        "run",
+        space,
+        "--storage",
+        storage,
+        "--tracking-uri",
+        uri,
+        "--trials",
+        "2",
+        "--parallel",
+        "2",
+        "--heartbeat",
+        "1",
+        "--no-progress",
+    ]
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address, PYTHONPATH=ROOT)
     env.pop("ELASTIC_KEEP_RAY", None)
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline, lost_runs = time.time() + 150, {}
     while time.time() < deadline:  # both trials train and one has written a checkpoint
         study = _study(storage)
         running = [t for t in study.trials if t.state.name == "RUNNING"] if study else []
         lost_runs = {t.number: t.user_attrs.get("mlflow_run_id") for t in running}
-        if (len(running) == 2 and all(lost_runs.values())
-                and any(glob.glob(f"{tmp_path}/ray_runs/elastic-{r}*/checkpoint_*") for r in lost_runs.values())):
+        if (
+            len(running) == 2
+            and all(lost_runs.values())
+            and any(glob.glob(f"{tmp_path}/ray_runs/elastic-{r}*/checkpoint_*") for r in lost_runs.values())
+        ):
             break
         assert first.poll() is None, first.stdout.read().decode()
         time.sleep(0.3)

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from search.cli import main
-from search.storage import open_storage
+from search.commands import main
+from search.study_storage import open_storage
 from tests.helpers import metric_series, migrated_store
 from tests.search_helpers import base_config, write_space
 
@@ -36,8 +36,7 @@ def load(storage: str, name: str) -> optuna.Study:
 def runs_of(uri: str, parent_id: str) -> list:
     client = MlflowClient(uri)
     parent = client.get_run(parent_id)
-    return client.search_runs([parent.info.experiment_id],
-                              filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    return client.search_runs([parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'")
 
 
 # --------------------------------------------------------------------------- (a) + (d): parallel trials, continue
@@ -48,18 +47,31 @@ def study_a(ray_cluster, tmp_path_factory):
     """4 trials, 2 at a time, then the same command again with --trials 2."""
     tmp = tmp_path_factory.mktemp("study_a")
     uri, storage = migrated_store(f"sqlite:///{tmp}/mlflow.db"), str(tmp / "optuna.journal")
-    space = write_space(tmp, "study_a", base=base_config(tmp),
-                        objective={"metric": "val/accuracy", "direction": "maximize"},
-                        sampler={"name": "random", "seed": 0}, pruner="none",
-                        params={"optimizer.lr": {"low": 0.02, "high": 0.3, "log": True},
-                                "optimizer.mf": {"low": 0.5, "high": 0.95},
-                                "batch.size": {"choices": [32, 64]}})
+    space = write_space(
+        tmp,
+        "study_a",
+        base=base_config(tmp),
+        objective={"metric": "val/accuracy", "direction": "maximize"},
+        sampler={"name": "random", "seed": 0},
+        pruner="none",
+        params={
+            "optimizer.lr": {"low": 0.02, "high": 0.3, "log": True},
+            "optimizer.mf": {"low": 0.5, "high": 0.95},
+            "batch.size": {"choices": [32, 64]},
+        },
+    )
     first = run_cli(space, storage, uri, "--trials", "4", "--parallel", "2")
     after_first = [t.number for t in load(storage, "study_a").trials]
     parent_first = load(storage, "study_a").user_attrs["mlflow_parent_run_id"]
     second = run_cli(space, storage, uri, "--trials", "2", "--parallel", "2")
-    return {"tmp": tmp, "uri": uri, "storage": storage, "rc": (first, second), "after_first": after_first,
-            "parent_first": parent_first}
+    return {
+        "tmp": tmp,
+        "uri": uri,
+        "storage": storage,
+        "rc": (first, second),
+        "after_first": after_first,
+        "parent_first": parent_first,
+    }
 
 
 @pytest.mark.integration
@@ -95,9 +107,16 @@ def test_mlflow_holds_parent_and_one_child_per_trial(study_a):
     assert parent.data.metrics["trials/total"] == 6 and parent.data.metrics["trials/complete"] == 6
     assert parent.data.metrics["search/total_steps"] == sum(t.user_attrs["steps"] for t in study.trials)
     assert float(parent.data.tags["best.optimizer.lr"]) == pytest.approx(study.best_params["optimizer.lr"])
-    arts = {a.path for a in client.list_artifacts(parent_id)} | {a.path for a in client.list_artifacts(parent_id, "plots")}
-    for a in ("space.yaml", "best_config.yaml", "plots/optimization_history.png", "plots/param_importances.png",
-              "plots/parallel_coordinate.png"):
+    arts = {a.path for a in client.list_artifacts(parent_id)} | {
+        a.path for a in client.list_artifacts(parent_id, "plots")
+    }
+    for a in (
+        "space.yaml",
+        "best_config.yaml",
+        "plots/optimization_history.png",
+        "plots/param_importances.png",
+        "plots/parallel_coordinate.png",
+    ):
         assert a in arts, arts
     children = runs_of(uri, parent_id)
     assert len(children) == 6
@@ -131,7 +150,7 @@ def test_the_parent_shows_the_history_the_best_trial_as_a_link_and_every_trial(s
     assert [v for _, v in history] == pytest.approx(values)
     best = metric_series(uri, parent_id, "trials/best_val_accuracy")
     assert [s for s, _ in best] == list(range(6))
-    assert [v for _, v in best] == pytest.approx([max(values[:n + 1]) for n in range(6)])
+    assert [v for _, v in best] == pytest.approx([max(values[: n + 1]) for n in range(6)])
     best_run = study.best_trial.user_attrs["mlflow_run_id"]
     assert parent.data.tags["search.best_trial"] == str(study.best_trial.number)
     assert parent.data.tags["search.best_run_id"] == best_run
@@ -158,7 +177,8 @@ def test_rerun_adds_trials_to_the_same_study_and_parent(study_a):
     assert study.user_attrs["mlflow_parent_run_id"] == study_a["parent_first"]
     parents = MlflowClient(study_a["uri"]).search_runs(
         [MlflowClient(study_a["uri"]).get_run(study_a["parent_first"]).info.experiment_id],
-        filter_string="tags.`search.role` = 'study'")
+        filter_string="tags.`search.role` = 'study'",
+    )
     assert len(parents) == 1
 
 
@@ -170,7 +190,7 @@ def test_show_prints_trials_and_a_ready_to_train_config(study_a, capsys, tmp_pat
     assert "study study_a" in out and "6 trials (6 complete)" in out
     rows = [line for line in out.splitlines() if line.split(" ")[0].isdigit() and "COMPLETE" in line]
     assert len(rows) == 6
-    from orchestrator.config import validate
+    from orchestrator.config.schema import validate
 
     study = load(study_a["storage"], "study_a")
     cfg = validate(yaml.safe_load(out_file.read_text()))
@@ -191,13 +211,21 @@ def test_pruning_stops_hopeless_multi_worker_trials_early(ray_cluster, tmp_path,
     """lr = 50 diverges at once: the threshold pruner stops it (both workers at the same step) while
     the lr = 0.05 trial runs its 20 epochs."""
     storage = str(tmp_path / "optuna.journal")
-    base = base_config(tmp_path, train={"epochs": 20, "eval_every": 10, "log_every": 5},
-                       batch={"size": 32, "max_local_batch": 16},
-                       scaling={"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5})
-    space = write_space(tmp_path, "prune", base=base, objective={"metric": "val/accuracy"},
-                        sampler={"name": "grid", "seed": 0},
-                        pruner={"name": "threshold", "lower": 0.3, "n_warmup_steps": 20},
-                        params={"optimizer.lr": {"choices": [0.05, 50.0]}})
+    base = base_config(
+        tmp_path,
+        train={"epochs": 20, "eval_every": 10, "log_every": 5},
+        batch={"size": 32, "max_local_batch": 16},
+        scaling={"min_workers": 2, "max_workers": 2, "cpus_per_worker": 0.5},
+    )
+    space = write_space(
+        tmp_path,
+        "prune",
+        base=base,
+        objective={"metric": "val/accuracy"},
+        sampler={"name": "grid", "seed": 0},
+        pruner={"name": "threshold", "lower": 0.3, "n_warmup_steps": 20},
+        params={"optimizer.lr": {"choices": [0.05, 50.0]}},
+    )
     assert run_cli(space, storage, tracking_uri, "--parallel", "2") == 0
     study = load(storage, "prune")
     states = {t.params["optimizer.lr"]: t for t in study.trials}
@@ -228,16 +256,27 @@ def test_failed_trials_are_recorded_and_the_study_finishes(ray_cluster, tmp_path
     Trial 2: a good config.  Trial 3: trial 2's config again.  Enqueued so that the order is known."""
     storage = str(tmp_path / "optuna.journal")
     base = base_config(tmp_path, schedule={"warmup_epochs": 0.5})
-    space = write_space(tmp_path, "fail", base=base, objective={"metric": "val/accuracy"},
-                        sampler={"name": "random", "seed": 0}, pruner="none",
-                        params={"schedule.warmup": {"choices": ["none", "legw"]},
-                                "schedule.scaling_rule": {"choices": ["linear", "sqrt"]},
-                                "train.sample_log_dir": {"choices": [None, "/dev/null/not-a-folder"]}})
+    space = write_space(
+        tmp_path,
+        "fail",
+        base=base,
+        objective={"metric": "val/accuracy"},
+        sampler={"name": "random", "seed": 0},
+        pruner="none",
+        params={
+            "schedule.warmup": {"choices": ["none", "legw"]},
+            "schedule.scaling_rule": {"choices": ["linear", "sqrt"]},
+            "train.sample_log_dir": {"choices": [None, "/dev/null/not-a-folder"]},
+        },
+    )
     study = optuna.create_study(study_name="fail", storage=open_storage(storage), direction="maximize")
-    for warmup, rule, log_dir in (("legw", "linear", None), ("none", "linear", "/dev/null/not-a-folder"),
-                                  ("legw", "sqrt", None), ("legw", "sqrt", None)):
-        study.enqueue_trial({"schedule.warmup": warmup, "schedule.scaling_rule": rule,
-                             "train.sample_log_dir": log_dir})
+    for warmup, rule, log_dir in (
+        ("legw", "linear", None),
+        ("none", "linear", "/dev/null/not-a-folder"),
+        ("legw", "sqrt", None),
+        ("legw", "sqrt", None),
+    ):
+        study.enqueue_trial({"schedule.warmup": warmup, "schedule.scaling_rule": rule, "train.sample_log_dir": log_dir})
     assert run_cli(space, storage, tracking_uri, "--trials", "4", "--parallel", "2") == 0
     trials = load(storage, "fail").trials
     assert [t.state.name for t in trials] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
@@ -254,30 +293,40 @@ def test_failed_trials_are_recorded_and_the_study_finishes(ray_cluster, tmp_path
     assert client.get_run(trials[2].user_attrs["mlflow_run_id"]).data.tags["search.state"] == "COMPLETE"
     # every trial's run is named by its number; the parent's history holds the two COMPLETE ones
     assert [client.get_run(t.user_attrs["mlflow_run_id"]).info.run_name for t in trials] == [
-        f"trial-{n}" for n in range(4)]
+        f"trial-{n}" for n in range(4)
+    ]
     parent = load(storage, "fail").user_attrs["mlflow_parent_run_id"]
-    assert metric_series(tracking_uri, parent, "trials/val_accuracy") == [(2, trials[2].value),
-                                                                             (3, trials[2].value)]
+    assert metric_series(tracking_uri, parent, "trials/val_accuracy") == [(2, trials[2].value), (3, trials[2].value)]
     assert [s for s, _ in metric_series(tracking_uri, parent, "trials/best_val_accuracy")] == [2, 3]
     assert client.get_run(parent).data.tags["search.best_run_id"] == trials[2].user_attrs["mlflow_run_id"]
 
 
-# --------------------------------------------------------------------------- (e) bad space files: exit 2, nothing started
+# ----------------------------------------------------------- (e) bad space files: exit 2, nothing started
 
 
 def _good_space(tmp) -> dict:
-    return {"base": base_config(tmp), "objective": {"metric": "val/accuracy"},
-            "params": {"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}}}
+    return {
+        "base": base_config(tmp),
+        "objective": {"metric": "val/accuracy"},
+        "params": {"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}},
+    }
 
 
 def test_bad_space_in_a_subprocess(tmp_path):
-    space = write_space(tmp_path, "bad", **{**_good_space(tmp_path), "params": {"schedule.warmup": {"choices": ["lgew"]}}})
-    p = subprocess.run([sys.executable, "-m", "search", "run", space], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    space = write_space(
+        tmp_path, "bad", **{**_good_space(tmp_path), "params": {"schedule.warmup": {"choices": ["lgew"]}}}
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "search", "run", space],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().startswith("error: params.schedule.warmup.choices[0]: lgew gives no valid training config "
-                                       "(schedule.warmup: unknown 'lgew'"), p.stderr
+    assert p.stderr.strip().startswith(
+        "error: params.schedule.warmup.choices[0]: lgew gives no valid training config (schedule.warmup: unknown 'lgew'"
+    ), p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "optuna.journal").exists()
-
-

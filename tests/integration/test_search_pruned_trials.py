@@ -15,8 +15,8 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from search.cli import main
-from search.storage import open_storage
+from search.commands import main
+from search.study_storage import open_storage
 from tests.helpers import metric_series
 from tests.search_helpers import base_config, write_space
 
@@ -26,16 +26,26 @@ SHORT_STEPS = 25  # 0.55 epoch of 1438 samples at B = 32: 790.9 samples, reached
 
 @pytest.mark.integration
 def test_a_pruned_trial_stops_within_one_evaluation_and_a_finished_one_is_never_pruned(
-        ray_cluster, tmp_path, tracking_uri, capsys):
+    ray_cluster, tmp_path, tracking_uri, capsys
+):
     storage = str(tmp_path / "optuna.journal")
-    base = base_config(tmp_path, optimizer={"lr": 1e-3, "mf": 0.9},
-                       train={"epochs": 10, "eval_every": EVAL_EVERY, "log_every": 5})
-    space = write_space(tmp_path, "pruned", base=base, objective={"metric": "val/loss", "direction": "minimize"},
-                        sampler={"name": "grid", "seed": 0}, report_against="steps",
-                        pruner={"name": "threshold", "upper": 1.0, "n_warmup_steps": 21},
-                        params={"train.epochs": {"choices": [10, 0.55]}})
-    assert main(["run", space, "--storage", storage, "--tracking-uri", tracking_uri, "--no-progress",
-                 "--parallel", "2"]) == 0
+    base = base_config(
+        tmp_path, optimizer={"lr": 1e-3, "mf": 0.9}, train={"epochs": 10, "eval_every": EVAL_EVERY, "log_every": 5}
+    )
+    space = write_space(
+        tmp_path,
+        "pruned",
+        base=base,
+        objective={"metric": "val/loss", "direction": "minimize"},
+        sampler={"name": "grid", "seed": 0},
+        report_against="steps",
+        pruner={"name": "threshold", "upper": 1.0, "n_warmup_steps": 21},
+        params={"train.epochs": {"choices": [10, 0.55]}},
+    )
+    assert (
+        main(["run", space, "--storage", storage, "--tracking-uri", tracking_uri, "--no-progress", "--parallel", "2"])
+        == 0
+    )
     err = capsys.readouterr().err
     study = optuna.load_study(study_name="pruned", storage=open_storage(storage))
     by_epochs = {t.params["train.epochs"]: t for t in study.trials}

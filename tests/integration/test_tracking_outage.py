@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from orchestrator import ui
+from orchestrator.record import ui
 from tests.helpers import free_port, make_config, metric_series
 
 pytestmark = pytest.mark.integration
@@ -59,13 +59,22 @@ def _driver(ray_cluster, tmp_path, uri, outage_s, *args, name="train"):
     # training still runs ~20 s after the server is killed, whatever the machine's speed (unslowed,
     # its 580 steps end in ~4 s: before the outage is seen); the test lifts the brake once what it
     # waits for has happened, and the rest trains at full speed
-    cfg = make_config(tmp_path, uri, train={"epochs": EPOCHS, "log_every": 5}, batch={"max_local_batch": 50},
-                      checkpoint={"every_steps": 20}, tracking={"outage_timeout_s": outage_s}).model_dump(mode="json")
+    cfg = make_config(
+        tmp_path,
+        uri,
+        train={"epochs": EPOCHS, "log_every": 5},
+        batch={"max_local_batch": 50},
+        checkpoint={"every_steps": 20},
+        tracking={"outage_timeout_s": outage_s},
+    ).model_dump(mode="json")
     brake = tmp_path / "brake"
     if name == "train":
         brake.touch()
-    cfg["model"] = {"name": None, "factory": "tests.byo_workloads:slow_mlp",
-                    "params": {"hidden": 32, "sleep_s": 0.04, "brake": str(brake)}}
+    cfg["model"] = {
+        "name": None,
+        "factory": "tests.byo_workloads:slow_mlp",
+        "params": {"hidden": 32, "sleep_s": 0.04, "brake": str(brake)},
+    }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)

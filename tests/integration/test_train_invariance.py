@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import final_model, make_config, metric_series, read_sample_log
 
 pytestmark = pytest.mark.integration
@@ -21,8 +21,12 @@ def runs(ray_cluster, tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     out = {}
     for w in (1, 2, 3):
-        cfg = make_config(tmp, uri, scaling={"max_workers": w, "min_workers": w},
-                          train={"epochs": 1, "sample_log_dir": str(tmp / f"samples-w{w}")})
+        cfg = make_config(
+            tmp,
+            uri,
+            scaling={"max_workers": w, "min_workers": w},
+            train={"epochs": 1, "sample_log_dir": str(tmp / f"samples-w{w}")},
+        )
         summary = run_training(cfg, progress=False)
         assert summary.status == "FINISHED"
         out[w] = (summary, tmp / f"samples-w{w}")
@@ -54,8 +58,20 @@ def test_final_parameters_identical_across_world_sizes(runs):
 def test_metrics_contract_and_workers(runs):
     uri, _, out = runs
     for w, (s, _) in out.items():
-        for key in ("train/loss", "val/loss", "val/accuracy", "lr", "mf", "batch/global", "batch/local",
-                    "batch/accum_steps", "workers", "samples_seen", "epoch", "throughput/samples_per_s"):
+        for key in (
+            "train/loss",
+            "val/loss",
+            "val/accuracy",
+            "lr",
+            "mf",
+            "batch/global",
+            "batch/local",
+            "batch/accum_steps",
+            "workers",
+            "samples_seen",
+            "epoch",
+            "throughput/samples_per_s",
+        ):
             assert metric_series(uri, s.run_id, key), f"W={w}: no {key}"
         assert {v for _, v in metric_series(uri, s.run_id, "workers")} == {float(w)}
         local = metric_series(uri, s.run_id, "batch/local")[0][1]

@@ -16,36 +16,59 @@ import time
 
 import pytest
 
-from orchestrator.runner import run_training
+from orchestrator.run.runner import run_training
 from tests.helpers import make_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's "
-                                                          "'chromium' package; apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on PATH (.ci/run installs Debian's 'chromium' package; apt-get install chromium)",
+)
 
 
 def _dom(url: str) -> str:
-    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000",
-                          "--virtual-time-budget=20000", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1400,2000",
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out.stdout
 
 
 def test_the_printed_link_opens_the_run_with_its_batch_and_resize(ray_cluster, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(tmp_path, uri, optimizer={"base_batch_size": 32},
-                      batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-                      scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart",
-                               "cpus_per_worker": 0.5},
-                      train={"epochs": 2}, tracking={"uri": uri, "experiment": "ui", "run_name": "ui-run"})
+    cfg = make_config(
+        tmp_path,
+        uri,
+        optimizer={"base_batch_size": 32},
+        batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
+        scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
+        train={"epochs": 2},
+        tracking={"uri": uri, "experiment": "ui", "run_name": "ui-run"},
+    )
     summary = run_training(cfg, progress=False)
     assert summary.status == "FINISHED" and summary.resizes, summary
 
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--tracking-uri", uri],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "ui", "--tracking-uri", uri],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         lines, link, t0 = [], None, time.monotonic()
         while link is None and time.monotonic() - t0 < 120:
@@ -53,8 +76,12 @@ def test_the_printed_link_opens_the_run_with_its_batch_and_resize(ray_cluster, t
             if not line:
                 break
             lines.append(line)
-            m = re.search(r"(http://127\.0\.0\.1:\d+/#/experiments/\d+/runs/" + summary.run_id
-                          + r"\?workflowType=machine_learning)", line)
+            m = re.search(
+                r"(http://127\.0\.0\.1:\d+/#/experiments/\d+/runs/"
+                + summary.run_id
+                + r"\?workflowType=machine_learning)",
+                line,
+            )
             link = m.group(1) if m else None
         assert link, "".join(lines)
         dom = _dom(link)

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
-          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+HEALTH = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
 
 
 @pytest.fixture(scope="session")
@@ -24,4 +28,3 @@ def cluster(s3_server):
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": HEALTH})
     yield c
     c.shutdown()  # stops every node it started (by their processes), never `ray stop`
-

@@ -26,15 +26,23 @@ def config(tmp, sleep_s: float = 0.0, brake: bool = False, **scaling) -> dict:
         os.makedirs(tmp, exist_ok=True)
         params["brake"] = brake_file(tmp)
         open(params["brake"], "w").close()
-    return {"data": {"name": "digits", "val_fraction": 0.2},
-            "model": {"factory": "tests.byo_workloads:slow_mlp", "params": params},
-            "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 48},
-            "batch": {"size": 48, "max_local_batch": 16},
-            "scaling": {"min_workers": 2, "max_workers": 3, "cpus_per_worker": 1, "max_failures": 3,
-                        "capacity_check_s": 5, **scaling},
-            "train": {"epochs": EPOCHS, "log_every": 5},
-            "checkpoint": {"every_steps": 10, "storage_path": f"{tmp}/ray_runs"},
-            "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"}}
+    return {
+        "data": {"name": "digits", "val_fraction": 0.2},
+        "model": {"factory": "tests.byo_workloads:slow_mlp", "params": params},
+        "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 48},
+        "batch": {"size": 48, "max_local_batch": 16},
+        "scaling": {
+            "min_workers": 2,
+            "max_workers": 3,
+            "cpus_per_worker": 1,
+            "max_failures": 3,
+            "capacity_check_s": 5,
+            **scaling,
+        },
+        "train": {"epochs": EPOCHS, "log_every": 5},
+        "checkpoint": {"every_steps": 10, "storage_path": f"{tmp}/ray_runs"},
+        "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"},
+    }
 
 
 def brake_file(tmp) -> str:
@@ -67,9 +75,14 @@ def driver(c, tmp, cfg) -> subprocess.Popen:
         yaml.safe_dump(cfg, f)
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
     env.pop("ELASTIC_KEEP_RAY", None)
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", "train", path, "--no-progress"], cwd=tmp,
-                            env=env, stdout=open(os.path.join(tmp, "out.txt"), "w"),
-                            stderr=open(os.path.join(tmp, "err.txt"), "w"), text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "train", path, "--no-progress"],
+        cwd=tmp,
+        env=env,
+        stdout=open(os.path.join(tmp, "out.txt"), "w"),
+        stderr=open(os.path.join(tmp, "err.txt"), "w"),
+        text=True,
+    )
 
 
 def resume(c, tmp, run_id: str) -> tuple[int, str]:
@@ -77,9 +90,23 @@ def resume(c, tmp, run_id: str) -> tuple[int, str]:
     process, as after a lost driver); its exit status and output."""
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
     env.pop("ELASTIC_KEEP_RAY", None)
-    out = subprocess.run([sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri",
-                          f"sqlite:///{tmp}/mlflow.db", "--no-progress"], cwd=tmp, env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "resume",
+            run_id,
+            "--tracking-uri",
+            f"sqlite:///{tmp}/mlflow.db",
+            "--no-progress",
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return out.returncode, out.stdout + out.stderr
 
 
@@ -102,27 +129,30 @@ def workers_logged(tmp) -> set[int]:
 
 def run_id(tmp) -> str:
     folder = glob.glob(f"{tmp}/ray_runs/elastic-*")[0]
-    return os.path.basename(folder)[len("elastic-"):].split("-r")[0]
+    return os.path.basename(folder)[len("elastic-") :].split("-r")[0]
 
 
 def alive_actor_nodes(c, class_name: str) -> set[str]:
     """The nodes of the live actors of ``class_name`` on cluster ``c``, asked from a process of its
     own (this test process may already hold another Ray: the integration tier's shared one)."""
-    code = ("import sys; from orchestrator.ray_env import ensure_ray; ensure_ray(); "
-            "from ray.util.state import list_actors; "
-            "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[1]), "
-            "('state', '=', 'ALIVE')])))")
+    code = (
+        "import sys; from orchestrator.run.ray_env import ensure_ray; ensure_ray(); "
+        "from ray.util.state import list_actors; "
+        "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[1]), "
+        "('state', '=', 'ALIVE')])))"
+    )
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)  # joined as the orchestrator joins it
-    out = subprocess.run([sys.executable, "-c", code, class_name], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, class_name], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return set(out.stdout.split())
 
 
 def free_cpus(c) -> float:
     """The CPUs free on cluster ``c`` (its live nodes' less what actors hold), asked as above."""
-    code = ("from orchestrator.ray_env import ensure_ray; ensure_ray(); import ray; "
-            "print(ray.available_resources().get('CPU', 0.0))")
+    code = (
+        "from orchestrator.run.ray_env import ensure_ray; ensure_ray(); import ray; "
+        "print(ray.available_resources().get('CPU', 0.0))"
+    )
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -136,9 +166,11 @@ def refresh_train_view(c) -> None:
     re-reads the cluster's nodes only every 20 s: a node added just before a run starts is not
     counted yet, and the run starts with fewer workers (then grows at its capacity check).  Ask it
     to re-read now, as the driver does when it sees the nodes change
-    (:func:`orchestrator.reservations.refresh`); where it cannot be asked, wait out its re-read."""
-    code = ("from orchestrator.ray_env import ensure_ray; ensure_ray(); "
-            "from orchestrator.reservations import refresh; print(refresh())")
+    (:func:`orchestrator.run.reservations.refresh`); where it cannot be asked, wait out its re-read."""
+    code = (
+        "from orchestrator.run.ray_env import ensure_ray; ensure_ray(); "
+        "from orchestrator.run.reservations import refresh; print(refresh())"
+    )
     env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     if out.returncode != 0 or out.stdout.split()[-1:] != ["True"]:

@@ -1,7 +1,8 @@
 """Nodes that leave and come back, on a real 4-node Ray cluster (a head without CPUs for the driver,
 three 1-CPU worker nodes) running a W=3 (min 2) run: a lost node shrinks the group, the run goes on
 from its newest checkpoint; a node that comes back grows it again at a checkpoint; a driver killed
-outright is resumed from checkpoints in a bucket.  Each run ends FINISHED with the losses of an uninterrupted run (up to float reduction order), no step logged twice,
+outright is resumed from checkpoints in a bucket.  Each run ends FINISHED with the losses of an uninterrupted run
+(up to float reduction order), no step logged twice,
 and the run's monitor on the driver's node all along."""
 
 from __future__ import annotations
@@ -16,9 +17,24 @@ import numpy as np
 import pytest
 
 from tests.helpers import metric_series
-from tests.multinode.runs import (STEPS, alive_actor_nodes, checkpointed, config, driver, finish, free_cpus,
-                                  lift_brake, logged_workers, refresh_train_view, resume, run_id,
-                                  wait_for, worker_nodes, worker_stretches, workers_logged)
+from tests.multinode.runs import (
+    STEPS,
+    alive_actor_nodes,
+    checkpointed,
+    config,
+    driver,
+    finish,
+    free_cpus,
+    lift_brake,
+    logged_workers,
+    refresh_train_view,
+    resume,
+    run_id,
+    wait_for,
+    worker_nodes,
+    worker_stretches,
+    workers_logged,
+)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
@@ -56,7 +72,8 @@ def _same_training(tmp, text: str, reference: tuple[str, str], rid: str | None =
     # W changes the order of the gradients' sums: float noise, ~1e-6 on losses that fall to ~1e-4
     np.testing.assert_allclose([v for _, v in losses], [v for _, v in want], rtol=1e-4, atol=1e-5)
     assert metric_series(uri, rid, "val/loss")[-1][1] == pytest.approx(
-        metric_series(*reference, "val/loss")[-1][1], rel=1e-4)
+        metric_series(*reference, "val/loss")[-1][1], rel=1e-4
+    )
     return uri, rid
 
 
@@ -104,15 +121,19 @@ def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(clus
     cfg = config(tmp, sleep_s=0.02, brake=True)
     cfg["checkpoint"]["storage_path"] = storage
     run = driver(cluster, str(tmp), cfg)
-    wait_for(run, tmp, "a checkpoint in the bucket at step >= 20",
-             lambda: any(step >= 20 for _, step in _complete(s3_server, storage)))
+    wait_for(
+        run,
+        tmp,
+        "a checkpoint in the bucket at step >= 20",
+        lambda: any(step >= 20 for _, step in _complete(s3_server, storage)),
+    )
     run.kill()  # SIGKILL: the driver alone (it joined the cluster: no processes of its own)
     run.wait(60)
     lift_brake(tmp)  # the resume trains the rest at full speed
     found = _complete(s3_server, storage)
     assert max(step for _, step in found) < STEPS, "the run finished before it could be killed"
     folder = found[0][0]
-    rid = folder[len("elastic-"):]
+    rid = folder[len("elastic-") :]
     half = f"{bucket}/runs/{folder}/checkpoint_step{STEPS - 1:08d}/state.pt"  # a writer that died mid-upload
     with s3_server.filesystem().open_output_stream(half) as f:
         f.write(b"the first part of a state file")
@@ -131,7 +152,8 @@ def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(clus
     assert not [k for k in keys if k.endswith("/driver.lock")], "the resumed driver released its lease"
     assert max(step for _, step in _complete(s3_server, storage)) == STEPS
     local = glob.glob(f"{tmp}/**/checkpoint_step*", recursive=True) + glob.glob(
-        os.path.expanduser(f"~/ray_results/elastic-{rid}*"))
+        os.path.expanduser(f"~/ray_results/elastic-{rid}*")
+    )
     assert not local and not (tmp / "ray_runs").exists(), local
 
 
@@ -140,5 +162,6 @@ _STEP = re.compile(r"/(elastic-[^/]+)/checkpoint_step(\d+)[^/]*/manifest\.json$"
 
 def _complete(s3_server, storage: str) -> list[tuple[str, int]]:
     """``[(run folder, step)]`` of the complete checkpoints (their manifest written) under ``storage``."""
-    return [(m.group(1), int(m.group(2))) for key in s3_server.keys(storage[len("s3://"):])
-            if (m := _STEP.search(key))]
+    return [
+        (m.group(1), int(m.group(2))) for key in s3_server.keys(storage[len("s3://") :]) if (m := _STEP.search(key))
+    ]

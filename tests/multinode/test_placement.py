@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.multinode, pytest.mark.timeout(600)]
 @pytest.mark.parametrize("placement, nodes_used", [("pack", 1), ("spread", 2)])
 def test_placement_puts_the_workers_where_it_says(cluster, tmp_path, placement, nodes_used):
     worker_nodes(cluster, 2, cpus=2)
-    run = driver(cluster, str(tmp_path), config(tmp_path, sleep_s=0.2, min_workers=2, max_workers=2,
-                                                placement=placement))
+    run = driver(
+        cluster, str(tmp_path), config(tmp_path, sleep_s=0.2, min_workers=2, max_workers=2, placement=placement)
+    )
     try:
         wait_for(run, tmp_path, "a first checkpoint", lambda: checkpointed(tmp_path))
         used = alive_actor_nodes(cluster, "RayTrainWorker")

@@ -4,7 +4,18 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from trainers.data.augment import (Augment, AugmentConfig, _STREAM_COL, _STREAM_FLIP, _STREAM_ROW, hflip, parse_augment, random_bits, random_crop, uniform_ints)
+from trainers.data.augment import (
+    _STREAM_COL,
+    _STREAM_FLIP,
+    _STREAM_ROW,
+    Augment,
+    AugmentConfig,
+    hflip,
+    parse_augment,
+    random_bits,
+    random_crop,
+    uniform_ints,
+)
 from trainers.data.order import micro_batches, slice_bounds
 
 
@@ -41,7 +52,7 @@ def test_randomness_depends_on_seed_epoch_and_id():
     assert not torch.equal(base, random_bits(0, 1, ids, _STREAM_FLIP))
     assert not torch.equal(base, random_bits(0, 0, ids, _STREAM_ROW))
     assert torch.equal(base, random_bits(0, 0, ids, _STREAM_FLIP))
-    assert int(base.min()) >= 0 and int(base.max()) < 2 ** 32
+    assert int(base.min()) >= 0 and int(base.max()) < 2**32
     assert len(torch.unique(base)) > 990
 
 
@@ -56,7 +67,7 @@ def test_crops_stay_in_bounds_and_equal_the_padded_window():
     padded = F.pad(x, (4, 4, 4, 4))
     for i in range(len(ids)):
         a, b = int(dy[i]), int(dx[i])
-        assert torch.equal(out[i], padded[i, :, a:a + 6, b:b + 6])
+        assert torch.equal(out[i], padded[i, :, a : a + 6, b : b + 6])
 
 
 def test_crop_offsets_cover_the_range_evenly():

@@ -20,12 +20,25 @@ from trainers.policies.schedules import ScheduleConfig
 N = 100
 
 
-def _plan(schedule: dict | None = None, optimizer: dict | None = None, batch: dict | None = None,
-          epochs: float = 2, workers: int = 1, hi: int = 4, **kw) -> BatchPlan:
+def _plan(
+    schedule: dict | None = None,
+    optimizer: dict | None = None,
+    batch: dict | None = None,
+    epochs: float = 2,
+    workers: int = 1,
+    hi: int = 4,
+    **kw,
+) -> BatchPlan:
     opt = {"lr": 0.1, "base_batch_size": 32, "mf": 0.9, **(optimizer or {})}
-    policies = PolicySet(ScheduleConfig(**(schedule or {})), OptimizerConfig(**opt),
-                         BatchConfig(**{"size": 32, "max_local_batch": 32, **(batch or {})}), epochs, N,
-                         min_workers=1, max_workers=hi)
+    policies = PolicySet(
+        ScheduleConfig(**(schedule or {})),
+        OptimizerConfig(**opt),
+        BatchConfig(**{"size": 32, "max_local_batch": 32, **(batch or {})}),
+        epochs,
+        N,
+        min_workers=1,
+        max_workers=hi,
+    )
     return BatchPlan(policies, workers, **kw)
 
 
@@ -88,8 +101,9 @@ def test_measurements_feed_the_lr_and_the_batch():
     plan.step_settings()
     plan.advance()
     assert plan.next_batch().new == 64 and plan.batch == 64
-    local = _plan(batch={"policy": "norm_test", "check_every": 1, "round_to": 1},
-                  batch_stats=lambda: BatchStats(norm_test=80))  # local SGD's norm test, not a probe
+    local = _plan(
+        batch={"policy": "norm_test", "check_every": 1, "round_to": 1}, batch_stats=lambda: BatchStats(norm_test=80)
+    )  # local SGD's norm test, not a probe
     local.step_settings()
     local.advance()
     assert local.next_batch() == NewBatch(1, 32, 80, "norm test wants 80")
@@ -105,8 +119,14 @@ def test_lr_factor_and_skipped_steps():
 
 
 def test_auto_warmup_ends_at_an_epoch_end_with_losses_and_grows_on_without():
-    auto = {"warmup": "auto", "decay": "cosine", "auto_min_steps": 3, "auto_init_lr": 0.01, "auto_growth": 2.0,
-            "auto_max_lr": 0.05}
+    auto = {
+        "warmup": "auto",
+        "decay": "cosine",
+        "auto_min_steps": 3,
+        "auto_init_lr": 0.01,
+        "auto_growth": 2.0,
+        "auto_max_lr": 0.05,
+    }
     run = _plan(schedule=auto)
     ends = []
     while not run.done:
@@ -145,7 +165,7 @@ def test_state_round_trips_through_a_weights_only_checkpoint():
 
 
 def test_from_config_starts_on_the_workers_the_first_batch_needs():
-    from orchestrator.config import validate
+    from orchestrator.config.schema import validate
 
     cfg = validate({"batch": {"size": 96, "max_local_batch": 32}, "scaling": {"max_workers": 4}})
     plan = BatchPlan.from_config(cfg, dataset_size=1000)
@@ -165,8 +185,17 @@ def test_train_state_round_trip_in_place():
 
 def test_train_state_of_an_old_checkpoint_loads_without_its_retired_keys():
     t = TrainState()
-    t.load_state_dict({"step": 7, "epoch": 1, "cursor": 96, "samples_seen": 1200, "restarts": 3,
-                       "finished": False, "extra": {"gns": {"ema": 0.5}}})
+    t.load_state_dict(
+        {
+            "step": 7,
+            "epoch": 1,
+            "cursor": 96,
+            "samples_seen": 1200,
+            "restarts": 3,
+            "finished": False,
+            "extra": {"gns": {"ema": 0.5}},
+        }
+    )
     assert t == TrainState(step=7, epoch=1, cursor=96, samples_seen=1200)
     assert "restarts" not in t.state_dict() and "extra" not in t.state_dict()
 

@@ -10,7 +10,26 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainers.policies.batching import (BATCH_POLICIES, BatchConfig, BatchDecision, BatchPolicy, BatchStats, CbsWarmupBatch, NoopDecision, NoiseScaleBatch, NormTestBatch, RampBatch, ScheduleBatch, SeesawBatch, batch_at_epoch_for_schedule, build_batch_policy, cbs_warmup_batch, ramp_batch, round_up, seesaw_batch)
+from trainers.policies.batching import (
+    BATCH_POLICIES,
+    BatchConfig,
+    BatchDecision,
+    BatchPolicy,
+    BatchStats,
+    CbsWarmupBatch,
+    NoiseScaleBatch,
+    NoopDecision,
+    NormTestBatch,
+    RampBatch,
+    ScheduleBatch,
+    SeesawBatch,
+    batch_at_epoch_for_schedule,
+    build_batch_policy,
+    cbs_warmup_batch,
+    ramp_batch,
+    round_up,
+    seesaw_batch,
+)
 from trainers.policies.schedules import ScheduleConfig
 
 
@@ -20,9 +39,9 @@ def _cfg(**kw: Any) -> BatchConfig:
 
 def _error(**kw: Any) -> str:
     """The one-line error of a ``batch`` section: its own fields (pydantic) or their rules together
-    (``orchestrator/preflight.py``), as every entry point reports it."""
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    (``orchestrator/config/preflight.py``), as every entry point reports it."""
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         validated({"batch": kw})
@@ -45,19 +64,27 @@ def test_every_policy_name_is_registered() -> None:
         assert cls.name == name
 
 
-@pytest.mark.parametrize("kw, start", [
-    ({"size": 64, "max_size": 32}, "batch.max_size: 32 is below batch.size 64"),
-    ({"policy": "schedule"}, "batch.schedule: required by batch.policy schedule"),
-    ({"schedule": [[1, 128]]}, "batch.schedule: given but batch.policy is 'fixed'"),
-    ({"policy": "schedule", "schedule": [[2, 128], [1, 256]]}, "batch.schedule[1]: epoch 1"),
-    ({"policy": "schedule", "schedule": [[1, 128], [1, 256]]}, "batch.schedule[1]: epoch 1"),
-    ({"policy": "schedule", "schedule": [[1, 256], [2, 128]]}, "batch.schedule[1]: batch 128 is below"),
-    ({"policy": "schedule", "size": 64, "schedule": [[1, 32]]}, "batch.schedule[0]: batch 32 is below batch.size 64"),
-    ({"policy": "schedule", "schedule": [[-1, 128]]}, "batch.schedule[0]: epoch -1"),
-    ({"policy": "schedule", "schedule": [[1, 0]]}, "batch.schedule[0]: batch 0 must be > 0"),
-    ({"policy": "schedule", "max_size": 128, "schedule": [[1, 256]]},
-     "batch.schedule[0]: batch 256 is above batch.max_size 128"),
-])
+@pytest.mark.parametrize(
+    "kw, start",
+    [
+        ({"size": 64, "max_size": 32}, "batch.max_size: 32 is below batch.size 64"),
+        ({"policy": "schedule"}, "batch.schedule: required by batch.policy schedule"),
+        ({"schedule": [[1, 128]]}, "batch.schedule: given but batch.policy is 'fixed'"),
+        ({"policy": "schedule", "schedule": [[2, 128], [1, 256]]}, "batch.schedule[1]: epoch 1"),
+        ({"policy": "schedule", "schedule": [[1, 128], [1, 256]]}, "batch.schedule[1]: epoch 1"),
+        ({"policy": "schedule", "schedule": [[1, 256], [2, 128]]}, "batch.schedule[1]: batch 128 is below"),
+        (
+            {"policy": "schedule", "size": 64, "schedule": [[1, 32]]},
+            "batch.schedule[0]: batch 32 is below batch.size 64",
+        ),
+        ({"policy": "schedule", "schedule": [[-1, 128]]}, "batch.schedule[0]: epoch -1"),
+        ({"policy": "schedule", "schedule": [[1, 0]]}, "batch.schedule[0]: batch 0 must be > 0"),
+        (
+            {"policy": "schedule", "max_size": 128, "schedule": [[1, 256]]},
+            "batch.schedule[0]: batch 256 is above batch.max_size 128",
+        ),
+    ],
+)
 def test_cross_field_errors_name_the_field(kw: dict[str, Any], start: str) -> None:
     assert _error(**kw).startswith(start)
 
@@ -70,16 +97,27 @@ def test_the_section_alone_checks_each_schedule_entry_against_the_one_before() -
     BatchConfig(policy="schedule", size=64, schedule=[[1, 32]])  # below batch.size: preflight's rule
 
 
-@pytest.mark.parametrize("kw", [{"min_growth": 0.9}, {"check_every": 0}, {"round_to": 0}, {"norm_test_eta": 1.0},
-                                {"noise_scale_factor": 0}, {"ema": 1.0}, {"policy": "adaptive"}, {"colour": 1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"min_growth": 0.9},
+        {"check_every": 0},
+        {"round_to": 0},
+        {"norm_test_eta": 1.0},
+        {"noise_scale_factor": 0},
+        {"ema": 1.0},
+        {"policy": "adaptive"},
+        {"colour": 1},
+    ],
+)
 def test_field_bounds(kw: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         BatchConfig(**kw)
 
 
 def test_root_config_reports_the_field_in_one_line() -> None:
-    from orchestrator.config import ConfigError, validate
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError, validate
 
     with pytest.raises(ConfigError, match=r"^batch\.max_size: 32 is below batch\.size 64; raise it"):
         validated({"batch": {"size": 64, "max_local_batch": 32, "max_size": 32}})
@@ -228,8 +266,14 @@ def test_norm_test_policy() -> None:
 
 def test_batch_at_epoch_for_schedule() -> None:
     s = [(1.0, 128), (2.5, 256)]
-    assert [batch_at_epoch_for_schedule(s, 64, e) for e in (0.0, 0.99, 1.0, 2.0, 2.5, 10.0)] == \
-        [64, 64, 128, 128, 256, 256]
+    assert [batch_at_epoch_for_schedule(s, 64, e) for e in (0.0, 0.99, 1.0, 2.0, 2.5, 10.0)] == [
+        64,
+        64,
+        128,
+        128,
+        256,
+        256,
+    ]
     assert batch_at_epoch_for_schedule(s, 64, 0.1 + 0.2 + 0.7) == 128  # float noise at the boundary
     assert batch_at_epoch_for_schedule([], 64, 5.0) == 64
 
@@ -298,18 +342,26 @@ def test_ramp_policy_follows_the_formula_at_every_step_grow_only_and_clamped() -
     assert d and d.size == 300
 
 
-@pytest.mark.parametrize("kw, start", [
-    ({"policy": "ramp", "ramp_epochs": 1.0}, "batch.ramp_to: required by batch.policy ramp"),
-    ({"policy": "ramp", "ramp_to": 128}, "batch.ramp_epochs: required by batch.policy ramp"),
-    ({"policy": "ramp", "ramp_to": 64, "ramp_epochs": 1.0}, "batch.ramp_to: 64 is not above batch.size 64"),
-    ({"policy": "ramp", "ramp_to": 100, "ramp_epochs": 1.0}, "batch.ramp_to: 100 - batch.size 64 is not a multiple "
-                                                             "of batch.round_to 8 (the ramp's increment); use "
-                                                             "ramp_to 104"),
-    ({"policy": "ramp", "ramp_to": 256, "ramp_epochs": 1.0, "max_size": 128}, "batch.ramp_to: 256 is above "
-                                                                              "batch.max_size 128"),
-    ({"ramp_to": 128}, "batch.ramp_to: given but batch.policy is 'fixed'"),
-    ({"policy": "noise_scale", "ramp_epochs": 1.0}, "batch.ramp_epochs: given but batch.policy is 'noise_scale'"),
-])
+@pytest.mark.parametrize(
+    "kw, start",
+    [
+        ({"policy": "ramp", "ramp_epochs": 1.0}, "batch.ramp_to: required by batch.policy ramp"),
+        ({"policy": "ramp", "ramp_to": 128}, "batch.ramp_epochs: required by batch.policy ramp"),
+        ({"policy": "ramp", "ramp_to": 64, "ramp_epochs": 1.0}, "batch.ramp_to: 64 is not above batch.size 64"),
+        (
+            {"policy": "ramp", "ramp_to": 100, "ramp_epochs": 1.0},
+            "batch.ramp_to: 100 - batch.size 64 is not a multiple "
+            "of batch.round_to 8 (the ramp's increment); use "
+            "ramp_to 104",
+        ),
+        (
+            {"policy": "ramp", "ramp_to": 256, "ramp_epochs": 1.0, "max_size": 128},
+            "batch.ramp_to: 256 is above batch.max_size 128",
+        ),
+        ({"ramp_to": 128}, "batch.ramp_to: given but batch.policy is 'fixed'"),
+        ({"policy": "noise_scale", "ramp_epochs": 1.0}, "batch.ramp_epochs: given but batch.policy is 'noise_scale'"),
+    ],
+)
 def test_ramp_config_errors_name_the_field(kw: dict[str, Any], start: str) -> None:
     assert _error(**kw).startswith(start)
 
@@ -321,8 +373,8 @@ def test_new_field_bounds(kw: dict[str, Any]) -> None:
 
 
 def test_ramp_longer_than_training_is_refused() -> None:
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"^batch\.ramp_epochs: 3 is not below train\.epochs 2"):
         validated({"batch": {"policy": "ramp", "ramp_to": 128, "ramp_epochs": 3}, "train": {"epochs": 2}})
@@ -348,20 +400,35 @@ def test_seesaw_policy_reads_the_schedule_milestones_and_is_clamped() -> None:
         build_batch_policy(BatchConfig(policy="seesaw"))
 
 
-@pytest.mark.parametrize("batch, schedule, start", [
-    ({"policy": "seesaw"}, {"decay": "step", "milestones": [1]}, "schedule.decay: batch.policy seesaw grows B"),
-    ({"policy": "fixed"}, {"decay": "seesaw", "scaling_rule": "sqrt", "milestones": [1]},
-     "batch.policy: schedule.decay seesaw cuts the LR"),
-    ({"policy": "seesaw"}, {"decay": "seesaw", "scaling_rule": "linear", "milestones": [1]},
-     "schedule.scaling_rule: decay 'seesaw' keeps lr / sqrt(B)"),
-    ({"policy": "seesaw"}, {"decay": "seesaw", "scaling_rule": "sqrt"}, "schedule.milestones: required when "
-                                                                        "schedule.decay is 'seesaw'"),
-    ({"policy": "seesaw"}, {"decay": "seesaw", "scaling_rule": "sqrt", "milestones": [1], "decay_factor": 1.0},
-     "schedule.decay_factor: 1 makes seesaw"),
-])
+@pytest.mark.parametrize(
+    "batch, schedule, start",
+    [
+        ({"policy": "seesaw"}, {"decay": "step", "milestones": [1]}, "schedule.decay: batch.policy seesaw grows B"),
+        (
+            {"policy": "fixed"},
+            {"decay": "seesaw", "scaling_rule": "sqrt", "milestones": [1]},
+            "batch.policy: schedule.decay seesaw cuts the LR",
+        ),
+        (
+            {"policy": "seesaw"},
+            {"decay": "seesaw", "scaling_rule": "linear", "milestones": [1]},
+            "schedule.scaling_rule: decay 'seesaw' keeps lr / sqrt(B)",
+        ),
+        (
+            {"policy": "seesaw"},
+            {"decay": "seesaw", "scaling_rule": "sqrt"},
+            "schedule.milestones: required when schedule.decay is 'seesaw'",
+        ),
+        (
+            {"policy": "seesaw"},
+            {"decay": "seesaw", "scaling_rule": "sqrt", "milestones": [1], "decay_factor": 1.0},
+            "schedule.decay_factor: 1 makes seesaw",
+        ),
+    ],
+)
 def test_seesaw_cross_checks_in_one_line(batch: dict[str, Any], schedule: dict[str, Any], start: str) -> None:
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         validated({"batch": {"max_local_batch": 64, **batch}, "schedule": schedule, "train": {"epochs": 3}})
@@ -371,23 +438,34 @@ def test_seesaw_cross_checks_in_one_line(batch: dict[str, Any], schedule: dict[s
 # --------------------------------------------------------------------------- cbs_warmup
 
 
-@pytest.mark.parametrize("current, critical, growth, round_to, want", [
-    (64, 300.0, 2.0, 8, 256),    # 64 x 2^2 = 256 <= 300 < 512
-    (64, 100.0, 2.0, 8, None),   # not yet 2 x B
-    (64, 128.0, 2.0, 8, 128),    # exactly 2 x B grows
-    (64, 150.0, 1.5, 8, 144),    # 64 x 1.5^2 = 144
-    (60, 130.0, 2.0, 8, 120),    # rounded up to round_to: 120 already is
-    (60, 300.0, 2.0, 16, 240),   # 240 = 15 x 16
-    (64, 0.0, 2.0, 8, None), (64, math.nan, 2.0, 8, None),
-])
-def test_cbs_warmup_batch_by_hand(current: int, critical: float, growth: float, round_to: int,
-                                  want: int | None) -> None:
+@pytest.mark.parametrize(
+    "current, critical, growth, round_to, want",
+    [
+        (64, 300.0, 2.0, 8, 256),  # 64 x 2^2 = 256 <= 300 < 512
+        (64, 100.0, 2.0, 8, None),  # not yet 2 x B
+        (64, 128.0, 2.0, 8, 128),  # exactly 2 x B grows
+        (64, 150.0, 1.5, 8, 144),  # 64 x 1.5^2 = 144
+        (60, 130.0, 2.0, 8, 120),  # rounded up to round_to: 120 already is
+        (60, 300.0, 2.0, 16, 240),  # 240 = 15 x 16
+        (64, 0.0, 2.0, 8, None),
+        (64, math.nan, 2.0, 8, None),
+    ],
+)
+def test_cbs_warmup_batch_by_hand(
+    current: int, critical: float, growth: float, round_to: int, want: int | None
+) -> None:
     assert cbs_warmup_batch(current, critical, growth, round_to) == want
 
 
 def _cbs(**kw: Any) -> CbsWarmupBatch:
-    base: dict[str, Any] = {"size": 64, "max_local_batch": 64, "policy": "cbs_warmup", "check_every": 10,
-                            "cbs_window": 3, "round_to": 8}
+    base: dict[str, Any] = {
+        "size": 64,
+        "max_local_batch": 64,
+        "policy": "cbs_warmup",
+        "check_every": 10,
+        "cbs_window": 3,
+        "round_to": 8,
+    }
     return CbsWarmupBatch(BatchConfig(**(base | kw)))
 
 
@@ -395,10 +473,10 @@ def test_cbs_warmup_waits_for_a_full_window_and_grows_with_its_mean() -> None:
     p = _cbs()
     assert not p.decide(10, 0.0, 64, BatchStats(b_simple=1000.0))  # window 1/3
     assert not p.decide(15, 0.0, 64, BatchStats(b_simple=1000.0))  # not a check step: not recorded
-    assert not p.decide(20, 0.0, 64, BatchStats(b_simple=None))    # no estimate: not recorded
-    assert not p.decide(20, 0.0, 64, BatchStats(b_simple=100.0))   # window 2/3
+    assert not p.decide(20, 0.0, 64, BatchStats(b_simple=None))  # no estimate: not recorded
+    assert not p.decide(20, 0.0, 64, BatchStats(b_simple=100.0))  # window 2/3
     assert p.window == [1000.0, 100.0]
-    d = p.decide(30, 0.0, 64, BatchStats(b_simple=100.0))          # mean 400 -> 64 x 2^2 = 256
+    d = p.decide(30, 0.0, 64, BatchStats(b_simple=100.0))  # mean 400 -> 64 x 2^2 = 256
     assert d and d.size == 256 and "mean B_simple 400" in d.reason
     # the next estimate drops the oldest: mean(100, 100, 100) = 100 < 2 x 256: keep
     assert not p.decide(40, 0.0, 256, BatchStats(b_simple=100.0))
@@ -408,7 +486,7 @@ def test_cbs_warmup_waits_for_a_full_window_and_grows_with_its_mean() -> None:
 def test_cbs_warmup_factor_and_cap() -> None:
     p = _cbs(noise_scale_factor=0.5, cbs_window=1, max_size=200)
     assert not p.decide(10, 0.0, 64, BatchStats(b_simple=250.0))  # critical 125 < 128
-    d = p.decide(20, 0.0, 64, BatchStats(b_simple=4000.0))         # critical 2000 -> 1024, clamped
+    d = p.decide(20, 0.0, 64, BatchStats(b_simple=4000.0))  # critical 2000 -> 1024, clamped
     assert d and d.size == 200 and "clamped to 200" in d.reason
     assert not p.decide(30, 0.0, 200, BatchStats(b_simple=4000.0))
 
@@ -429,10 +507,18 @@ def test_cbs_warmup_window_survives_a_checkpoint() -> None:
 
 def test_cbs_warmup_is_refused_with_local_sgd() -> None:
     """Local SGD computes no per-step combined gradient, so cbs_warmup would never see a B_simple."""
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
-    with pytest.raises(ConfigError, match=r"^batch\.policy: 'cbs_warmup' cannot be used with combine\.method "
-                                          r"local_sgd"):
-        validated({"batch": {"policy": "cbs_warmup"}, "combine": {"method": "local_sgd", "local_steps": 4},
-                  "scaling": {"max_workers": 2}})
+    with pytest.raises(
+        ConfigError,
+        match=r"^batch\.policy: 'cbs_warmup' cannot be used with combine\.method "
+        r"local_sgd",
+    ):
+        validated(
+            {
+                "batch": {"policy": "cbs_warmup"},
+                "combine": {"method": "local_sgd", "local_steps": 4},
+                "scaling": {"max_workers": 2},
+            }
+        )

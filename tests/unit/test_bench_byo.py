@@ -5,8 +5,8 @@ import torch
 
 from bench.byo import Pairs, cnn, synthetic_pairs
 from trainers.data.datasets import DataConfig, DatasetInfo, load_data
-from trainers.workload.models import ModelConfig, build_model
 from trainers.data.sampler import fetch
+from trainers.workload.models import ModelConfig, build_model
 
 
 def test_synthetic_pairs_are_the_built_in_split():

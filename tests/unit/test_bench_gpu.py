@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bench import gpu
-from orchestrator.config import validate
+from orchestrator.config.schema import validate
 from trainers.data.datasets import load_data
 
 
@@ -18,10 +18,14 @@ def test_quick_cpu_form_of_the_plain_row_prints_device_memory_and_rate(capsys):
 
 def test_report_prints_the_paired_ratios_of_sliced_rows():
     setup = gpu.Setup(device="cpu")
-    ms = {"plain": [gpu.Measurement("plain", "resnet18", 100.0, 1, 1.0, 0),
-                    gpu.Measurement("plain", "resnet18", 104.0, 1, 1.0, 0)],
-          "ray": [gpu.Measurement("ray", "resnet18", 98.0, 1, 1.0, 0, {"ratio": 0.97})],
-          "orchestrator": [gpu.Measurement("orchestrator", "resnet18", 95.0, 1, 1.0, 2 ** 20, {"ratio": 0.95})]}
+    ms = {
+        "plain": [
+            gpu.Measurement("plain", "resnet18", 100.0, 1, 1.0, 0),
+            gpu.Measurement("plain", "resnet18", 104.0, 1, 1.0, 0),
+        ],
+        "ray": [gpu.Measurement("ray", "resnet18", 98.0, 1, 1.0, 0, {"ratio": 0.97})],
+        "orchestrator": [gpu.Measurement("orchestrator", "resnet18", 95.0, 1, 1.0, 2**20, {"ratio": 0.95})],
+    }
     lines = gpu.report(setup, ms).splitlines()
     assert lines[-3:] == ["plain_samples_per_s=102.0", "ratio_ray=0.970", "ratio=0.950"]
 
@@ -42,8 +46,12 @@ def test_the_cifar_files_load_as_cifar10_and_the_orchestrator_config_matches_the
         assert len(pickle.load(f)["labels"]) == 8
     setup = gpu.Setup(model="cnn", batch=8, device="cpu", augment=("hflip",), size=40)
     cfg = validate(gpu.orchestrator_config(setup, root, str(tmp_path), steps=10))
-    assert (cfg.model.name, cfg.model.channels_last, cfg.train.precision, cfg.data.augment) == ("cnn", True, "bf16",
-                                                                                                 ["hflip"])
+    assert (cfg.model.name, cfg.model.channels_last, cfg.train.precision, cfg.data.augment) == (
+        "cnn",
+        True,
+        "bf16",
+        ["hflip"],
+    )
     assert cfg.batch.size == cfg.batch.max_local_batch == 8 and cfg.data.device == "host"
     assert cfg.train.epochs * 40 == pytest.approx(10 * 8)
     step, n = gpu.plain_step(setup, root)

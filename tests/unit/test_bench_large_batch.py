@@ -13,13 +13,34 @@ STEPS = 0.05  # epochs: 1438 * 0.05 / 64 -> 2 steps at B = 64
 @pytest.fixture(scope="module")
 def runs():
     cfg = config(hidden=4, epochs=STEPS, seed=0, batch={"size": 64}, model={"norm": "none"})
-    return {"mean": train(cfg, workers=2), "local1": train(cfg, workers=2, method="local_sgd", local_steps=1),
-            "mean1": train(config(hidden=4, epochs=STEPS, seed=0, batch={"size": 64}, model={"norm": "none"},
-                                  schedule={"scaling_rule": "none"}), workers=1),
-            "ada1": train(config(hidden=4, epochs=STEPS, seed=0, batch={"size": 64},
-                                 model={"norm": "none"}, schedule={"scaling_rule": "none"},
-                                 combine={"method": "adasum"}),
-                          workers=1, method="adasum")}
+    return {
+        "mean": train(cfg, workers=2),
+        "local1": train(cfg, workers=2, method="local_sgd", local_steps=1),
+        "mean1": train(
+            config(
+                hidden=4,
+                epochs=STEPS,
+                seed=0,
+                batch={"size": 64},
+                model={"norm": "none"},
+                schedule={"scaling_rule": "none"},
+            ),
+            workers=1,
+        ),
+        "ada1": train(
+            config(
+                hidden=4,
+                epochs=STEPS,
+                seed=0,
+                batch={"size": 64},
+                model={"norm": "none"},
+                schedule={"scaling_rule": "none"},
+                combine={"method": "adasum"},
+            ),
+            workers=1,
+            method="adasum",
+        ),
+    }
 
 
 def test_local_sgd_h1_is_per_step_averaging(runs):

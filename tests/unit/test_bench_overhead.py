@@ -22,8 +22,8 @@ def test_slice_rates_and_pairs():
     def times(rate, spans):
         return [t for lo, hi in spans for t in np.arange(lo + 0.001, hi, 10 / rate)]
 
-    a_gaps = step_gaps(times(1000, [(0, 1), (2, 3)]), n_train=10 ** 6, batch=10)
-    b_gaps = step_gaps(times(2000, [(1, 2), (3, 4)]), n_train=10 ** 6, batch=10)
+    a_gaps = step_gaps(times(1000, [(0, 1), (2, 3)]), n_train=10**6, batch=10)
+    b_gaps = step_gaps(times(2000, [(1, 2), (3, 4)]), n_train=10**6, batch=10)
     samples, secs = slice_rate(a_gaps, 2.0, 3.0)
     assert samples / secs == pytest.approx(1000)
     assert slice_rate(a_gaps, 1.0, 2.0) is None  # a did not run then
@@ -38,5 +38,3 @@ def test_slice_rates_and_pairs():
     assert r["a"] == pytest.approx(1000) and r["b"] == pytest.approx(2000)
     assert r["median"] == pytest.approx(0.5) and r["pairs"] == 2
     assert r["beside"] == pytest.approx(10 / (os.sysconf("SC_CLK_TCK") * os.cpu_count()))  # 10 ticks in 1 s
-
-

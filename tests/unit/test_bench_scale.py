@@ -72,9 +72,18 @@ def test_projection_speedups_fall_below_w_as_the_all_reduce_grows():
 
 
 def test_recovery_adds_detection_restart_load_and_half_the_checkpoint_interval():
-    rec = Recovery(detect_period_s=3, detect_threshold=5, train_poll_s=2, restart_s=10, restart_per_node_s=1,
-                   state_bytes=1e9, storage_Bps=10e9, checkpoint_every_s=600, workers_per_node=8,
-                   node_mtbf_h=6000)
+    rec = Recovery(
+        detect_period_s=3,
+        detect_threshold=5,
+        train_poll_s=2,
+        restart_s=10,
+        restart_per_node_s=1,
+        state_bytes=1e9,
+        storage_Bps=10e9,
+        checkpoint_every_s=600,
+        workers_per_node=8,
+        node_mtbf_h=6000,
+    )
     c = rec.cost(64)  # 8 nodes; one lost: 7 nodes, 56 workers restart and read the state
     assert c["nodes"] == 8 and c["detect_s"] == 17
     assert c["restart_s"] == 10 + 7 and c["load_s"] == pytest.approx(56 * 0.1) and c["lost_work_s"] == 300
@@ -98,13 +107,16 @@ def test_ray_train_poll_follows_its_environment_variable(monkeypatch):
     assert math.isfinite(scale.ray_train_poll_s()) and scale.ray_train_poll_s() > 0
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--overlap", "2"], "--overlap"),
-    (["--batch", "4"], "--batch"),
-    (["--workers", "1,x"], "--workers"),
-    (["--cold-start-s", "15"], "--cold-start-s"),
-    (["--bandwidth-gbps", "0"], "--bandwidth-gbps"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--overlap", "2"], "--overlap"),
+        (["--batch", "4"], "--batch"),
+        (["--workers", "1,x"], "--workers"),
+        (["--cold-start-s", "15"], "--cold-start-s"),
+        (["--bandwidth-gbps", "0"], "--bandwidth-gbps"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line_naming_the_field(argv, field, capsys, monkeypatch):
     monkeypatch.setattr(scale, "measure_compute", lambda *a, **k: pytest.fail("measured despite a bad argument"))
     with pytest.raises(SystemExit) as e:

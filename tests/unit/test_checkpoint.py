@@ -12,11 +12,23 @@ import torch
 
 import trainers.loop.checkpoint as ckpt
 import trainers.loop.storage as storage
+from trainers.loop.checkpoint import (
+    CheckpointConfig,
+    CheckpointManager,
+    CorruptCheckpoint,
+    PendingRecords,
+    RNGState,
+    StateAdapter,
+    prune_checkpoints,
+    read_checkpoint,
+    run_checkpoints,
+    verify_checkpoint,
+    write_checkpoint,
+)
 from trainers.policies.batching import BatchConfig, build_batch_policy
-from trainers.loop.checkpoint import (CheckpointConfig, CheckpointManager, CorruptCheckpoint, PendingRecords, RNGState, StateAdapter, prune_checkpoints, read_checkpoint, run_checkpoints, verify_checkpoint, write_checkpoint)
 from trainers.policies.noise import GradientNoiseScale
-from trainers.policies.schedules import AutoWarmup, ScheduleConfig
 from trainers.policies.plan import TrainState
+from trainers.policies.schedules import AutoWarmup, ScheduleConfig
 
 RUN = "elastic-abc"
 
@@ -26,9 +38,13 @@ def _payload():
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     m(torch.randn(4, 3)).sum().backward()
     opt.step()
-    return {"model": m.state_dict(), "optimizer": opt.state_dict(),
-            "train": TrainState(step=7, epoch=1, cursor=96).state_dict(), "noise": {"ema": 0.5},
-            "rng": {"torch": torch.get_rng_state()}}
+    return {
+        "model": m.state_dict(),
+        "optimizer": opt.state_dict(),
+        "train": TrainState(step=7, epoch=1, cursor=96).state_dict(),
+        "noise": {"ema": 0.5},
+        "rng": {"torch": torch.get_rng_state()},
+    }
 
 
 # --------------------------------------------------------------------------- the format
@@ -101,7 +117,7 @@ def test_write_fsyncs_state_manifest_and_folder_before_the_rename_and_the_parent
     (at,) = [i for i, e in enumerate(events) if e[0] == "replace"]
     tmp = events[at][1]
     before = {p for _, p in events[:at]}
-    after = {p for _, p in events[at + 1:]}
+    after = {p for _, p in events[at + 1 :]}
     assert {os.path.join(tmp, "state.pt"), os.path.join(tmp, "manifest.json"), tmp} <= before
     assert os.path.dirname(d) in after
 
@@ -156,13 +172,16 @@ def test_prune_keeps_the_newest_checkpoints_across_phase_folders(tmp_path):
     write_checkpoint(str(tmp_path / f"{RUN}-r0p1" / "checkpoint_step00000030_resize"), {"step": 30})
     prune_checkpoints(str(tmp_path), RUN, keep=3)
     left = [os.path.relpath(p, tmp_path) for p in run_checkpoints(str(tmp_path), RUN)]
-    assert left == [f"{RUN}-r0p2/checkpoint_step00000050", f"{RUN}-r0p2/checkpoint_step00000040",
-                    f"{RUN}-r0p1/checkpoint_step00000030_resize"]
+    assert left == [
+        f"{RUN}-r0p2/checkpoint_step00000050",
+        f"{RUN}-r0p2/checkpoint_step00000040",
+        f"{RUN}-r0p1/checkpoint_step00000030_resize",
+    ]
     assert (tmp_path / "elastic-other" / "checkpoint_step00000060").is_dir()  # another run: untouched
 
 
 def test_keep_below_two_is_refused_naming_the_field():
-    from orchestrator.config import ConfigError, validate
+    from orchestrator.config.schema import ConfigError, validate
 
     with pytest.raises(ValueError, match="checkpoint.keep: 1 leaves no older checkpoint to fall back to"):
         CheckpointConfig(keep=1)
@@ -209,9 +228,15 @@ def _states(seed: int = 0):
     opt.step()
     gns = GradientNoiseScale(0.95)
     holder = {"B": 32}
-    return {"model": model, "optimizer": opt, "train": TrainState(step=seed), "rng": RNGState(torch.device("cpu")),
-            "batch": StateAdapter(lambda: {"size": holder["B"]}, lambda s: holder.update(B=s["size"])),
-            "noise": gns, "reporter": PendingRecords(_Channel([[seed, {"train/loss": 0.5}, 1.0]]))}, holder
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train": TrainState(step=seed),
+        "rng": RNGState(torch.device("cpu")),
+        "batch": StateAdapter(lambda: {"size": holder["B"]}, lambda s: holder.update(B=s["size"])),
+        "noise": gns,
+        "reporter": PendingRecords(_Channel([[seed, {"train/loss": 0.5}, 1.0]])),
+    }, holder
 
 
 def _manager(tmp_path, states, run_name=RUN, **kw):
@@ -232,8 +257,10 @@ def test_manager_round_trip_of_registered_components(tmp_path):
     fresh, fresh_holder = _states(1)
     assert _manager(tmp_path, fresh).load() is True
     torch.testing.assert_close(fresh["model"].weight, states["model"].weight)
-    torch.testing.assert_close(fresh["optimizer"].state_dict()["state"][0]["momentum_buffer"],
-                               states["optimizer"].state_dict()["state"][0]["momentum_buffer"])
+    torch.testing.assert_close(
+        fresh["optimizer"].state_dict()["state"][0]["momentum_buffer"],
+        states["optimizer"].state_dict()["state"][0]["momentum_buffer"],
+    )
     assert fresh["train"] == TrainState(step=12, cursor=96)
     assert fresh_holder["B"] == 48
     assert fresh["noise"].state_dict() == states["noise"].state_dict()
@@ -264,7 +291,10 @@ def test_manager_finds_the_newest_checkpoint_across_phase_folders(tmp_path):
     m = _manager(tmp_path, {"t": box}, run_name=f"{RUN}-r0p3")
     assert m.load() and box.state == {"step": 30}
     assert [os.path.basename(p) for p in m.checkpoints()] == [
-        "checkpoint_step00000030", "checkpoint_step00000020", "checkpoint_step00000010"]
+        "checkpoint_step00000030",
+        "checkpoint_step00000020",
+        "checkpoint_step00000010",
+    ]
 
 
 def test_nothing_to_restore(tmp_path):
@@ -368,6 +398,7 @@ def test_the_writer_moves_a_damaged_checkpoint_aside_and_says_where(tmp_path):
 def test_known_corrupt_checkpoints_do_not_count_towards_keep(tmp_path, monkeypatch):
     """Resumed at 10 past a corrupt 20 that could not be moved aside: saving 15 must not delete 10,
     the only other intact one."""
+
     def cannot_move(path):
         raise PermissionError(13, "Permission denied", path)
 
@@ -403,8 +434,10 @@ def test_a_starting_writer_removes_stale_temporary_folders_of_dead_writers_on_th
     host, dead = socket.gethostname(), _dead_pid()
     folder = tmp_path / f"{RUN}-r0p1"
     stale = [f".checkpoint_step00000010.tmp-{host}-{dead}", f".checkpoint_step00000020.tmp-{dead}"]
-    kept = [f".checkpoint_step00000030.tmp-{host}-{os.getpid()}",  # a live writer
-            f".checkpoint_step00000040.tmp-some-other-host-{dead}"]  # its pid means nothing here
+    kept = [
+        f".checkpoint_step00000030.tmp-{host}-{os.getpid()}",  # a live writer
+        f".checkpoint_step00000040.tmp-some-other-host-{dead}",
+    ]  # its pid means nothing here
     for name in stale + kept:
         (folder / name).mkdir(parents=True)
         (folder / name / "state.pt").write_bytes(b"partial")
@@ -418,8 +451,9 @@ def test_a_starting_writer_removes_stale_temporary_folders_of_dead_writers_on_th
 
 
 def test_temporary_folder_names_carry_host_and_pid():
-    assert ckpt.tmp_name("checkpoint_step00000001") == \
-        f".checkpoint_step00000001.tmp-{socket.gethostname()}-{os.getpid()}"
+    assert (
+        ckpt.tmp_name("checkpoint_step00000001") == f".checkpoint_step00000001.tmp-{socket.gethostname()}-{os.getpid()}"
+    )
 
 
 # --------------------------------------------------------------------------- format 1
@@ -431,8 +465,10 @@ def _write_format1(directory: str, payload: dict) -> None:
     state = os.path.join(directory, "state.pt")
     torch.save(payload, state)
     digest = hashlib.sha256(open(state, "rb").read()).hexdigest()
-    json.dump({"format": 1, "sha256": digest, "bytes": os.path.getsize(state)},
-              open(os.path.join(directory, "manifest.json"), "w"))
+    json.dump(
+        {"format": 1, "sha256": digest, "bytes": os.path.getsize(state)},
+        open(os.path.join(directory, "manifest.json"), "w"),
+    )
 
 
 def _policies():
@@ -449,12 +485,28 @@ def test_a_format1_checkpoint_restores_into_the_components(tmp_path):
     for lr, loss in ((1e-5, 2.3), (2e-5, 2.2)):
         auto.record(lr, loss)
     rng = torch.get_rng_state()
-    _write_format1(str(tmp_path / RUN / "checkpoint_step00000045"), {
-        "model": states["model"].state_dict(), "optimizer": states["optimizer"].state_dict(),
-        "train": {"step": 45, "epoch": 1, "cursor": 96, "samples_seen": 1440, "restarts": 2, "finished": False,
-                  "extra": {"batch": {"size": 64, "policy": policy.state_dict()}, "gns": gns.state_dict(),
-                            "auto_warmup": auto.state_dict()}},
-        "rng": {"torch": rng}, "pending_metrics": [[44, {"train/loss": 0.5}, 1.0]]})
+    _write_format1(
+        str(tmp_path / RUN / "checkpoint_step00000045"),
+        {
+            "model": states["model"].state_dict(),
+            "optimizer": states["optimizer"].state_dict(),
+            "train": {
+                "step": 45,
+                "epoch": 1,
+                "cursor": 96,
+                "samples_seen": 1440,
+                "restarts": 2,
+                "finished": False,
+                "extra": {
+                    "batch": {"size": 64, "policy": policy.state_dict()},
+                    "gns": gns.state_dict(),
+                    "auto_warmup": auto.state_dict(),
+                },
+            },
+            "rng": {"torch": rng},
+            "pending_metrics": [[44, {"train/loss": 0.5}, 1.0]],
+        },
+    )
     torch.manual_seed(7)
     fresh, fresh_holder = _states(1)
     f_policy, f_gns, f_auto = _policies()
@@ -476,12 +528,25 @@ def test_a_format1_checkpoint_restores_into_the_components(tmp_path):
 
 def test_a_format1_checkpoint_without_policies_or_pending_metrics(tmp_path):
     """The oldest format-1 checkpoints carry no pending_metrics; a fixed-batch run no gns."""
-    _write_format1(str(tmp_path / RUN / "checkpoint_step00000003"), {
-        "train": {"step": 3, "epoch": 0, "cursor": 3, "samples_seen": 3, "restarts": 0, "finished": True,
-                  "extra": {}}})
+    _write_format1(
+        str(tmp_path / RUN / "checkpoint_step00000003"),
+        {
+            "train": {
+                "step": 3,
+                "epoch": 0,
+                "cursor": 3,
+                "samples_seen": 3,
+                "restarts": 0,
+                "finished": True,
+                "extra": {},
+            }
+        },
+    )
     payload = read_checkpoint(str(tmp_path / RUN / "checkpoint_step00000003"))
-    assert payload == {"train": {"step": 3, "epoch": 0, "cursor": 3, "samples_seen": 3, "finished": True},
-                       "reporter": {"records": []}}
+    assert payload == {
+        "train": {"step": 3, "epoch": 0, "cursor": 3, "samples_seen": 3, "finished": True},
+        "reporter": {"records": []},
+    }
 
 
 # --------------------------------------------------------------------------- the worker's registration
@@ -535,11 +600,20 @@ def test_a_trainer_restores_what_a_trainer_saved(tmp_path, fmt):
     if fmt == 2:
         t.save_checkpoint()
     else:  # the same state as the loop wrote it before components were registered
-        _write_format1(str(tmp_path / RUN / "checkpoint_step00000002"), {
-            "model": saved["model"], "optimizer": saved["optimizer"], "rng": saved["rng"],
-            "pending_metrics": saved["reporter"]["records"],
-            "train": dict(saved["train"], restarts=0, extra={"batch": saved["batch"], "gns": saved["noise"],
-                                                            "auto_warmup": saved["auto_warmup"]})})
+        _write_format1(
+            str(tmp_path / RUN / "checkpoint_step00000002"),
+            {
+                "model": saved["model"],
+                "optimizer": saved["optimizer"],
+                "rng": saved["rng"],
+                "pending_metrics": saved["reporter"]["records"],
+                "train": dict(
+                    saved["train"],
+                    restarts=0,
+                    extra={"batch": saved["batch"], "gns": saved["noise"], "auto_warmup": saved["auto_warmup"]},
+                ),
+            },
+        )
     torch.manual_seed(99)
     fresh = _trainer(tmp_path)
     assert fresh.restore() is True

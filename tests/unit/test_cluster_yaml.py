@@ -28,7 +28,7 @@ def test_cluster_has_a_gpu_worker_type_with_min_max():
 
 
 def test_gpu_config_is_a_valid_training_config():
-    from orchestrator.config import read_yaml, validate
+    from orchestrator.config.schema import read_yaml, validate
 
     cfg = validate(read_yaml(os.path.join(ROOT, "configs", "cifar10_resnet.yaml")))
     assert cfg.scaling.use_gpu and cfg.batch.policy == "noise_scale"
@@ -56,8 +56,9 @@ def _load(path):
 @pytest.mark.parametrize("path", ["cluster.yaml", "configs/cluster-onprem.yaml"])
 def test_every_ray_start_turns_on_token_authentication(path):
     _, cfg = _load(path)
-    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cfg[key]
-              if "ray start" in c]
+    starts = [
+        c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cfg[key] if "ray start" in c
+    ]
     assert len(starts) == 2
     assert all(c.startswith("RAY_AUTH_MODE=token ray start") for c in starts), starts
     # the token reaches every node through the launcher's file mounts (over SSH), never through git

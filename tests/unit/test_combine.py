@@ -6,10 +6,18 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from orchestrator.config import validate
-
+from orchestrator.config.schema import validate
+from trainers.combine.methods import (
+    AdasumCombiner,
+    CombineConfig,
+    LocalSGD,
+    adasum_allreduce,
+    adasum_layers,
+    adasum_pair,
+    adasum_tree,
+    local_variance,
+)
 from trainers.policies.batching import BatchConfig, BatchStats, NormTestBatch
-from trainers.combine.methods import (AdasumCombiner, CombineConfig, LocalSGD, adasum_allreduce, adasum_layers, adasum_pair, adasum_tree, local_variance)
 from trainers.policies.noise import norm_test
 
 D = torch.float64
@@ -33,9 +41,9 @@ def hand_pair(a, b):
 
 
 def _combination_error(**sections) -> str | None:
-    """What ``orchestrator/preflight.py check_combine`` says of a config with these sections (None: fine)."""
-    from orchestrator.config import ConfigError, validate
-    from orchestrator.preflight import check_combine
+    """What ``orchestrator/config/preflight.py check_combine`` says of a config with these sections (None: fine)."""
+    from orchestrator.config.preflight import check_combine
+    from orchestrator.config.schema import ConfigError, validate
 
     try:
         check_combine(validate(sections))
@@ -45,16 +53,18 @@ def _combination_error(**sections) -> str | None:
 
 
 def test_config_defaults_and_cross_checks():
-    from orchestrator.config import ConfigError
-    from orchestrator.preflight import check_combinations
+    from orchestrator.config.preflight import check_combinations
+    from orchestrator.config.schema import ConfigError
 
     assert CombineConfig().method == "mean"
     c = CombineConfig(method="local_sgd", local_steps=4)
     assert c.H == 4 and c.averages_momentum
     assert not CombineConfig(method="local_sgd", local_steps=4, average_momentum=False).averages_momentum
-    for combine, start in (({"method": "adasum", "local_steps": 4}, "combine.local_steps: only used by"),
-                           ({"method": "local_sgd"}, "combine.local_steps: required"),
-                           ({"method": "mean", "average_momentum": True}, "combine.average_momentum")):
+    for combine, start in (
+        ({"method": "adasum", "local_steps": 4}, "combine.local_steps: only used by"),
+        ({"method": "local_sgd"}, "combine.local_steps: required"),
+        ({"method": "mean", "average_momentum": True}, "combine.average_momentum"),
+    ):
         cfg = validate({"combine": combine, "schedule": {"scaling_rule": "none"}})  # each field fine alone
         with pytest.raises(ConfigError, match=f"^{start}"):
             check_combinations(cfg)
@@ -80,10 +90,12 @@ def test_check_combination():
     assert _combination_error(combine=loc, batch={"policy": "norm_test"}).startswith("scaling.max_workers")
     two = {"max_workers": 2}
     assert _combination_error(combine=loc, batch={"policy": "norm_test", "check_every": 6}, scaling=two).startswith(
-        "batch.check_every:")
+        "batch.check_every:"
+    )
     assert _combination_error(combine=loc, batch={"policy": "norm_test", "check_every": 8}, scaling=two) is None
     assert _combination_error(combine=loc, scaling={"use_gpu": True}, train={"precision": "fp16"}).startswith(
-        "train.precision: fp16 cannot be used with combine.method local_sgd")
+        "train.precision: fp16 cannot be used with combine.method local_sgd"
+    )
 
 
 # --------------------------------------------------------------------------- Adasum
@@ -135,8 +147,9 @@ def test_three_and_four_workers_match_the_tree_formula():
 def test_tree_of_orthogonal_and_equal_inputs():
     e = torch.eye(4, dtype=D)
     for w in (2, 3, 4):
-        torch.testing.assert_close(adasum_tree([e[i] * (i + 1) for i in range(w)]),
-                                   sum(e[i] * (i + 1) for i in range(w)))
+        torch.testing.assert_close(
+            adasum_tree([e[i] * (i + 1) for i in range(w)]), sum(e[i] * (i + 1) for i in range(w))
+        )
         a = t(0.5, -1.0, 2.0, 0.0)
         torch.testing.assert_close(adasum_tree([a] * w), a)
 

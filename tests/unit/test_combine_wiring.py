@@ -6,12 +6,12 @@ import copy
 import pytest
 import torch
 
-from orchestrator.config import ConfigError, flatten, public_config, validate
-from orchestrator.pipeline import validated
+from orchestrator.config.prepare import validated
+from orchestrator.config.schema import ConfigError, flatten, public_config, validate
 from search.space import SpaceError, parse_space
-from trainers.policies.batching import BatchConfig, build_batch_policy
 from trainers.combine.methods import Combination, CombineConfig, LocalSGD
 from trainers.loop.config import LoopConfig
+from trainers.policies.batching import BatchConfig, build_batch_policy
 
 BASE = {
     "data": {"name": "digits"},
@@ -40,27 +40,51 @@ def test_default_is_mean_and_every_method_is_a_logged_param():
     assert LoopConfig.model_validate(cfg.loop_dict()).combine.local_steps == 4
 
 
-@pytest.mark.parametrize("sections, fragment", [
-    ({"combine": {"method": "sum"}}, "combine.method: unknown 'sum'; expected one of mean, adasum, local_sgd"),
-    ({"combine": {"method": "local_sgd", "local_steps": 0}}, "combine.local_steps: must be >= 1 (got 0)"),
-    ({"combine": {"method": "local_sgd"}}, "combine.local_steps: required by combine.method local_sgd"),
-    ({"combine": {"method": "adasum"}}, "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum"),
-    ({"combine": {"method": "adasum"}, "schedule": {"scaling_rule": "none"}, "batch": {"policy": "norm_test"}},
-     "batch.policy: 'norm_test' cannot be used with combine.method adasum"),
-    ({"combine": {"method": "adasum"}, "schedule": {"scaling_rule": "none"}, "scaling": {"min_workers": 1}},
-     "scaling.min_workers: 1 differs from scaling.max_workers 2"),
-    ({"combine": {"method": "local_sgd", "local_steps": 4}, "schedule": {"scaling_rule": "adascale"}},
-     "schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd"),
-    ({"combine": {"method": "local_sgd", "local_steps": 4}, "batch": {"policy": "norm_test", "check_every": 6}},
-     "batch.check_every: 6 is not a multiple of combine.local_steps 4"),
-])
+@pytest.mark.parametrize(
+    "sections, fragment",
+    [
+        ({"combine": {"method": "sum"}}, "combine.method: unknown 'sum'; expected one of mean, adasum, local_sgd"),
+        ({"combine": {"method": "local_sgd", "local_steps": 0}}, "combine.local_steps: must be >= 1 (got 0)"),
+        ({"combine": {"method": "local_sgd"}}, "combine.local_steps: required by combine.method local_sgd"),
+        (
+            {"combine": {"method": "adasum"}},
+            "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum",
+        ),
+        (
+            {"combine": {"method": "adasum"}, "schedule": {"scaling_rule": "none"}, "batch": {"policy": "norm_test"}},
+            "batch.policy: 'norm_test' cannot be used with combine.method adasum",
+        ),
+        (
+            {"combine": {"method": "adasum"}, "schedule": {"scaling_rule": "none"}, "scaling": {"min_workers": 1}},
+            "scaling.min_workers: 1 differs from scaling.max_workers 2",
+        ),
+        (
+            {"combine": {"method": "local_sgd", "local_steps": 4}, "schedule": {"scaling_rule": "adascale"}},
+            "schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd",
+        ),
+        (
+            {"combine": {"method": "local_sgd", "local_steps": 4}, "batch": {"policy": "norm_test", "check_every": 6}},
+            "batch.check_every: 6 is not a multiple of combine.local_steps 4",
+        ),
+    ],
+)
 def test_what_combine_cannot_honour_is_one_line_naming_the_field(sections, fragment):
     with pytest.raises(ConfigError) as e:
         validated(raw(**sections))
     msg = str(e.value)
-    assert fragment in msg and "\n" not in msg and msg.split(":")[0] in {
-        "combine.method", "combine.local_steps", "schedule.scaling_rule", "batch.policy", "scaling.min_workers",
-        "batch.check_every"}
+    assert (
+        fragment in msg
+        and "\n" not in msg
+        and msg.split(":")[0]
+        in {
+            "combine.method",
+            "combine.local_steps",
+            "schedule.scaling_rule",
+            "batch.policy",
+            "scaling.min_workers",
+            "batch.check_every",
+        }
+    )
 
 
 def test_valid_combinations_pass():
@@ -69,18 +93,27 @@ def test_valid_combinations_pass():
 
 
 def test_search_space_explores_combine_method():
-    space = parse_space({
-        "base": raw(schedule={"scaling_rule": "none"}),
-        "objective": {"metric": "val/accuracy", "direction": "maximize"},
-        "params": {"combine.method": {"choices": ["mean", "adasum", "local_sgd"]},
-                   "combine.local_steps": {"choices": [2, 8], "when": "combine.method == local_sgd"}},
-    })
+    space = parse_space(
+        {
+            "base": raw(schedule={"scaling_rule": "none"}),
+            "objective": {"metric": "val/accuracy", "direction": "maximize"},
+            "params": {
+                "combine.method": {"choices": ["mean", "adasum", "local_sgd"]},
+                "combine.local_steps": {"choices": [2, 8], "when": "combine.method == local_sgd"},
+            },
+        }
+    )
     cfg = space.config({"combine.method": "local_sgd", "combine.local_steps": 8})
     assert (cfg.combine.method, cfg.combine.H) == ("local_sgd", 8)
     assert space.config({"combine.method": "adasum"}).combine.method == "adasum"
     with pytest.raises(SpaceError, match="combine.method"):
-        parse_space({"base": raw(), "objective": {"metric": "val/accuracy", "direction": "maximize"},
-                     "params": {"combine.method": {"choices": ["mean", "sum"]}}})
+        parse_space(
+            {
+                "base": raw(),
+                "objective": {"metric": "val/accuracy", "direction": "maximize"},
+                "params": {"combine.method": {"choices": ["mean", "sum"]}},
+            }
+        )
 
 
 def test_combination_mean_is_a_no_op():

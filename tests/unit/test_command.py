@@ -1,10 +1,10 @@
-"""orchestrator/command.py: the command a summary or a hint tells a person to run."""
+"""orchestrator/config/command.py: the command a summary or a hint tells a person to run."""
 
 import os
 import shutil
 import sys
 
-from orchestrator import command
+from orchestrator.config import command
 
 
 def test_the_command_names_this_interpreter_unless_python_on_path_is_it(monkeypatch, tmp_path):

@@ -5,9 +5,10 @@ import os
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config import ConfigError, apply_overrides, flatten
-from orchestrator.pipeline import load_config
+from orchestrator.config.prepare import load_config
+from orchestrator.config.schema import ConfigError, apply_overrides, flatten
 from tests.config_cases import CASES, _write
+
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_config_is_one_line_exit_2(case, tmp_path, monkeypatch, capsys):
@@ -29,10 +30,15 @@ def test_missing_config_file(tmp_path, capsys):
 
 
 def test_overrides_parse_yaml_values_and_nest():
-    raw = apply_overrides({"batch": {"size": 8}}, ["batch.size=128", "model.norm=none", "train.epochs=0.5",
-                                                   "scaling.use_gpu=true"])
-    assert raw == {"batch": {"size": 128}, "model": {"norm": "none"}, "train": {"epochs": 0.5},
-                   "scaling": {"use_gpu": True}}
+    raw = apply_overrides(
+        {"batch": {"size": 8}}, ["batch.size=128", "model.norm=none", "train.epochs=0.5", "scaling.use_gpu=true"]
+    )
+    assert raw == {
+        "batch": {"size": 128},
+        "model": {"norm": "none"},
+        "train": {"epochs": 0.5},
+        "scaling": {"use_gpu": True},
+    }
 
 
 def test_good_config_resolves_and_flattens(tmp_path):

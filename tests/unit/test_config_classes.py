@@ -16,8 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from orchestrator.cli import main
-from orchestrator.config import RootConfig, read_yaml, to_yaml, validate
-from orchestrator.preflight import IGNORED_UNLESS, check_config, check_environment, train_samples
+from orchestrator.config.preflight import IGNORED_UNLESS, check_config, check_environment, train_samples
+from orchestrator.config.schema import RootConfig, read_yaml, to_yaml, validate
 from trainers.section import _options
 
 BASE = textwrap.dedent("""
@@ -35,13 +35,13 @@ def cli(tmp_path, monkeypatch, capsys):
     """``cli(overrides, text=BASE, extra_args=())``: run ``train`` in-process in an empty folder and
     return ``(exit status, stderr)``; training itself must never be reached."""
     monkeypatch.chdir(tmp_path)
-    fake_runner = types.ModuleType("orchestrator.runner")
+    fake_runner = types.ModuleType("orchestrator.run.runner")
 
     def _must_not_run(*a, **k):
         raise AssertionError("run_training was reached: the bad input was not caught before the start")
 
     fake_runner.run_training = _must_not_run
-    monkeypatch.setitem(sys.modules, "orchestrator.runner", fake_runner)
+    monkeypatch.setitem(sys.modules, "orchestrator.run.runner", fake_runner)
 
     def run(overrides: list[str] = (), text: str = BASE, args: list[str] = ()) -> tuple[int, str]:
         path = tmp_path / "cfg.yaml"
@@ -94,10 +94,13 @@ def test_non_finite_float_anywhere(cli, field, value):
     assert_one_line(rc, err, f"{field}:", "must be a finite number")
 
 
-@pytest.mark.parametrize("text", [
-    "batch: {size: 32, max_local_batch: 16, policy: schedule, schedule: [[0, 32], [.inf, 64]]}\n",
-    "batch: {size: 32, max_local_batch: 16, policy: schedule, schedule: [[0, 32], [.nan, 64]]}\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "batch: {size: 32, max_local_batch: 16, policy: schedule, schedule: [[0, 32], [.inf, 64]]}\n",
+        "batch: {size: 32, max_local_batch: 16, policy: schedule, schedule: [[0, 32], [.nan, 64]]}\n",
+    ],
+)
 def test_non_finite_inside_a_list(cli, text):
     rc, err = cli(text=text)
     assert_one_line(rc, err, "batch.schedule", "finite")
@@ -140,23 +143,27 @@ def test_numeric_strings_stay_accepted_for_floats(tmp_path):
 # --------------------------------------------------------------------------- duplicate keys
 
 
-@pytest.mark.parametrize("text, field, lines", [
-    (BASE + "data: {name: synthetic}\n", "data", "lines 2 and 7"),
-    ("batch:\n  size: 32\n  max_local_batch: 16\n  size: 64\n", "batch.size", "lines 2 and 4"),
-    ("model: {name: mlp, norm: none, name: cnn}\n", "model.name", "lines 1 and 1"),
-    ("batch:\n  policy: schedule\n  schedule:\n    - {a: 1, a: 2}\n", "batch.schedule[0].a", "lines 4 and 4"),
-])
+@pytest.mark.parametrize(
+    "text, field, lines",
+    [
+        (BASE + "data: {name: synthetic}\n", "data", "lines 2 and 7"),
+        ("batch:\n  size: 32\n  max_local_batch: 16\n  size: 64\n", "batch.size", "lines 2 and 4"),
+        ("model: {name: mlp, norm: none, name: cnn}\n", "model.name", "lines 1 and 1"),
+        ("batch:\n  policy: schedule\n  schedule:\n    - {a: 1, a: 2}\n", "batch.schedule[0].a", "lines 4 and 4"),
+    ],
+)
 def test_duplicate_keys(cli, text, field, lines):
     rc, err = cli(text=text)
     assert_one_line(rc, err, f"{field}: given twice", lines)
 
 
 def test_duplicate_keys_in_a_search_space(tmp_path, capsys):
-    from search.cli import main as search_main
+    from search.commands import main as search_main
 
     space = tmp_path / "space.yaml"
-    space.write_text(f"base: {ROOT}/configs/quickstart.yaml\nparams:\n  optimizer.lr: {{low: 0.01, high: 1}}\n"
-                     f"params: {{}}\n")
+    space.write_text(
+        f"base: {ROOT}/configs/quickstart.yaml\nparams:\n  optimizer.lr: {{low: 0.01, high: 1}}\nparams: {{}}\n"
+    )
     assert search_main(["run", str(space), "--storage", str(tmp_path / "j.journal")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: params: given twice") and "lines 2 and 4" in err, err
@@ -166,16 +173,28 @@ def test_duplicate_keys_in_a_search_space(tmp_path, capsys):
 # --------------------------------------------------------------------------- samples vs batch
 
 
-@pytest.mark.parametrize("overrides, field, fragment", [
-    (["data.val_fraction=0.99", "batch.size=32"], "batch.size:", "above the 18 training samples"),
-    (["batch.size=2048", "batch.max_local_batch=16"], "batch.size:", "lower batch.size to at most 1438"),
-    (["data.name=synthetic", "data.shape=[1, 8, 8]", "data.size=40", "batch.size=64"], "batch.size:",
-     "above the 32 training samples (data.size 40 minus 8"),
-    (["data.name=cifar10", "batch.size=60000", "batch.max_local_batch=64"], "batch.size:",
-     "above the 40000 training samples (cifar10 50000 minus 10000"),
-    (["batch.policy=schedule", "batch.schedule=[[0, 32], [1, 4096]]"], "batch.schedule[1]:",
-     "would be cut to 1438"),
-])
+@pytest.mark.parametrize(
+    "overrides, field, fragment",
+    [
+        (["data.val_fraction=0.99", "batch.size=32"], "batch.size:", "above the 18 training samples"),
+        (["batch.size=2048", "batch.max_local_batch=16"], "batch.size:", "lower batch.size to at most 1438"),
+        (
+            ["data.name=synthetic", "data.shape=[1, 8, 8]", "data.size=40", "batch.size=64"],
+            "batch.size:",
+            "above the 32 training samples (data.size 40 minus 8",
+        ),
+        (
+            ["data.name=cifar10", "batch.size=60000", "batch.max_local_batch=64"],
+            "batch.size:",
+            "above the 40000 training samples (cifar10 50000 minus 10000",
+        ),
+        (
+            ["batch.policy=schedule", "batch.schedule=[[0, 32], [1, 4096]]"],
+            "batch.schedule[1]:",
+            "would be cut to 1438",
+        ),
+    ],
+)
 def test_too_few_training_samples(cli, overrides, field, fragment):
     rc, err = cli(overrides)
     assert_one_line(rc, err, field, fragment)
@@ -189,8 +208,13 @@ def test_a_user_split_is_named_as_a_fix(cli):
 def test_train_samples_match_the_loader():
     from trainers.data.datasets import load_data
 
-    cfg = validate({"data": {"name": "synthetic", "size": 37, "shape": [4], "val_fraction": 0.3},
-                    "model": {"name": "mlp"}, "batch": {"size": 8, "max_local_batch": 8}})
+    cfg = validate(
+        {
+            "data": {"name": "synthetic", "size": 37, "shape": [4], "val_fraction": 0.3},
+            "model": {"name": "mlp"},
+            "batch": {"size": 8, "max_local_batch": 8},
+        }
+    )
     assert train_samples(cfg)[0] == load_data(cfg.data, split_seed=0).num_train
 
 
@@ -215,19 +239,24 @@ def test_storage_path_in_an_unwritable_folder(cli, tmp_path, monkeypatch):
     locked.mkdir()
     real = os.access
     # as root every folder is writable; simulate the permission bits
-    monkeypatch.setattr("orchestrator.preflight.os.access",
-                        lambda p, mode: False if os.fspath(p) == str(locked) else real(p, mode))
+    monkeypatch.setattr(
+        "orchestrator.config.preflight.os.access",
+        lambda p, mode: False if os.fspath(p) == str(locked) else real(p, mode),
+    )
     rc, err = cli([f"checkpoint.storage_path={locked}/deeper/runs"])
     assert_one_line(rc, err, "checkpoint.storage_path:", f"cannot write in '{locked}'")
     assert not os.path.exists(locked / "deeper")
 
 
-@pytest.mark.parametrize("uri, fragment", [
-    ("sqlite:///{tmp}/missing/mlflow.db", "does not exist"),
-    ("sqlite:///{tmp}/afile/mlflow.db", "is a file, not a folder"),
-    ("sqlite:///{tmp}", "is a folder, not a database file"),
-    ("{tmp}/afile/mlruns", "is under the file"),
-])
+@pytest.mark.parametrize(
+    "uri, fragment",
+    [
+        ("sqlite:///{tmp}/missing/mlflow.db", "does not exist"),
+        ("sqlite:///{tmp}/afile/mlflow.db", "is a file, not a folder"),
+        ("sqlite:///{tmp}", "is a folder, not a database file"),
+        ("{tmp}/afile/mlruns", "is under the file"),
+    ],
+)
 def test_tracking_store_folder(cli, tmp_path, uri, fragment):
     (tmp_path / "afile").write_text("x")
     uri = uri.format(tmp=tmp_path)
@@ -264,13 +293,16 @@ def test_deleted_experiment_in_an_existing_store(cli, tmp_path):
 
 def test_the_store_is_not_created_to_check(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    check_environment(validate({**read_yaml_text(BASE), "tracking": {"uri": uri},
-                                "checkpoint": {"storage_path": str(tmp_path / "runs")}}))
+    check_environment(
+        validate(
+            {**read_yaml_text(BASE), "tracking": {"uri": uri}, "checkpoint": {"storage_path": str(tmp_path / "runs")}}
+        )
+    )
     assert os.listdir(tmp_path) == []
 
 
 def read_yaml_text(text: str) -> dict:
-    from orchestrator.config import load_yaml_text
+    from orchestrator.config.schema import load_yaml_text
 
     return load_yaml_text(text)
 
@@ -284,9 +316,19 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "schedule.poly_power": (3.0, {"schedule.decay": "poly"}, {"schedule.decay": "cosine"}),
     "schedule.min_lr": (0.001, {"schedule.decay": "cosine"}, {}),
     "schedule.warmup_epochs": (0.5, {"schedule.warmup": "gradual"}, {}),
-    **{f"schedule.{f}": (v, {"schedule.warmup": "auto", "schedule.decay": "cosine"}, {"schedule.decay": "cosine"})
-       for f, v in (("auto_init_lr", 1e-4), ("auto_growth", 1.05), ("auto_max_lr", 5.0), ("auto_patience", 3),
-                    ("auto_confidence", 0.9), ("auto_min_steps", 30), ("auto_max_points", 100), ("auto_seed", 1))},
+    **{
+        f"schedule.{f}": (v, {"schedule.warmup": "auto", "schedule.decay": "cosine"}, {"schedule.decay": "cosine"})
+        for f, v in (
+            ("auto_init_lr", 1e-4),
+            ("auto_growth", 1.05),
+            ("auto_max_lr", 5.0),
+            ("auto_patience", 3),
+            ("auto_confidence", 0.9),
+            ("auto_min_steps", 30),
+            ("auto_max_points", 100),
+            ("auto_seed", 1),
+        )
+    },
     "batch.noise_scale_factor": (2.0, {"batch.policy": "noise_scale"}, {"batch.policy": "norm_test"}),
     "batch.norm_test_eta": (0.3, {"batch.policy": "norm_test"}, {"batch.policy": "noise_scale"}),
     "batch.check_every": (5, {"batch.policy": "norm_test"}, {}),
@@ -300,8 +342,11 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     "optimizer.eps": (1e-6, {"optimizer.name": "lamb"}, {}),
     "model.hidden": (32, {"model.name": "mlp"}, {"model.name": "resnet18"}),
     "model.zero_init_residual": (True, {"model.name": "resnet18", "model.norm": "batch"}, {"model.name": "resnet18"}),
-    "model.sync_bn": (True, {"model.norm": "batch", "scaling.use_gpu": True},
-                      {"model.norm": "group", "scaling.use_gpu": True}),
+    "model.sync_bn": (
+        True,
+        {"model.norm": "batch", "scaling.use_gpu": True},
+        {"model.norm": "group", "scaling.use_gpu": True},
+    ),
     "data.root": ("/data", {"data.name": "cifar10"}, {"data.name": "synthetic"}),
     "data.size": (500, {"data.name": "synthetic"}, {}),
     "data.shape": ([2, 4, 4], {"data.name": "synthetic"}, {}),
@@ -361,8 +406,9 @@ def test_defaults_are_never_reported():
     assert validate(cfg.model_dump(mode="json")) == cfg
 
 
-@pytest.mark.parametrize("path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml",
-                                  "configs/cifar10_resnet50.yaml"])
+@pytest.mark.parametrize(
+    "path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml", "configs/cifar10_resnet50.yaml"]
+)
 def test_shipped_configs_pass(path):
     cfg = validate(read_yaml(os.path.join(ROOT, path)))
     check_config(cfg)
@@ -372,23 +418,35 @@ def test_shipped_configs_pass(path):
 
 
 def test_a_default_written_out_is_not_refused():
-    check_config(validate(_raw({"schedule.poly_power": 2.0, "optimizer.trust_coefficient": 0.001,
-                                "data.shape": [1, 8, 8], "scaling.gpus_per_worker": 1.0})))
+    check_config(
+        validate(
+            _raw(
+                {
+                    "schedule.poly_power": 2.0,
+                    "optimizer.trust_coefficient": 0.001,
+                    "data.shape": [1, 8, 8],
+                    "scaling.gpus_per_worker": 1.0,
+                }
+            )
+        )
+    )
 
 
 # --------------------------------------------------------------------------- model input shapes
 
 
-@pytest.mark.parametrize("model, shape", [("cnn", [64]), ("cnn", [3, 32]), ("resnet18", [64]),
-                                          ("resnet50", [3, 32]), ("cnn", [1, 1, 8, 8])])
+@pytest.mark.parametrize(
+    "model, shape", [("cnn", [64]), ("cnn", [3, 32]), ("resnet18", [64]), ("resnet50", [3, 32]), ("cnn", [1, 1, 8, 8])]
+)
 def test_shape_the_model_cannot_take(cli, model, shape):
     text = BASE.replace(", hidden: 16", "")  # model.hidden would be refused first for a resnet
     rc, err = cli(["data.name=synthetic", f"data.shape={shape}", f"model.name={model}"], text=text)
     assert_one_line(rc, err, "data.shape:", f"model {model} cannot take inputs of shape {shape}")
 
 
-@pytest.mark.parametrize("model, shape", [("mlp", [64]), ("mlp", [2, 3, 4, 5]), ("cnn", [3, 5, 5]),
-                                          ("resnet18", [3, 8, 8])])
+@pytest.mark.parametrize(
+    "model, shape", [("mlp", [64]), ("mlp", [2, 3, 4, 5]), ("cnn", [3, 5, 5]), ("resnet18", [3, 8, 8])]
+)
 def test_shape_the_model_can_take(model, shape):
     raw = _raw({"data.name": "synthetic", "data.shape": shape, "model.name": model})
     check_config(validate(raw))
@@ -397,21 +455,24 @@ def test_shape_the_model_can_take(model, shape):
 # --------------------------------------------------------------------------- search storage strings
 
 
-@pytest.mark.parametrize("storage, fragment", [
-    ("http://127.0.0.1:5000", "is a server URL"),
-    ("https://mlflow.example.com", "is a server URL"),
-    ("file:///tmp/mlruns", "is not a database URL"),
-    ("databricks://profile", "is not a database URL"),
-    ("{tmp}", "is a folder"),
-    ("sqlite:///{tmp}", "is a folder"),
-    ("{tmp}/mlflow.db", "is an MLflow tracking database"),
-    ("sqlite:///{tmp}/mlflow.db", "is an MLflow tracking database"),
-    ("{tmp}/nope/optuna.journal", "does not exist"),
-    ("sqlite:///{tmp}/nope/optuna.db", "does not exist"),
-    ("''", "empty"),
-])
+@pytest.mark.parametrize(
+    "storage, fragment",
+    [
+        ("http://127.0.0.1:5000", "is a server URL"),
+        ("https://mlflow.example.com", "is a server URL"),
+        ("file:///tmp/mlruns", "is not a database URL"),
+        ("databricks://profile", "is not a database URL"),
+        ("{tmp}", "is a folder"),
+        ("sqlite:///{tmp}", "is a folder"),
+        ("{tmp}/mlflow.db", "is an MLflow tracking database"),
+        ("sqlite:///{tmp}/mlflow.db", "is an MLflow tracking database"),
+        ("{tmp}/nope/optuna.journal", "does not exist"),
+        ("sqlite:///{tmp}/nope/optuna.db", "does not exist"),
+        ("''", "empty"),
+    ],
+)
 def test_search_storage_of_the_wrong_kind(tmp_path, monkeypatch, capsys, storage, fragment):
-    from search.cli import main as search_main
+    from search.commands import main as search_main
 
     con = sqlite3.connect(tmp_path / "mlflow.db")  # the tables an MLflow store has
     for t in ("experiments", "runs", "metrics"):
@@ -428,21 +489,31 @@ def test_search_storage_of_the_wrong_kind(tmp_path, monkeypatch, capsys, storage
 
 
 def test_search_checks_the_tracking_store_and_folders(tmp_path, monkeypatch, capsys):
-    from search.cli import main as search_main
+    from search.commands import main as search_main
 
     monkeypatch.chdir(tmp_path)
-    rc = search_main(["run", os.path.join(ROOT, "configs/search_quickstart.yaml"), "--storage",
-                      str(tmp_path / "j.journal"), "--tracking-uri", f"sqlite:///{tmp_path}/missing/mlflow.db"])
+    rc = search_main(
+        [
+            "run",
+            os.path.join(ROOT, "configs/search_quickstart.yaml"),
+            "--storage",
+            str(tmp_path / "j.journal"),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/missing/mlflow.db",
+        ]
+    )
     assert_one_line(rc, capsys.readouterr().err.strip(), "tracking.uri:", "does not exist")
     assert os.listdir(tmp_path) == []
 
 
 def test_search_refuses_a_batch_the_training_set_cannot_fill(tmp_path, capsys):
-    from search.cli import main as search_main
+    from search.commands import main as search_main
 
     space = tmp_path / "space.yaml"
-    space.write_text(f"base: {ROOT}/configs/quickstart.yaml\noverrides: {{batch.max_size: null}}\n"
-                     f"params:\n  batch.size: {{choices: [64, 4096]}}\n")
+    space.write_text(
+        f"base: {ROOT}/configs/quickstart.yaml\noverrides: {{batch.max_size: null}}\n"
+        f"params:\n  batch.size: {{choices: [64, 4096]}}\n"
+    )
     rc = search_main(["run", str(space), "--storage", str(tmp_path / "j.journal")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: params.batch.size"), err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from orchestrator.config import RootConfig
+from orchestrator.config.schema import RootConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,8 +29,9 @@ def _fields(cls: type[BaseModel], prefix: str = ""):
 
 def test_docs_configuration_md_is_what_the_classes_generate():
     current = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert current == _generator().render(), \
+    assert current == _generator().render(), (
         "docs/configuration.md is stale: run python docs/gen_config_reference.py and commit the result"
+    )
 
 
 def test_every_config_key_has_a_row_with_its_default_and_a_description():
@@ -38,8 +39,9 @@ def test_every_config_key_has_a_row_with_its_default_and_a_description():
     keys = [key for key, _ in _fields(RootConfig)]
     assert len(keys) > 90
     sections = set(RootConfig.model_fields)  # described by their class's docstring
-    undescribed = [key for key, field in _fields(RootConfig)
-                   if key not in sections and not (field.description or "").strip()]
+    undescribed = [
+        key for key, field in _fields(RootConfig) if key not in sections and not (field.description or "").strip()
+    ]
     assert not undescribed, f"give these fields a Field(description=...): {', '.join(undescribed)}"
     for key in keys:
         assert (f"## {key}\n" if key in sections else f"| `{key}` |") in text, key

@@ -74,8 +74,10 @@ def _write_tiny_cifar(root, per_batch=6):
     os.makedirs(folder)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, per_batch).tolist()}
+        entry = {
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "labels": rng.integers(0, 10, per_batch).tolist(),
+        }
         with open(os.path.join(folder, name), "wb") as f:
             pickle.dump(entry, f)
     with open(os.path.join(folder, "batches.meta"), "wb") as f:
@@ -126,8 +128,8 @@ def test_cifar10_val_split_test_validates_on_the_official_test_batch(tmp_path):
 
 
 def test_val_split_test_needs_cifar10():
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"^data\.val_split: test needs a dataset with an official test set"):
         validated({"data": {"name": "digits", "val_split": "test"}})
@@ -136,16 +138,25 @@ def test_val_split_test_needs_cifar10():
 
 def test_the_loop_trains_tiny_cifar_with_the_recipes_input_options(tmp_path):
     """cifar10 with val_split test, augmentation, channels_last and bf16 through the real loop."""
-    from trainers.loop.config import LoopConfig
     from trainers.link.runtime import Runtime
+    from trainers.loop.config import LoopConfig
     from trainers.loop.trainer import Trainer
 
     _write_tiny_cifar(str(tmp_path))
-    cfg = LoopConfig.model_validate({
-        "data": {"name": "cifar10", "root": str(tmp_path), "val_split": "test", "augment": ["random_crop", "hflip"]},
-        "model": {"name": "cnn", "norm": "batch", "hidden": 16, "channels_last": True},
-        "batch": {"size": 12, "max_local_batch": 6}, "optimizer": {"base_batch_size": 12},
-        "train": {"precision": "bf16", "epochs": 1}})
+    cfg = LoopConfig.model_validate(
+        {
+            "data": {
+                "name": "cifar10",
+                "root": str(tmp_path),
+                "val_split": "test",
+                "augment": ["random_crop", "hflip"],
+            },
+            "model": {"name": "cnn", "norm": "batch", "hidden": 16, "channels_last": True},
+            "batch": {"size": 12, "max_local_batch": 6},
+            "optimizer": {"base_batch_size": 12},
+            "train": {"precision": "bf16", "epochs": 1},
+        }
+    )
     t = Trainer(cfg, Runtime(), rank=0, world=1, device=torch.device("cpu"))
     assert t.work.tensors.train_x.dtype == torch.uint8 and t.plan.n == 30
     seen = []

@@ -2,12 +2,19 @@ import pytest
 import torch
 from torch import nn
 
+from orchestrator.config.preflight import check_fast_path
+from orchestrator.config.schema import ConfigError, validate
+from trainers.accel.device import (
+    clean_state_dict,
+    compile_model,
+    load_clean_state_dict,
+    strip_prefixes,
+    to_channels_last,
+    unwrap_model,
+)
 from trainers.data.augment import Augment
 from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DatasetInfo
 from trainers.data.pipeline import DeviceData, Prefetcher
-from orchestrator.config import ConfigError, validate
-from orchestrator.preflight import check_fast_path
-from trainers.accel.device import (clean_state_dict, compile_model, load_clean_state_dict, strip_prefixes, to_channels_last, unwrap_model)
 from trainers.workload.models import ModelConfig, build_model
 
 
@@ -25,12 +32,18 @@ def test_channels_last_converts_weights_and_keeps_outputs():
     assert torch.allclose(m(x.contiguous(memory_format=torch.channels_last)), ref(x), atol=1e-5)
 
 
-def _fast_path(shape=(3, 8, 8), *, model="cnn", channels_last=False, device="host", use_gpu=False,
-               precision="bf16"):
-    """``orchestrator/preflight.py check_fast_path`` on a config of synthetic data shaped ``shape``."""
-    check_fast_path(validate({"data": {"name": "synthetic", "shape": list(shape), "device": device},
-                              "model": {"name": model, "channels_last": channels_last},
-                              "scaling": {"use_gpu": use_gpu}, "train": {"precision": precision}}))
+def _fast_path(shape=(3, 8, 8), *, model="cnn", channels_last=False, device="host", use_gpu=False, precision="bf16"):
+    """``orchestrator/config/preflight.py check_fast_path`` on a config of synthetic data shaped ``shape``."""
+    check_fast_path(
+        validate(
+            {
+                "data": {"name": "synthetic", "shape": list(shape), "device": device},
+                "model": {"name": model, "channels_last": channels_last},
+                "scaling": {"use_gpu": use_gpu},
+                "train": {"precision": precision},
+            }
+        )
+    )
 
 
 def test_channels_last_refuses_a_non_image_model_naming_the_field():
@@ -113,8 +126,9 @@ def test_compiled_model_matches_eager_and_checkpoints_clean_keys():
     clean = clean_state_dict(compiled)
     assert list(clean) == list(eager.state_dict())
     assert list(clean_state_dict(compiled.state_dict())) == list(eager.state_dict())
-    fresh = compile_model(build_model(DatasetInfo((3, 8, 8), 10), ModelConfig(name="cnn", hidden=32, norm="group")),
-                          backend="aot_eager")
+    fresh = compile_model(
+        build_model(DatasetInfo((3, 8, 8), 10), ModelConfig(name="cnn", hidden=32, norm="group")), backend="aot_eager"
+    )
     load_clean_state_dict(fresh, compiled.state_dict())  # prefixed keys
     load_clean_state_dict(eager, clean)  # clean keys into a plain model
     for pa, pb in zip(unwrap_model(fresh).parameters(), eager.parameters()):
@@ -129,11 +143,14 @@ def test_prefetcher_yields_every_batch_in_order_on_the_device():
     assert list(Prefetcher([], "cpu")) == []
 
 
-@pytest.mark.parametrize("kw, field", [
-    ({"precision": "fp16"}, "train.precision"),
-    ({"device": "accelerator"}, "data.device"),
-    ({"channels_last": True, "shape": [10]}, "model.channels_last"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"precision": "fp16"}, "train.precision"),
+        ({"device": "accelerator"}, "data.device"),
+        ({"channels_last": True, "shape": [10]}, "model.channels_last"),
+    ],
+)
 def test_check_fast_path_names_the_field_on_cpu(kw, field):
     with pytest.raises(ConfigError) as e:
         _fast_path(**kw)

@@ -8,15 +8,19 @@ import math
 import pytest
 import torch
 
-from trainers.loop.config import LoopConfig
 from trainers.link.messages import Diverged
 from trainers.link.runtime import Runtime
+from trainers.loop.config import LoopConfig
 from trainers.loop.trainer import Trainer
 
-CFG = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none", "hidden": 16},
-       "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 64},
-       "batch": {"size": 64, "max_local_batch": 64}, "train": {"epochs": 3},
-       "checkpoint": {"every_steps": 5, "keep": 2}}
+CFG = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none", "hidden": 16},
+    "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 64},
+    "batch": {"size": 64, "max_local_batch": 64},
+    "train": {"epochs": 3},
+    "checkpoint": {"every_steps": 5, "keep": 2},
+}
 
 
 class Emitted:
@@ -102,9 +106,13 @@ def test_rollback_reloads_the_last_checkpoint_halves_the_lr_and_finishes(tmp_pat
         assert again[step] == pytest.approx(0.5 * first[step])
     assert all(torch.isfinite(p).all() for p in t.learner.model.parameters())
     # the factor is checkpoint state: a new group restoring the final checkpoint keeps it
-    fresh = Trainer(LoopConfig.model_validate({**CFG, "train": {**CFG["train"], "epochs": 1}}),
-                    Runtime(storage=str(tmp_path), run_prefix="elastic-x", run_name="elastic-x"),
-                    rank=0, world=1, device=torch.device("cpu"))
+    fresh = Trainer(
+        LoopConfig.model_validate({**CFG, "train": {**CFG["train"], "epochs": 1}}),
+        Runtime(storage=str(tmp_path), run_prefix="elastic-x", run_name="elastic-x"),
+        rank=0,
+        world=1,
+        device=torch.device("cpu"),
+    )
     assert fresh.checkpoints.load() and fresh.rollback.rollbacks == 1 and fresh.rollback.lr_factor == 0.5
 
 
@@ -136,12 +144,13 @@ def test_stop_is_the_default_and_a_rollback_needs_a_checkpoint(tmp_path):
     t, _ = _poisoned_trainer(tmp_path, lambda n: n == 3, on_nonfinite="rollback")  # before the first checkpoint
     t.run()
     assert [type(e).__name__ for e in t.report.channel.events if type(e).__name__ in ("Diverged", "RolledBack")] == [
-        "Diverged"]
+        "Diverged"
+    ]
     assert LoopConfig.model_validate(CFG).train.on_nonfinite == "stop"
 
 
 def test_each_rollback_is_an_mlflow_point_a_tag_and_a_printed_line():
-    from orchestrator.listeners import ProgressListener, TrackingListener
+    from orchestrator.record.listeners import ProgressListener, TrackingListener
     from trainers.link.messages import RolledBack
 
     class Client:
@@ -173,8 +182,9 @@ def test_each_rollback_is_an_mlflow_point_a_tag_and_a_printed_line():
     tracker, progress = Tracker(), Progress()
     listeners = [TrackingListener(tracker), ProgressListener(progress)]
     for n in (1, 2):  # two rollbacks at the same step are two points
-        ev = RolledBack(step=6, value=math.nan, checkpoint="/c/checkpoint_step00000004", to_step=4, rollbacks=n,
-                        lr_factor=0.5 ** n)
+        ev = RolledBack(
+            step=6, value=math.nan, checkpoint="/c/checkpoint_step00000004", to_step=4, rollbacks=n, lr_factor=0.5**n
+        )
         for listener in listeners:
             listener.on_event(ev)
     assert [p for p in tracker.client.points if p[0] == "rollbacks"] == [("rollbacks", 1.0, 6), ("rollbacks", 2.0, 6)]

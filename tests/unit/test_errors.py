@@ -44,10 +44,13 @@ def test_first_line_of_a_text():
     assert first_line("abcdef", 4) == "abcd" and first_line("y" * 300, None) == "y" * 300
 
 
-@pytest.mark.parametrize("text", [
-    'f"{type(e).__name__}: {(str(e).splitlines() or [\'\'])[0][:200]}"',
-    'f"{type(first).__name__}: {str(first).splitlines()[0]}"',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "f\"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}\"",
+        'f"{type(first).__name__}: {str(first).splitlines()[0]}"',
+    ],
+)
 def test_the_copy_finder_finds_a_hand_made_formatter(text):
     assert COPY.search(text)
 
@@ -59,8 +62,12 @@ NOT_YET: set[str] = set()
 
 
 def test_no_copy_of_the_formatter_is_left():
-    found = sorted(f"{p.relative_to(ROOT)}:{source[:m.start()].count(chr(10)) + 1}"
-                   for d in ("orchestrator", "trainers", "search", "bench") for p in (ROOT / d).rglob("*.py")
-                   for source in [p.read_text()] for m in COPY.finditer(source)
-                   if str(p.relative_to(ROOT)) not in NOT_YET)
+    found = sorted(
+        f"{p.relative_to(ROOT)}:{source[: m.start()].count(chr(10)) + 1}"
+        for d in ("orchestrator", "trainers", "search", "bench")
+        for p in (ROOT / d).rglob("*.py")
+        for source in [p.read_text()]
+        for m in COPY.finditer(source)
+        if str(p.relative_to(ROOT)) not in NOT_YET
+    )
     assert found == []

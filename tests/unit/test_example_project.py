@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.workload.factory import build_datasets, probe
 from trainers.data.sampler import fetch
+from trainers.workload.factory import build_datasets, probe
 
 PROJECT = Path(__file__).resolve().parents[2] / "examples" / "user_project"
 
@@ -20,9 +20,17 @@ def on_path(monkeypatch):
 
 
 def test_its_factories_pass_probe(on_path):
-    assert probe("my_workload.model:ring_net", "my_workload.data:rings", "cross_entropy",
-                 model_params={"width": 16, "depth": 1}, data_params={"n_train": 64, "n_val": 16},
-                 global_batch=64) is None
+    assert (
+        probe(
+            "my_workload.model:ring_net",
+            "my_workload.data:rings",
+            "cross_entropy",
+            model_params={"width": 16, "depth": 1},
+            data_params={"n_train": 64, "n_val": 16},
+            global_batch=64,
+        )
+        is None
+    )
 
 
 def test_its_dataset_batches_match_single_samples(on_path):
@@ -37,7 +45,12 @@ def test_it_imports_nothing_from_this_project():
     for py in (PROJECT / "src").rglob("*.py"):
         tree = ast.parse(py.read_text())
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 assert name.split(".")[0] not in {"orchestrator", "trainers", "search"}, (py, name)

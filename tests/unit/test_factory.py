@@ -7,7 +7,20 @@ import textwrap
 import pytest
 import torch
 
-from trainers.workload.factory import (BATCHNORM_WARNING, FactoryError, build_datasets, build_model, check_dataset_size, check_loss_output, cross_entropy, probe, qualified_name, resolve, resolve_loss, token_cross_entropy)
+from trainers.workload.factory import (
+    BATCHNORM_WARNING,
+    FactoryError,
+    build_datasets,
+    build_model,
+    check_dataset_size,
+    check_loss_output,
+    cross_entropy,
+    probe,
+    qualified_name,
+    resolve,
+    resolve_loss,
+    token_cross_entropy,
+)
 
 GOOD = """
 import torch
@@ -118,8 +131,10 @@ def test_module_that_cannot_be_imported_says_how_to_fix(pkg):
 def test_module_that_raises_on_import_names_the_exception(pkg):
     with pytest.raises(FactoryError) as e:
         resolve("userpkg.broken:model", "model.factory")
-    assert one_line(e) == ("model.factory: importing 'userpkg.broken' raised ZeroDivisionError: division by zero; "
-                           "fix the module so that it imports cleanly (python -c 'import userpkg.broken')")
+    assert one_line(e) == (
+        "model.factory: importing 'userpkg.broken' raised ZeroDivisionError: division by zero; "
+        "fix the module so that it imports cleanly (python -c 'import userpkg.broken')"
+    )
     with pytest.raises(FactoryError) as e:  # a missing dependency is the module raising, not a path problem
         resolve("userpkg.needs_dep:model", "data.factory")
     msg = one_line(e)
@@ -135,14 +150,18 @@ def test_missing_attribute_suggests_the_nearest_name(pkg):
     assert one_line(e) == "model.factory: 'userpkg.good' has no attribute 'modle'; did you mean 'model'?"
     with pytest.raises(FactoryError) as e:
         resolve("userpkg.good:zzzzzz", "model.factory")
-    assert one_line(e) == "model.factory: 'userpkg.good' has no attribute 'zzzzzz'; name a function defined in userpkg.good"
+    assert (
+        one_line(e)
+        == "model.factory: 'userpkg.good' has no attribute 'zzzzzz'; name a function defined in userpkg.good"
+    )
 
 
 def test_not_callable(pkg):
     with pytest.raises(FactoryError) as e:
         resolve("userpkg.good:NUMBER", "model.factory")
-    assert one_line(e) == ("model.factory: 'userpkg.good:NUMBER' is a int, not a callable; name the function (or "
-                           "class) that builds it")
+    assert one_line(e) == (
+        "model.factory: 'userpkg.good:NUMBER' is a int, not a callable; name the function (or class) that builds it"
+    )
 
 
 def test_dotted_attribute_and_callables_resolve(pkg):
@@ -174,8 +193,9 @@ def test_wrong_return_types_name_field_and_expectation(pkg):
 def test_factory_that_raises_or_gets_wrong_params(pkg):
     with pytest.raises(FactoryError) as e:
         build_model("userpkg.good:raises")
-    assert one_line(e) == ("model.factory: the factory raised RuntimeError: no GPU here; fix the factory or the "
-                           "values in model.params")
+    assert one_line(e) == (
+        "model.factory: the factory raised RuntimeError: no GPU here; fix the factory or the values in model.params"
+    )
     with pytest.raises(FactoryError) as e:
         build_model("userpkg.good:model", {"hiden": 3})
     msg = one_line(e)
@@ -183,8 +203,9 @@ def test_factory_that_raises_or_gets_wrong_params(pkg):
     assert msg == "model.params: model() takes no argument 'hiden'; did you mean hidden? (it takes d, hidden, bn)", msg
     with pytest.raises(FactoryError) as e:
         build_model("userpkg.good:model", {"widht": 3})
-    assert one_line(e) == ("model.params: model() takes no argument 'widht'; remove it from model.params (it takes "
-                           "d, hidden, bn)")
+    assert one_line(e) == (
+        "model.params: model() takes no argument 'widht'; remove it from model.params (it takes d, hidden, bn)"
+    )
 
 
 def test_dataset_smaller_than_global_batch(pkg):
@@ -263,12 +284,14 @@ def test_probe_reports_a_state_dict_that_weights_only_cannot_load(pkg):
 
 
 def test_name_and_factory_are_mutually_exclusive():
-    from orchestrator.config import ConfigError, validate
-    from orchestrator.preflight import check_combinations
+    from orchestrator.config.preflight import check_combinations
+    from orchestrator.config.schema import ConfigError, validate
 
     check_combinations(validate({"model": {"name": "cnn"}}))
     check_combinations(validate({"model": {"factory": "a.b:c"}}))
     with pytest.raises(ConfigError) as e:
         check_combinations(validate({"data": {"name": "digits", "factory": "pkg.data:build"}}))
-    assert one_line(e) == ("data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
-                           "not both; remove one of them")
+    assert one_line(e) == (
+        "data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), "
+        "not both; remove one of them"
+    )

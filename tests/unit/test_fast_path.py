@@ -11,24 +11,30 @@ import numpy as np
 import pytest
 import torch
 
+from trainers.accel.precision import LossScaler, Precision
 from trainers.data.augment import Augment
-from trainers.loop.config import LoopConfig
 from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD
 from trainers.data.pipeline import DeviceData, InputPipeline
 from trainers.link.runtime import Runtime
-from trainers.loop.trainer import Trainer
+from trainers.loop.config import LoopConfig
 from trainers.loop.meter import ThroughputMeter
-from trainers.accel.precision import LossScaler, Precision
+from trainers.loop.trainer import Trainer
 
-CNN = {"data": {"name": "synthetic", "size": 256, "shape": [3, 8, 8]},
-       "model": {"name": "cnn", "norm": "group", "hidden": 16},
-       "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 32},
-       "batch": {"size": 32, "max_local_batch": 16}, "train": {"epochs": 1, "seed": 3}}
+CNN = {
+    "data": {"name": "synthetic", "size": 256, "shape": [3, 8, 8]},
+    "model": {"name": "cnn", "norm": "group", "hidden": 16},
+    "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 32},
+    "batch": {"size": 32, "max_local_batch": 16},
+    "train": {"epochs": 1, "seed": 3},
+}
 
-MLP = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none", "hidden": 16},
-       "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 24},
-       "batch": {"size": 24, "max_local_batch": 8, "policy": "noise_scale", "check_every": 1000},
-       "train": {"epochs": 1}}
+MLP = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none", "hidden": 16},
+    "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 24},
+    "batch": {"size": 24, "max_local_batch": 8, "policy": "noise_scale", "check_every": 1000},
+    "train": {"epochs": 1},
+}
 
 
 def _with(raw: dict, **sections) -> dict:
@@ -64,7 +70,7 @@ def test_bf16_loss_within_2e2_of_fp32_through_the_loop():
     assert np.isfinite(ev["val/loss"]) and abs(ev["val/loss"] - fp32.evaluate()["val/loss"]) < 2e-2
 
 
-def _fp16_on_cpu(t: Trainer, init_scale: float = 2.0 ** 10) -> Precision:
+def _fp16_on_cpu(t: Trainer, init_scale: float = 2.0**10) -> Precision:
     """fp16's scaler path without the CPU refusal (GradScaler itself runs on CPU), fp32 compute."""
     p = Precision("fp32", "cpu")
     p.scaler = LossScaler("cpu", init_scale=init_scale)
@@ -93,7 +99,7 @@ def test_fp16_skipped_step_trains_nothing_counts_no_samples_and_is_logged():
     assert t.state.samples_seen == 24 and meter._samples == 24, "a skipped step adds no samples"
     assert t.learner.gns.count == 1, "and no noise estimate"
     assert all(torch.equal(a, b) for a, b in zip(before, t.learner.params)), "and leaves the weights alone"
-    assert metrics["amp/skipped_steps"] == 1.0 and metrics["amp/loss_scale"] == 2.0 ** 9
+    assert metrics["amp/skipped_steps"] == 1.0 and metrics["amp/loss_scale"] == 2.0**9
     t.advance()
     assert (t.state.samples_seen, t.learner.gns.count, prec.skipped_steps) == (48, 2, 1)
     assert t.checkpoints.state_dict()["precision"]["skipped_steps"] == 1
@@ -102,7 +108,7 @@ def test_fp16_skipped_step_trains_nothing_counts_no_samples_and_is_logged():
 def test_fp16_noise_statistics_match_the_unscaled_run():
     """The noise probe reads S * g before unscaling; its statistics come out as without scaling."""
     plain, scaled = _trainer(MLP), _trainer(MLP)
-    _fp16_on_cpu(scaled, init_scale=2.0 ** 8)
+    _fp16_on_cpu(scaled, init_scale=2.0**8)
     a, b = _steps(plain, [24, 24, 24]), _steps(scaled, [24, 24, 24])
     np.testing.assert_allclose(b, a, rtol=1e-5)
     for k, v in plain.learner.gns.state_dict().items():
@@ -154,10 +160,14 @@ class Recorder:
         return out
 
 
-AUG = _with(MLP, data={"augment": ["random_crop", "hflip"], "crop_padding": 2},
-            batch={"size": 100, "max_local_batch": 30, "policy": "fixed"},
-            optimizer={"base_batch_size": 100},
-            train={"epochs": 2, "push_every_s": 0}, checkpoint={"every_steps": 8, "keep": 100})
+AUG = _with(
+    MLP,
+    data={"augment": ["random_crop", "hflip"], "crop_padding": 2},
+    batch={"size": 100, "max_local_batch": 30, "policy": "fixed"},
+    optimizer={"base_batch_size": 100},
+    train={"epochs": 2, "push_every_s": 0},
+    checkpoint={"every_steps": 8, "keep": 100},
+)
 
 
 def test_augmentation_is_the_same_across_a_resume(tmp_path):
@@ -174,7 +184,7 @@ def test_augmentation_is_the_same_across_a_resume(tmp_path):
     # resume at step 8 (mid-epoch: 15 steps an epoch): drop the newer checkpoints
     folder = os.path.join(str(tmp_path), "elastic-a")
     for name in os.listdir(folder):
-        if name.startswith("checkpoint_step") and int(name[len("checkpoint_step"):][:8]) > 8:
+        if name.startswith("checkpoint_step") and int(name[len("checkpoint_step") :][:8]) > 8:
             shutil.rmtree(os.path.join(folder, name))
     again = _trainer(AUG, runtime)
     again.learner.inputs = Recorder(again.learner.inputs)
@@ -198,8 +208,7 @@ def test_input_pipeline_matches_device_data_and_is_none_when_idle():
     got = pipe(raw[ids], ids, 2)
     assert torch.equal(got, want) and got.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(pipe(raw[ids]), dd.batch(ids)[0]), "no ids: validation, no augmentation"
-    assert InputPipeline.build(device="cpu", mean=None, std=None, channels=3, channels_last=False,
-                               augment=None) is None
+    assert InputPipeline.build(device="cpu", mean=None, std=None, channels=3, channels_last=False, augment=None) is None
 
 
 def test_channels_last_loop_matches_nchw():
@@ -214,22 +223,36 @@ def test_channels_last_loop_matches_nchw():
 
 
 def test_the_cifar10_resnet50_recipe_loads_and_asks_for_the_fast_path(tmp_path):
-    from orchestrator.config import flatten, public_config
-    from orchestrator.pipeline import load_config
+    from orchestrator.config.prepare import load_config
+    from orchestrator.config.schema import flatten, public_config
     from tests.unit.test_data import _write_tiny_cifar
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     _write_tiny_cifar(str(tmp_path))
     cfg = load_config(os.path.join(root, "configs", "cifar10_resnet50.yaml"), [f"data.root={tmp_path}"])
-    assert (cfg.model.name, cfg.model.norm, cfg.model.sync_bn, cfg.model.channels_last) == ("resnet50", "batch",
-                                                                                          False, True)
+    assert (cfg.model.name, cfg.model.norm, cfg.model.sync_bn, cfg.model.channels_last) == (
+        "resnet50",
+        "batch",
+        False,
+        True,
+    )
     assert (cfg.optimizer.name, cfg.optimizer.mf) == ("sgd", 0.9)
     assert (cfg.schedule.scaling_rule, cfg.schedule.warmup, cfg.schedule.decay) == ("linear", "gradual", "cosine")
     assert (cfg.train.precision, cfg.data.device, cfg.data.augment, cfg.data.val_split) == (
-        "bf16", "accelerator", ["random_crop", "hflip"], "test")
+        "bf16",
+        "accelerator",
+        ["random_crop", "hflip"],
+        "test",
+    )
     assert (cfg.scaling.min_workers, cfg.scaling.max_workers, cfg.scaling.use_gpu) == (1, 8, True)
     assert cfg.batch.size == 8 * cfg.batch.max_local_batch  # one micro-batch a GPU at 8, accumulation below
     params = flatten(public_config(cfg))  # what MLflow logs as the run's params
-    for key in ("train.precision", "train.compile", "model.channels_last", "data.device", "data.augment",
-                "data.val_split"):
+    for key in (
+        "train.precision",
+        "train.compile",
+        "model.channels_last",
+        "data.device",
+        "data.augment",
+        "data.val_split",
+    ):
         assert key in params

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.config import validate
-from orchestrator.feasibility import autoscaler_max_resources, capacity, check_feasible, max_resources
+from orchestrator.config.feasibility import autoscaler_max_resources, capacity, check_feasible, max_resources
+from orchestrator.config.schema import validate
 
 
 def cfg(**scaling):
@@ -16,11 +16,14 @@ def cfg(**scaling):
 LAPTOP = {"CPU": 8.0, "memory": 1e10, "node:127.0.0.1": 1.0}
 
 
-@pytest.mark.parametrize("scaling", [
-    {"max_workers": 8},
-    {"max_workers": 4, "cpus_per_worker": 2},
-    {"max_workers": 2, "cpus_per_worker": 0.5},
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"max_workers": 8},
+        {"max_workers": 4, "cpus_per_worker": 2},
+        {"max_workers": 2, "cpus_per_worker": 0.5},
+    ],
+)
 def test_fits(scaling):
     assert check_feasible(cfg(**scaling), LAPTOP, None) is None
 
@@ -32,8 +35,10 @@ def test_gpu_on_a_cluster_without_gpus():
 
 def test_too_many_cpus_names_the_product_and_a_fix():
     msg = check_feasible(cfg(max_workers=5, cpus_per_worker=2), LAPTOP, None)
-    assert msg == ("scaling.max_workers x cpus_per_worker: 5 x 2 = 10 CPUs, but the cluster has 8; "
-                   "lower scaling.max_workers to at most 4 or scaling.cpus_per_worker")
+    assert msg == (
+        "scaling.max_workers x cpus_per_worker: 5 x 2 = 10 CPUs, but the cluster has 8; "
+        "lower scaling.max_workers to at most 4 or scaling.cpus_per_worker"
+    )
 
 
 def test_one_worker_larger_than_the_cluster():
@@ -83,8 +88,10 @@ def test_max_resources_without_a_global_cap():
 
 
 def test_max_resources_unknown_when_a_type_does_not_declare_them():
-    conf = {**AUTOSCALING, "available_node_types": {**AUTOSCALING["available_node_types"],
-                                                    "auto": {"node_config": {}, "max_workers": 3}}}
+    conf = {
+        **AUTOSCALING,
+        "available_node_types": {**AUTOSCALING["available_node_types"], "auto": {"node_config": {}, "max_workers": 3}},
+    }
     assert max_resources(conf) is None
     assert max_resources({"cluster_name": "x"}) is None
 

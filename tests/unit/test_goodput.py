@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trainers.policies.goodput import (StepTimeFit, StepTimeModel, batch_candidates, efficiency, evaluate, optimize)
+from trainers.policies.goodput import StepTimeFit, StepTimeModel, batch_candidates, efficiency, evaluate, optimize
 from trainers.policies.resize import RESIZE_POLICIES, GoodputResize, build_resize_policy
 
 # --------------------------------------------------------------------------- efficiency
@@ -166,8 +166,18 @@ def test_best_batch_by_hand() -> None:
     """W=1, T = 1 + 0.01 B, B_noise = 100: goodput ~ B / ((1 + 0.01 B)(100 + B)) = 100 B / (100 + B)^2,
     highest at B = 100.  The batch changes without a resize (free)."""
     fit = StepTimeFit(alpha=1.0, beta=0.01, gamma=0.0, points=3)
-    d = optimize(fit, 10, 1, 1, 1, base_batch=10, b_noise=100.0, max_batch=1000, batches=range(10, 1001, 10),
-                 remaining_samples=1e6)
+    d = optimize(
+        fit,
+        10,
+        1,
+        1,
+        1,
+        base_batch=10,
+        b_noise=100.0,
+        max_batch=1000,
+        batches=range(10, 1001, 10),
+        remaining_samples=1e6,
+    )
     assert (d.batch, d.workers, d.resize) == (100, 1, False) and d.batch_changes
     assert d.reason.startswith("B 10 -> 100 at W=1")
     assert d.chosen.goodput == pytest.approx(100 / 2.0 * 110 / 200)
@@ -175,8 +185,19 @@ def test_best_batch_by_hand() -> None:
 
 def test_batch_and_workers_together() -> None:
     """Cheap sync, B_noise 500: the best of (B, W) grows both; each W's best batch is listed."""
-    d = optimize(CHEAP_SYNC, 64, 1, 1, 4, base_batch=64, b_noise=500.0, max_batch=1024, round_to=8,
-                 remaining_samples=64 * 1000, resize_cost_s=20.0)
+    d = optimize(
+        CHEAP_SYNC,
+        64,
+        1,
+        1,
+        4,
+        base_batch=64,
+        b_noise=500.0,
+        max_batch=1024,
+        round_to=8,
+        remaining_samples=64 * 1000,
+        resize_cost_s=20.0,
+    )
     assert d.resize and d.workers == 4 and d.batch > 64 and d.batch % 8 == 0
     assert [c.workers for c in d.alternatives] == [1, 2, 3, 4]
     best = max(d.alternatives, key=lambda c: c.goodput)

@@ -11,17 +11,21 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.config import ConfigError, apply_overrides, validate
-from orchestrator.pipeline import validated
-from orchestrator.monitor import MonitorState
+from orchestrator.config.prepare import validated
+from orchestrator.config.schema import ConfigError, apply_overrides, validate
+from orchestrator.run.monitor import MonitorState
 from trainers.link.messages import GoodputDecided, ResizeDecided
 from trainers.policies.goodput import StepTimeFeed, StepTimeFit
 from trainers.policies.resize import GoodputResize, WorkerCount
 
-BASE = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none", "hidden": 16},
-        "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 64},
-        "batch": {"size": 64, "max_local_batch": 64}, "scaling": {"min_workers": 1, "max_workers": 4},
-        "train": {"epochs": 1}}
+BASE = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none", "hidden": 16},
+    "optimizer": {"name": "sgd", "lr": 0.1, "mf": 0.9, "base_batch_size": 64},
+    "batch": {"size": 64, "max_local_batch": 64},
+    "scaling": {"min_workers": 1, "max_workers": 4},
+    "train": {"epochs": 1},
+}
 SYNC_BOUND = StepTimeFit(alpha=0.1, beta=0.01, gamma=0.5, points=3)  # a 0.5 s all-reduce per extra worker
 CHEAP_SYNC = StepTimeFit(alpha=0.1, beta=0.01, gamma=0.001, points=3)
 
@@ -51,14 +55,20 @@ def test_a_bad_scaling_policy_is_one_line_naming_the_field_and_the_choices():
 
 
 def test_goodput_needs_the_noise_scale_that_only_mean_measures():
-    with pytest.raises(ConfigError, match=r"^scaling.policy: goodput reads the gradient noise scale, which "
-                                          r"combine.method adasum does not measure; use combine.method: mean"):
-        _cfg(scaling={"policy": "goodput", "max_workers": 2}, combine={"method": "adasum"},
-             schedule={"scaling_rule": "none"})
+    with pytest.raises(
+        ConfigError,
+        match=r"^scaling.policy: goodput reads the gradient noise scale, which "
+        r"combine.method adasum does not measure; use combine.method: mean",
+    ):
+        _cfg(
+            scaling={"policy": "goodput", "max_workers": 2},
+            combine={"method": "adasum"},
+            schedule={"scaling_rule": "none"},
+        )
 
 
 def test_check_every_and_round_to_act_under_goodput():
-    from orchestrator.preflight import check_ignored
+    from orchestrator.config.preflight import check_ignored
 
     check_ignored(_cfg(scaling={"policy": "goodput"}, batch={"check_every": 7, "max_size": 256, "round_to": 16}))
     with pytest.raises(ConfigError, match="batch.check_every: has no effect"):
@@ -123,8 +133,12 @@ def _feed(fit: StepTimeFit, points) -> StepTimeFeed:
 
 
 def _monitor(free: float | None = None, only_if_pays: bool = False) -> MonitorState:
-    return MonitorState(WorkerCount(GoodputResize(), 64, 1, 4), overlap_resources=None if free is None else
-                        {"CPU": 0.5}, available=lambda: {"CPU": free or 0.0}, only_if_pays=only_if_pays)
+    return MonitorState(
+        WorkerCount(GoodputResize(), 64, 1, 4),
+        overlap_resources=None if free is None else {"CPU": 0.5},
+        available=lambda: {"CPU": free or 0.0},
+        only_if_pays=only_if_pays,
+    )
 
 
 def test_the_monitor_shrinks_the_group_when_measured_sync_dominates_and_says_why():
@@ -260,8 +274,11 @@ def test_an_adopted_batch_moves_the_lr_by_the_scaling_rule(tmp_path):
 
 
 def test_the_weight_decay_in_effect_is_logged_next_to_the_lr(tmp_path):
-    t = _trainer(tmp_path, goodput=False, optimizer={"name": "adamw", "lr": 0.001, "weight_decay": 0.1,
-                                                    "wd_rule": "timescale", "mf": 0.9})
+    t = _trainer(
+        tmp_path,
+        goodput=False,
+        optimizer={"name": "adamw", "lr": 0.001, "weight_decay": 0.1, "wd_rule": "timescale", "mf": 0.9},
+    )
     t.train_step(np.arange(64))
     m = t.metrics_for_step(1.0)
     assert m["train/weight_decay"] == pytest.approx(t.plan.current.weight_decay)
@@ -275,22 +292,36 @@ def test_the_weight_decay_in_effect_is_logged_next_to_the_lr(tmp_path):
 
 
 def test_a_goodput_change_is_a_line_on_the_drivers_terminal(capsys):
-    from orchestrator.listeners import ProgressListener
-    from orchestrator.progress import Progress
+    from orchestrator.record.listeners import ProgressListener
+    from orchestrator.record.progress_bar import Progress
 
     listener = ProgressListener(Progress(10, enabled=False))
-    common = dict(step=10, batch=64, workers=1, mode="", goodput=1.0, chosen_goodput=2.0, b_noise=None, gain_s=0.0,
-                  cost_s=0.0, alternatives=((64, 1, 1.0), (64, 3, 2.0)))
+    common = dict(
+        step=10,
+        batch=64,
+        workers=1,
+        mode="",
+        goodput=1.0,
+        chosen_goodput=2.0,
+        b_noise=None,
+        gain_s=0.0,
+        cost_s=0.0,
+        alternatives=((64, 1, 1.0), (64, 3, 2.0)),
+    )
     listener.on_event(GoodputDecided(to_batch=64, to_workers=1, reason="keeping B=64 W=1: ...", **common))
     listener.on_event(GoodputDecided(to_batch=64, to_workers=3, reason="growing W 1 -> 3, at B=64: ...", **common))
     assert capsys.readouterr().err.splitlines() == ["goodput at step 10: growing W 1 -> 3, at B=64: ..."]
 
 
 def test_plan_says_goodput_is_decided_online_within_its_bounds():
-    from orchestrator.plan import make_plan
+    from orchestrator.preview import make_plan
 
-    plan = make_plan(_cfg(scaling={"policy": "goodput", "min_workers": 1, "max_workers": 3},
-                          batch={"max_size": 256, "round_to": 16, "check_every": 7}))
+    plan = make_plan(
+        _cfg(
+            scaling={"policy": "goodput", "min_workers": 1, "max_workers": 3},
+            batch={"max_size": 256, "round_to": 16, "check_every": 7},
+        )
+    )
     (note,) = [n for n in plan.notes if "goodput" in n]
     assert "W in 1..3 and B in 64..256 (multiples of 16) online, every 7 steps" in note
     assert "step times measured" in note and "B_noise" in note and "not plannable" in note
@@ -302,26 +333,43 @@ def test_before_any_step_time_the_batchs_need_must_still_pay():
     for workers_for_batch (a short remainder does not pay for a group's start)."""
     m = _monitor(only_if_pays=True)
     m.set_costs(start_s=30.0)
-    answer = m.on_batch_change(0, 256, 1, remaining_samples=256 * 2, samples_per_s=1000.0,
-                               inputs=StepTimeFeed(10).inputs(None, 64, 256))
+    answer = m.on_batch_change(
+        0, 256, 1, remaining_samples=256 * 2, samples_per_s=1000.0, inputs=StepTimeFeed(10).inputs(None, 64, 256)
+    )
     assert answer.workers == 0 and m.handovers.resize is None
 
 
 def test_the_decisions_reach_mlflow_as_metrics_and_tags(tmp_path):
-    from orchestrator.listeners import TrackingListener
+    from orchestrator.record.listeners import TrackingListener
     from tests.unit.test_phases import FakeTracker
 
     tracker = FakeTracker()
     listener = TrackingListener(tracker)  # type: ignore[arg-type]
-    common = dict(batch=64, workers=3, mode="", goodput=50.0, b_noise=120.0, gain_s=0.0, cost_s=0.0,
-                  alternatives=((64, 1, 80.0), (64, 3, 50.0)))
-    listener.on_event(GoodputDecided(step=10, to_batch=64, to_workers=1, chosen_goodput=80.0,
-                                     reason="shrinking W 3 -> 1, at B=64: ...", **common))
-    listener.on_event(GoodputDecided(step=20, to_batch=64, to_workers=3, chosen_goodput=50.0,
-                                     reason="keeping B=64 W=3: ...", **common))
+    common = dict(
+        batch=64,
+        workers=3,
+        mode="",
+        goodput=50.0,
+        b_noise=120.0,
+        gain_s=0.0,
+        cost_s=0.0,
+        alternatives=((64, 1, 80.0), (64, 3, 50.0)),
+    )
+    listener.on_event(
+        GoodputDecided(
+            step=10, to_batch=64, to_workers=1, chosen_goodput=80.0, reason="shrinking W 3 -> 1, at B=64: ...", **common
+        )
+    )
+    listener.on_event(
+        GoodputDecided(
+            step=20, to_batch=64, to_workers=3, chosen_goodput=50.0, reason="keeping B=64 W=3: ...", **common
+        )
+    )
     listener.close()
-    assert tracker.metrics == [(10, {"goodput/current": 50.0, "goodput/chosen": 80.0, "goodput/b_noise": 120.0}),
-                               (20, {"goodput/current": 50.0, "goodput/chosen": 50.0, "goodput/b_noise": 120.0})]
+    assert tracker.metrics == [
+        (10, {"goodput/current": 50.0, "goodput/chosen": 80.0, "goodput/b_noise": 120.0}),
+        (20, {"goodput/current": 50.0, "goodput/chosen": 50.0, "goodput/b_noise": 120.0}),
+    ]
     assert tracker.tags["elastic.goodput.change.1"] == "step 10: shrinking W 3 -> 1, at B=64: ..."
     assert "elastic.goodput.change.2" not in tracker.tags  # a decision that keeps B and W is no change
     assert tracker.tags["elastic.goodput.reason"] == "step 20: keeping B=64 W=3: ..."
@@ -331,11 +379,15 @@ def test_the_decisions_reach_mlflow_as_metrics_and_tags(tmp_path):
 def test_a_resumed_goodput_run_goes_on_at_the_w_it_had(tmp_path):
     """goodput may have shrunk the group below what the batch needs: a resume starts at the W the run
     logged last, not at the batch's need (workers_for_batch's runs only ever grew)."""
-    from orchestrator.phases import RunStart
+    from orchestrator.run.phases import RunStart
     from tests.helpers import make_config
     from tests.unit.test_phases import FakeTracker, make_runner
 
     for policy, expected in (("goodput", 1), ("workers_for_batch", 2)):
-        cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 16},
-                          scaling={"min_workers": 1, "max_workers": 3, "policy": policy})
+        cfg = make_config(
+            tmp_path,
+            "mem://",
+            batch={"size": 32, "max_local_batch": 16},
+            scaling={"min_workers": 1, "max_workers": 3, "policy": policy},
+        )
         assert make_runner(cfg, FakeTracker(), RunStart(resumes=1, workers=1)).initial_workers() == expected

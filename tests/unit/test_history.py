@@ -1,21 +1,34 @@
-"""What a resumed run reads back of its earlier drivers (orchestrator/history.py) from a real SQLite
+"""What a resumed run reads back of its earlier drivers (orchestrator/record/history.py) from a real SQLite
 MLflow store: the stretches of B and W exactly up to the last step the killed driver wrote, the
 resizes it measured, and the stand-still between the drivers left out of the stretches' wall time."""
 
 from __future__ import annotations
 
-from orchestrator.config import validate
-from orchestrator.history import RESIZES_ARTIFACT, earlier_resizes, earlier_timeline, resize_saver
-from orchestrator.tracking import RunTracker
+from orchestrator.config.schema import validate
+from orchestrator.record.history import RESIZES_ARTIFACT, earlier_resizes, earlier_timeline, resize_saver
+from orchestrator.record.run_tracker import RunTracker
 
 
 def _rec(step: int, b: int, w: int, t: float) -> tuple:
-    return (step, {"train/loss": 1.0 / step, "batch/global": float(b), "workers": float(w),
-                   "batch/samples": float(b)}, t)
+    return (
+        step,
+        {"train/loss": 1.0 / step, "batch/global": float(b), "workers": float(w), "batch/samples": float(b)},
+        t,
+    )
 
 
-RESIZE = {"from": 1, "to": 2, "mode": "restart", "step": 45, "time": 146.0, "latency_s": 9.0, "overlap_s": 0.0,
-          "teardown_s": 2.0, "start_s": 5.0, "setup_s": 2.0}
+RESIZE = {
+    "from": 1,
+    "to": 2,
+    "mode": "restart",
+    "step": 45,
+    "time": 146.0,
+    "latency_s": 9.0,
+    "overlap_s": 0.0,
+    "teardown_s": 2.0,
+    "start_s": 5.0,
+    "setup_s": 2.0,
+}
 
 
 def test_a_killed_drivers_stretches_and_resizes_read_back_exactly(tmp_path):
@@ -29,7 +42,9 @@ def test_a_killed_drivers_stretches_and_resizes_read_back_exactly(tmp_path):
 
     tl = earlier_timeline(killed.client, killed.run_id)
     assert [(r["first_step"], r["last_step"], r["batch"], r["workers"], r["samples"]) for r in tl.rows()] == [
-        (1, 45, 32, 1, 45 * 32), (46, 46, 64, 2, 64)]  # the jump at 46 was written at once, not held
+        (1, 45, 32, 1, 45 * 32),
+        (46, 46, 64, 2, 64),
+    ]  # the jump at 46 was written at once, not held
     assert tl.rows()[1]["resize_latency_s"] == 9.0 and tl.resizes == [RESIZE]
     # the resumed driver: replayed steps already there are skipped, the 100 s without a driver is no training
     tl.add_records([_rec(46, 64, 2, 300.0)] + [_rec(s, 64, 2, 256.0 + s) for s in range(47, 50)])

@@ -1,6 +1,7 @@
 """The house's one-way order, read from every import in the code (also those inside functions):
 no import cycle between modules, and no import against the order that docs/architecture.md
 declares (its fenced ``order`` block is the single source: this test parses it)."""
+
 import ast
 import re
 from pathlib import Path
@@ -59,10 +60,19 @@ def graph() -> dict[str, set[str]]:
 
 
 def unit(name: str) -> tuple[str, str]:
-    """(top package, the unit the order names): a subpackage or module of ``trainers``, a module
-    of ``orchestrator`` and ``search`` (their ``__init__`` is the unit ``__init__``)."""
+    """(top package, the unit the order names): a subpackage or module of a package (its
+    ``__init__`` is the unit ``__init__``)."""
     parts = name.split(".")
     return parts[0], parts[1] if len(parts) > 1 else "__init__"
+
+
+def inner(name: str) -> tuple[str, str] | None:
+    """(scope, unit) inside a subpackage whose own order is declared as ``top.sub: ...``
+    (``orchestrator.run.phases`` -> ``("orchestrator.run", "phases")``); None for a top-level module."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return None
+    return ".".join(parts[:2]), parts[2] if len(parts) > 2 else "__init__"
 
 
 def level(levels: list[set[str]], item: str) -> int:
@@ -80,7 +90,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(g[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:
@@ -106,8 +116,13 @@ def violations(g: dict[str, set[str]], order: dict[str, list[set[str]]]) -> list
             if ta != tb:
                 if level(order["top"], ta) < level(order["top"], tb):
                     bad.append(f"{a} -> {b}: {ta} may not import {tb}")
-            elif level(order[ta], ua) < level(order[ta], ub):
-                bad.append(f"{a} -> {b}: {ua} is below {ub} in the {ta} order")
+            elif ua != ub:
+                if level(order[ta], ua) < level(order[ta], ub):
+                    bad.append(f"{a} -> {b}: {ua} is below {ub} in the {ta} order")
+            elif inner(a) and inner(a)[0] in order:  # two modules of one subpackage with an order of its own
+                (scope, ia), (_, ib) = inner(a), inner(b)
+                if level(order[scope], ia) < level(order[scope], ib):
+                    bad.append(f"{a} -> {b}: {ia} is below {ib} in the {scope} order")
     return bad
 
 
@@ -124,6 +139,9 @@ def test_every_unit_is_placed_in_the_order():
     for name in modules():
         top, u = unit(name)
         level(order[top], u)
+        if inner(name) and inner(name)[0] in order:
+            scope, i = inner(name)
+            level(order[scope], i)
 
 
 def test_the_checker_sees_function_level_imports_cycles_and_order_breaks(tmp_path):
@@ -131,9 +149,15 @@ def test_the_checker_sees_function_level_imports_cycles_and_order_breaks(tmp_pat
     g = {"trainers.data.order": {"trainers.loop.trainer"}, "trainers.loop.trainer": {"trainers.data.order"}}
     assert find_cycle(g) == ["trainers.data.order", "trainers.loop.trainer", "trainers.data.order"]
     order = {"top": [{"trainers"}], "trainers": [{"data"}, {"loop"}]}
-    assert violations(g, order) == ["trainers.data.order -> trainers.loop.trainer: data is below loop in the "
-                                    "trainers order"]
+    assert violations(g, order) == [
+        "trainers.data.order -> trainers.loop.trainer: data is below loop in the trainers order"
+    ]
     src = tmp_path / "m.py"
     src.write_text("def f():\n    from trainers.loop import trainer\n")
     known = {"trainers.loop.trainer": src, "trainers.loop": src}
     assert imports_of("trainers.data.order", src, known) == {"trainers.loop.trainer"}
+    inside = {"orchestrator.run.monitor": {"orchestrator.run.phases"}, "orchestrator.run.phases": set()}
+    layered = {"top": [{"orchestrator"}], "orchestrator": [{"run"}], "orchestrator.run": [{"monitor"}, {"phases"}]}
+    assert violations(inside, layered) == [
+        "orchestrator.run.monitor -> orchestrator.run.phases: monitor is below phases in the orchestrator.run order"
+    ]

@@ -1,5 +1,6 @@
 """The test tree itself: pytest's default import mode needs unique test-module basenames across
 tiers (tests/unit/x.py and tests/integration/x.py collide at collection, which stops the run)."""
+
 from collections import Counter
 from pathlib import Path
 

@@ -3,6 +3,7 @@ channel (checkpoint records old and new), the throughput meter, and the events' 
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -27,9 +28,17 @@ class _Bar:
         pass
 
 
-@pytest.mark.parametrize("record", [WorkersNeeded(0, False), WorkersNeeded(3, True), WorkersNeeded(2, False),
-                                    PushDecision(Action.GO, 10), PushDecision(Action.STOP, 1),
-                                    PushDecision(Action.HAND_OVER, 10_000)])
+@pytest.mark.parametrize(
+    "record",
+    [
+        WorkersNeeded(0, False),
+        WorkersNeeded(3, True),
+        WorkersNeeded(2, False),
+        PushDecision(Action.GO, 10),
+        PushDecision(Action.STOP, 1),
+        PushDecision(Action.HAND_OVER, 10_000),
+    ],
+)
 def test_records_round_trip_through_one_int64_tensor(record):
     t = agreement.encode(record)
     assert t.dtype.is_floating_point is False and t.numel() == len(record.__dataclass_fields__)
@@ -80,15 +89,38 @@ def test_checkpoint_records_old_and_new_replay():
 
 
 def test_events_cross_ray_as_picklable_frozen_dataclasses_with_stable_kinds():
-    kinds = {cls.kind for cls in (messages.PhaseStart, messages.FirstStep, messages.BatchChange,
-                                  messages.ResizeDecided, messages.NewGroupReady, messages.CheckpointSaved,
-                                  messages.ResizeCheckpoint, messages.AutoWarmupEnd, messages.WorkerWarning,
-                                  messages.Finished, messages.Stopped)}
-    assert kinds == {"phase_start", "first_step", "batch_change", "resize_decision", "new_group_ready",
-                     "checkpoint", "resize_checkpoint", "auto_warmup_end", "warning", "finished", "stopped"}
+    kinds = {
+        cls.kind
+        for cls in (
+            messages.PhaseStart,
+            messages.FirstStep,
+            messages.BatchChange,
+            messages.ResizeDecided,
+            messages.NewGroupReady,
+            messages.CheckpointSaved,
+            messages.ResizeCheckpoint,
+            messages.AutoWarmupEnd,
+            messages.WorkerWarning,
+            messages.Finished,
+            messages.Stopped,
+        )
+    }
+    assert kinds == {
+        "phase_start",
+        "first_step",
+        "batch_change",
+        "resize_decision",
+        "new_group_ready",
+        "checkpoint",
+        "resize_checkpoint",
+        "auto_warmup_end",
+        "warning",
+        "finished",
+        "stopped",
+    }
     ev = messages.BatchChange(step=3, old=32, new=64)
     assert pickle.loads(pickle.dumps(ev)) == ev and ev.time > 1e9
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         ev.step = 4  # type: ignore[misc]
 
 
@@ -127,10 +159,16 @@ def test_meter_without_time_based_pushes_and_with_an_empty_window():
 
 def test_listeners_log_and_print_what_the_runner_did_before():
     """MLflow and the progress bar as listeners: the same metrics, tags and lines as the runner's
-    own branches wrote before (orchestrator/listeners.py)."""
-    from orchestrator.events import GroupRestarted, OverlapFellBack, ResizeCalledOff, ResizeHandedOver, \
-        ResizeMeasured, ResizeRecord
-    from orchestrator.listeners import ProgressListener, TrackingListener
+    own branches wrote before (orchestrator/record/listeners.py)."""
+    from orchestrator.record.events import (
+        GroupRestarted,
+        OverlapFellBack,
+        ResizeCalledOff,
+        ResizeHandedOver,
+        ResizeMeasured,
+        ResizeRecord,
+    )
+    from orchestrator.record.listeners import ProgressListener, TrackingListener
 
     class Tracker:
         def __init__(self) -> None:
@@ -145,45 +183,64 @@ def test_listeners_log_and_print_what_the_runner_did_before():
 
     tr, bar = Tracker(), _Bar()
     listeners = [TrackingListener(tr), ProgressListener(bar)]  # type: ignore[arg-type]
-    r = ResizeRecord(from_workers=1, to=2, mode="restart", step=45, time=10.0, decided=9.0, fit_returned=11.0,
-                     phase=1, fit_called=11.5)
+    r = ResizeRecord(
+        from_workers=1,
+        to=2,
+        mode="restart",
+        step=45,
+        time=10.0,
+        decided=9.0,
+        fit_returned=11.0,
+        phase=1,
+        fit_called=11.5,
+    )
     r.measure(entered=12.0, first=13.0)
     assert (r.latency_s, r.parts) == (3.0, {"overlap_s": 0.0, "teardown_s": 1.0, "start_s": 0.5, "setup_s": 1.0})
     assert r.as_dict()["from"] == 1 and r.as_dict()["latency_s"] == 3.0 and r.as_dict()["setup_s"] == 1.0
-    for ev in (messages.PhaseStart(phase=0, workers=1, step=0, resumed=False, threads=2, entered=1.0, built=1.0),
-               messages.BatchChange(step=5, old=32, new=64),
-               messages.AutoWarmupEnd(step=6, peak_lr=0.123456, reason="loss rose"),
-               GroupRestarted(step=7, workers=2, restarts=1),
-               messages.WorkerWarning(message="skipping corrupt checkpoint: x"),
-               OverlapFellBack(workers=2, error=RuntimeError("no")),
-               ResizeCalledOff(workers=4),
-               ResizeHandedOver(resize=r),
-               ResizeMeasured(resize=r)):
+    for ev in (
+        messages.PhaseStart(phase=0, workers=1, step=0, resumed=False, threads=2, entered=1.0, built=1.0),
+        messages.BatchChange(step=5, old=32, new=64),
+        messages.AutoWarmupEnd(step=6, peak_lr=0.123456, reason="loss rose"),
+        GroupRestarted(step=7, workers=2, restarts=1),
+        messages.WorkerWarning(message="skipping corrupt checkpoint: x"),
+        OverlapFellBack(workers=2, error=RuntimeError("no")),
+        ResizeCalledOff(workers=4),
+        ResizeHandedOver(resize=r),
+        ResizeMeasured(resize=r),
+    ):
         for listener in listeners:
             listener.on_event(ev)
     for listener in listeners:  # a batch change and a resize wait for a step run with them: none ran
         listener.close()
-    assert bar.lines == ["auto warmup ended at step 6: peak lr 0.1235 (loss rose)",
-                         "worker group restarted from step 7 with 2 workers (restart 1)",
-                         "warning: skipping corrupt checkpoint: x",
-                         "warning: the new group of 2 workers did not start (RuntimeError); resizing by restart",
-                         "resize to 4 workers called off: training ended before the new group was ready",
-                         "batch: B 32 -> 64 at step 5", "resize: W 1 -> 2 at step 45 (restarting the group)"]
-    assert tr.tags == {"elastic.worker_threads": 2, "elastic.restarts": 1,
-                       "elastic.warnings": "skipping corrupt checkpoint: x\n"
-                                           "overlapping resize fell back to restart: RuntimeError('no')",
-                       "elastic.resizes_called_off": 1,  # a called-off resize leaves a trace in MLflow
-                       "elastic.resize_called_off_reason": "resize to 4 workers called off: training ended before "
-                                                           "the new group was ready"}
-    assert tr.metrics == [(7, {"restarts": 1.0}),
-                          (45, {"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": 3.0})]  # parts: timeline.json
+    assert bar.lines == [
+        "auto warmup ended at step 6: peak lr 0.1235 (loss rose)",
+        "worker group restarted from step 7 with 2 workers (restart 1)",
+        "warning: skipping corrupt checkpoint: x",
+        "warning: the new group of 2 workers did not start (RuntimeError); resizing by restart",
+        "resize to 4 workers called off: training ended before the new group was ready",
+        "batch: B 32 -> 64 at step 5",
+        "resize: W 1 -> 2 at step 45 (restarting the group)",
+    ]
+    assert tr.tags == {
+        "elastic.worker_threads": 2,
+        "elastic.restarts": 1,
+        "elastic.warnings": "skipping corrupt checkpoint: x\n"
+        "overlapping resize fell back to restart: RuntimeError('no')",
+        "elastic.resizes_called_off": 1,  # a called-off resize leaves a trace in MLflow
+        "elastic.resize_called_off_reason": "resize to 4 workers called off: training ended before "
+        "the new group was ready",
+    }
+    assert tr.metrics == [
+        (7, {"restarts": 1.0}),
+        (45, {"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": 3.0}),
+    ]  # parts: timeline.json
 
 
 def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_what_failed():
     """A resumed driver's warnings, quarantined checkpoints and resize counts add to the earlier
     drivers' (a tag is rewritten whole); a user's error is a line, a quarantine a tag."""
-    from orchestrator.events import ResizeCalledOff
-    from orchestrator.listeners import ProgressListener, TrackingListener
+    from orchestrator.record.events import ResizeCalledOff
+    from orchestrator.record.listeners import ProgressListener, TrackingListener
 
     class Tracker:
         def __init__(self) -> None:
@@ -194,20 +251,40 @@ def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_wh
 
     tr, bar = Tracker(), _Bar()
     tracking = TrackingListener(tr)  # type: ignore[arg-type]
-    tracking.continue_from({"elastic.warnings": "an earlier warning", "elastic.resizes_called_off": "2",
-                            "elastic.checkpoints_quarantined": "a moved to b: damaged"})
-    fatal = messages.WorkloadFailed(rank=1, phase=0, where="my_data.py:42 in __getitem__",
-                                    error="ValueError: corrupt record 17", traceback="...", deterministic=True)
-    transient = messages.WorkloadFailed(rank=0, phase=0, where="my_data.py:9 in read", error="OSError: gone",
-                                        traceback="...", deterministic=False)
-    for ev in (messages.WorkerWarning(message="a new warning"), ResizeCalledOff(workers=4),
-               messages.CheckpointQuarantined(path="c", reason="damaged too", moved_to="d"), transient, fatal):
+    tracking.continue_from(
+        {
+            "elastic.warnings": "an earlier warning",
+            "elastic.resizes_called_off": "2",
+            "elastic.checkpoints_quarantined": "a moved to b: damaged",
+        }
+    )
+    fatal = messages.WorkloadFailed(
+        rank=1,
+        phase=0,
+        where="my_data.py:42 in __getitem__",
+        error="ValueError: corrupt record 17",
+        traceback="...",
+        deterministic=True,
+    )
+    transient = messages.WorkloadFailed(
+        rank=0, phase=0, where="my_data.py:9 in read", error="OSError: gone", traceback="...", deterministic=False
+    )
+    for ev in (
+        messages.WorkerWarning(message="a new warning"),
+        ResizeCalledOff(workers=4),
+        messages.CheckpointQuarantined(path="c", reason="damaged too", moved_to="d"),
+        transient,
+        fatal,
+    ):
         tracking.on_event(ev)
         ProgressListener(bar).on_event(ev)  # type: ignore[arg-type]
-    assert tr.tags["elastic.warnings"] == ("an earlier warning\na new warning\n"
-                                           "my_data.py:9 in read: OSError: gone (rank 0); the group was restarted")
+    assert tr.tags["elastic.warnings"] == (
+        "an earlier warning\na new warning\nmy_data.py:9 in read: OSError: gone (rank 0); the group was restarted"
+    )
     assert tr.tags["elastic.resizes_called_off"] == 3
     assert tr.tags["elastic.checkpoints_quarantined"] == "a moved to b: damaged\nc moved to d: damaged too"
-    assert bar.lines[-2:] == ["warning: my_data.py:9 in read: OSError: gone (rank 0); Ray Train restarts the group, "
-                              "the same error again ends the run",
-                              "error: my_data.py:42 in __getitem__: ValueError: corrupt record 17"]
+    assert bar.lines[-2:] == [
+        "warning: my_data.py:9 in read: OSError: gone (rank 0); Ray Train restarts the group, "
+        "the same error again ends the run",
+        "error: my_data.py:42 in __getitem__: ValueError: corrupt record 17",
+    ]

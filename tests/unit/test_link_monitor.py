@@ -1,8 +1,8 @@
-"""The link's monitor (orchestrator/monitor.py) without Ray: who hands over when, in both modes."""
+"""The link's monitor (orchestrator/run/monitor.py) without Ray: who hands over when, in both modes."""
 
+from orchestrator.record.events import CapacityReturned
+from orchestrator.run.monitor import MonitorState, has_room
 from trainers.link.messages import HandoverAnswer, PhaseStart, PushAnswer, ResizeAnswer, ResizeDecided
-from orchestrator.events import CapacityReturned
-from orchestrator.monitor import MonitorState, has_room
 from trainers.policies.resize import WorkerCount, WorkersForBatch
 
 CPU = {"CPU": 0.5}
@@ -10,8 +10,12 @@ CPU = {"CPU": 0.5}
 
 def monitor(free: float | None, **kw) -> MonitorState:
     """max_local_batch 32, 1..4 workers; ``free`` CPUs in the cluster (None: overlap off)."""
-    return MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 4), overlap_resources=None if free is None else CPU,
-                        available=lambda: {"CPU": free or 0.0}, **kw)
+    return MonitorState(
+        WorkerCount(WorkersForBatch(), 32, 1, 4),
+        overlap_resources=None if free is None else CPU,
+        available=lambda: {"CPU": free or 0.0},
+        **kw,
+    )
 
 
 def test_has_room():
@@ -146,10 +150,16 @@ def _grown(free: float, overlap: bool = False) -> MonitorState:
     """A monitor (1 CPU per worker, 1..4 workers of max_local_batch 16) whose phase-0 group asked for
     3 workers at B=48 and was started by Ray with 2 (a node was lost); ``free`` CPUs now."""
     one = {"CPU": 1.0}
-    m = MonitorState(WorkerCount(WorkersForBatch(), 16, 1, 4), overlap_resources=one if overlap else None,
-                     available=lambda: {"CPU": free}, per_worker=one)
-    m.push([(40, {"batch/global": 48.0})], [PhaseStart(phase=0, workers=2, step=30, resumed=True, threads=1,
-                                                       entered=0.0, built=0.0)])
+    m = MonitorState(
+        WorkerCount(WorkersForBatch(), 16, 1, 4),
+        overlap_resources=one if overlap else None,
+        available=lambda: {"CPU": free},
+        per_worker=one,
+    )
+    m.push(
+        [(40, {"batch/global": 48.0})],
+        [PhaseStart(phase=0, workers=2, step=30, resumed=True, threads=1, entered=0.0, built=0.0)],
+    )
     m.drain()
     return m
 

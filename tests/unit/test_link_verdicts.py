@@ -1,14 +1,15 @@
 """Rank 0 waits for the driver's verdict on a judged value (a pruned search trial) at its next
 judged value: the channel (trainers/link/channel.py) against the real monitor logic
-(orchestrator/monitor.py ``MonitorState``), without Ray."""
+(orchestrator/run/monitor.py ``MonitorState``), without Ray."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from orchestrator.monitor import MonitorState
+from orchestrator.run.monitor import MonitorState
 from trainers.link.channel import Channel
 from trainers.link.messages import PushAnswer
 from trainers.link.runtime import Runtime
@@ -28,11 +29,13 @@ class FakeMonitor:
 
     def __getattr__(self, name: str) -> _Remote:
         if name == "push":
+
             def push(records, events):
                 self.pushes += 1
                 answer = self.state.push(records, events)
                 self.on_push(self.pushes)
                 return answer
+
             return _Remote(push)
         return _Remote(getattr(self.state, name))
 

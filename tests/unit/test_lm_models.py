@@ -7,15 +7,16 @@ import math
 import pytest
 import torch
 
+from trainers.data.text import load_text
 from trainers.workload.factory import probe, token_cross_entropy
 from trainers.workload.lm_models import GPT, LM_MODELS, gpt, lstm
-from trainers.data.text import load_text
 
 
 @pytest.mark.parametrize("name", sorted(LM_MODELS))
 def test_shapes(name):
-    model = LM_MODELS[name](**({"n_layer": 2, "n_head": 2, "d_model": 32, "context": 16} if name == "gpt"
-                              else {"d_embed": 8, "hidden": 16}))
+    model = LM_MODELS[name](
+        **({"n_layer": 2, "n_head": 2, "d_model": 32, "context": 16} if name == "gpt" else {"d_embed": 8, "hidden": 16})
+    )
     ids = torch.randint(0, 256, (3, 16))
     assert model(ids).shape == (3, 16, 256)
     assert model(ids[:, :5]).shape == (3, 5, 256)
@@ -24,8 +25,9 @@ def test_shapes(name):
 @pytest.mark.parametrize("name", sorted(LM_MODELS))
 def test_a_later_token_never_changes_earlier_logits(name):
     torch.manual_seed(0)
-    model = LM_MODELS[name](**({"n_layer": 2, "n_head": 4, "d_model": 32, "context": 12} if name == "gpt"
-                              else {"d_embed": 8, "hidden": 16}))
+    model = LM_MODELS[name](
+        **({"n_layer": 2, "n_head": 4, "d_model": 32, "context": 12} if name == "gpt" else {"d_embed": 8, "hidden": 16})
+    )
     model.eval()
     ids = torch.randint(0, 256, (2, 12))
     base = model(ids)

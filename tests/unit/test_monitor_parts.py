@@ -1,12 +1,19 @@
-"""The monitor's parts alone (orchestrator/monitor.py, orchestrator/resizing.py), without Ray and
+"""The monitor's parts alone (orchestrator/run/monitor.py, orchestrator/run/resizing.py), without Ray and
 without the actor's routing: the handover of one resize, the message buffer and its ack, the
 driver's verdicts, the user-error rule and the coordinator's decisions told through ``emit``."""
 
-from orchestrator.events import CapacityReturned
-from orchestrator.monitor import MessageBuffer, UserErrors, Verdicts
-from orchestrator.resizing import Handover, ResizeCoordinator, ResizeCosts, workers_in
-from trainers.link.messages import (FirstStep, HandoverAnswer, PhaseStart, Resize, ResizeDecided, ResizeSkipped,
-                                    WorkloadFailed)
+from orchestrator.record.events import CapacityReturned
+from orchestrator.run.monitor import MessageBuffer, UserErrors, Verdicts
+from orchestrator.run.resizing import Handover, ResizeCoordinator, ResizeCosts, workers_in
+from trainers.link.messages import (
+    FirstStep,
+    HandoverAnswer,
+    PhaseStart,
+    Resize,
+    ResizeDecided,
+    ResizeSkipped,
+    WorkloadFailed,
+)
 from trainers.policies.resize import WorkerCount, WorkersForBatch
 
 
@@ -71,8 +78,9 @@ def test_a_stop_is_never_taken_back_and_the_judged_step_only_grows():
 
 def _failed(where: str, deterministic: bool) -> WorkloadFailed:
     """An error at ``where`` (its signature: the place and the exception type)."""
-    return WorkloadFailed(rank=0, phase=0, where=where, error="ValueError: boom", traceback="",
-                          deterministic=deterministic)
+    return WorkloadFailed(
+        rank=0, phase=0, where=where, error="ValueError: boom", traceback="", deterministic=deterministic
+    )
 
 
 def test_a_user_error_ends_the_run_when_deterministic_or_met_again():
@@ -94,12 +102,17 @@ def test_a_user_error_ends_the_run_when_deterministic_or_met_again():
 def test_the_coordinator_tells_its_decisions_and_starts_them_in_the_handover():
     said, h = [], Handover()
     costs = ResizeCosts(only_if_pays=True)
-    c = ResizeCoordinator(WorkerCount(WorkersForBatch(), 16, 1, 4), None, {"CPU": 1.0}, lambda: {"CPU": 1.0},
-                          costs, h, said.append)
+    c = ResizeCoordinator(
+        WorkerCount(WorkersForBatch(), 16, 1, 4), None, {"CPU": 1.0}, lambda: {"CPU": 1.0}, costs, h, said.append
+    )
     costs.starting(0, 100.0)
-    c.observe([(40, {"batch/global": 48.0})], [PhaseStart(phase=0, workers=2, step=30, resumed=True, threads=1,
-                                                          entered=0.0, built=0.0),
-                                               FirstStep(step=31, phase=0, time=130.0)])
+    c.observe(
+        [(40, {"batch/global": 48.0})],
+        [
+            PhaseStart(phase=0, workers=2, step=30, resumed=True, threads=1, entered=0.0, built=0.0),
+            FirstStep(step=31, phase=0, time=130.0),
+        ],
+    )
     assert costs.start_s == 30.0  # the cold start, measured from the first step
     # a short remainder does not pay for a 30 s start: skipped, nothing begun
     assert c.on_batch_change(41, 64, 2, remaining_samples=640, samples_per_s=64.0).workers == 0

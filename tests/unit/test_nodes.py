@@ -1,6 +1,7 @@
 """What the live nodes hold, and the bounded wait for capacity after a loss (no Ray: node lists
 as ``ray.nodes()`` gives them, and a fake clock)."""
-from orchestrator.nodes import CapacityWait, workers_that_fit
+
+from orchestrator.run.nodes import CapacityWait, workers_that_fit
 
 
 def node(cpus, alive=True, gpus=0):
@@ -39,7 +40,7 @@ def test_the_wait_starts_when_min_workers_do_not_fit_and_ends_when_they_do():
 
 
 def test_the_watch_looks_at_its_pace_and_says_so_now_and_then():
-    from orchestrator.nodes import CapacityWatch
+    from orchestrator.run.nodes import CapacityWatch
 
     now, looks = [0.0], []
 
@@ -60,11 +61,12 @@ def test_the_watch_looks_at_its_pace_and_says_so_now_and_then():
 
 
 def test_a_node_lost_or_joined_has_ray_trains_view_refreshed_once():
-    from orchestrator.nodes import CapacityWatch
+    from orchestrator.run.nodes import CapacityWatch
 
     now, listing, changes = [0.0], [[{"NodeID": "a", "Alive": True}, {"NodeID": "b", "Alive": True}]], []
-    w = CapacityWatch(1, 100, every_s=1.0, nodes=lambda: listing[0], clock=lambda: now[0],
-                      on_change=lambda: changes.append(now[0]))
+    w = CapacityWatch(
+        1, 100, every_s=1.0, nodes=lambda: listing[0], clock=lambda: now[0], on_change=lambda: changes.append(now[0])
+    )
 
     def look(at: float, nodes: list | None = None) -> None:
         now[0] = at

@@ -8,7 +8,14 @@ import math
 import pytest
 import torch
 
-from trainers.policies.noise import (AdaScaleSignal, GradientNoiseScale, MicroBatchGradNorms, NoiseProbe, norm_test, sq_norm_tensor)
+from trainers.policies.noise import (
+    AdaScaleSignal,
+    GradientNoiseScale,
+    MicroBatchGradNorms,
+    NoiseProbe,
+    norm_test,
+    sq_norm_tensor,
+)
 from trainers.policies.schedules import SCALING_RULES
 
 # --------------------------------------------------------------------------- the test problem
@@ -38,8 +45,9 @@ def _sample(w_star: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Ten
     return x, x @ w_star + NOISE * torch.randn(n, generator=g, dtype=torch.float64)
 
 
-def _measure_b_simple(seed: int, batch: int, micro: int, steps: int = 400, ema: float = 0.998) -> tuple[
-        GradientNoiseScale, float]:
+def _measure_b_simple(
+    seed: int, batch: int, micro: int, steps: int = 400, ema: float = 0.998
+) -> tuple[GradientNoiseScale, float]:
     """Feed the estimator through the loop's probe at W = 1: micro-batch gradients by accumulation,
     the big one at the end, the statistics "reduced" over one worker.
 
@@ -88,8 +96,9 @@ def test_uneven_micro_batches_pool_at_the_harmonic_mean() -> None:
     probe = NoiseProbe(0.0, [w], world=1, device=torch.device("cpu"))
     probe.begin_step()
     for value, b in ((1.0, 40), (2.0, 30), (3.0, 30)):  # micro-batch gradients of squared norm 1, 2, 3
-        w.grad = (w.grad if w.grad is not None else torch.zeros_like(w)) + \
-            torch.tensor([value ** 0.5, 0.0], dtype=torch.float64) * (b / 100)
+        w.grad = (w.grad if w.grad is not None else torch.zeros_like(w)) + torch.tensor(
+            [value**0.5, 0.0], dtype=torch.float64
+        ) * (b / 100)
         probe.after_micro_batch(100, b)
     small = probe.finish(100, 100).tolist()
     assert small[0] / small[3] == pytest.approx(2.0)
@@ -133,8 +142,12 @@ def test_state_round_trips_through_a_weights_only_checkpoint() -> None:
     state = torch.load(buf, weights_only=True)["gns"]
     fresh = GradientNoiseScale(ema=0.9)
     fresh.load_state_dict(state)
-    assert (fresh.g_sq, fresh.trace_sigma, fresh.b_simple, fresh.count) == (gns.g_sq, gns.trace_sigma,
-                                                                             gns.b_simple, gns.count)
+    assert (fresh.g_sq, fresh.trace_sigma, fresh.b_simple, fresh.count) == (
+        gns.g_sq,
+        gns.trace_sigma,
+        gns.b_simple,
+        gns.count,
+    )
     gns.update(4.0, 8, 1.5, 64)
     fresh.update(4.0, 8, 1.5, 64)
     assert fresh.state_dict() == gns.state_dict()
@@ -172,8 +185,9 @@ def test_sq_norm_and_micro_batch_probe() -> None:
 def _known_samples(c: float) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Four samples of 16 around g = e_1 with deviations +-c e_2, +-c e_3: Var = 16 * 4c^2 / 3."""
     g = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
-    devs = [torch.tensor(v, dtype=torch.float64) * c for v in
-            ([0, 1, 0, 0], [0, -1, 0, 0], [0, 0, 1, 0], [0, 0, -1, 0])]
+    devs = [
+        torch.tensor(v, dtype=torch.float64) * c for v in ([0, 1, 0, 0], [0, -1, 0, 0], [0, 0, 1, 0], [0, 0, -1, 0])
+    ]
     return [g + dv for dv in devs], g
 
 
@@ -220,13 +234,15 @@ def test_noise_estimate_is_unbiased_with_uneven_samples() -> None:
     means = torch.stack([p.mean(1) for p in parts], dim=1)  # trials x n x d
     big = z.mean(1)
     w = torch.tensor(sizes, dtype=torch.float64)
-    var = ((w[None, :, None] * (means - big[:, None, :]).square()).sum((1, 2)) / (len(sizes) - 1))
+    var = (w[None, :, None] * (means - big[:, None, :]).square()).sum((1, 2)) / (len(sizes) - 1)
     assert float(var.mean()) == pytest.approx(float(sig.square().sum()), rel=0.03)
     # what the loop measures (the probe's pooled small norm at the harmonic mean size) is unbiased too
     b_small = len(sizes) / sum(1.0 / b for b in sizes)
     small = means.square().sum(2).mean(1)
-    traces = [GradientNoiseScale.estimate(float(small[t]), b_small, float(big[t].square().sum()), sum(sizes))[1]
-              for t in range(trials)]
+    traces = [
+        GradientNoiseScale.estimate(float(small[t]), b_small, float(big[t].square().sum()), sum(sizes))[1]
+        for t in range(trials)
+    ]
     assert sum(traces) / trials == pytest.approx(float(sig.square().sum()), rel=0.05)
 
 

@@ -1,6 +1,6 @@
-"""orchestrator/note.py: the run's description in MLflow."""
+"""orchestrator/record/note.py: the run's description in MLflow."""
 
-from orchestrator.note import changes, describe, series_line
+from orchestrator.record.note import changes, describe, series_line
 from tests.helpers import make_config
 from trainers.link import metrics as M
 
@@ -16,10 +16,14 @@ def test_b_and_w_read_as_the_values_they_took_and_where():
 
 def test_the_description_says_what_was_trained_and_how_b_and_w_changed(tmp_path):
     cfg = make_config(tmp_path, "sqlite:///x.db", train={"epochs": 3})
-    history = {M.TRAIN_LOSS: [(1, 2.3), (300, 0.08)], M.VAL_ACCURACY: [(100, 0.7), (300, 0.92)],
-               M.EPOCH: [(1, 0.01), (300, 3.0)], M.LR: [(1, 0.05), (300, 0.1)],
-               M.BATCH_GLOBAL: [(1, 32.0), (99, 32.0), (100, 64.0), (300, 64.0)],
-               M.WORKERS: [(1, 1.0), (99, 1.0), (100, 2.0), (300, 2.0)]}
+    history = {
+        M.TRAIN_LOSS: [(1, 2.3), (300, 0.08)],
+        M.VAL_ACCURACY: [(100, 0.7), (300, 0.92)],
+        M.EPOCH: [(1, 0.01), (300, 3.0)],
+        M.LR: [(1, 0.05), (300, 0.1)],
+        M.BATCH_GLOBAL: [(1, 32.0), (99, 32.0), (100, 64.0), (300, 64.0)],
+        M.WORKERS: [(1, 1.0), (99, 1.0), (100, 2.0), (300, 2.0)],
+    }
     text = describe(cfg, history, "FINISHED", resizes=1, resumes=1)
     assert text.startswith("**mlp** on **digits**: 300 steps, 3 of 3 epochs (finished, resumed 1 time)")
     assert "\n- val/accuracy **0.92**, train/loss 0.08\n" in text  # the validation result leads

@@ -10,7 +10,21 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainers.policies.optim import (LAMB, LARS, MF_RULES, OPTIMIZERS, MFRuleName, OptimizerConfig, OptimizerName, apply_momentum_correction, build_optimizer, mf_for, needs_momentum_correction, set_lr, set_mf)
+from trainers.policies.optim import (
+    LAMB,
+    LARS,
+    MF_RULES,
+    OPTIMIZERS,
+    MFRuleName,
+    OptimizerConfig,
+    OptimizerName,
+    apply_momentum_correction,
+    build_optimizer,
+    mf_for,
+    needs_momentum_correction,
+    set_lr,
+    set_mf,
+)
 
 F64 = torch.float64
 
@@ -54,12 +68,15 @@ def test_lars_and_lamb_keep_their_mf_key():
     assert lars.param_groups[0]["momentum"] == 0.9 and lars.param_groups[0]["trust_coefficient"] == 0.02
 
 
-@pytest.mark.parametrize("cfg, field", [
-    ({"name": "larz"}, "name"),
-    ({"mf_rule": "per_worker"}, "mf_rule"),
-    ({"mf_ref_batch": 0}, "mf_ref_batch"),
-    ({"trust_coefficient": 0}, "trust_coefficient"),
-])
+@pytest.mark.parametrize(
+    "cfg, field",
+    [
+        ({"name": "larz"}, "name"),
+        ({"mf_rule": "per_worker"}, "mf_rule"),
+        ({"mf_ref_batch": 0}, "mf_ref_batch"),
+        ({"trust_coefficient": 0}, "trust_coefficient"),
+    ],
+)
 def test_bad_config_names_the_field(cfg, field):
     with pytest.raises(ValidationError) as e:
         OptimizerConfig(**cfg)
@@ -73,13 +90,16 @@ def test_mf_rule_fixed():
     assert mf_for(OptimizerConfig(mf=0.9), 7.0) == 0.9
 
 
-@pytest.mark.parametrize("mf, ref, base, b, expected", [
-    (0.9, 64, 256, 32, 0.9 ** 0.5),  # half the per-worker batch: larger mu
-    (0.9, 64, 256, 64, 0.9),
-    (0.9, 64, 256, 128, 0.81),
-    (0.9, None, 64, 32, 0.9 ** 0.5),  # b_ref defaults to base_batch_size
-    (0.0, None, 64, 32, 0.0),
-])
+@pytest.mark.parametrize(
+    "mf, ref, base, b, expected",
+    [
+        (0.9, 64, 256, 32, 0.9**0.5),  # half the per-worker batch: larger mu
+        (0.9, 64, 256, 64, 0.9),
+        (0.9, 64, 256, 128, 0.81),
+        (0.9, None, 64, 32, 0.9**0.5),  # b_ref defaults to base_batch_size
+        (0.0, None, 64, 32, 0.0),
+    ],
+)
 def test_mf_rule_per_worker_batch(mf, ref, base, b, expected):
     cfg = OptimizerConfig(mf=mf, mf_rule="per_worker_batch", mf_ref_batch=ref, base_batch_size=base)
     assert mf_for(cfg, b) == pytest.approx(expected)
@@ -202,13 +222,14 @@ def test_lars_trust_ratio_is_one_for_zero_weights():
 # --------------------------------------------------------------------------- LAMB by hand
 
 
-def _lamb_reference(w: list[float], grads: list[list[float]], lr: float, b1: float, b2: float, eps: float,
-                    wd: float) -> list[float]:
+def _lamb_reference(
+    w: list[float], grads: list[list[float]], lr: float, b1: float, b2: float, eps: float, wd: float
+) -> list[float]:
     m, v = [0.0] * len(w), [0.0] * len(w)
     for t, g in enumerate(grads, start=1):
         m = [b1 * mi + (1 - b1) * gi for mi, gi in zip(m, g)]
         v = [b2 * vi + (1 - b2) * gi * gi for vi, gi in zip(v, g)]
-        r = [(mi / (1 - b1 ** t)) / (math.sqrt(vi / (1 - b2 ** t)) + eps) + wd * wi for mi, vi, wi in zip(m, v, w)]
+        r = [(mi / (1 - b1**t)) / (math.sqrt(vi / (1 - b2**t)) + eps) + wd * wi for mi, vi, wi in zip(m, v, w)]
         ratio = _norm(w) / _norm(r) if _norm(w) > 0 and _norm(r) > 0 else 1.0
         w = [wi - lr * ratio * ri for wi, ri in zip(w, r)]
     return w
@@ -303,11 +324,14 @@ def test_adamw_timescale_by_hand():
         adamw_timescale(64, 0.0, 0.1, 50_000)
 
 
-@pytest.mark.parametrize("rule, scale, expected", [
-    ("linear", 4.0, 0.1),    # eta x 4 and B x 4: lambda stays
-    ("sqrt", 2.0, 0.2),      # eta x 2, B x 4: lambda x 2
-    ("none", 1.0, 0.4),      # eta fixed, B x 4: lambda x 4 (Power Lines: linear in B)
-])
+@pytest.mark.parametrize(
+    "rule, scale, expected",
+    [
+        ("linear", 4.0, 0.1),  # eta x 4 and B x 4: lambda stays
+        ("sqrt", 2.0, 0.2),  # eta x 2, B x 4: lambda x 2
+        ("none", 1.0, 0.4),  # eta fixed, B x 4: lambda x 4 (Power Lines: linear in B)
+    ],
+)
 def test_timescale_rule_keeps_tau_at_its_tuned_value(rule, scale, expected):
     from trainers.policies.optim import adamw_timescale, weight_decay_for
 
@@ -318,15 +342,20 @@ def test_timescale_rule_keeps_tau_at_its_tuned_value(rule, scale, expected):
     assert weight_decay_for(OptimizerConfig(weight_decay=0.1), 256, scale) == 0.1  # rule none: as configured
 
 
-@pytest.mark.parametrize("cfg, start", [
-    ({"name": "adam", "weight_decay": 0.1, "wd_rule": "timescale"}, "optimizer.wd_rule: timescale is defined for "
-                                                                    "AdamW"),
-    ({"name": "adamw", "wd_rule": "timescale"}, "optimizer.weight_decay: wd_rule timescale scales it"),
-    ({"wd_rule": "power"}, "wd_rule"),
-])
+@pytest.mark.parametrize(
+    "cfg, start",
+    [
+        (
+            {"name": "adam", "weight_decay": 0.1, "wd_rule": "timescale"},
+            "optimizer.wd_rule: timescale is defined for AdamW",
+        ),
+        ({"name": "adamw", "wd_rule": "timescale"}, "optimizer.weight_decay: wd_rule timescale scales it"),
+        ({"wd_rule": "power"}, "wd_rule"),
+    ],
+)
 def test_wd_rule_config_errors(cfg, start):
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         validated({"optimizer": cfg})
@@ -334,12 +363,16 @@ def test_wd_rule_config_errors(cfg, start):
 
 
 def test_wd_rule_refuses_adascale_in_one_line():
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"^optimizer\.wd_rule: timescale needs the LR a batch gets ahead of time"):
-        validated({"optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
-                  "schedule": {"scaling_rule": "adascale"}})
+        validated(
+            {
+                "optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
+                "schedule": {"scaling_rule": "adascale"},
+            }
+        )
 
 
 def test_policy_set_applies_the_timescale_weight_decay():

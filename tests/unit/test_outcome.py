@@ -1,4 +1,4 @@
-"""How a run ends (orchestrator/outcome.py): each terminal state's MLflow status, exit status and
+"""How a run ends (orchestrator/run/outcome.py): each terminal state's MLflow status, exit status and
 one line; the resume command's wording; and the CLI's exit status taken from the run's end."""
 
 from __future__ import annotations
@@ -8,10 +8,27 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.command import cli
-from orchestrator.outcome import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TRACEBACK_ARTIFACT, CapacityLost,
-                                  DriverFailed, Diverged, Ending, Finished, Interrupted, OutOfStorage,
-                                  RayTrainFailed, Resume, Stopped, TrackingGone, UserCodeFailed, ending, is_fatal)
+from orchestrator.config.command import cli
+from orchestrator.run.outcome import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    TRACEBACK_ARTIFACT,
+    CapacityLost,
+    Diverged,
+    DriverFailed,
+    Ending,
+    Finished,
+    Interrupted,
+    OutOfStorage,
+    RayTrainFailed,
+    Resume,
+    Stopped,
+    TrackingGone,
+    UserCodeFailed,
+    ending,
+    is_fatal,
+)
 from trainers.link import messages as msg
 from trainers.loop.storage import StorageFull
 
@@ -20,9 +37,14 @@ FROM_PYTHON = Resume("abc123", "sqlite:////store/mlflow.db", from_python=True)
 
 
 def _user_error(deterministic: bool = True, where: str = "my_data.py:42 in __getitem__") -> msg.WorkloadFailed:
-    return msg.WorkloadFailed(rank=1, phase=0, where=where, error="ValueError: corrupt record 17",
-                              traceback="Traceback (most recent call last):\n  ...\nValueError: corrupt record 17",
-                              deterministic=deterministic)
+    return msg.WorkloadFailed(
+        rank=1,
+        phase=0,
+        where=where,
+        error="ValueError: corrupt record 17",
+        traceback="Traceback (most recent call last):\n  ...\nValueError: corrupt record 17",
+        deterministic=deterministic,
+    )
 
 
 def _raised(e: BaseException) -> BaseException:
@@ -41,42 +63,56 @@ def test_a_diverged_run_fails_with_the_events_message():
     ev = msg.Diverged(step=17, value=float("nan"), checkpoint="/runs/elastic-abc123/checkpoint_step00000010")
     said = ending(Diverged(ev), RUN)
     assert (said.status, said.exit_code, said.traceback) == ("FAILED", 1, None)
-    assert said.message == ("training diverged at step 17: train/loss = nan; the last finite checkpoint is "
-                            "/runs/elastic-abc123/checkpoint_step00000010; lower optimizer.lr or lengthen the warmup")
+    assert said.message == (
+        "training diverged at step 17: train/loss = nan; the last finite checkpoint is "
+        "/runs/elastic-abc123/checkpoint_step00000010; lower optimizer.lr or lengthen the warmup"
+    )
 
 
-@pytest.mark.parametrize("deterministic, why", [(True, "not retried: a restart would meet it again"),
-                                                (False, "met again after a restart")])
+@pytest.mark.parametrize(
+    "deterministic, why", [(True, "not retried: a restart would meet it again"), (False, "met again after a restart")]
+)
 def test_the_users_error_fails_the_run_with_where_and_why_and_its_traceback(deterministic, why):
     ev = _user_error(deterministic)
     said = ending(UserCodeFailed(ev), RUN)
     assert (said.status, said.exit_code) == ("FAILED", 1)
-    assert said.message == (f"my_data.py:42 in __getitem__: ValueError: corrupt record 17 (rank 1; {why}; full "
-                            f"traceback: artifact {TRACEBACK_ARTIFACT} of the run)")
+    assert said.message == (
+        f"my_data.py:42 in __getitem__: ValueError: corrupt record 17 (rank 1; {why}; full "
+        f"traceback: artifact {TRACEBACK_ARTIFACT} of the run)"
+    )
     assert said.traceback == ev.traceback
 
 
 def test_a_full_checkpoint_storage_fails_the_run_with_what_is_kept_and_the_resume_command():
-    ev = msg.StorageFailed(step=40, path="/d/elastic-abc123/checkpoint_step00000040", code=errno.ENOSPC, free=0,
-                           message="the checkpoint storage is full (No space left on device) writing "
-                                   "/d/elastic-abc123/checkpoint_step00000040, 0 B free there",
-                           fix="free space there", checkpoint=None)
+    ev = msg.StorageFailed(
+        step=40,
+        path="/d/elastic-abc123/checkpoint_step00000040",
+        code=errno.ENOSPC,
+        free=0,
+        message="the checkpoint storage is full (No space left on device) writing "
+        "/d/elastic-abc123/checkpoint_step00000040, 0 B free there",
+        fix="free space there",
+        checkpoint=None,
+    )
     said = ending(OutOfStorage(ev), RUN)
     assert (said.status, said.exit_code, said.traceback) == ("FAILED", 1, None)
     assert said.message == (
         "the checkpoint storage is full (No space left on device) writing /d/elastic-abc123/checkpoint_step00000040, "
         "0 B free there; training stopped at step 40 without restarting (a restart would write into the same "
         "storage); no checkpoint was written yet; free space there, then: "
-        f"{cli()} resume abc123 --tracking-uri sqlite:////store/mlflow.db")
+        f"{cli()} resume abc123 --tracking-uri sqlite:////store/mlflow.db"
+    )
 
 
 def test_a_full_disk_on_the_drivers_side_fails_the_run_with_the_resume_command():
     err = StorageFull("/home/me/mlruns/1/artifacts/model.pt", errno.EDQUOT, free=None, what="driver's")
     said = ending(OutOfStorage(err), FROM_PYTHON)
     assert (said.status, said.exit_code) == ("FAILED", 1)
-    assert said.message == ("the driver's storage is over its disk quota (Disk quota exceeded) writing "
-                            "/home/me/mlruns/1/artifacts/model.pt; free space there or raise the quota, then: "
-                            "fit(resume='abc123', ...) with the same functions")
+    assert said.message == (
+        "the driver's storage is over its disk quota (Disk quota exceeded) writing "
+        "/home/me/mlruns/1/artifacts/model.pt; free space there or raise the quota, then: "
+        "fit(resume='abc123', ...) with the same functions"
+    )
 
 
 def test_a_lost_tracking_server_fails_the_run_with_the_trackers_account():
@@ -86,8 +122,9 @@ def test_a_lost_tracking_server_fails_the_run_with_the_trackers_account():
 
 def test_lost_capacity_fails_the_run_with_its_message():
     said = ending(CapacityLost("lost capacity: only 0 of scaling.min_workers 1 workers fit ...; with: X"), RUN)
-    assert said == Ending("FAILED", EXIT_FAILED, "lost capacity: only 0 of scaling.min_workers 1 workers fit ...; "
-                                                 "with: X")
+    assert said == Ending(
+        "FAILED", EXIT_FAILED, "lost capacity: only 0 of scaling.min_workers 1 workers fit ...; with: X"
+    )
 
 
 @pytest.mark.parametrize("kind", [RayTrainFailed, DriverFailed])
@@ -104,13 +141,19 @@ def test_an_error_not_the_users_fails_the_run_with_its_first_line_and_traceback(
 def test_an_interrupted_run_is_killed_with_exit_130_and_how_to_continue_it():
     said = ending(Interrupted(steps=57, checkpoint=50), RUN)
     assert (said.status, said.exit_code, said.traceback) == ("KILLED", EXIT_INTERRUPTED, None)
-    assert said.message == (f"stopped by Ctrl-C or SIGTERM after step 57; it continues from its checkpoint at step 50 "
-                            f"with: {cli()} resume abc123")
+    assert said.message == (
+        f"stopped by Ctrl-C or SIGTERM after step 57; it continues from its checkpoint at step 50 "
+        f"with: {cli()} resume abc123"
+    )
     assert ending(Interrupted(steps=57, checkpoint=50), FROM_PYTHON).message.endswith(
-        "with: from Python: fit(resume='abc123', ...) with the same functions")
+        "with: from Python: fit(resume='abc123', ...) with the same functions"
+    )
     before = ending(Interrupted(steps=3, checkpoint=None), RUN)
-    assert before == Ending("KILLED", 130, "stopped by Ctrl-C or SIGTERM after step 3, before its first checkpoint: "
-                                           "nothing to resume; train it anew")
+    assert before == Ending(
+        "KILLED",
+        130,
+        "stopped by Ctrl-C or SIGTERM after step 3, before its first checkpoint: nothing to resume; train it anew",
+    )
 
 
 def test_something_that_is_no_terminal_state_is_refused():
@@ -120,9 +163,15 @@ def test_something_that_is_no_terminal_state_is_refused():
 
 def test_the_resume_command_names_the_store_without_its_credentials(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert Resume("r1", "sqlite:///mlflow.db").command() == f"{cli()} resume r1 --tracking-uri sqlite:///{tmp_path}/mlflow.db"
-    assert Resume("r1", "postgresql://alice:s3cret@db/mlflow").command().endswith(
-        "--tracking-uri postgresql://alice:***@db/mlflow")
+    assert (
+        Resume("r1", "sqlite:///mlflow.db").command()
+        == f"{cli()} resume r1 --tracking-uri sqlite:///{tmp_path}/mlflow.db"
+    )
+    assert (
+        Resume("r1", "postgresql://alice:s3cret@db/mlflow")
+        .command()
+        .endswith("--tracking-uri postgresql://alice:***@db/mlflow")
+    )
     assert Resume("r1", "sqlite:///mlflow.db").command(store=False) == f"{cli()} resume r1"
     assert Resume("r1", "").command() == f"{cli()} resume r1"
     assert Resume("r1", "sqlite:///m.db", from_python=True).command() == "fit(resume='r1', ...) with the same functions"
@@ -136,13 +185,21 @@ def test_a_deterministic_error_or_one_met_before_is_fatal():
 
 
 def test_the_cli_exits_with_the_status_of_the_runs_end(monkeypatch, capsys):
-    import orchestrator.runner as runner
+    import orchestrator.run.runner as runner
     from orchestrator.cli import _train_and_report
 
     def summary(end, status, code):
-        return runner.RunSummary(run_id="abc123", tracking_uri="sqlite:///m.db", experiment_id="1", status=status,
-                                 steps=5, wall_s=1.0, exit_code=code, outcome=end,
-                                 error=ending(end, RUN).message)
+        return runner.RunSummary(
+            run_id="abc123",
+            tracking_uri="sqlite:///m.db",
+            experiment_id="1",
+            status=status,
+            steps=5,
+            wall_s=1.0,
+            exit_code=code,
+            outcome=end,
+            error=ending(end, RUN).message,
+        )
 
     cfg = SimpleNamespace(tracking=SimpleNamespace(experiment="e"))
     for end, status, code in ((Finished(), "FINISHED", 0), (CapacityLost("lost capacity"), "FAILED", 1)):

@@ -1,21 +1,22 @@
-"""The driver's phase states (orchestrator/phases.py) without Ray: a fake monitor (the real
+"""The driver's phase states (orchestrator/run/phases.py) without Ray: a fake monitor (the real
 :class:`MonitorState`, called directly) and fake ``fit()`` phases that play a worker group's part."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from orchestrator.outcome import CapacityLost, Finished, RayTrainFailed
-from orchestrator.phases import PhaseRunner, RunStart
-from orchestrator.progress import Progress
-from trainers.policies.resize import WorkerCount, WorkersForBatch
+from orchestrator.record.progress_bar import Progress
+from orchestrator.run.monitor import MonitorState
+from orchestrator.run.outcome import CapacityLost, Finished, RayTrainFailed
+from orchestrator.run.phases import PhaseRunner, RunStart
 from tests.helpers import make_config
 from trainers.link.messages import FirstStep, PhaseStart
-from orchestrator.monitor import MonitorState
+from trainers.policies.resize import WorkerCount, WorkersForBatch
 
 
 class _Remote:
@@ -39,7 +40,9 @@ class FakeTracker:
     def __init__(self) -> None:
         self.metrics: list = []
         self.tags: dict[str, Any] = {}
-        self.writer = SimpleNamespace(written_upto=-1)  # the parts the runner reads (orchestrator/tracking.py)
+        self.writer = SimpleNamespace(
+            written_upto=-1
+        )  # the parts the runner reads (orchestrator/record/run_tracker.py)
         self.series = SimpleNamespace(newest_step=-1, history={})
 
     def log_metrics(self, records, flush: bool = False) -> None:
@@ -70,21 +73,31 @@ class FakeFit:
         return self.play(self.monitor, self.phase)
 
 
-def _runner(tmp_path, monkeypatch, plays: dict[int, Callable[[MonitorState, int], Any]], resize_mode: str,
-            free_cpus: float = 8.0) -> tuple[PhaseRunner, FakeTracker, list[tuple[int, int, bool]]]:
+def _runner(
+    tmp_path,
+    monkeypatch,
+    plays: dict[int, Callable[[MonitorState, int], Any]],
+    resize_mode: str,
+    free_cpus: float = 8.0,
+) -> tuple[PhaseRunner, FakeTracker, list[tuple[int, int, bool]]]:
     import ray
 
-    cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32},
-                      scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5,
-                               "resize_mode": resize_mode})
+    cfg = make_config(
+        tmp_path,
+        "mem://",
+        batch={"size": 32, "max_local_batch": 32},
+        scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5, "resize_mode": resize_mode},
+    )
     tracker = FakeTracker()
     monkeypatch.setattr(ray, "get", lambda x: x)
     monkeypatch.setattr(ray, "kill", lambda x: None)
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free_cpus})
     runner = make_runner(cfg, tracker, poll_s=0.01)
-    state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 4),
-                         overlap_resources={"CPU": 0.5} if resize_mode == "overlap" else None,
-                         available=lambda: {"CPU": free_cpus})
+    state = MonitorState(
+        WorkerCount(WorkersForBatch(), 32, 1, 4),
+        overlap_resources={"CPU": 0.5} if resize_mode == "overlap" else None,
+        available=lambda: {"CPU": free_cpus},
+    )
     started: list[tuple[int, int, bool]] = []
 
     def make_monitor() -> None:
@@ -100,9 +113,13 @@ def _runner(tmp_path, monkeypatch, plays: dict[int, Callable[[MonitorState, int]
 
 
 def _group(m: MonitorState, phase: int, workers: int, step: int) -> None:
-    m.push([(step + 1, {"workers": float(workers)}, 1.0)],
-           [PhaseStart(phase=phase, workers=workers, step=step, resumed=phase > 0, threads=1, entered=1.0,
-                       built=1.0), FirstStep(step=step + 1, phase=phase)])
+    m.push(
+        [(step + 1, {"workers": float(workers)}, 1.0)],
+        [
+            PhaseStart(phase=phase, workers=workers, step=step, resumed=phase > 0, threads=1, entered=1.0, built=1.0),
+            FirstStep(step=step + 1, phase=phase),
+        ],
+    )
 
 
 def test_a_restart_resize_starts_the_next_phase_after_the_old_one_ends(tmp_path, monkeypatch):
@@ -123,7 +140,7 @@ def test_a_restart_resize_starts_the_next_phase_after_the_old_one_ends(tmp_path,
     assert (r["mode"], r["from"], r["to"], r["step"], r["phase"]) == ("restart", 1, 2, 10, 1)
     assert r["latency_s"] is not None and r["overlap_s"] == 0.0
     logged = [r[1] for r in tracker.metrics if "resize/from" in r[1]]
-    # the latency's parts are in the timeline artifact (orchestrator/timeline.py), not seven one-dot charts
+    # the latency's parts are in the timeline artifact (orchestrator/record/timeline.py), not seven one-dot charts
     assert logged == [{"resize/from": 1.0, "resize/to": 2.0, "resize/latency_s": r["latency_s"]}]
     assert runner.resize_book.called_off == 0 and runner.book.first_step_s() is not None
 
@@ -183,6 +200,8 @@ def test_a_restarted_group_counts_and_a_failed_fit_ends_the_run_with_its_error(t
     end = runner.run()
     assert isinstance(end, RayTrainFailed) and str(end.error) == "out of failures" and runner.book.restarts == 1
     assert (5, {"restarts": 1.0}) in tracker.metrics and tracker.tags["elastic.restarts"] == 1
+
+
 def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeypatch):
     def old(m: MonitorState, phase: int) -> str:
         _group(m, phase, 1, 0)
@@ -203,11 +222,13 @@ def test_a_new_group_that_cannot_start_falls_back_to_a_restart(tmp_path, monkeyp
     assert runner.run() == Finished("done")
     assert started == [(0, 1, False), (1, 2, True), (2, 2, False)]  # the failed start keeps its index
     assert [r["mode"] for r in runner.resize_book.measured] == ["restart"]
-    assert "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
+    assert (
+        "overlapping resize fell back to restart: RuntimeError('no room after all')" in tracker.tags["elastic.warnings"]
+    )
 
 
 def test_the_progress_bar_counts_samples_and_shows_the_policy_batch(capsys):
-    from orchestrator.progress import Progress
+    from orchestrator.record.progress_bar import Progress
 
     p = Progress(total=1000, enabled=True)
     p.update([(1, {"samples_seen": 16.0, "batch/global": 16.0, "workers": 1.0, "epoch": 0.016}, 0.0)])
@@ -222,7 +243,7 @@ def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
     """An event at step s reaches the listeners after the records up to s and before later ones."""
     import ray
 
-    from orchestrator.listeners import RunListener
+    from orchestrator.record.listeners import RunListener
     from trainers.link.messages import BatchChange
 
     seen: list = []
@@ -287,17 +308,28 @@ def test_the_runner_keeps_a_dozen_things_or_fewer(tmp_path):
     assert names.train_run_name == "elastic-abc" and names.storage_path.startswith(str(tmp_path))
     assert names.phase_run_name(3) == "elastic-abc-r0p3" and names.folder == f"{names.storage_path}/elastic-abc"
     assert (runner.resize_book.measured, runner.resize_book.called_off, runner.book.restarts, runner.link.actor) == (
-        [], 0, 0, None)
+        [],
+        0,
+        0,
+        None,
+    )
 
 
 def test_what_a_resumed_run_brings_reaches_its_owners_at_construction(tmp_path):
     """A resume's record (runner.read_start) is the runner's only source of what earlier drivers left:
     phase run names, the reservations it holds, restarts, the W it goes on at, the tags the
     listeners go on from, the time the run counts from."""
-    cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32},
-                      scaling={"min_workers": 1, "max_workers": 4})
-    start = RunStart(t0=5.0, resumes=2, ray_train_runs="r1,r2", restarts=3, workers=3,
-                     tags={"elastic.warnings": "earlier warning", "elastic.resizes_called_off": "2"})
+    cfg = make_config(
+        tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32}, scaling={"min_workers": 1, "max_workers": 4}
+    )
+    start = RunStart(
+        t0=5.0,
+        resumes=2,
+        ray_train_runs="r1,r2",
+        restarts=3,
+        workers=3,
+        tags={"elastic.warnings": "earlier warning", "elastic.resizes_called_off": "2"},
+    )
     runner = make_runner(cfg, FakeTracker(), start, judged=["val/loss"], poll_s=0.2)
     assert runner.names.phase_run_name(3) == "elastic-abc-r2p3" and runner.names.ray_train_runs == "r1,r2"
     assert (runner.book.restarts, runner.book.t_start, runner.initial_workers()) == (3, 5.0, 3)
@@ -310,7 +342,7 @@ def test_what_a_resumed_run_brings_reaches_its_owners_at_construction(tmp_path):
 def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_to_resume(tmp_path, monkeypatch):
     """A lost node left fewer than ``scaling.min_workers`` places: the driver says it waits, and once
     ``capacity_timeout_s`` is over it ends the run with one message (the group never ran again)."""
-    from orchestrator.nodes import CapacityWatch
+    from orchestrator.run.nodes import CapacityWatch
 
     stop = threading.Event()
 
@@ -326,8 +358,11 @@ def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_
         now[0] += 7.0  # each look at the cluster is a few seconds later
         return [{"Alive": False, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 0.25}}]
 
-    monkeypatch.setattr(runner, "capacity", CapacityWatch(min_workers=1, timeout_s=60, every_s=0.0, nodes=live_nodes,
-                                                          clock=lambda: now[0]))
+    monkeypatch.setattr(
+        runner,
+        "capacity",
+        CapacityWatch(min_workers=1, timeout_s=60, every_s=0.0, nodes=live_nodes, clock=lambda: now[0]),
+    )
     said: list[str] = []
     monkeypatch.setattr(runner.progress, "write", said.append)
     try:
@@ -336,7 +371,7 @@ def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_
         stop.set()
     assert isinstance(end, CapacityLost)
     assert end.message.startswith("lost capacity: only 0 of scaling.min_workers 1 workers fit the live nodes")
-    from orchestrator.command import cli
+    from orchestrator.config.command import cli
 
     assert end.message.endswith(f"with: {cli()} resume {runner.tracker.run_id}")
     assert said and said[0].startswith("waiting for capacity: 0 of scaling.min_workers 1 workers fit")
@@ -358,8 +393,8 @@ def _stoppable(m: MonitorState, phase: int) -> str:
 
 
 def test_a_run_asked_to_stop_before_its_end_ends_stopped(tmp_path, monkeypatch):
-    from orchestrator.listeners import RunListener
-    from orchestrator.outcome import Stopped
+    from orchestrator.record.listeners import RunListener
+    from orchestrator.run.outcome import Stopped
 
     runner, _, _ = _runner(tmp_path, monkeypatch, {0: _stoppable}, "restart")
 
@@ -373,14 +408,15 @@ def test_a_run_asked_to_stop_before_its_end_ends_stopped(tmp_path, monkeypatch):
 
 
 def test_a_tracking_server_away_too_long_stops_the_group_and_ends_the_run_with_the_trackers_account(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """No exception between the poll and the loop: the poll stops the group at a checkpoint, drains
     it and returns the end, with the tracker's one line (its resume command names the store)."""
     import ray
 
-    from orchestrator.command import cli
-    from orchestrator.outcome import TrackingGone
-    from orchestrator.tracking import TrackingLost
+    from orchestrator.config.command import cli
+    from orchestrator.record.run_tracker import TrackingLost
+    from orchestrator.run.outcome import TrackingGone
 
     runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: _stoppable}, "restart")
     monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
@@ -407,31 +443,39 @@ def test_a_tracking_server_away_too_long_stops_the_group_and_ends_the_run_with_t
 def _failed(where: str, deterministic: bool):
     from trainers.link.messages import WorkloadFailed
 
-    return WorkloadFailed(rank=0, phase=0, where=where, error="ValueError: bad", traceback="tb",
-                          deterministic=deterministic)
+    return WorkloadFailed(
+        rank=0, phase=0, where=where, error="ValueError: bad", traceback="tb", deterministic=deterministic
+    )
 
 
-@pytest.mark.parametrize("events, error, want", [
-    ([], None, "Finished"),
-    (["stopped"], None, "Stopped"),
-    (["stopped", "finished"], None, "Finished"),  # a stop that came after the end: it finished
-    (["diverged"], None, "Diverged"),
-    (["storage"], None, "OutOfStorage"),
-    (["diverged", "storage", "fatal"], None, "UserCodeFailed"),  # the user's error first
-    (["diverged", "storage"], None, "Diverged"),
-    (["transient"], None, "Finished"),  # retried once by Ray Train, and it went on
-    (["transient"], RuntimeError("out of failures"), "UserCodeFailed"),  # Ray Train gave up on the user's error
-    (["storage"], RuntimeError("out of failures"), "RayTrainFailed"),
-    ([], RuntimeError("out of failures"), "RayTrainFailed"),
-])
+@pytest.mark.parametrize(
+    "events, error, want",
+    [
+        ([], None, "Finished"),
+        (["stopped"], None, "Stopped"),
+        (["stopped", "finished"], None, "Finished"),  # a stop that came after the end: it finished
+        (["diverged"], None, "Diverged"),
+        (["storage"], None, "OutOfStorage"),
+        (["diverged", "storage", "fatal"], None, "UserCodeFailed"),  # the user's error first
+        (["diverged", "storage"], None, "Diverged"),
+        (["transient"], None, "Finished"),  # retried once by Ray Train, and it went on
+        (["transient"], RuntimeError("out of failures"), "UserCodeFailed"),  # Ray Train gave up on the user's error
+        (["storage"], RuntimeError("out of failures"), "RayTrainFailed"),
+        ([], RuntimeError("out of failures"), "RayTrainFailed"),
+    ],
+)
 def test_the_book_says_how_the_run_ended_the_gravest_first(events, error, want):
-    from orchestrator.phases import EventBook
+    from orchestrator.run.phases import EventBook
     from trainers.link import messages as msg
 
-    made = {"stopped": msg.Stopped(step=3), "finished": msg.Finished(step=4),
-            "diverged": msg.Diverged(step=5, value=float("nan")),
-            "storage": msg.StorageFailed(step=6, path="/d", code=28, free=0, message="full", fix="free space"),
-            "fatal": _failed("my.py:1 in f", True), "transient": _failed("my.py:2 in g", False)}
+    made = {
+        "stopped": msg.Stopped(step=3),
+        "finished": msg.Finished(step=4),
+        "diverged": msg.Diverged(step=5, value=float("nan")),
+        "storage": msg.StorageFailed(step=6, path="/d", code=28, free=0, message="full", fix="free space"),
+        "fatal": _failed("my.py:1 in f", True),
+        "transient": _failed("my.py:2 in g", False),
+    }
     book = EventBook()
     for name in events:
         book.observe(made[name])
@@ -444,7 +488,7 @@ def test_the_book_says_how_the_run_ended_the_gravest_first(events, error, want):
 def test_the_same_user_error_again_is_fatal_and_stops_the_group(tmp_path, monkeypatch):
     """The driver's book decides with outcome.is_fatal, as the monitor does: a transient error
     is let through once, the same one again ends the run, and the driver asks the group to stop."""
-    from orchestrator.outcome import UserCodeFailed
+    from orchestrator.run.outcome import UserCodeFailed
 
     transient = _failed("my_data.py:9 in __getitem__", False)
 

@@ -1,4 +1,4 @@
-"""The config pipeline (orchestrator/pipeline.py) and the input it refuses: binary and empty files,
+"""The config pipeline (orchestrator/config/prepare.py) and the input it refuses: binary and empty files,
 unknown keys with the nearest valid one, ``--set KEY VALUE``, caps that never bind, numeric flags of
 every command, messages that say how to fix, and BatchNorm layers fed a micro-batch of one sample.
 The same bad config through every entry point as real processes: tests/integration/test_entry_points.py."""
@@ -18,10 +18,10 @@ from torch import nn
 
 from orchestrator.cli import _parser as orchestrator_parser
 from orchestrator.cli import main
-from orchestrator.config import ConfigError, RootConfig, apply_overrides, validate
-from orchestrator.pipeline import prepare
-from search.cli import _parser as search_parser
-from search.cli import main as search_main
+from orchestrator.config.prepare import prepare
+from orchestrator.config.schema import ConfigError, RootConfig, apply_overrides, validate
+from search.commands import _parser as search_parser
+from search.commands import main as search_main
 from tests.config_cases import _write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,14 +31,14 @@ QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 @pytest.fixture
 def no_training(monkeypatch):
     """``run_training`` and ``run_search`` fail the test if reached: bad input must stop before."""
-    fake = types.ModuleType("orchestrator.runner")
+    fake = types.ModuleType("orchestrator.run.runner")
 
     def _must_not_run(*a, **k):
         raise AssertionError("training was reached: the bad input was not caught before the start")
 
     fake.run_training = _must_not_run
     fake.find_run = _must_not_run
-    monkeypatch.setitem(sys.modules, "orchestrator.runner", fake)
+    monkeypatch.setitem(sys.modules, "orchestrator.run.runner", fake)
     import search.driver
 
     monkeypatch.setattr(search.driver, "run_search", _must_not_run)
@@ -59,8 +59,10 @@ def test_binary_config_file_is_one_line(tmp_path, capsys, monkeypatch, no_traini
     p = tmp_path / "model.pt"
     p.write_bytes(b"PK\x03\x04\x89\xfe\xff binary \x00\x01")
     err = _one_line_exit_2(main(["train", str(p)]), capsys)
-    assert err == (f"error: config: '{p}' is not a text file (byte 4 is not UTF-8); pass the YAML config, "
-                   f"such as configs/quickstart.yaml")
+    assert err == (
+        f"error: config: '{p}' is not a text file (byte 4 is not UTF-8); pass the YAML config, "
+        f"such as configs/quickstart.yaml"
+    )
 
 
 def test_nul_bytes_in_utf8_are_not_a_config(tmp_path, capsys, no_training):
@@ -92,25 +94,38 @@ def test_a_folder_is_not_a_config(tmp_path, capsys, no_training):
 # --------------------------------------------------------------------------- keys and --set
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("optimizer.learning_rate=0.1", "optimizer.learning_rate: unknown key; did you mean optimizer.lr?"),
-    ("scaling.max_worker=2", "scaling.max_worker: unknown key; did you mean scaling.max_workers?"),
-    ("shedule.decay=none", "shedule: unknown key; did you mean schedule?"),
-    ("data.loader.worker=2", "data.loader.worker: unknown key; did you mean data.loader.workers?"),
-    ("schedule.warmup=lgew", "schedule.warmup: unknown 'lgew'; expected one of none, constant, gradual, linear, "
-                             "legw, auto; did you mean legw?"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optimizer.learning_rate=0.1", "optimizer.learning_rate: unknown key; did you mean optimizer.lr?"),
+        ("scaling.max_worker=2", "scaling.max_worker: unknown key; did you mean scaling.max_workers?"),
+        ("shedule.decay=none", "shedule: unknown key; did you mean schedule?"),
+        ("data.loader.worker=2", "data.loader.worker: unknown key; did you mean data.loader.workers?"),
+        (
+            "schedule.warmup=lgew",
+            "schedule.warmup: unknown 'lgew'; expected one of none, constant, gradual, linear, "
+            "legw, auto; did you mean legw?",
+        ),
+    ],
+)
 def test_unknown_names_get_the_nearest_valid_one(tmp_path, capsys, no_training, override, expected):
     err = _one_line_exit_2(main(["train", _write(tmp_path, None), "--set", override]), capsys)
     assert err.startswith(f"error: {expected}"), err
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--set", "batch.size", "128"], "error: --set batch.size 128: write the key and its value as one word joined "
-                                     "by =: --set batch.size=128"),
-    (["--set", "batch.size"], "error: --set batch.size: expected KEY=VALUE; write --set batch.size=VALUE, e.g. "
-                              "--set batch.size=128"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--set", "batch.size", "128"],
+            "error: --set batch.size 128: write the key and its value as one word joined by =: --set batch.size=128",
+        ),
+        (
+            ["--set", "batch.size"],
+            "error: --set batch.size: expected KEY=VALUE; write --set batch.size=VALUE, e.g. --set batch.size=128",
+        ),
+    ],
+)
 def test_set_with_a_space_instead_of_equals_gets_the_right_form(tmp_path, capsys, no_training, argv, expected):
     cfg = _write(tmp_path, None)
     for command in (["train", cfg, *argv], ["plan", *argv, cfg] if len(argv) == 2 else ["plan", cfg, *argv]):
@@ -162,14 +177,20 @@ def test_every_schema_error_names_the_field_and_a_fix():
     assert seen > 300
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("model.params=3", "model.params: expects a mapping (got 3); write key: value pairs in braces, e.g. {name: value}"),
-    ("batch.size=3.5", "batch.size: expects a whole number (got 3.5); write an integer such as 64"),
-    ("optimizer.lr=abc", "optimizer.lr: expects a number (got 'abc'); write a number"),
-    ("batch.schedule=[[1]]", "batch.schedule[0][1]: required but missing; add it"),
-    ("checkpoint.keep=1", "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
-    ("optimizer.mf=1.5", "optimizer.mf: must be < 1.0 (got 1.5); set a value < 1.0 such as 0.9"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "model.params=3",
+            "model.params: expects a mapping (got 3); write key: value pairs in braces, e.g. {name: value}",
+        ),
+        ("batch.size=3.5", "batch.size: expects a whole number (got 3.5); write an integer such as 64"),
+        ("optimizer.lr=abc", "optimizer.lr: expects a number (got 'abc'); write a number"),
+        ("batch.schedule=[[1]]", "batch.schedule[0][1]: required but missing; add it"),
+        ("checkpoint.keep=1", "checkpoint.keep: 1 leaves no older checkpoint to fall back to"),
+        ("optimizer.mf=1.5", "optimizer.mf: must be < 1.0 (got 1.5); set a value < 1.0 such as 0.9"),
+    ],
+)
 def test_schema_messages(override, expected):
     with pytest.raises(ConfigError) as e:
         validate(apply_overrides({}, [override]))
@@ -178,20 +199,34 @@ def test_schema_messages(override, expected):
 
 def test_model_params_of_a_language_model_name_the_field_and_the_fix():
     with pytest.raises(ConfigError) as e:
-        prepare({"data": {"name": "text", "context": 16}, "model": {"name": "gpt", "params": {"nheads": 2}},
-                 "batch": {"size": 8, "max_local_batch": 8}}, environment=False)
-    assert str(e.value).startswith("model.params: gpt() takes no argument 'nheads'; did you mean n_head? (it takes "), \
+        prepare(
+            {
+                "data": {"name": "text", "context": 16},
+                "model": {"name": "gpt", "params": {"nheads": 2}},
+                "batch": {"size": 8, "max_local_batch": 8},
+            },
+            environment=False,
+        )
+    assert str(e.value).startswith("model.params: gpt() takes no argument 'nheads'; did you mean n_head? (it takes "), (
         str(e.value)
+    )
 
 
 def test_model_params_on_a_builtin_image_model_is_refused():
-    with pytest.raises(ConfigError, match=r"^model.params: has no effect unless model.factory is given .*; remove it "
-                                          r"or set model.factory: package.module:function$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.params: has no effect unless model.factory is given .*; remove it "
+        r"or set model.factory: package.module:function$",
+    ):
         prepare(GOOD_RAW | {"model": {"name": "mlp", "norm": "none", "params": {"hidden": 8}}}, environment=False)
 
 
-GOOD_RAW = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none"},
-            "batch": {"size": 32, "max_local_batch": 16}, "scaling": {"min_workers": 1, "max_workers": 2}}
+GOOD_RAW = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none"},
+    "batch": {"size": 32, "max_local_batch": 16},
+    "scaling": {"min_workers": 1, "max_workers": 2},
+}
 
 
 # --------------------------------------------------------------------------- numeric flags
@@ -212,11 +247,17 @@ def _numeric_flags():
 def test_every_numeric_flag_uses_the_shared_checked_type():
     flags = _numeric_flags()
     names = {(p, c, f) for p, c, f, _ in flags}
-    assert {("orchestrator", "plan", "--every"), ("orchestrator", "ui", "--port"), ("search", "run", "--trials"),
-            ("search", "run", "--parallel"), ("search", "run", "--timeout"), ("search", "run", "--heartbeat"),
-            ("search", "show", "--trial")} <= names
+    assert {
+        ("orchestrator", "plan", "--every"),
+        ("orchestrator", "ui", "--port"),
+        ("search", "run", "--trials"),
+        ("search", "run", "--parallel"),
+        ("search", "run", "--timeout"),
+        ("search", "run", "--heartbeat"),
+        ("search", "show", "--trial"),
+    } <= names
     for prog, command, flag, action in flags:
-        assert action.type.__module__ == "orchestrator.flags", f"{prog} {command} {flag}: type={action.type!r}"
+        assert action.type.__module__ == "orchestrator.config.flags", f"{prog} {command} {flag}: type={action.type!r}"
         for bad in ("nan", "inf", "-inf", "abc"):
             with pytest.raises(argparse.ArgumentTypeError):
                 action.type(bad)
@@ -226,39 +267,56 @@ def test_every_numeric_flag_uses_the_shared_checked_type():
 def space_file(tmp_path):
     from tests.search_helpers import base_config, write_space
 
-    return write_space(tmp_path, "ok", base=base_config(tmp_path), objective={"metric": "val/accuracy"},
-                       params={"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}})
+    return write_space(
+        tmp_path,
+        "ok",
+        base=base_config(tmp_path),
+        objective={"metric": "val/accuracy"},
+        params={"optimizer.lr": {"low": 0.01, "high": 0.5, "log": True}},
+    )
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["run", "{space}", "--timeout", "nan"], "error: --timeout: must be a finite number (got 'nan'); inf and nan "
-                                             "are not allowed, write a number > 0, e.g. --timeout 3600"),
-    (["run", "{space}", "--timeout", "-5"], "error: --timeout: must be > 0 (got -5); write a number > 0, e.g. "
-                                            "--timeout 3600"),
-    (["run", "{space}", "--timeout", "inf"], "error: --timeout: must be a finite number"),
-    (["run", "{space}", "--trials", "1e3"], "error: --trials: expects a whole number > 0 (got '1e3')"),
-    (["run", "{space}", "--parallel", "0"], "error: --parallel: must be > 0 (got 0)"),
-    (["run", "{space}", "--heartbeat", "-1"], "error: --heartbeat: must be > 0 (got -1)"),
-    (["show", "s", "--trial", "-1"], "error: --trial: must be >= 0 (got -1)"),
-    (["run"], "error: python -m search run: the following arguments are required: space"),
-])
-def test_search_flags_are_checked_like_config_fields(tmp_path, capsys, monkeypatch, no_training, space_file,
-                                                     argv, expected):
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["run", "{space}", "--timeout", "nan"],
+            "error: --timeout: must be a finite number (got 'nan'); inf and nan "
+            "are not allowed, write a number > 0, e.g. --timeout 3600",
+        ),
+        (
+            ["run", "{space}", "--timeout", "-5"],
+            "error: --timeout: must be > 0 (got -5); write a number > 0, e.g. --timeout 3600",
+        ),
+        (["run", "{space}", "--timeout", "inf"], "error: --timeout: must be a finite number"),
+        (["run", "{space}", "--trials", "1e3"], "error: --trials: expects a whole number > 0 (got '1e3')"),
+        (["run", "{space}", "--parallel", "0"], "error: --parallel: must be > 0 (got 0)"),
+        (["run", "{space}", "--heartbeat", "-1"], "error: --heartbeat: must be > 0 (got -1)"),
+        (["show", "s", "--trial", "-1"], "error: --trial: must be >= 0 (got -1)"),
+        (["run"], "error: python -m search run: the following arguments are required: space"),
+    ],
+)
+def test_search_flags_are_checked_like_config_fields(
+    tmp_path, capsys, monkeypatch, no_training, space_file, argv, expected
+):
     monkeypatch.chdir(tmp_path)
     err = _one_line_exit_2(search_main([a.replace("{space}", space_file) for a in argv]), capsys)
     assert err.startswith(expected), err
     assert not (tmp_path / "optuna.journal").exists()
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["plan", "{cfg}", "--every", "nan"], "error: --every: must be a finite number (got 'nan')"),
-    (["plan", "{cfg}", "--every", "-1"], "error: --every: must be >= 0 (got -1); write a whole number >= 0"),
-    (["plan", "{cfg}", "--every", "2.5"], "error: --every: expects a whole number >= 0 (got '2.5')"),
-    (["ui", "--port", "nan"], "error: --port: must be a finite number (got 'nan')"),
-    (["ui", "--port", "0"], "error: --port: must be between 1 and 65535 (got 0)"),
-    (["plan", "{cfg}", "--format", "xml"], "error: --format: invalid choice: 'xml'"),
-    (["trian", "{cfg}"], "error: COMMAND: invalid choice: 'trian' (choose from"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["plan", "{cfg}", "--every", "nan"], "error: --every: must be a finite number (got 'nan')"),
+        (["plan", "{cfg}", "--every", "-1"], "error: --every: must be >= 0 (got -1); write a whole number >= 0"),
+        (["plan", "{cfg}", "--every", "2.5"], "error: --every: expects a whole number >= 0 (got '2.5')"),
+        (["ui", "--port", "nan"], "error: --port: must be a finite number (got 'nan')"),
+        (["ui", "--port", "0"], "error: --port: must be between 1 and 65535 (got 0)"),
+        (["plan", "{cfg}", "--format", "xml"], "error: --format: invalid choice: 'xml'"),
+        (["trian", "{cfg}"], "error: COMMAND: invalid choice: 'trian' (choose from"),
+    ],
+)
 def test_orchestrator_flags_are_checked_like_config_fields(tmp_path, capsys, no_training, argv, expected):
     cfg = _write(tmp_path, None)
     err = _one_line_exit_2(main([a.replace("{cfg}", cfg) for a in argv]), capsys)
@@ -318,8 +376,13 @@ def test_a_single_sample_trains_through_guarded_batchnorm_with_running_statistic
     out.sum().backward()
     assert m.training and m[1].training and torch.equal(m[1].running_mean, stats)
     assert m[0].weight.grad is not None and m[1].weight.grad is not None
-    expected = m[3](torch.relu(nn.functional.batch_norm(m[0](x), m[1].running_mean, m[1].running_var,
-                                                        m[1].weight, m[1].bias, training=False)))
+    expected = m[3](
+        torch.relu(
+            nn.functional.batch_norm(
+                m[0](x), m[1].running_mean, m[1].running_var, m[1].weight, m[1].bias, training=False
+            )
+        )
+    )
     torch.testing.assert_close(out, expected)
     m(torch.randn(16, 4))
     assert not torch.equal(m[1].running_mean, stats)
@@ -328,8 +391,13 @@ def test_a_single_sample_trains_through_guarded_batchnorm_with_running_statistic
 def test_the_workers_model_is_guarded_and_a_model_to_log_is_not():
     from trainers.workload.build import build_workload
 
-    cfg = validate({"data": {"name": "synthetic", "size": 40, "shape": [6]}, "model": {"name": "mlp", "norm": "batch"},
-                    "batch": {"size": 8, "max_local_batch": 8}})
+    cfg = validate(
+        {
+            "data": {"name": "synthetic", "size": 40, "shape": [6]},
+            "model": {"name": "mlp", "norm": "batch"},
+            "batch": {"size": 8, "max_local_batch": 8},
+        }
+    )
     work = build_workload(cfg, single_sample_guard=True)  # as the worker loop builds it
     work.model.train()
     work.model(torch.zeros(1, 6))  # an epoch's one-sample tail: no ValueError
@@ -339,32 +407,53 @@ def test_the_workers_model_is_guarded_and_a_model_to_log_is_not():
 
 def _bn(max_workers: int = 1, min_workers: int = 1, **batch) -> dict:
     """An mlp with BatchNorm1d on 53 synthetic training samples (66 minus 13 held out)."""
-    return {"data": {"name": "synthetic", "size": 66, "shape": [6]}, "model": {"name": "mlp", "norm": "batch"},
-            "batch": {"size": 12, "max_local_batch": 16, **batch},
-            "scaling": {"min_workers": min_workers, "max_workers": max_workers}}
+    return {
+        "data": {"name": "synthetic", "size": 66, "shape": [6]},
+        "model": {"name": "mlp", "norm": "batch"},
+        "batch": {"size": 12, "max_local_batch": 16, **batch},
+        "scaling": {"min_workers": min_workers, "max_workers": max_workers},
+    }
 
 
 ONE_SAMPLE = "and model mlp's BatchNorm cannot train on one sample (layer 2 would see one value per channel)"
 
 
-@pytest.mark.parametrize("raw, expected", [
-    (_bn(max_local_batch=1), f"batch.max_local_batch: 1 puts one sample through the model at a time, {ONE_SAMPLE}; "
-                             f"set batch.max_local_batch to at least 2, or model.norm: group"),
-    (_bn(size=6, max_local_batch=2, max_workers=2),
-     f"batch.max_local_batch: 2 cuts a worker's slice of 3 samples (batch.size 6 over 2 workers) into micro-batches "
-     f"of 2 and 1, {ONE_SAMPLE}; set batch.max_local_batch to at least 3, or model.norm: group"),
-    (_bn(size=8, max_local_batch=2, max_workers=4, policy="schedule", schedule=[[1, 10]]),
-     "batch.max_local_batch: 2 cuts a worker's slice of 3 samples (batch.schedule[0] 10 over 4 workers)"),
-    (_bn(size=2, policy="noise_scale"), "batch.size: 2 on one worker is cut in two halves for the gradient-noise "
-                                        "estimate (batch.policy noise_scale), so a micro-batch holds one sample"),
-    (_bn(size=3) | {"schedule": {"scaling_rule": "adascale"}}, "batch.size: 3 on one worker is cut in two halves for "
-                                                               "the gradient-noise estimate (schedule.scaling_rule "
-                                                               "adascale)"),
-    (_bn(size=32, min_workers=32, max_workers=64),
-     "scaling.min_workers: 32 workers share a batch of 32 (batch.size), so a worker trains on one sample, and model "
-     "mlp's BatchNorm cannot (layer 2 would see one value per channel); raise batch.size to at least 64 or lower "
-     "scaling.min_workers to at most 16, or model.norm: group"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (
+            _bn(max_local_batch=1),
+            f"batch.max_local_batch: 1 puts one sample through the model at a time, {ONE_SAMPLE}; "
+            f"set batch.max_local_batch to at least 2, or model.norm: group",
+        ),
+        (
+            _bn(size=6, max_local_batch=2, max_workers=2),
+            f"batch.max_local_batch: 2 cuts a worker's slice of 3 samples (batch.size 6 over 2 workers) into "
+            f"micro-batches of 2 and 1, {ONE_SAMPLE}; set batch.max_local_batch to at least 3, or model.norm: group",
+        ),
+        (
+            _bn(size=8, max_local_batch=2, max_workers=4, policy="schedule", schedule=[[1, 10]]),
+            "batch.max_local_batch: 2 cuts a worker's slice of 3 samples (batch.schedule[0] 10 over 4 workers)",
+        ),
+        (
+            _bn(size=2, policy="noise_scale"),
+            "batch.size: 2 on one worker is cut in two halves for the gradient-noise "
+            "estimate (batch.policy noise_scale), so a micro-batch holds one sample",
+        ),
+        (
+            _bn(size=3) | {"schedule": {"scaling_rule": "adascale"}},
+            "batch.size: 3 on one worker is cut in two halves for "
+            "the gradient-noise estimate (schedule.scaling_rule "
+            "adascale)",
+        ),
+        (
+            _bn(size=32, min_workers=32, max_workers=64),
+            "scaling.min_workers: 32 workers share a batch of 32 (batch.size), so a worker trains on one "
+            "sample, and model mlp's BatchNorm cannot (layer 2 would see one value per channel); raise "
+            "batch.size to at least 64 or lower scaling.min_workers to at most 16, or model.norm: group",
+        ),
+    ],
+)
 def test_every_step_with_a_one_sample_micro_batch_is_refused_before_ray(raw, expected):
     with pytest.raises(ConfigError) as e:
         prepare(raw, environment=False)
@@ -376,7 +465,7 @@ def test_an_epochs_one_sample_tail_is_not_refused():
     meets it, and the guard lets it through: the config is accepted."""
     raw = _bn(size=13)
     cfg = prepare(raw, environment=False)
-    from orchestrator.preflight import train_samples
+    from orchestrator.config.preflight import train_samples
 
     n, _ = train_samples(cfg)
     assert n == 53 and n % 13 == 1
@@ -384,6 +473,8 @@ def test_an_epochs_one_sample_tail_is_not_refused():
 
 def test_groupnorm_or_no_batchnorm_is_never_refused():
     prepare(_bn(max_local_batch=1) | {"model": {"name": "mlp", "norm": "group"}}, environment=False)
-    prepare(_bn(max_local_batch=1) | {"model": {"name": "cnn", "norm": "batch"},
-                                      "data": {"name": "synthetic", "size": 66, "shape": [1, 8, 8]}},
-            environment=False)  # BatchNorm2d over 8x8 maps: 64 values per channel even for one sample
+    prepare(
+        _bn(max_local_batch=1)
+        | {"model": {"name": "cnn", "norm": "batch"}, "data": {"name": "synthetic", "size": 66, "shape": [1, 8, 8]}},
+        environment=False,
+    )  # BatchNorm2d over 8x8 maps: 64 values per channel even for one sample

@@ -18,31 +18,47 @@ from trainers.policies.schedules import ScheduleConfig
 N = 1000
 
 
-def _policies(schedule: dict | None = None, optimizer: dict | None = None, batch: dict | None = None,
-              epochs: float = 4, lo: int = 1, hi: int = 4) -> PolicySet:
+def _policies(
+    schedule: dict | None = None,
+    optimizer: dict | None = None,
+    batch: dict | None = None,
+    epochs: float = 4,
+    lo: int = 1,
+    hi: int = 4,
+) -> PolicySet:
     opt = {"lr": 0.1, "base_batch_size": 32, "mf": 0.9, **(optimizer or {})}
-    return PolicySet(ScheduleConfig(**(schedule or {})), OptimizerConfig(**opt),
-                     BatchConfig(**{"size": 32, "max_local_batch": 32, **(batch or {})}), epochs, N,
-                     min_workers=lo, max_workers=hi)
+    return PolicySet(
+        ScheduleConfig(**(schedule or {})),
+        OptimizerConfig(**opt),
+        BatchConfig(**{"size": 32, "max_local_batch": 32, **(batch or {})}),
+        epochs,
+        N,
+        min_workers=lo,
+        max_workers=hi,
+    )
 
 
 def test_settings_gradual_warmup_then_cosine() -> None:
     p = _policies(schedule={"warmup": "gradual", "warmup_epochs": 1, "decay": "cosine"})
     peak = 0.1 * 64 / 32  # linear rule at B = 64
     s = p.settings(0.5, 64, 2)
-    assert s == StepSettings(lr=pytest.approx(0.1 + (peak - 0.1) * 0.5), mf=0.9, batch=64, workers=2, samples=64,
-                             local=32, accum=1)
+    assert s == StepSettings(
+        lr=pytest.approx(0.1 + (peak - 0.1) * 0.5), mf=0.9, batch=64, workers=2, samples=64, local=32, accum=1
+    )
     assert p.settings(1.0, 64, 2).lr == pytest.approx(peak)
     assert p.settings(2.5, 64, 2).lr == pytest.approx(peak * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert p.settings(4.0, 64, 2).lr == pytest.approx(0.0, abs=1e-12)
 
 
 def test_settings_mf_rule_local_slice_and_accum() -> None:
-    p = _policies(schedule={"scaling_rule": "sqrt"}, optimizer={"mf_rule": "per_worker_batch", "mf_ref_batch": 16},
-                  batch={"size": 128, "max_local_batch": 24})
+    p = _policies(
+        schedule={"scaling_rule": "sqrt"},
+        optimizer={"mf_rule": "per_worker_batch", "mf_ref_batch": 16},
+        batch={"size": 128, "max_local_batch": 24},
+    )
     s = p.settings(0.0, 128, 2)
     assert s.lr == pytest.approx(0.1 * 2.0)  # sqrt(128/32)
-    assert s.mf == pytest.approx(0.9 ** 4)  # b = 64 = 4 x 16
+    assert s.mf == pytest.approx(0.9**4)  # b = 64 = 4 x 16
     assert (s.local, s.accum) == (64, 3)  # ceil(64 / 24)
     short = p.settings(0.9, 128, 3, samples=37)  # an epoch's short last batch (13 + 12 + 12 samples)
     # local and accum describe the policy's batch (128 over 3: 43, in 2 micro-batches), not the tail
@@ -92,8 +108,9 @@ def test_norm_test_policy_gets_the_suggested_batch() -> None:
 
 
 def test_auto_warmup_hooks_and_preview_growth() -> None:
-    p = _policies(schedule={"warmup": "auto", "decay": "cosine", "auto_init_lr": 0.01, "auto_growth": 2.0,
-                            "auto_max_lr": 0.05})
+    p = _policies(
+        schedule={"warmup": "auto", "decay": "cosine", "auto_init_lr": 0.01, "auto_growth": 2.0, "auto_max_lr": 0.05}
+    )
     lrs = []
     for _ in range(4):
         lrs.append(p.lr(0.0, 32))
@@ -118,10 +135,15 @@ def test_apply_sets_lr_mf_and_corrects_momentum() -> None:
 
 
 def test_from_config_reads_the_scaling_bounds() -> None:
-    from orchestrator.config import validate
+    from orchestrator.config.schema import validate
 
-    cfg = validate({"data": {"name": "digits"}, "batch": {"size": 128, "max_local_batch": 32},
-                    "scaling": {"min_workers": 1, "max_workers": 3}})
+    cfg = validate(
+        {
+            "data": {"name": "digits"},
+            "batch": {"size": 128, "max_local_batch": 32},
+            "scaling": {"min_workers": 1, "max_workers": 3},
+        }
+    )
     p = PolicySet.from_config(cfg, dataset_size=N)
     assert (p.workers.min_workers, p.workers.max_workers, p.workers.initial(128)) == (1, 3, 3)
     assert p.workers.max_local_batch == 32 and p.epochs == cfg.train.epochs

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trainers.accel.precision import LossScaler, Precision, PrecisionConfig, check_precision
 from trainers.data.datasets import DatasetInfo
 from trainers.workload.models import ModelConfig, build_model
-from trainers.accel.precision import LossScaler, Precision, PrecisionConfig, check_precision
 
 
 def _cnn_step(precision: str):
@@ -115,7 +115,7 @@ def test_grad_factor_and_unscale_give_the_true_gradient_once():
 
 def test_skipped_steps_are_counted_and_checkpointed():
     m, opt = _model_opt()
-    p = _fp16_precision_on_cpu(2.0 ** 10)
+    p = _fp16_precision_on_cpu(2.0**10)
     for bad in (True, False, True):
         p.begin_step()
         p.backward(m(torch.randn(2, 3)).sum())
@@ -124,14 +124,14 @@ def test_skipped_steps_are_counted_and_checkpointed():
         assert p.step(opt) is bad
         opt.zero_grad()
     assert p.skipped_steps == 2
-    assert p.metrics() == {"amp/skipped_steps": 2.0, "amp/loss_scale": 2.0 ** 8}
+    assert p.metrics() == {"amp/skipped_steps": 2.0, "amp/loss_scale": 2.0**8}
     buf = io.BytesIO()
     torch.save(p.state_dict(), buf)
     buf.seek(0)
     state = torch.load(buf, weights_only=True)
-    q = _fp16_precision_on_cpu(2.0 ** 16)
+    q = _fp16_precision_on_cpu(2.0**16)
     q.load_state_dict(state)
-    assert q.skipped_steps == 2 and q.scaler.get_scale() == 2.0 ** 8
+    assert q.skipped_steps == 2 and q.scaler.get_scale() == 2.0**8
     r = Precision("bf16", "cpu")  # another precision on resume: keeps the count, ignores the scaler
     r.load_state_dict(state)
     assert r.skipped_steps == 2 and r.metrics() == {}

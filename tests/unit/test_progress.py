@@ -1,8 +1,8 @@
-"""orchestrator/progress.py: what the driver's bar shows."""
+"""orchestrator/record/progress_bar.py: what the driver's bar shows."""
 
 import io
 
-from orchestrator.progress import Progress
+from orchestrator.record.progress_bar import Progress
 from trainers.link import metrics as M
 
 
@@ -21,14 +21,13 @@ def test_a_classifier_shows_validation_accuracy():
 
 
 def test_a_language_model_shows_validation_perplexity_not_token_accuracy():
-    text = _postfix([(10, {M.TRAIN_LOSS: 1.5, M.SAMPLES_SEEN: 320, M.VAL_ACCURACY: 0.55,
-                           M.VAL_PERPLEXITY: 4.4817})])
+    text = _postfix([(10, {M.TRAIN_LOSS: 1.5, M.SAMPLES_SEEN: 320, M.VAL_ACCURACY: 0.55, M.VAL_PERPLEXITY: 4.4817})])
     assert "val_ppl=4.48" in text and "val_acc" not in text
 
 
 # -- the time left ---------------------------------------------------------------------------
 
-from orchestrator.progress import Eta  # noqa: E402
+from orchestrator.record.progress_bar import Eta  # noqa: E402
 
 
 def _steps(eta, t0, seen0, dt, per_step, n, batch, workers):
@@ -74,6 +73,7 @@ def test_the_bar_says_restarting_until_the_new_group_steps():
 
 # -- the lines a batch change and a resize write ------------------------------------------------
 
+
 class _Lines:
     def __init__(self):
         self.lines, self.last, self.states = [], {}, []
@@ -97,24 +97,31 @@ def _rec(step, b, w, lr, mf):
 
 
 def test_a_batch_change_and_its_resize_are_one_line_with_the_new_lr_and_mf():
-    from orchestrator.events import ResizeHandedOver, ResizeRecord
-    from orchestrator.listeners import ProgressListener
+    from orchestrator.record.events import ResizeHandedOver, ResizeRecord
+    from orchestrator.record.listeners import ProgressListener
     from trainers.link.messages import BatchChange
 
     p = _Lines()
     listener = ProgressListener(p)
     listener.on_records([_rec(44, 32, 1, 0.1, 0.9), _rec(45, 32, 1, 0.1, 0.9)])
     listener.on_event(BatchChange(step=45, old=32, new=64))
-    listener.on_event(ResizeHandedOver(resize=ResizeRecord(from_workers=1, to=2, mode="restart", step=45, time=0.0,
-                                                           decided=0.0, fit_returned=0.0, phase=1)))
+    listener.on_event(
+        ResizeHandedOver(
+            resize=ResizeRecord(
+                from_workers=1, to=2, mode="restart", step=45, time=0.0, decided=0.0, fit_returned=0.0, phase=1
+            )
+        )
+    )
     assert p.lines == [] and p.states == ["restarting W 1 -> 2"]  # the new LR and MF are not known yet
     listener.on_records([_rec(46, 64, 2, 0.2, 0.81), _rec(47, 64, 2, 0.2, 0.81)])
-    assert p.lines == ["batch: B 32 -> 64 and W 1 -> 2 at step 45 (restarting the group): lr 0.1 -> 0.2, mf 0.9 -> 0.81"]
+    assert p.lines == [
+        "batch: B 32 -> 64 and W 1 -> 2 at step 45 (restarting the group): lr 0.1 -> 0.2, mf 0.9 -> 0.81"
+    ]
 
 
 def test_a_batch_change_without_a_resize_and_a_resize_alone_show_lr_and_mf():
-    from orchestrator.events import ResizeHandedOver, ResizeRecord
-    from orchestrator.listeners import ProgressListener
+    from orchestrator.record.events import ResizeHandedOver, ResizeRecord
+    from orchestrator.record.listeners import ProgressListener
     from trainers.link.messages import BatchChange
 
     p = _Lines()
@@ -122,11 +129,18 @@ def test_a_batch_change_without_a_resize_and_a_resize_alone_show_lr_and_mf():
     listener.on_records([_rec(10, 32, 2, 0.1, 0.9)])
     listener.on_event(BatchChange(step=10, old=32, new=64))
     listener.on_records([_rec(11, 64, 2, 0.2, 0.9)])
-    listener.on_event(ResizeHandedOver(resize=ResizeRecord(from_workers=2, to=4, mode="overlap", step=20, time=0.0,
-                                                           decided=0.0, fit_returned=0.0, phase=1)))
+    listener.on_event(
+        ResizeHandedOver(
+            resize=ResizeRecord(
+                from_workers=2, to=4, mode="overlap", step=20, time=0.0, decided=0.0, fit_returned=0.0, phase=1
+            )
+        )
+    )
     listener.on_records([_rec(20, 64, 2, 0.2, 0.9), _rec(21, 64, 4, 0.2, 0.9)])
-    assert p.lines == ["batch: B 32 -> 64 at step 10: W 2, lr 0.1 -> 0.2, mf 0.9",
-                       "resize: W 2 -> 4 at step 20 (the new group took over): B 64, lr 0.2, mf 0.9"]
+    assert p.lines == [
+        "batch: B 32 -> 64 at step 10: W 2, lr 0.1 -> 0.2, mf 0.9",
+        "resize: W 2 -> 4 at step 20 (the new group took over): B 64, lr 0.2, mf 0.9",
+    ]
     assert p.states == []  # an overlapping resize never stops training
     listener.on_event(BatchChange(step=30, old=64, new=128))
     listener.close()  # the run ended first: the line is still written, without what no step ran with
@@ -134,9 +148,9 @@ def test_a_batch_change_without_a_resize_and_a_resize_alone_show_lr_and_mf():
 
 
 def test_a_failed_worker_shows_the_group_restarting_at_once():
-    from orchestrator.events import GroupFailed
-    from orchestrator.listeners import ProgressListener
-    from orchestrator.monitor import MonitorState
+    from orchestrator.record.events import GroupFailed
+    from orchestrator.record.listeners import ProgressListener
+    from orchestrator.run.monitor import MonitorState
 
     m = MonitorState(available=lambda: {})
     m.group_failed(0, "ActorDiedError: the worker died")  # what FailureNotice tells the monitor
@@ -148,13 +162,18 @@ def test_a_failed_worker_shows_the_group_restarting_at_once():
 
 
 def test_a_resize_line_says_when_the_new_group_has_fewer_workers_than_asked():
-    from orchestrator.events import ResizeHandedOver, ResizeRecord
-    from orchestrator.listeners import ProgressListener
+    from orchestrator.record.events import ResizeHandedOver, ResizeRecord
+    from orchestrator.record.listeners import ProgressListener
 
     p = _Lines()
     listener = ProgressListener(p)
     listener.on_records([_rec(10, 64, 2, 0.2, 0.9)])
-    listener.on_event(ResizeHandedOver(resize=ResizeRecord(from_workers=2, to=4, mode="restart", step=10, time=0.0,
-                                                           decided=0.0, fit_returned=0.0, phase=1)))
+    listener.on_event(
+        ResizeHandedOver(
+            resize=ResizeRecord(
+                from_workers=2, to=4, mode="restart", step=10, time=0.0, decided=0.0, fit_returned=0.0, phase=1
+            )
+        )
+    )
     listener.on_records([_rec(11, 64, 3, 0.2, 0.9)])  # an elastic group that found room for 3
     assert p.lines == ["resize: W 2 -> 4 at step 10 (restarting the group): B 64, W 3 of 4 asked, lr 0.2, mf 0.9"]

@@ -1,4 +1,4 @@
-"""orchestrator/ray_env.py: SIGTERM as Ctrl-C for the CLI drivers, and the switches a local Ray is
+"""orchestrator/run/ray_env.py: SIGTERM as Ctrl-C for the CLI drivers, and the switches a local Ray is
 started with (no Ray started here; tests/integration/test_local_ray_loopback.py starts one)."""
 
 import os
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from orchestrator import ray_env
+from orchestrator.run import ray_env
 
 
 def test_sigterm_inside_the_block_raises_keyboard_interrupt_and_the_old_handler_comes_back():
@@ -28,9 +28,17 @@ def test_sigterm_inside_the_block_raises_keyboard_interrupt_and_the_old_handler_
         signal.signal(signal.SIGTERM, old)
 
 
-@pytest.mark.parametrize("address, loopback", [("127.0.0.1:6379", True), ("localhost:6379", True), ("[::1]:6379", True),
-                                               ("192.0.2.2:6379", False), ("auto", False),
-                                               ("ray://127.0.0.1:10001", False)])
+@pytest.mark.parametrize(
+    "address, loopback",
+    [
+        ("127.0.0.1:6379", True),
+        ("localhost:6379", True),
+        ("[::1]:6379", True),
+        ("192.0.2.2:6379", False),
+        ("auto", False),
+        ("ray://127.0.0.1:10001", False),
+    ],
+)
 def test_a_driver_joining_a_loopback_address_is_told_apart(address, loopback):
     assert ray_env._is_loopback(address) is loopback
 
@@ -51,15 +59,20 @@ def test_single_machine_mode_holds_for_ray_init_only_and_leaves_a_users_choice(m
 
 
 def test_what_ray_pushes_to_the_driver_is_one_line_a_message_and_a_users_print_is_untouched():
-    from orchestrator.ray_env import first_line_only
+    from orchestrator.run.ray_env import first_line_only
 
     shown = []
     show = first_line_only(lambda data, ignore_prefix: shown.append(data["lines"]))
-    dead = ("Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL\n"
-            "    [2026-11-25 15:04:47,076 I 2875 2875] (raylet) worker_pool.cc:564: Started worker process\n" * 20)
+    dead = (
+        "Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL\n"
+        "    [2026-11-25 15:04:47,076 I 2875 2875] (raylet) worker_pool.cc:564: Started worker process\n" * 20
+    )
     show({"lines": [dead], "pid": "raylet", "is_err": False}, False)
     show({"lines": ["epoch 1\nepoch 2"], "pid": 1234, "is_err": False}, False)  # a worker's own output
     show({"lines": [""], "pid": "raylet", "is_err": False}, False)
-    assert shown == [["Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL"],
-                     ["epoch 1\nepoch 2"], []]
+    assert shown == [
+        ["Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL"],
+        ["epoch 1\nepoch 2"],
+        [],
+    ]
     assert first_line_only(show).first_line_only

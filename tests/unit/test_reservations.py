@@ -1,10 +1,10 @@
 """The record of a run's Ray Train groups that ``resume`` uses to drop a killed driver's
-reservations (orchestrator/reservations.py); the drop itself runs against a real Ray in
+reservations (orchestrator/run/reservations.py); the drop itself runs against a real Ray in
 tests/integration/test_resilience.py."""
 
 from types import SimpleNamespace
 
-from orchestrator.reservations import KEEP, recorded, release, ray_train_run_id
+from orchestrator.run.reservations import KEEP, ray_train_run_id, recorded, release
 
 
 def test_the_newest_ids_are_kept_newest_last_without_repeats():

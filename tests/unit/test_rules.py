@@ -1,4 +1,4 @@
-"""Every rule between config fields has one home (``orchestrator/preflight.py``, :data:`COMBINATIONS`)
+"""Every rule between config fields has one home (``orchestrator/config/preflight.py``, :data:`COMBINATIONS`)
 and one error type (``ConfigError``, one line): each section accepts its fields alone, and every
 way in (``prepare`` for train, resume, plan and fit(); ``validated`` for a search's trials) reports
 the same message."""
@@ -9,46 +9,96 @@ import copy
 
 import pytest
 
-from orchestrator import preflight
-from orchestrator.config import ConfigError, validate
-from orchestrator.pipeline import prepare, validated
+from orchestrator.config import preflight
+from orchestrator.config.prepare import prepare, validated
+from orchestrator.config.schema import ConfigError, validate
 from trainers.loop.config import LoopConfig
 
-BASE = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none"},
-        "batch": {"size": 32, "max_local_batch": 16}}
+BASE = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none"},
+    "batch": {"size": 32, "max_local_batch": 16},
+}
 
 # (the rule, sections over BASE that break it and no rule before it, how its message starts)
 CASES = [
-    (preflight._choice, {"data": {"name": "digits", "factory": "pkg.data:build"}},
-     "data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), not both"),
-    (preflight._weight_decay_rule, {"optimizer": {"name": "adam", "weight_decay": 0.1, "wd_rule": "timescale"}},
-     "optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay"),
-    (preflight._batch_sizes, {"batch": {"size": 32, "max_local_batch": 16, "max_size": 16}},
-     "batch.max_size: 16 is below batch.size 32; raise it to at least 32"),
-    (preflight._batch_policy_fields, {"batch": {"size": 32, "max_local_batch": 16, "policy": "schedule"}},
-     "batch.schedule: required by batch.policy schedule"),
-    (preflight._warmup_and_decay, {"schedule": {"warmup": "gradual"}},
-     "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; set it, e.g. 5"),
-    (preflight._local_sgd_fields, {"combine": {"method": "local_sgd"}}, "combine.local_steps: required by "
-                                                                       "combine.method local_sgd"),
-    (preflight._worker_range, {"scaling": {"min_workers": 3, "max_workers": 2}},
-     "scaling.min_workers: 3 is above scaling.max_workers 2; lower min_workers or raise max_workers"),
-    (preflight._within_training, {"schedule": {"decay": "step", "milestones": [2, 9]}, "train": {"epochs": 5}},
-     "schedule.milestones: [9.0] at or after train.epochs 5"),
-    (preflight._batch_with_schedule, {"batch": {"size": 32, "max_local_batch": 16, "policy": "seesaw"}},
-     "schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones cut the LR"),
-    (preflight._weight_decay_with_scaling, {"optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
-                                            "schedule": {"scaling_rule": "adascale"}},
-     "optimizer.wd_rule: timescale needs the LR a batch gets ahead of time"),
-    (preflight._sync_bn, {"model": {"name": "mlp", "sync_bn": True}}, "model.sync_bn: PyTorch's SyncBatchNorm runs "
-                                                                      "on GPUs only"),
-    (preflight.check_fast_path, {"data": {"name": "digits", "device": "accelerator"}},
-     "data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true"),
-    (preflight._goodput_needs_mean, {"scaling": {"policy": "goodput", "min_workers": 2, "max_workers": 2},
-                                     "combine": {"method": "adasum"}, "schedule": {"scaling_rule": "none"}},
-     "scaling.policy: goodput reads the gradient noise scale, which combine.method adasum does not measure"),
-    (preflight.check_combine, {"combine": {"method": "adasum"}},
-     "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum"),
+    (
+        preflight._choice,
+        {"data": {"name": "digits", "factory": "pkg.data:build"}},
+        "data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), not both",
+    ),
+    (
+        preflight._weight_decay_rule,
+        {"optimizer": {"name": "adam", "weight_decay": 0.1, "wd_rule": "timescale"}},
+        "optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay",
+    ),
+    (
+        preflight._batch_sizes,
+        {"batch": {"size": 32, "max_local_batch": 16, "max_size": 16}},
+        "batch.max_size: 16 is below batch.size 32; raise it to at least 32",
+    ),
+    (
+        preflight._batch_policy_fields,
+        {"batch": {"size": 32, "max_local_batch": 16, "policy": "schedule"}},
+        "batch.schedule: required by batch.policy schedule",
+    ),
+    (
+        preflight._warmup_and_decay,
+        {"schedule": {"warmup": "gradual"}},
+        "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; set it, e.g. 5",
+    ),
+    (
+        preflight._local_sgd_fields,
+        {"combine": {"method": "local_sgd"}},
+        "combine.local_steps: required by combine.method local_sgd",
+    ),
+    (
+        preflight._worker_range,
+        {"scaling": {"min_workers": 3, "max_workers": 2}},
+        "scaling.min_workers: 3 is above scaling.max_workers 2; lower min_workers or raise max_workers",
+    ),
+    (
+        preflight._within_training,
+        {"schedule": {"decay": "step", "milestones": [2, 9]}, "train": {"epochs": 5}},
+        "schedule.milestones: [9.0] at or after train.epochs 5",
+    ),
+    (
+        preflight._batch_with_schedule,
+        {"batch": {"size": 32, "max_local_batch": 16, "policy": "seesaw"}},
+        "schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones cut the LR",
+    ),
+    (
+        preflight._weight_decay_with_scaling,
+        {
+            "optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
+            "schedule": {"scaling_rule": "adascale"},
+        },
+        "optimizer.wd_rule: timescale needs the LR a batch gets ahead of time",
+    ),
+    (
+        preflight._sync_bn,
+        {"model": {"name": "mlp", "sync_bn": True}},
+        "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only",
+    ),
+    (
+        preflight.check_fast_path,
+        {"data": {"name": "digits", "device": "accelerator"}},
+        "data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true",
+    ),
+    (
+        preflight._goodput_needs_mean,
+        {
+            "scaling": {"policy": "goodput", "min_workers": 2, "max_workers": 2},
+            "combine": {"method": "adasum"},
+            "schedule": {"scaling_rule": "none"},
+        },
+        "scaling.policy: goodput reads the gradient noise scale, which combine.method adasum does not measure",
+    ),
+    (
+        preflight.check_combine,
+        {"combine": {"method": "adasum"}},
+        "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum",
+    ),
 ]
 
 
@@ -63,8 +113,9 @@ def test_every_rule_has_a_case():
 
 
 @pytest.mark.parametrize("rule, sections, start", CASES, ids=[r.__name__ for r, _, _ in CASES])
-def test_a_rule_is_checked_once_after_the_schema_with_one_message_everywhere(rule, sections, start, tmp_path,
-                                                                             monkeypatch):
+def test_a_rule_is_checked_once_after_the_schema_with_one_message_everywhere(
+    rule, sections, start, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     cfg = validate(_raw(sections))  # each section's own fields are fine: the schema lets it through
     LoopConfig.model_validate(cfg.loop_dict())  # and so does a worker's re-validation of the dump
@@ -72,9 +123,11 @@ def test_a_rule_is_checked_once_after_the_schema_with_one_message_everywhere(rul
         rule(cfg)
     message = str(e.value)
     assert message.startswith(start) and "\n" not in message
-    for way_in in (lambda: preflight.check_config(cfg),   # the one call of the pipeline
-                   lambda: validated(_raw(sections)),    # a search's trial, a stored trial
-                   lambda: prepare(_raw(sections), environment=False)):  # train, resume, plan, fit()
+    for way_in in (
+        lambda: preflight.check_config(cfg),  # the one call of the pipeline
+        lambda: validated(_raw(sections)),  # a search's trial, a stored trial
+        lambda: prepare(_raw(sections), environment=False),
+    ):  # train, resume, plan, fit()
         with pytest.raises(ConfigError) as e:
             way_in()
         assert str(e.value) == message

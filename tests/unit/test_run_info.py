@@ -1,5 +1,5 @@
-"""Resume never starts over silently (orchestrator/run_info.py), and credentials never leave the
-process (orchestrator/uris.py)."""
+"""Resume never starts over silently (orchestrator/run/run_info.py), and credentials never leave the
+process (orchestrator/config/uris.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,29 @@ import os
 import pytest
 import torch
 
-from orchestrator.config import ConfigError, validate
-from orchestrator.run_info import (RUN_INFO, DriverLock, check_resumable, find_run, read_run_info, run_folder,
-                                   write_run_info)
-from orchestrator.uris import absolute_tracking_uri, redact_uri
+from orchestrator.config.schema import ConfigError, validate
+from orchestrator.config.uris import absolute_tracking_uri, redact_uri
+from orchestrator.run.run_info import (
+    RUN_INFO,
+    DriverLock,
+    check_resumable,
+    find_run,
+    read_run_info,
+    run_folder,
+    write_run_info,
+)
 
 
-@pytest.mark.parametrize("uri, shown", [
-    ("postgresql://alice:s3cret@db:5432/mlflow", "postgresql://alice:***@db:5432/mlflow"),
-    ("https://tok@mlflow.example/", "https://***@mlflow.example/"),
-    ("https://mlflow.example/?token=abc&x=1", "https://mlflow.example/?token=***&x=1"),
-    ("http://mlflow:5000", "http://mlflow:5000"),
-    ("sqlite:////abs/mlflow.db", "sqlite:////abs/mlflow.db"),
-])
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("postgresql://alice:s3cret@db:5432/mlflow", "postgresql://alice:***@db:5432/mlflow"),
+        ("https://tok@mlflow.example/", "https://***@mlflow.example/"),
+        ("https://mlflow.example/?token=abc&x=1", "https://mlflow.example/?token=***&x=1"),
+        ("http://mlflow:5000", "http://mlflow:5000"),
+        ("sqlite:////abs/mlflow.db", "sqlite:////abs/mlflow.db"),
+    ],
+)
 def test_credentials_are_redacted(uri, shown):
     assert redact_uri(uri) == shown
     assert "s3cret" not in redact_uri(uri) and "abc" not in redact_uri(uri)
@@ -29,8 +39,9 @@ def test_credentials_are_redacted(uri, shown):
 
 def test_run_info_holds_absolute_locations_and_no_credentials(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = validate({"checkpoint": {"storage_path": "ray_runs"},
-                    "tracking": {"uri": "postgresql://alice:s3cret@db/mlflow"}})
+    cfg = validate(
+        {"checkpoint": {"storage_path": "ray_runs"}, "tracking": {"uri": "postgresql://alice:s3cret@db/mlflow"}}
+    )
     folder = run_folder(str(tmp_path / "ray_runs"), "elastic-r1")
     write_run_info(folder, "r1", "postgresql://alice:s3cret@db/mlflow", cfg)
     text = open(os.path.join(folder, RUN_INFO)).read()

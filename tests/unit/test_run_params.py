@@ -1,13 +1,13 @@
-"""The params a run logs are the fields it reads (orchestrator/params.py): a digits run has no
+"""The params a run logs are the fields it reads (orchestrator/record/params.py): a digits run has no
 synthetic-data fields, no auto-warmup knobs without auto warmup, no other policy's knobs."""
 
 from __future__ import annotations
 
 import os
 
-from orchestrator.config import validate
-from orchestrator.pipeline import load_config
-from orchestrator.params import applicable_params
+from orchestrator.config.prepare import load_config
+from orchestrator.config.schema import validate
+from orchestrator.record.params import applicable_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,19 +22,62 @@ def _params(**sections) -> dict:
 def test_the_quickstart_logs_only_what_a_digits_cnn_with_noise_scale_reads():
     p = applicable_params(load_config(os.path.join(ROOT, "configs", "quickstart.yaml")))
     # what it reads
-    for key in ("data.name", "data.val_fraction", "model.name", "model.hidden", "model.norm", "optimizer.lr",
-                "optimizer.mf_rule", "batch.policy", "batch.max_size", "batch.noise_scale_factor", "batch.ema",
-                "batch.check_every", "scaling.resize_mode", "scaling.cpus_per_worker", "train.epochs"):
+    for key in (
+        "data.name",
+        "data.val_fraction",
+        "model.name",
+        "model.hidden",
+        "model.norm",
+        "optimizer.lr",
+        "optimizer.mf_rule",
+        "batch.policy",
+        "batch.max_size",
+        "batch.noise_scale_factor",
+        "batch.ema",
+        "batch.check_every",
+        "scaling.resize_mode",
+        "scaling.cpus_per_worker",
+        "train.epochs",
+    ):
         assert key in p, key
     # what it never reads: synthetic data, text, loaders of map-style data, other optimizers' and
     # policies' knobs, auto warmup, decay knobs without decay, GPU settings on CPU, unset values
-    assert not [k for k in p if k.startswith(("data.size", "data.shape", "data.num_classes", "data.seed",
-                                              "data.context", "data.path", "data.root", "data.loader",
-                                              "data.factory", "schedule.auto_", "model.factory"))]
-    for key in ("optimizer.beta2", "optimizer.eps", "optimizer.trust_coefficient", "batch.norm_test_eta",
-                "batch.schedule", "schedule.warmup_epochs", "schedule.min_lr", "schedule.milestones",
-                "schedule.poly_power", "scaling.gpus_per_worker", "model.sync_bn", "model.zero_init_residual",
-                "tracking.run_name", "code.auto", "code.py_modules"):
+    assert not [
+        k
+        for k in p
+        if k.startswith(
+            (
+                "data.size",
+                "data.shape",
+                "data.num_classes",
+                "data.seed",
+                "data.context",
+                "data.path",
+                "data.root",
+                "data.loader",
+                "data.factory",
+                "schedule.auto_",
+                "model.factory",
+            )
+        )
+    ]
+    for key in (
+        "optimizer.beta2",
+        "optimizer.eps",
+        "optimizer.trust_coefficient",
+        "batch.norm_test_eta",
+        "batch.schedule",
+        "schedule.warmup_epochs",
+        "schedule.min_lr",
+        "schedule.milestones",
+        "schedule.poly_power",
+        "scaling.gpus_per_worker",
+        "model.sync_bn",
+        "model.zero_init_residual",
+        "tracking.run_name",
+        "code.auto",
+        "code.py_modules",
+    ):
         assert key not in p, key
 
 
@@ -56,8 +99,10 @@ def test_each_choice_brings_its_own_fields():
 
 
 def test_a_factory_run_logs_the_factory_and_its_params_not_the_builtin_knobs():
-    p = _params(data={"name": None, "factory": "pkg.mod:data", "params": {"n": 3}},
-                model={"name": None, "factory": "pkg.mod:model", "hidden": 128})
+    p = _params(
+        data={"name": None, "factory": "pkg.mod:data", "params": {"n": 3}},
+        model={"name": None, "factory": "pkg.mod:model", "hidden": 128},
+    )
     assert p["data.factory"] == "pkg.mod:data" and p["data.params.n"] == 3 and p["model.factory"] == "pkg.mod:model"
     assert "data.name" not in p and "model.hidden" not in p and "model.norm" not in p
     assert p["data.loader.workers"] == 0 and "data.loader.prefetch" not in p  # no loader processes
@@ -71,6 +116,7 @@ def test_the_new_batch_policies_log_their_own_fields():
     cbs = _params(batch={"policy": "cbs_warmup"})
     assert cbs["batch.cbs_window"] == 3 and cbs["batch.cbs_growth"] == 2.0 and "batch.ema" in cbs
     assert "batch.min_growth" not in cbs and "batch.ramp_to" not in cbs
-    seesaw = _params(batch={"policy": "seesaw"},
-                     schedule={"scaling_rule": "sqrt", "decay": "seesaw", "milestones": [0.5]})
+    seesaw = _params(
+        batch={"policy": "seesaw"}, schedule={"scaling_rule": "sqrt", "decay": "seesaw", "milestones": [0.5]}
+    )
     assert seesaw["schedule.milestones"] == [0.5] and "schedule.decay_factor" in seesaw

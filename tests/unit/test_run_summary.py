@@ -7,20 +7,49 @@ import os
 from types import SimpleNamespace
 
 from orchestrator.cli import _parser, _summary, main
-from orchestrator.runner import RunSummary
+from orchestrator.run.runner import RunSummary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link():
-    phases = [{"batch": 32, "workers": 1, "first_step": 1, "last_step": 50, "steps": 50, "samples": 1600,
-               "wall_s": 12.34, "resize_latency_s": None},
-              {"batch": 72, "workers": 2, "first_step": 51, "last_step": 80, "steps": 30, "samples": 2160,
-               "wall_s": 20.0, "resize_latency_s": 7.25}]
-    s = RunSummary(run_id="abc123", tracking_uri="sqlite:///mlflow.db", experiment_id="1", status="FINISHED",
-                   steps=80, wall_s=61.0, final={"val/accuracy": 0.97, "train/loss": 0.1}, storage_path="/x",
-                   train_run_name="elastic-abc123", first_step_s=9.5, phases=phases,
-                   model_uri="models:/m-1", registered="digits/3")
+    phases = [
+        {
+            "batch": 32,
+            "workers": 1,
+            "first_step": 1,
+            "last_step": 50,
+            "steps": 50,
+            "samples": 1600,
+            "wall_s": 12.34,
+            "resize_latency_s": None,
+        },
+        {
+            "batch": 72,
+            "workers": 2,
+            "first_step": 51,
+            "last_step": 80,
+            "steps": 30,
+            "samples": 2160,
+            "wall_s": 20.0,
+            "resize_latency_s": 7.25,
+        },
+    ]
+    s = RunSummary(
+        run_id="abc123",
+        tracking_uri="sqlite:///mlflow.db",
+        experiment_id="1",
+        status="FINISHED",
+        steps=80,
+        wall_s=61.0,
+        final={"val/accuracy": 0.97, "train/loss": 0.1},
+        storage_path="/x",
+        train_run_name="elastic-abc123",
+        first_step_s=9.5,
+        phases=phases,
+        model_uri="models:/m-1",
+        registered="digits/3",
+    )
     text = _summary(s, SimpleNamespace(tracking=SimpleNamespace(experiment="quickstart")))
     lines = text.splitlines()
     assert "run finished: 80 steps in 61.0 s (first step after 9.5 s)" in text

@@ -1,10 +1,10 @@
-"""The run's writer (orchestrator/run_writer.py) against a client that records its calls: rows in
+"""The run's writer (orchestrator/record/run_writer.py) against a client that records its calls: rows in
 batches MLflow takes, the ack only for what was written, and an outage that keeps everything."""
 
 import pytest
 
-import orchestrator.run_writer as run_writer
-from orchestrator.run_writer import MAX_BATCH, RunWriter
+import orchestrator.record.run_writer as run_writer
+from orchestrator.record.run_writer import MAX_BATCH, RunWriter
 
 
 class Client:

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
-from trainers.data.sampler import (GlobalBatchSampler, LoaderConfig, RankLoader, collate, fetch, rank_micro_batches)
+from trainers.data.sampler import GlobalBatchSampler, LoaderConfig, RankLoader, collate, fetch, rank_micro_batches
 
 
 def in_memory_ids(n, seed, epoch, cursor, B, rank, world, max_local_batch, split_single=False):
@@ -38,8 +38,17 @@ def test_same_ids_as_in_memory_path_over_random_settings():
         seed, epoch = int(rng.integers(0, 5)), int(rng.integers(0, 3))
         split = bool(rng.integers(0, 2))
         for rank in range(world):
-            s = GlobalBatchSampler(n, seed=seed, rank=rank, world=world, max_local_batch=mlb, batch_size=B,
-                                   epoch=epoch, cursor=cursor, split_single=split)
+            s = GlobalBatchSampler(
+                n,
+                seed=seed,
+                rank=rank,
+                world=world,
+                max_local_batch=mlb,
+                batch_size=B,
+                epoch=epoch,
+                cursor=cursor,
+                split_single=split,
+            )
             got = list(s)
             want = in_memory_ids(n, seed, epoch, cursor, B, rank, world, mlb, split)
             if cursor == n:  # an ended epoch continues at the next one
@@ -51,15 +60,15 @@ def test_same_ids_as_in_memory_path_over_random_settings():
 
 @pytest.mark.parametrize("n,B,world,mlb", [(100, 32, 3, 5), (7, 10, 4, 1), (64, 64, 1, 16), (50, 3, 5, 2)])
 def test_union_over_ranks_is_each_global_batch_exactly_once(n, B, world, mlb):
-    samplers = [GlobalBatchSampler(n, seed=1, rank=r, world=world, max_local_batch=mlb, batch_size=B)
-                for r in range(world)]
+    samplers = [
+        GlobalBatchSampler(n, seed=1, rank=r, world=world, max_local_batch=mlb, batch_size=B) for r in range(world)
+    ]
     per_rank = [list(s.steps()) for s in samplers]
     assert len({len(p) for p in per_rank}) == 1  # every rank sees the same number of global batches
     perm = epoch_permutation(1, 0, n)
     for k in range(len(per_rank[0])):
         steps = [p[k] for p in per_rank]
-        union = np.concatenate([np.concatenate(s.micro) if s.micro else np.array([], dtype=np.int64)
-                                for s in steps])
+        union = np.concatenate([np.concatenate(s.micro) if s.micro else np.array([], dtype=np.int64) for s in steps])
         assert np.array_equal(union, global_batch(perm, k * B, B))  # the batch, once, in order
         assert all(np.array_equal(s.ids, steps[0].ids) for s in steps)
 
@@ -68,8 +77,9 @@ def test_resume_at_a_cursor_continues_the_same_order():
     full = GlobalBatchSampler(90, seed=3, rank=1, world=2, max_local_batch=4, batch_size=12)
     steps = list(full.steps())
     for k in range(len(steps)):
-        resumed = GlobalBatchSampler(90, seed=3, rank=1, world=2, max_local_batch=4, batch_size=12,
-                                     cursor=steps[k].cursor)
+        resumed = GlobalBatchSampler(
+            90, seed=3, rank=1, world=2, max_local_batch=4, batch_size=12, cursor=steps[k].cursor
+        )
         rest = [m.tolist() for s in steps[k:] for m in s.micro]
         assert list(resumed) == rest
 
@@ -145,8 +155,15 @@ def run_loader(loader: RankLoader, sizes):
     out = []
     for B in sizes:
         gb = loader.next_global_batch(B)
-        out.append((gb.epoch, gb.cursor, gb.ids.tolist(), [x[:, 0].long().tolist() for x, _ in gb.micro],
-                    [m.tolist() for m in gb.micro_ids]))
+        out.append(
+            (
+                gb.epoch,
+                gb.cursor,
+                gb.ids.tolist(),
+                [x[:, 0].long().tolist() for x, _ in gb.micro],
+                [m.tolist() for m in gb.micro_ids],
+            )
+        )
     return out
 
 

@@ -11,7 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.policies.schedules import (DECAYS, SCALING_RULES, WARMUPS, AutoWarmup, DecayName, Schedule, ScalingRuleName, ScheduleConfig, WarmupName)
+from trainers.policies.schedules import (
+    DECAYS,
+    SCALING_RULES,
+    WARMUPS,
+    AutoWarmup,
+    DecayName,
+    ScalingRuleName,
+    Schedule,
+    ScheduleConfig,
+    WarmupName,
+)
 
 ETA0, B0 = 0.1, 64
 
@@ -32,11 +42,18 @@ def test_registries_match_the_config_literals():
 # --------------------------------------------------------------------------- scaling rules
 
 
-@pytest.mark.parametrize("rule, batch, expected", [
-    ("linear", 256, 0.4), ("linear", 32, 0.05), ("linear", 64, 0.1),
-    ("sqrt", 256, 0.2), ("sqrt", 1024, 0.4), ("sqrt", 16, 0.05),
-    ("none", 4096, 0.1),
-])
+@pytest.mark.parametrize(
+    "rule, batch, expected",
+    [
+        ("linear", 256, 0.4),
+        ("linear", 32, 0.05),
+        ("linear", 64, 0.1),
+        ("sqrt", 256, 0.2),
+        ("sqrt", 1024, 0.4),
+        ("sqrt", 16, 0.05),
+        ("none", 4096, 0.1),
+    ],
+)
 def test_scaling_rules(rule, batch, expected):
     s = schedule(scaling_rule=rule)
     assert s.lr(10.0, batch) == pytest.approx(expected)
@@ -147,30 +164,33 @@ def test_batch_change_mid_run_just_recomputes():
 # --------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("cfg, field", [
-    ({"warmup": "lgew"}, "warmup"),
-    ({"warmup": "gradual"}, "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'"),
-    ({"warmup": "constant", "warmup_epochs": 0}, "schedule.warmup_epochs"),
-    ({"warmup": "legw", "warmup_epochs": 1}, "schedule.scaling_rule"),
-    ({"warmup": "auto"}, "schedule.decay"),
-    ({"decay": "step"}, "schedule.milestones"),
-    ({"decay": "step", "milestones": [30, 20]}, "schedule.milestones"),
-    ({"scaling_rule": "cubic"}, "scaling_rule"),
-    ({"decay_factor": 0}, "decay_factor"),
-    ({"warmup_epochs": -1}, "warmup_epochs"),
-    ({"auto_growth": 1.0}, "auto_growth"),
-    ({"auto_init_lr": 1.0, "auto_max_lr": 0.5}, "schedule.auto_max_lr"),
-    ({"warmpu": "gradual"}, "warmpu"),
-])
+@pytest.mark.parametrize(
+    "cfg, field",
+    [
+        ({"warmup": "lgew"}, "warmup"),
+        ({"warmup": "gradual"}, "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'"),
+        ({"warmup": "constant", "warmup_epochs": 0}, "schedule.warmup_epochs"),
+        ({"warmup": "legw", "warmup_epochs": 1}, "schedule.scaling_rule"),
+        ({"warmup": "auto"}, "schedule.decay"),
+        ({"decay": "step"}, "schedule.milestones"),
+        ({"decay": "step", "milestones": [30, 20]}, "schedule.milestones"),
+        ({"scaling_rule": "cubic"}, "scaling_rule"),
+        ({"decay_factor": 0}, "decay_factor"),
+        ({"warmup_epochs": -1}, "warmup_epochs"),
+        ({"auto_growth": 1.0}, "auto_growth"),
+        ({"auto_init_lr": 1.0, "auto_max_lr": 0.5}, "schedule.auto_max_lr"),
+        ({"warmpu": "gradual"}, "warmpu"),
+    ],
+)
 def test_bad_config_names_the_field(cfg, field):
     assert field in _error(cfg)
 
 
 def _error(schedule: dict, epochs: float = 90, **sections: dict) -> str:
     """The one-line error of a config with this ``schedule`` section (its own fields: pydantic; its
-    fields together and with the others: orchestrator/preflight.py)."""
-    from orchestrator.config import ConfigError
-    from orchestrator.pipeline import validated
+    fields together and with the others: orchestrator/config/preflight.py)."""
+    from orchestrator.config.prepare import validated
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         validated({"schedule": schedule, "train": {"epochs": epochs}, **sections})
@@ -178,13 +198,14 @@ def _error(schedule: dict, epochs: float = 90, **sections: dict) -> str:
 
 
 def test_validator_message_starts_with_the_field_path():
-    assert _error({"warmup": "gradual"}) == ("schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; "
-                                             "set it, e.g. 5")
+    assert _error({"warmup": "gradual"}) == (
+        "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; set it, e.g. 5"
+    )
     ScheduleConfig(warmup="gradual")  # a rule between two fields: not the section's own check
 
 
 def test_a_schedule_must_fit_in_train_epochs():
-    from orchestrator.pipeline import validated
+    from orchestrator.config.prepare import validated
 
     validated({"schedule": {"warmup": "gradual", "warmup_epochs": 5}, "train": {"epochs": 90}})
     assert _error({"warmup": "gradual", "warmup_epochs": 5}, epochs=5).startswith("schedule.warmup_epochs: 5")
@@ -210,8 +231,16 @@ def _auto_cfg(**kw) -> ScheduleConfig:
     return ScheduleConfig(**(base | kw))
 
 
-def _run_auto(s: Schedule, auto: AutoWarmup, seed: int, steps_per_epoch: int = 25, max_epochs: int = 40,
-              start_epoch: int = 0, stop_epoch: int | None = None, rng: np.random.Generator | None = None):
+def _run_auto(
+    s: Schedule,
+    auto: AutoWarmup,
+    seed: int,
+    steps_per_epoch: int = 25,
+    max_epochs: int = 40,
+    start_epoch: int = 0,
+    stop_epoch: int | None = None,
+    rng: np.random.Generator | None = None,
+):
     """Feed loss(lr) = (log lr - log lr*)^2 + N(0, 0.3^2); check at each epoch end."""
     rng = rng or np.random.default_rng(seed)
     decisions = []
@@ -232,7 +261,7 @@ def test_auto_warmup_grows_geometrically_per_step():
     assert s.lr(0.0, B0, a) == pytest.approx(1e-4)
     for _ in range(10):
         a.record(s.lr(0.0, B0, a), 1.0)
-    assert s.lr(0.3, B0, a) == pytest.approx(1e-4 * 1.03 ** 10)  # depends on steps, not on epoch
+    assert s.lr(0.3, B0, a) == pytest.approx(1e-4 * 1.03**10)  # depends on steps, not on epoch
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -284,10 +313,12 @@ def test_auto_warmup_resume_from_state_dict_equals_uninterrupted():
 def test_auto_state_is_plain_python():
     a = AutoWarmup(_auto_cfg())
     a.record(1e-4, 2.0)
+
     def plain(x):
         if isinstance(x, list):
             return all(plain(v) for v in x)
         return x is None or type(x) in (int, float, bool, str)
+
     assert all(plain(v) for v in a.state_dict().values())
     with pytest.raises(ValueError, match="misses"):
         a.load_state_dict({"steps": 3})
@@ -358,15 +389,27 @@ def test_seesaw_lr_and_batch_change_together_by_hand():
     from trainers.policies.policy_set import PolicySet
 
     sched = ScheduleConfig(scaling_rule="sqrt", decay="seesaw", milestones=[1.0, 2.0], decay_factor=0.5)
-    p = PolicySet(sched, OptimizerConfig(lr=ETA0, base_batch_size=B0), BatchConfig(size=64, policy="seesaw"),
-                  epochs=3, dataset_size=1000)
+    p = PolicySet(
+        sched,
+        OptimizerConfig(lr=ETA0, base_batch_size=B0),
+        BatchConfig(size=64, policy="seesaw"),
+        epochs=3,
+        dataset_size=1000,
+    )
     batch, seen = 64, []
     for step, e in enumerate((0.0, 0.5, 0.999, 1.0, 1.5, 2.0, 2.9)):
         d = p.decide_batch(step, e, batch)
         batch = d.size if d else batch
         seen.append((batch, p.settings(e, batch, 1).lr))
-    want = [(64, 0.1), (64, 0.1), (64, 0.1), (128, 0.1 / math.sqrt(2)), (128, 0.1 / math.sqrt(2)),
-            (256, 0.05), (256, 0.05)]
+    want = [
+        (64, 0.1),
+        (64, 0.1),
+        (64, 0.1),
+        (128, 0.1 / math.sqrt(2)),
+        (128, 0.1 / math.sqrt(2)),
+        (256, 0.05),
+        (256, 0.05),
+    ]
     assert [b for b, _ in seen] == [b for b, _ in want]
     np.testing.assert_allclose([lr for _, lr in seen], [lr for _, lr in want], rtol=1e-12)
     # lr / sqrt(B) is what the step schedule (LR halved at each milestone, B fixed) would have
@@ -387,6 +430,8 @@ def test_seesaw_config_errors():
     seesaw = {"batch": {"policy": "seesaw"}}
     assert _error({"decay": "seesaw", "milestones": [1]}, **seesaw).startswith("schedule.scaling_rule: decay 'seesaw'")
     assert _error({"decay": "seesaw", "scaling_rule": "sqrt"}, **seesaw).startswith(
-        "schedule.milestones: required when schedule.decay is 'seesaw'")
+        "schedule.milestones: required when schedule.decay is 'seesaw'"
+    )
     assert _error({"decay": "seesaw", "scaling_rule": "sqrt", "milestones": [1, 3]}, epochs=3, **seesaw).startswith(
-        "schedule.milestones: [3.0] at or after")
+        "schedule.milestones: [3.0] at or after"
+    )

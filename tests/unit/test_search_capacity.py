@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.config import validate
+from orchestrator.config.schema import validate
 from search.capacity import Capacity, trial_needs
 
 BASE = {

@@ -37,10 +37,18 @@ class FakeDriver(SearchDriver):
     """The real loop; runs are faked: ``_watch`` finishes the oldest running trial with ``outcomes``."""
 
     def __init__(self, configs: list[dict[str, Any]], outcomes: dict[int, TrialResult], **options: Any) -> None:
-        space = parse_space({"base": copy.deepcopy(BASE), "objective": {"metric": "val/accuracy"},
-                             "sampler": {"name": "random", "seed": 0}, "pruner": "none",
-                             "params": {"schedule.warmup": {"choices": ["none", "legw"]},
-                                        "schedule.scaling_rule": {"choices": ["linear", "sqrt"]}}})
+        space = parse_space(
+            {
+                "base": copy.deepcopy(BASE),
+                "objective": {"metric": "val/accuracy"},
+                "sampler": {"name": "random", "seed": 0},
+                "pruner": "none",
+                "params": {
+                    "schedule.warmup": {"choices": ["none", "legw"]},
+                    "schedule.scaling_rule": {"choices": ["linear", "sqrt"]},
+                },
+            }
+        )
         study = optuna.create_study(directions=space.directions)
         for c in configs:
             study.enqueue_trial(c)
@@ -65,8 +73,15 @@ class FakeDriver(SearchDriver):
 
 
 def finished(value: float) -> TrialResult:
-    return TrialResult(run_id=None, status="FINISHED", stopped=False, steps=10, wall_s=1.0, worker_seconds=1.0,
-                       last={"val/accuracy": value})
+    return TrialResult(
+        run_id=None,
+        status="FINISHED",
+        stopped=False,
+        steps=10,
+        wall_s=1.0,
+        worker_seconds=1.0,
+        last={"val/accuracy": value},
+    )
 
 
 def run(d: FakeDriver, n: int) -> list[tuple[str, Any]]:
@@ -89,8 +104,9 @@ def test_a_running_twin_is_waited_for_then_its_value_reused():
 
 
 def test_a_failed_twin_lets_the_waiting_trial_run():
-    died = TrialResult(run_id=None, status="FAILED", stopped=False, steps=0, wall_s=0.0, worker_seconds=0.0,
-                       error="boom")
+    died = TrialResult(
+        run_id=None, status="FAILED", stopped=False, steps=0, wall_s=0.0, worker_seconds=0.0, error="boom"
+    )
     d = FakeDriver([A, A], {0: died, 1: finished(0.6)}, parallel=2)
     assert run(d, 2) == [("FAIL", None), ("COMPLETE", 0.6)]
     assert d.launched == [0, 1]
@@ -104,8 +120,12 @@ def test_parallel_slots_and_on_the_spot_failures(capsys):
     assert d.study.trials[0].user_attrs["error"].startswith("invalid config: ")
     err = capsys.readouterr().err.splitlines()
     # trial 3 is asked only once trial 1 has freed a slot
-    assert [line.split("  ")[0] for line in err] == ["trial 0 FAIL", "trial 1 COMPLETE", "trial 3 FAIL",
-                                                      "trial 2 COMPLETE"]
+    assert [line.split("  ")[0] for line in err] == [
+        "trial 0 FAIL",
+        "trial 1 COMPLETE",
+        "trial 3 FAIL",
+        "trial 2 COMPLETE",
+    ]
 
 
 def test_timeout_starts_nothing_more(capsys):

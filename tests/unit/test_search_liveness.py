@@ -9,9 +9,21 @@ import time
 import optuna
 import pytest
 
-from search.liveness import (BEAT_ATTR, INVOCATION_ATTR, RETRY_ATTR, Heartbeat, StudyStore, fail_stale, grace_s,
-                             lost_numbers, request_key, requeue, start_invocation, wait_for_verdict)
-from search.storage import open_storage
+from search.liveness import (
+    BEAT_ATTR,
+    INVOCATION_ATTR,
+    RETRY_ATTR,
+    Heartbeat,
+    StudyStore,
+    fail_stale,
+    grace_s,
+    lost_numbers,
+    request_key,
+    requeue,
+    start_invocation,
+    wait_for_verdict,
+)
+from search.study_storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -77,9 +89,15 @@ def test_a_lost_grid_point_is_queued_again_and_counts_as_not_tried(tmp_path):
     from search.study import grid_remaining
     from tests.search_helpers import base_config
 
-    space = parse_space({"base": base_config(tmp_path), "objective": {"metric": "val/accuracy"},
-                         "sampler": {"name": "grid"}, "pruner": "none",
-                         "params": {"optimizer.lr": {"choices": [0.1, 0.2, 0.3]}}})
+    space = parse_space(
+        {
+            "base": base_config(tmp_path),
+            "objective": {"metric": "val/accuracy"},
+            "sampler": {"name": "grid"},
+            "pruner": "none",
+            "params": {"optimizer.lr": {"choices": [0.1, 0.2, 0.3]}},
+        }
+    )
     store = journal_store(tmp_path, space.build_sampler())
     study = store.study
     done = study.ask()

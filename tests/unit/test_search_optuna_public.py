@@ -40,8 +40,12 @@ def own_private_names(trees: dict[str, ast.Module]) -> set[str]:
                 names.add(node.id)
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
-            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
                 names.add(node.attr)
     return {n for n in names if _private(n)}
 
@@ -63,10 +67,16 @@ def offences(path: str, tree: ast.Module, own: set[str]) -> list[str]:
         elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 found.append(f"{where}: .{node.attr}")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr")
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-              and isinstance(node.args[1].value, str) and _private(node.args[1].value)
-              and node.args[1].value not in own):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+            and node.args[1].value not in own
+        ):
             found.append(f"{where}: {node.func.id}(..., {node.args[1].value!r})")
     return found
 
@@ -78,14 +88,17 @@ def test_search_uses_only_optunas_public_api():
     assert found == [], "search/ reaches into Optuna's internals:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("code, what", [
-    ("study._storage.get_trial(trial._trial_id)", ".\\_storage"),
-    ("from optuna.storages._heartbeat import is_heartbeat_enabled", "from optuna.storages._heartbeat"),
-    ("import optuna.storages._cached_storage", "import optuna.storages._cached_storage"),
-    ("from optuna.storages import _CachedStorage", "import _CachedStorage"),
-    ("x = getattr(study, '_study_id')", "getattr(..., '_study_id')"),
-    ("optuna.storages._heartbeat.is_heartbeat_enabled(s)", "._heartbeat"),
-])
+@pytest.mark.parametrize(
+    "code, what",
+    [
+        ("study._storage.get_trial(trial._trial_id)", ".\\_storage"),
+        ("from optuna.storages._heartbeat import is_heartbeat_enabled", "from optuna.storages._heartbeat"),
+        ("import optuna.storages._cached_storage", "import optuna.storages._cached_storage"),
+        ("from optuna.storages import _CachedStorage", "import _CachedStorage"),
+        ("x = getattr(study, '_study_id')", "getattr(..., '_study_id')"),
+        ("optuna.storages._heartbeat.is_heartbeat_enabled(s)", "._heartbeat"),
+    ],
+)
 def test_the_scan_finds_each_kind_of_reach(code, what):
     found = offences("x.py", ast.parse(code), own={"_full"})
     assert found and any(what.replace("\\", "") in o for o in found), found

@@ -1,26 +1,35 @@
-"""search.progress: the line written for each finished trial, and the bar's fallbacks."""
+"""search.study_progress: the line written for each finished trial, and the bar's fallbacks."""
 
 from __future__ import annotations
 
 import pytest
 
-from search.progress import ProgressBar, trial_line, write_line
 from search.records import TrialRecord
+from search.study_progress import ProgressBar, trial_line, write_line
 
 PARAMS = {"optimizer.lr": 0.123456, "schedule.warmup": "linear"}
 
 
-@pytest.mark.parametrize("rec, line", [
-    (TrialRecord(3, "COMPLETE", [0.91234], PARAMS, steps=40, wall_s=12.4),
-     "trial 3 COMPLETE  val/accuracy=0.9123  40 steps, 12 s  [optimizer.lr=0.1235 schedule.warmup=linear]"),
-    (TrialRecord(4, "PRUNED", [0.5], PARAMS, steps=20, wall_s=3.0, pruned_at=20),
-     "trial 4 PRUNED  pruned at step 20 (val/accuracy=0.5)  20 steps, 3 s  "
-     "[optimizer.lr=0.1235 schedule.warmup=linear]"),
-    (TrialRecord(5, "FAIL", None, {}, error="invalid config: x"), "trial 5 FAIL  error: invalid config: x  []"),
-    (TrialRecord(6, "COMPLETE", [0.9], PARAMS, duplicate_of=3),
-     "trial 6 COMPLETE  val/accuracy=0.9  same config as trial 3: its value, not run again  "
-     "[optimizer.lr=0.1235 schedule.warmup=linear]"),
-])
+@pytest.mark.parametrize(
+    "rec, line",
+    [
+        (
+            TrialRecord(3, "COMPLETE", [0.91234], PARAMS, steps=40, wall_s=12.4),
+            "trial 3 COMPLETE  val/accuracy=0.9123  40 steps, 12 s  [optimizer.lr=0.1235 schedule.warmup=linear]",
+        ),
+        (
+            TrialRecord(4, "PRUNED", [0.5], PARAMS, steps=20, wall_s=3.0, pruned_at=20),
+            "trial 4 PRUNED  pruned at step 20 (val/accuracy=0.5)  20 steps, 3 s  "
+            "[optimizer.lr=0.1235 schedule.warmup=linear]",
+        ),
+        (TrialRecord(5, "FAIL", None, {}, error="invalid config: x"), "trial 5 FAIL  error: invalid config: x  []"),
+        (
+            TrialRecord(6, "COMPLETE", [0.9], PARAMS, duplicate_of=3),
+            "trial 6 COMPLETE  val/accuracy=0.9  same config as trial 3: its value, not run again  "
+            "[optimizer.lr=0.1235 schedule.warmup=linear]",
+        ),
+    ],
+)
 def test_trial_line(rec, line):
     assert trial_line(rec, ["val/accuracy"]) == line
 

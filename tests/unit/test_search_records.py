@@ -28,8 +28,15 @@ def running(**changes: Any) -> RunningTrial:
 
 
 def result(**changes: Any) -> TrialResult:
-    res = TrialResult(run_id="r", status="FINISHED", stopped=False, steps=10, wall_s=1.0, worker_seconds=2.0,
-                      last={"val/accuracy": 0.9})
+    res = TrialResult(
+        run_id="r",
+        status="FINISHED",
+        stopped=False,
+        steps=10,
+        wall_s=1.0,
+        worker_seconds=2.0,
+        last={"val/accuracy": 0.9},
+    )
     for k, v in changes.items():
         setattr(res, k, v)
     return res
@@ -38,7 +45,14 @@ def result(**changes: Any) -> TrialResult:
 def test_launched_keeps_the_pending_trials_fields():
     r = running()
     assert (r.values, r.need, r.key, r.actor, r.ref, r.last_step, r.pruned_at) == (
-        {"optimizer.lr": 0.1}, {"CPU": 1.0}, "k", "actor", "ref", -1, None)
+        {"optimizer.lr": 0.1},
+        {"CPU": 1.0},
+        "k",
+        "actor",
+        "ref",
+        -1,
+        None,
+    )
 
 
 def test_report_skips_steps_already_reported():
@@ -72,19 +86,32 @@ def test_language_models_report_at_tokens_and_one_value_per_optuna_step():
     assert (r.last_step, r.last_value, r.reported) == (3, 2.9, 4)
 
 
-@pytest.mark.parametrize("r, res, expected", [
-    (running(), result(), ("COMPLETE", [0.9], None)),
-    (running(pruned=Pruned(5, 0.4), last_value=0.7), result(stopped=True), ("PRUNED", [0.4], None)),
-    (running(pruned=Pruned(5, math.nan)), result(stopped=True), ("PRUNED", None, None)),
-    (running(pruned=Pruned(5, 0.4)), result(stopped=True, error="boom"), ("FAIL", None, "boom")),
-    # condemned, but the run reached its planned end before the stop reached it: not pruned
-    (running(pruned=Pruned(5, 0.4)), result(stopped=False), ("COMPLETE", [0.9], None)),
-    (running(), result(last={}), ("FAIL", None, "objective val/accuracy was never reported by the run; "
-                                                "check train.eval_every / the metric name")),
-    (running(), result(last={"val/accuracy": math.inf}),
-     ("FAIL", None, "objective val/accuracy is not finite (the run diverged)")),
-    (running(), result(status="KILLED"), ("FAIL", None, "the run ended KILLED")),
-])
+@pytest.mark.parametrize(
+    "r, res, expected",
+    [
+        (running(), result(), ("COMPLETE", [0.9], None)),
+        (running(pruned=Pruned(5, 0.4), last_value=0.7), result(stopped=True), ("PRUNED", [0.4], None)),
+        (running(pruned=Pruned(5, math.nan)), result(stopped=True), ("PRUNED", None, None)),
+        (running(pruned=Pruned(5, 0.4)), result(stopped=True, error="boom"), ("FAIL", None, "boom")),
+        # condemned, but the run reached its planned end before the stop reached it: not pruned
+        (running(pruned=Pruned(5, 0.4)), result(stopped=False), ("COMPLETE", [0.9], None)),
+        (
+            running(),
+            result(last={}),
+            (
+                "FAIL",
+                None,
+                "objective val/accuracy was never reported by the run; check train.eval_every / the metric name",
+            ),
+        ),
+        (
+            running(),
+            result(last={"val/accuracy": math.inf}),
+            ("FAIL", None, "objective val/accuracy is not finite (the run diverged)"),
+        ),
+        (running(), result(status="KILLED"), ("FAIL", None, "the run ended KILLED")),
+    ],
+)
 def test_outcome(r, res, expected):
     out = r.outcome(res, ["val/accuracy"])
     assert (out.state, out.values, out.error) == expected
@@ -96,8 +123,11 @@ def test_run_figures_as_objectives():
 
 
 def test_summary_counts():
-    recs = [TrialRecord(0, "COMPLETE", [1.0], {}, steps=3), TrialRecord(1, "FAIL", None, {}, steps=2),
-            TrialRecord(2, "COMPLETE", [2.0], {})]
+    recs = [
+        TrialRecord(0, "COMPLETE", [1.0], {}, steps=3),
+        TrialRecord(1, "FAIL", None, {}, steps=2),
+        TrialRecord(2, "COMPLETE", [2.0], {}),
+    ]
     s = SearchSummary("s", "st", "p", "uri", "0", recs, 3, [], 1.0)
     assert (s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL"), s.total_steps) == (2, 0, 1, 5)
 
@@ -107,8 +137,11 @@ def test_the_pruner_judges_each_value_and_nothing_after_its_verdict_reaches_the_
     the last one relayed; values relayed after the verdict are not reported."""
     r = running()
     verdicts = iter([False, True])
-    values = [(10, "val/accuracy", 0.5, 320, None), (20, "val/accuracy", 0.4, 640, None),
-              (30, "val/accuracy", 0.9, 960, None)]
+    values = [
+        (10, "val/accuracy", 0.5, 320, None),
+        (20, "val/accuracy", 0.4, 640, None),
+        (30, "val/accuracy", 0.9, 960, None),
+    ]
     assert r.report(values, ReportUnit("steps"), lambda: next(verdicts)) is True
     assert r.pruned == Pruned(20, 0.4, 640) and r.pruned_at == 20
     assert r.trial.reported == [(0.5, 10), (0.4, 20)] and r.last_step == 30

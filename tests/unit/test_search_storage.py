@@ -1,11 +1,11 @@
-"""search.storage: how a storage is named, shown and opened (journal files and RDB URLs)."""
+"""search.study_storage: how a storage is named, shown and opened (journal files and RDB URLs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import ConfigError
-from search.storage import describe_storage, is_rdb_url, open_storage, study_names
+from orchestrator.config.schema import ConfigError
+from search.study_storage import describe_storage, is_rdb_url, open_storage, study_names
 
 
 def test_describe_storage(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import optuna
 
-from search.cli import main
+from search.commands import main
 from search.view import work_to_target
 
 
@@ -24,9 +24,11 @@ def test_show_target_names_the_trial_with_least_work(tmp_path, capsys):
     client = MlflowClient(uri)
     exp = client.create_experiment("s")
     storage = str(tmp_path / "j.journal")
-    study = optuna.create_study(study_name="lm", direction="minimize",
-                                storage=optuna.storages.JournalStorage(
-                                    optuna.storages.journal.JournalFileBackend(storage)))
+    study = optuna.create_study(
+        study_name="lm",
+        direction="minimize",
+        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage)),
+    )
     study.set_user_attr("objectives", ["val/perplexity"])
     study.set_user_attr("tracking_uri", uri)
     study.set_user_attr("base_config", {"batch": {"size": 4}})
@@ -40,8 +42,11 @@ def test_show_target_names_the_trial_with_least_work(tmp_path, capsys):
         t.set_user_attr("mlflow_run_id", run.info.run_id)
         for step, value in curve.items():
             t.report(value, step)
-        study.tell(t, min(curve.values()) if number != 2 else None,
-                   state=optuna.trial.TrialState.COMPLETE if number != 2 else optuna.trial.TrialState.PRUNED)
+        study.tell(
+            t,
+            min(curve.values()) if number != 2 else None,
+            state=optuna.trial.TrialState.COMPLETE if number != 2 else optuna.trial.TrialState.PRUNED,
+        )
     assert main(["show", "lm", "--storage", storage, "--target", "14"]) == 0
     out = capsys.readouterr().out
     assert "to_target_work" in out and "to_target_s" in out

@@ -1,10 +1,10 @@
-"""search.tracking helpers that need no MLflow server: tracking URIs as trials in other processes see them."""
+"""search.study_tracking helpers that need no MLflow server: tracking URIs as trials in other processes see them."""
 
 from __future__ import annotations
 
 import os
 
-from orchestrator.uris import absolute_tracking_uri
+from orchestrator.config.uris import absolute_tracking_uri
 
 
 def test_relative_local_stores_are_pinned_to_absolute_paths(tmp_path, monkeypatch):
@@ -24,22 +24,31 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from optuna.distributions import CategoricalDistribution, FloatDistribution  # noqa: E402
 
 from search.space import parse_space  # noqa: E402
-from search.tracking import StudyTracker  # noqa: E402
-from trainers.link.tags import NOTE as NOTE_TAG  # noqa: E402
+from search.study_tracking import StudyTracker  # noqa: E402
 from tests.search_helpers import base_config  # noqa: E402
+from trainers.link.tags import NOTE as NOTE_TAG  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-DISTS = {"optimizer.lr": FloatDistribution(0.001, 1.0, log=True),
-         "schedule.warmup": CategoricalDistribution(["none", "constant"])}
+DISTS = {
+    "optimizer.lr": FloatDistribution(0.001, 1.0, log=True),
+    "schedule.warmup": CategoricalDistribution(["none", "constant"]),
+}
 
 
 def _space(tmp_path):
-    return parse_space({"base": base_config(tmp_path), "objective": {"metric": "val/accuracy"},
-                        "sampler": {"name": "random", "seed": 0}, "pruner": "none",
-                        "params": {"optimizer.lr": {"low": 0.001, "high": 1.0, "log": True},
-                                   "schedule.warmup": {"choices": ["none", "constant"]},
-                                   "schedule.warmup_epochs": {"low": 0.25, "high": 0.5,
-                                                              "when": "schedule.warmup != none"}}})
+    return parse_space(
+        {
+            "base": base_config(tmp_path),
+            "objective": {"metric": "val/accuracy"},
+            "sampler": {"name": "random", "seed": 0},
+            "pruner": "none",
+            "params": {
+                "optimizer.lr": {"low": 0.001, "high": 1.0, "log": True},
+                "schedule.warmup": {"choices": ["none", "constant"]},
+                "schedule.warmup_epochs": {"low": 0.25, "high": 0.5, "when": "schedule.warmup != none"},
+            },
+        }
+    )
 
 
 def _ask(study, values):
@@ -156,8 +165,7 @@ def test_interactive_plots_are_one_page_with_plotly_embedded_once(tracked, monke
 
     uri, space, study, tracker = tracked
     monkeypatch.setattr(ov, "is_available", lambda: True)
-    for name in ("optimization_history", "param_importances", "parallel_coordinate", "timeline",
-                 "intermediate_values"):
+    for name in ("optimization_history", "param_importances", "parallel_coordinate", "timeline", "intermediate_values"):
         monkeypatch.setattr(ov, f"plot_{name}", lambda s, _n=name, **kw: FakeFigure(_n))
 
     def broken(study, **kw):

@@ -1,9 +1,9 @@
-"""The metric-series compressor (orchestrator/series.py) alone, no MLflow: which points it keeps,
+"""The metric-series compressor (orchestrator/record/series.py) alone, no MLflow: which points it keeps,
 with which times, and what a resumed run's history changes."""
 
 import pytest
 
-from orchestrator.series import PIECEWISE, STEPWISE, SeriesCompressor
+from orchestrator.record.series import PIECEWISE, STEPWISE, SeriesCompressor
 
 NOW = 5000.0  # the wall time of the call: a record without a time gets it
 

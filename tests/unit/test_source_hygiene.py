@@ -17,8 +17,9 @@ SOURCES = (*PRODUCT, "tests", "examples")
 
 # the word issue (or pull request, PR, gh-) before a number, and a hash before digits, but not an
 # HTML entity or a colour (a hash's digits must end the word); examples in the first test below
-TRACKER_NUMBER = re.compile(r"\bissues?\s*#?\d+|\bpr\s*#\d+|\bpull request\s*#?\d+|\bgh-\d+|(?<![\w&/#])#\d+\b",
-                            re.IGNORECASE)
+TRACKER_NUMBER = re.compile(
+    r"\bissues?\s*#?\d+|\bpr\s*#\d+|\bpull request\s*#?\d+|\bgh-\d+|(?<![\w&/#])#\d+\b", re.IGNORECASE
+)
 
 
 def _python_files(folders: tuple[str, ...]) -> list[Path]:
@@ -26,8 +27,16 @@ def _python_files(folders: tuple[str, ...]) -> list[Path]:
 
 
 def _docs() -> list[Path]:
-    return sorted([ROOT / "README.md", ROOT / "Makefile", ROOT / "cluster.yaml", *(ROOT / "docs").rglob("*.md"),
-                   *(ROOT / "examples").rglob("*.md"), *(ROOT / "configs").glob("*.yaml")])
+    return sorted(
+        [
+            ROOT / "README.md",
+            ROOT / "Makefile",
+            ROOT / "cluster.yaml",
+            *(ROOT / "docs").rglob("*.md"),
+            *(ROOT / "examples").rglob("*.md"),
+            *(ROOT / "configs").glob("*.yaml"),
+        ]
+    )
 
 
 def tracker_numbers(text: str) -> list[tuple[int, str]]:
@@ -43,26 +52,37 @@ def opening_problem(source: str) -> str | None:
     first = doc.strip().split("\n\n", 1)[0]
     lines = [line for line in first.splitlines() if line.strip()]
     if len(lines) > 2:
-        return (f"the docstring's first paragraph has {len(lines)} lines; say what the module is for in one or "
-                f"two, then a blank line before the longer explanation")
+        return (
+            f"the docstring's first paragraph has {len(lines)} lines; say what the module is for in one or "
+            f"two, then a blank line before the longer explanation"
+        )
     return None
 
 
 def test_the_pattern_finds_tracker_numbers_and_leaves_colours_and_headings():
     hash_ = "#"
-    for text in (f"see issue {20}", f"(issue {hash_}18, item 5)", f"Issues {hash_}3 and 4", f"fixed ({hash_}21)",
-                 f"{hash_}12: the bar", f"gh-{7}", f"PR {hash_}9"):
+    for text in (
+        f"see issue {20}",
+        f"(issue {hash_}18, item 5)",
+        f"Issues {hash_}3 and 4",
+        f"fixed ({hash_}21)",
+        f"{hash_}12: the bar",
+        f"gh-{7}",
+        f"PR {hash_}9",
+    ):
         assert tracker_numbers(text), text
     for text in ("color='#1f77b4'", "## 3. Invariants", "&#39;", "x = a[1]  # 2 workers", "issue: nothing silent"):
         assert not tracker_numbers(text), text
 
 
 def test_no_issue_numbers_in_code_comments_docstrings_configs_or_docs():
-    found = [f"{p.relative_to(ROOT)}:{line}: {hit!r}"
-             for p in [*_python_files(SOURCES), *_docs()] if p.exists()
-             for line, hit in tracker_numbers(p.read_text(encoding="utf-8"))]
-    assert not found, ("issue numbers mean nothing without the tracker; say the reason instead:\n  "
-                       + "\n  ".join(found))
+    found = [
+        f"{p.relative_to(ROOT)}:{line}: {hit!r}"
+        for p in [*_python_files(SOURCES), *_docs()]
+        if p.exists()
+        for line, hit in tracker_numbers(p.read_text(encoding="utf-8"))
+    ]
+    assert not found, "issue numbers mean nothing without the tracker; say the reason instead:\n  " + "\n  ".join(found)
 
 
 def test_the_opening_check_wants_a_short_first_paragraph():

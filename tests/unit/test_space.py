@@ -89,16 +89,26 @@ def test_language_model_spaces_parse(name):
         cfg = s.config(s.resolve(lambda p: p.candidates()[pick][1]))
         assert cfg.data.name == "text"
     if name == "search_lm_adaptive.yaml":
-        assert {p.path for p in s.params} >= {"batch.size", "batch.policy", "batch.noise_scale_factor",
-                                              "batch.max_size", "optimizer.lr", "schedule.warmup_epochs"}
+        assert {p.path for p in s.params} >= {
+            "batch.size",
+            "batch.policy",
+            "batch.noise_scale_factor",
+            "batch.max_size",
+            "optimizer.lr",
+            "schedule.warmup_epochs",
+        }
 
 
 def test_defaults_and_kinds():
     s = parse_space(space())
     assert s.sampler.name == "tpe" and s.pruner.name == "median"
     kinds = {p.path: p.kind for p in s.params}
-    assert kinds == {"optimizer.lr": "float", "batch.size": "categorical", "schedule.warmup": "categorical",
-                     "schedule.warmup_epochs": "float"}
+    assert kinds == {
+        "optimizer.lr": "float",
+        "batch.size": "categorical",
+        "schedule.warmup": "categorical",
+        "schedule.warmup_epochs": "float",
+    }
     s = parse_space(with_params(batch__size={"low": 16, "high": 64, "step": 16}))
     assert s.param("batch.size").kind == "int"
     assert s.param("batch.size").grid_values() == [16, 32, 48, 64]
@@ -117,8 +127,14 @@ def test_base_from_file_and_overrides(tmp_path):
 def test_objective_forms():
     assert parse_space(space(objective="val/loss")).objectives[0].direction == "minimize"
     assert parse_space(space(objective={"metric": "val/accuracy"})).objectives[0].direction == "maximize"
-    two = parse_space(space(objective=[{"metric": "val/accuracy", "direction": "maximize"},
-                                       {"metric": "worker_seconds", "direction": "minimize"}]))
+    two = parse_space(
+        space(
+            objective=[
+                {"metric": "val/accuracy", "direction": "maximize"},
+                {"metric": "worker_seconds", "direction": "minimize"},
+            ]
+        )
+    )
     assert two.multi_objective and two.pruner.name == "none" and not two.prunes
     assert two.directions == ["maximize", "minimize"]
 
@@ -132,70 +148,134 @@ BAD = [
     (space(base=None), "base: required"),
     (space(base="no/such/train.yaml"), "base: file"),
     (space(base={**BASE, "optimizer": {"lr": -1}}), "base.optimizer.lr: must be > 0"),
-    (space(overrides={"optimizer.lrr": 1}), "overrides.optimizer.lrr: unknown config field; did you mean optimizer.lr? optimizer has: name, lr"),
-    (with_params(optimizer__lrr={"low": 0.1, "high": 1}), "params.optimizer.lrr: unknown config field; did you mean optimizer.lr? optimizer has:"),
-    (with_params(optimizerr__lr={"low": 0.1, "high": 1}), "params.optimizerr.lr: unknown config field; did you mean optimizer? the config has:"),
+    (
+        space(overrides={"optimizer.lrr": 1}),
+        "overrides.optimizer.lrr: unknown config field; did you mean optimizer.lr? optimizer has: name, lr",
+    ),
+    (
+        with_params(optimizer__lrr={"low": 0.1, "high": 1}),
+        "params.optimizer.lrr: unknown config field; did you mean optimizer.lr? optimizer has:",
+    ),
+    (
+        with_params(optimizerr__lr={"low": 0.1, "high": 1}),
+        "params.optimizerr.lr: unknown config field; did you mean optimizer? the config has:",
+    ),
     (with_params(optimizer={"low": 0.1, "high": 1}), "params.optimizer: is a section; name one of its fields"),
-    (with_params(optimizer__lr__x={"low": 0.1, "high": 1}), "params.optimizer.lr.x: optimizer.lr is a value, not a section"),
+    (
+        with_params(optimizer__lr__x={"low": 0.1, "high": 1}),
+        "params.optimizer.lr.x: optimizer.lr is a value, not a section",
+    ),
     (with_params(tracking__uri={"choices": ["a"]}), "params.tracking.uri: tracking is where results go"),
     (with_params(optimizer__lr={"low": 1.0, "high": 0.1}), "params.optimizer.lr.low: 1.0 is above high 0.1"),
     (with_params(optimizer__lr={"low": 0.1, "high": 0.1}), "params.optimizer.lr: empty range"),
-    (with_params(optimizer__lr={"low": 0.0, "high": 1.0, "log": True}), "params.optimizer.lr.low: a log range needs low > 0"),
-    (with_params(optimizer__lr={"low": 0.01, "high": 1.0, "log": True, "step": 0.1}),
-     "params.optimizer.lr.step: cannot be combined with log"),
+    (
+        with_params(optimizer__lr={"low": 0.0, "high": 1.0, "log": True}),
+        "params.optimizer.lr.low: a log range needs low > 0",
+    ),
+    (
+        with_params(optimizer__lr={"low": 0.01, "high": 1.0, "log": True, "step": 0.1}),
+        "params.optimizer.lr.step: cannot be combined with log",
+    ),
     (with_params(optimizer__lr={"low": 0.01, "high": 1.0, "step": -1}), "params.optimizer.lr.step: must be a positive"),
     (with_params(optimizer__lr={"low": 0.01}), "params.optimizer.lr.high: required"),
-    (with_params(optimizer__lr={"lo": 0.01, "high": 1}), "params.optimizer.lr.lo: unknown key; allowed keys: low, high"),
+    (
+        with_params(optimizer__lr={"lo": 0.01, "high": 1}),
+        "params.optimizer.lr.lo: unknown key; allowed keys: low, high",
+    ),
     (with_params(optimizer__lr={"low": "a", "high": 1}), "params.optimizer.lr.low: must be a number"),
-    (with_params(optimizer__lr={"low": 0.1, "high": 1, "choices": [1]}), "params.optimizer.lr.low: give either choices"),
+    (
+        with_params(optimizer__lr={"low": 0.1, "high": 1, "choices": [1]}),
+        "params.optimizer.lr.low: give either choices",
+    ),
     (with_params(optimizer__lr=0.1), "params.optimizer.lr: expected a mapping"),
     (with_params(batch__size={"choices": []}), "params.batch.size.choices: empty"),
     (with_params(batch__size={"choices": 32}), "params.batch.size.choices: expected a list"),
     (with_params(batch__size={"low": 16.5, "high": 64}), "params.batch.size.low: batch.size is an integer field"),
-    (with_params(schedule__decay={"low": 0, "high": 1}), "params.schedule.decay: schedule.decay is not a number (cosine"),
-    (with_params(schedule__decay={}), "params.schedule.decay: schedule.decay takes one of a set of values; give choices"),
+    (
+        with_params(schedule__decay={"low": 0, "high": 1}),
+        "params.schedule.decay: schedule.decay is not a number (cosine",
+    ),
+    (
+        with_params(schedule__decay={}),
+        "params.schedule.decay: schedule.decay takes one of a set of values; give choices",
+    ),
     # values that can never make a valid config
-    (with_params(optimizer__lr={"low": 0.0, "high": 1.0}), "params.optimizer.lr.low: 0.0 gives no valid training config "
-                                                          "(optimizer.lr: must be > 0"),
-    (with_params(optimizer__mf={"low": 0.5, "high": 1.5}), "params.optimizer.mf.high: 1.5 gives no valid training config"),
-    (with_params(schedule__warmup={"choices": ["none", "lgew"]}),
-     "params.schedule.warmup.choices[1]: lgew gives no valid training config (schedule.warmup: unknown 'lgew'"),
-    (with_params(batch__size={"choices": [4096, 32]}),
-     "params.batch.size.choices[0]: 4096 gives no valid training config (batch.size: 4096 is above the 1438 training "
-     "samples"),
-    (with_params(schedule__warmup={"choices": ["none", "legw"]}),
-     "params.schedule.warmup.choices[1]: legw gives no valid training config (schedule.scaling_rule"),
-    (with_params(schedule__warmup_epochs={"low": 0.5, "high": 3.0, "when": "schedule.warmup == gradual"}),
-     "params.schedule.warmup_epochs.high: 3.0 gives no valid training config (schedule.warmup_epochs: 3.0 leaves no epoch"),
+    (
+        with_params(optimizer__lr={"low": 0.0, "high": 1.0}),
+        "params.optimizer.lr.low: 0.0 gives no valid training config (optimizer.lr: must be > 0",
+    ),
+    (
+        with_params(optimizer__mf={"low": 0.5, "high": 1.5}),
+        "params.optimizer.mf.high: 1.5 gives no valid training config",
+    ),
+    (
+        with_params(schedule__warmup={"choices": ["none", "lgew"]}),
+        "params.schedule.warmup.choices[1]: lgew gives no valid training config (schedule.warmup: unknown 'lgew'",
+    ),
+    (
+        with_params(batch__size={"choices": [4096, 32]}),
+        "params.batch.size.choices[0]: 4096 gives no valid training config (batch.size: 4096 is above the "
+        "1438 training samples",
+    ),
+    (
+        with_params(schedule__warmup={"choices": ["none", "legw"]}),
+        "params.schedule.warmup.choices[1]: legw gives no valid training config (schedule.scaling_rule",
+    ),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.5, "high": 3.0, "when": "schedule.warmup == gradual"}),
+        "params.schedule.warmup_epochs.high: 3.0 gives no valid training config (schedule.warmup_epochs: 3.0 "
+        "leaves no epoch",
+    ),
     # conditions
-    (with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.warmup >= 2"}),
-     "params.schedule.warmup_epochs.when: cannot read"),
-    (with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.wramup != none"}),
-     "params.schedule.warmup_epochs.when: schedule.wramup: unknown config field"),
-    (with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.warmup == lgew"}),
-     "params.schedule.warmup_epochs.when: never true: no choice of schedule.warmup"),
-    (with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": {"schedule.warmup": ["gradual", "lgew"]}}),
-     "params.schedule.warmup_epochs.when: 'lgew' is not among schedule.warmup's choices"),
-    (with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.decay == cosine"}),
-     "params.schedule.warmup_epochs.when: never true (schedule.decay is none in the base"),
-    (with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": 3}),
-     "params.schedule.warmup_epochs.when: expected a mapping"),
-    (with_params(schedule__decay={"choices": ["none", "cosine"], "when": "schedule.scaling_rule == sqrt"},
-                 schedule__scaling_rule={"choices": ["linear", "sqrt"], "when": "schedule.decay == cosine"}),
-     "params.schedule.decay.when: conditions go in a circle"),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.warmup >= 2"}),
+        "params.schedule.warmup_epochs.when: cannot read",
+    ),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.wramup != none"}),
+        "params.schedule.warmup_epochs.when: schedule.wramup: unknown config field",
+    ),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.warmup == lgew"}),
+        "params.schedule.warmup_epochs.when: never true: no choice of schedule.warmup",
+    ),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": {"schedule.warmup": ["gradual", "lgew"]}}),
+        "params.schedule.warmup_epochs.when: 'lgew' is not among schedule.warmup's choices",
+    ),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": "schedule.decay == cosine"}),
+        "params.schedule.warmup_epochs.when: never true (schedule.decay is none in the base",
+    ),
+    (
+        with_params(schedule__warmup_epochs={"low": 0.1, "high": 1, "when": 3}),
+        "params.schedule.warmup_epochs.when: expected a mapping",
+    ),
+    (
+        with_params(
+            schedule__decay={"choices": ["none", "cosine"], "when": "schedule.scaling_rule == sqrt"},
+            schedule__scaling_rule={"choices": ["linear", "sqrt"], "when": "schedule.decay == cosine"},
+        ),
+        "params.schedule.decay.when: conditions go in a circle",
+    ),
     # objective, sampler, pruner
     (space(objective={"metric": "val/acc"}), "objective.metric: unknown 'val/acc'; expected one of val/accuracy"),
     (space(objective={"metric": "val/accuracy", "direction": "up"}), "objective.direction: unknown 'up'"),
     (space(objective={"metric": "val/accuracy", "goal": "max"}), "objective.goal: unknown key"),
     (space(objective=[{"metric": "val/accuracy"}, {"metric": "val/accuracy"}]), "objective: the same metric twice"),
-    (space(objective=[{"metric": "val/accuracy"}, {"metric": "worker_seconds"}], pruner="median"),
-     "pruner: Optuna cannot prune a multi-objective study"),
+    (
+        space(objective=[{"metric": "val/accuracy"}, {"metric": "worker_seconds"}], pruner="median"),
+        "pruner: Optuna cannot prune a multi-objective study",
+    ),
     (space(sampler="tpee"), "sampler: unknown 'tpee'; expected one of tpe, gp, cmaes, random, grid"),
     (space(pruner="mediann"), "pruner: unknown 'mediann'; expected one of median, percentile, hyperband"),
     (space(sampler={"name": "tpe", "n_startup": 3}), "sampler.n_startup: not an option of tpe (TPESampler); allowed:"),
     (space(pruner={"name": "median", "n_startup_trials": -1}), "pruner.n_startup_trials: median rejects its options"),
     (space(pruner={"name": "threshold"}), "pruner: threshold rejects its options"),
-    (space(sampler={"name": "grid"}), "params.optimizer.lr: the grid sampler needs a finite set; give step, or choices"),
+    (
+        space(sampler={"name": "grid"}),
+        "params.optimizer.lr: the grid sampler needs a finite set; give step, or choices",
+    ),
     (space(keep_checkpoints="yes"), "keep_checkpoints: must be true or false"),
 ]
 
@@ -212,10 +292,11 @@ def test_cmaes_without_its_package_is_a_clear_error():
 
 def test_invalid_combinations_are_left_to_the_trials():
     """legw needs sqrt scaling: a space offering both rules is valid; the linear+legw trial will FAIL."""
-    raw = with_params(schedule__warmup={"choices": ["none", "legw"]},
-                      schedule__scaling_rule={"choices": ["linear", "sqrt"]})
+    raw = with_params(
+        schedule__warmup={"choices": ["none", "legw"]}, schedule__scaling_rule={"choices": ["linear", "sqrt"]}
+    )
     s = parse_space(raw)
-    from orchestrator.config import ConfigError
+    from orchestrator.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="legw"):
         s.config({"schedule.warmup": "legw", "schedule.warmup_epochs": 0.5, "schedule.scaling_rule": "linear"})
@@ -225,14 +306,19 @@ def test_invalid_combinations_are_left_to_the_trials():
 # --------------------------------------------------------------------------- conditions and sampling
 
 
-@pytest.mark.parametrize("text,cond", [
-    ("schedule.warmup != none", [Condition("schedule.warmup", ("none",), negate=True)]),
-    ("schedule.warmup == gradual", [Condition("schedule.warmup", ("gradual",))]),
-    ("schedule.warmup in [gradual, legw]", [Condition("schedule.warmup", ("gradual", "legw"))]),
-    ("schedule.warmup not in [none]", [Condition("schedule.warmup", ("none",), negate=True)]),
-    ("batch.size == 64 and schedule.warmup != none",
-     [Condition("batch.size", (64,)), Condition("schedule.warmup", ("none",), negate=True)]),
-])
+@pytest.mark.parametrize(
+    "text,cond",
+    [
+        ("schedule.warmup != none", [Condition("schedule.warmup", ("none",), negate=True)]),
+        ("schedule.warmup == gradual", [Condition("schedule.warmup", ("gradual",))]),
+        ("schedule.warmup in [gradual, legw]", [Condition("schedule.warmup", ("gradual", "legw"))]),
+        ("schedule.warmup not in [none]", [Condition("schedule.warmup", ("none",), negate=True)]),
+        (
+            "batch.size == 64 and schedule.warmup != none",
+            [Condition("batch.size", (64,)), Condition("schedule.warmup", ("none",), negate=True)],
+        ),
+    ],
+)
 def test_condition_strings(text, cond):
     assert list(parse_when(text, "w")) == cond
 
@@ -251,8 +337,7 @@ def test_conditional_param_sampled_only_when_its_condition_holds():
     s = parse_space(space())
     off = _fixed(s, {"optimizer.lr": 0.1, "batch.size": 32, "schedule.warmup": "none"})
     assert "schedule.warmup_epochs" not in off
-    on = _fixed(s, {"optimizer.lr": 0.1, "batch.size": 32, "schedule.warmup": "gradual",
-                    "schedule.warmup_epochs": 0.5})
+    on = _fixed(s, {"optimizer.lr": 0.1, "batch.size": 32, "schedule.warmup": "gradual", "schedule.warmup_epochs": 0.5})
     assert on["schedule.warmup_epochs"] == 0.5
     assert s.config(on).schedule.warmup_epochs == 0.5
     assert s.config(off).schedule.warmup_epochs == 0.0
@@ -269,13 +354,23 @@ def test_parent_param_sampled_first_whatever_the_file_order():
 
 def test_list_valued_choices_go_by_label():
     """batch.schedule takes lists: Optuna sees their JSON text, the config gets the list back."""
-    raw = with_params(batch__policy={"choices": ["fixed", "schedule"]},
-                      batch__schedule={"choices": [[[1, 64]], [[1, 128]]], "when": {"batch.policy": "schedule"}})
+    raw = with_params(
+        batch__policy={"choices": ["fixed", "schedule"]},
+        batch__schedule={"choices": [[[1, 64]], [[1, 128]]], "when": {"batch.policy": "schedule"}},
+    )
     s = parse_space(raw)
     p = s.param("batch.schedule")
     assert p.encoded and p.labels() == ["[[1, 64]]", "[[1, 128]]"]
-    values = _fixed(s, {"optimizer.lr": 0.1, "batch.size": 32, "schedule.warmup": "none", "batch.policy": "schedule",
-                        "batch.schedule": "[[1, 128]]"})
+    values = _fixed(
+        s,
+        {
+            "optimizer.lr": 0.1,
+            "batch.size": 32,
+            "schedule.warmup": "none",
+            "batch.policy": "schedule",
+            "batch.schedule": "[[1, 128]]",
+        },
+    )
     assert values["batch.schedule"] == [[1, 128]]
     assert s.config(values).batch.schedule == [(1.0, 128)]
 
@@ -315,8 +410,9 @@ def _available(name: str) -> bool:
 
 @pytest.mark.parametrize("name", [n for n in SAMPLERS if _available(n)])
 def test_every_sampler_drives_a_study(name):
-    raw = with_params(optimizer__lr={"low": 0.01, "high": 0.1, "step": 0.01}, schedule__warmup_epochs=None,
-                      schedule__warmup=None)
+    raw = with_params(
+        optimizer__lr={"low": 0.01, "high": 0.1, "step": 0.01}, schedule__warmup_epochs=None, schedule__warmup=None
+    )
     s = parse_space({**raw, "sampler": {"name": name, "seed": 0}, "pruner": "none"})
     sampler = s.build_sampler()
     assert isinstance(sampler, optuna.samplers.BaseSampler)
@@ -343,7 +439,9 @@ def test_every_pruner_builds_and_answers(name):
 
 
 def test_threshold_pruner_prunes_below_its_bar():
-    study = optuna.create_study(direction="maximize", pruner=AlgorithmSpec("pruner", "threshold", {"lower": 0.5}).build())
+    study = optuna.create_study(
+        direction="maximize", pruner=AlgorithmSpec("pruner", "threshold", {"lower": 0.5}).build()
+    )
     t = study.ask()
     t.report(0.1, 10)
     assert t.should_prune()
@@ -354,8 +452,8 @@ def test_threshold_pruner_prunes_below_its_bar():
 
 def test_continued_study_does_not_redraw_the_first_points(tmp_path):
     """A seeded sampler is built again on each invocation: the continued study offsets its seed."""
-    from search.storage import open_storage
     from search.study import create_or_load_study
+    from search.study_storage import open_storage
 
     s = parse_space(space(sampler={"name": "random", "seed": 0}, pruner="none"))
     storage = open_storage(str(tmp_path / "j.journal"))
@@ -372,8 +470,8 @@ def test_continued_study_does_not_redraw_the_first_points(tmp_path):
 
 
 def test_continued_study_must_keep_its_objective(tmp_path):
-    from search.storage import open_storage
     from search.study import create_or_load_study
+    from search.study_storage import open_storage
 
     storage = open_storage(str(tmp_path / "j.journal"))
     create_or_load_study(parse_space(space()), "st", storage)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config import validate
+from orchestrator.config.schema import validate
 from trainers.loop import storage
 from trainers.loop.storage import LOCAL, join, location_problem, resolve, store_for
 
@@ -18,8 +18,10 @@ def test_locations_join_and_resolve(tmp_path, monkeypatch):
     assert resolve("~/x") == os.path.expanduser("~/x")
     assert resolve("file:///data/runs") == "/data/runs"
     assert resolve("s3://bucket/runs/") == "s3://bucket/runs"
-    assert join("s3://bucket/runs", "elastic-1", "checkpoint_step00000001") == \
-        "s3://bucket/runs/elastic-1/checkpoint_step00000001"
+    assert (
+        join("s3://bucket/runs", "elastic-1", "checkpoint_step00000001")
+        == "s3://bucket/runs/elastic-1/checkpoint_step00000001"
+    )
     assert join("s3://bucket", "elastic-1") == "s3://bucket/elastic-1"
     assert join("/a/b", "c") == "/a/b/c"
     assert storage.basename("s3://bucket/runs/elastic-1/") == "elastic-1"
@@ -27,13 +29,16 @@ def test_locations_join_and_resolve(tmp_path, monkeypatch):
     assert store_for("runs") is LOCAL and store_for("file:///tmp") is LOCAL
 
 
-@pytest.mark.parametrize("location, fragment", [
-    ("", "empty"),
-    ("ftp://host/runs", "unknown URI scheme 'ftp://'"),
-    ("s3://AKIA:hunter2@bucket/runs", "a URI with credentials (s3://***@...) is not accepted"),
-    ("s3://bucket/runs?endpoint_override=x", "URI options ('?...') are not accepted"),
-    ("s3:///runs", "no bucket"),
-])
+@pytest.mark.parametrize(
+    "location, fragment",
+    [
+        ("", "empty"),
+        ("ftp://host/runs", "unknown URI scheme 'ftp://'"),
+        ("s3://AKIA:hunter2@bucket/runs", "a URI with credentials (s3://***@...) is not accepted"),
+        ("s3://bucket/runs?endpoint_override=x", "URI options ('?...') are not accepted"),
+        ("s3:///runs", "no bucket"),
+    ],
+)
 def test_a_location_that_cannot_hold_checkpoints_is_named(location, fragment):
     why = location_problem(location)
     assert why is not None and fragment in why
@@ -43,8 +48,9 @@ def test_a_location_that_cannot_hold_checkpoints_is_named(location, fragment):
     assert "hunter2" not in str(e.value)
 
 
-@pytest.mark.parametrize("location", ["ray_runs", "/abs/runs", "file:///abs/runs", "s3://bucket", "s3://bucket/a/b",
-                                      "gs://bucket/runs"])
+@pytest.mark.parametrize(
+    "location", ["ray_runs", "/abs/runs", "file:///abs/runs", "s3://bucket", "s3://bucket/a/b", "gs://bucket/runs"]
+)
 def test_folders_and_bucket_uris_are_accepted(location):
     assert location_problem(location) is None
     assert validate({"checkpoint": {"storage_path": location}}).checkpoint.storage_path == location
@@ -86,8 +92,10 @@ def test_plan_works_on_a_bucket_uri_without_reaching_it(tmp_path, capsys, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("data: {name: digits}\nmodel: {name: mlp, norm: none}\nbatch: {size: 32, max_local_batch: 16}\n"
-                   "train: {epochs: 1}\ncheckpoint: {storage_path: 's3://no-such-bucket/runs'}\n")
+    cfg.write_text(
+        "data: {name: digits}\nmodel: {name: mlp, norm: none}\nbatch: {size: 32, max_local_batch: 16}\n"
+        "train: {epochs: 1}\ncheckpoint: {storage_path: 's3://no-such-bucket/runs'}\n"
+    )
     assert main(["plan", str(cfg), "--format", "csv"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("step") and len(out.splitlines()) > 2

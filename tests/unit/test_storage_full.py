@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.command import cli
+from orchestrator.config.command import cli
 from trainers.link.messages import FirstStep, PhaseStart, StorageFailed
 from trainers.loop.checkpoint import CheckpointManager, read_checkpoint, run_checkpoints
 from trainers.loop.storage import LOCAL, StorageFull, no_room
@@ -92,8 +92,10 @@ def test_a_full_disk_mid_checkpoint_leaves_nothing_and_says_where(tmp_path, monk
     assert StorageFull.from_dict(e.as_dict()).message == e.message  # what the other ranks are told
 
 
-@pytest.mark.parametrize("code, state, fix", [(errno.EDQUOT, "is over its disk quota", "raise the quota"),
-                                              (errno.EROFS, "is read-only", "make it writable")])
+@pytest.mark.parametrize(
+    "code, state, fix",
+    [(errno.EDQUOT, "is over its disk quota", "raise the quota"), (errno.EROFS, "is read-only", "make it writable")],
+)
 def test_a_quota_or_a_read_only_disk_is_the_same_kind_of_failure(tmp_path, monkeypatch, code, state, fix):
     _disk_fills_after(monkeypatch, room=0, code=code)
     with pytest.raises(StorageFull) as info:
@@ -146,16 +148,26 @@ def test_the_driver_ends_the_run_with_one_line_and_the_resume_command(tmp_path, 
     from tests.unit.test_phases import _runner
 
     def full(m, phase):
-        m.push([(1, {"workers": 1.0}, 1.0)],
-               [PhaseStart(phase=phase, workers=1, step=0, resumed=False, threads=1, entered=1.0, built=1.0),
+        m.push(
+            [(1, {"workers": 1.0}, 1.0)],
+            [
+                PhaseStart(phase=phase, workers=1, step=0, resumed=False, threads=1, entered=1.0, built=1.0),
                 FirstStep(step=1, phase=phase),
-                StorageFailed(step=40, path="/d/elastic-abc/checkpoint_step00000040", code=errno.ENOSPC, free=0,
-                              message="the checkpoint storage is full (No space left on device) writing "
-                                      "/d/elastic-abc/checkpoint_step00000040, 0 B free there",
-                              fix="free space there", checkpoint="/d/elastic-abc/checkpoint_step00000030")])
+                StorageFailed(
+                    step=40,
+                    path="/d/elastic-abc/checkpoint_step00000040",
+                    code=errno.ENOSPC,
+                    free=0,
+                    message="the checkpoint storage is full (No space left on device) writing "
+                    "/d/elastic-abc/checkpoint_step00000040, 0 B free there",
+                    fix="free space there",
+                    checkpoint="/d/elastic-abc/checkpoint_step00000030",
+                ),
+            ],
+        )
         return "ended"
 
-    from orchestrator.outcome import OutOfStorage, ending
+    from orchestrator.run.outcome import OutOfStorage, ending
 
     runner, tracker, started = _runner(tmp_path, monkeypatch, {0: full}, "restart")
     end = runner.run()
@@ -167,5 +179,6 @@ def test_the_driver_ends_the_run_with_one_line_and_the_resume_command(tmp_path, 
         "the checkpoint storage is full (No space left on device) writing /d/elastic-abc/checkpoint_step00000040, "
         "0 B free there; training stopped at step 40 without restarting (a restart would write into the same "
         "storage); the newest checkpoint is /d/elastic-abc/checkpoint_step00000030; free space there, then: "
-        f"{cli()} resume abc --tracking-uri mem://")
+        f"{cli()} resume abc --tracking-uri mem://"
+    )
     assert np.isfinite(runner.book.t_start)

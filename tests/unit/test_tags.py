@@ -29,18 +29,27 @@ def test_each_tag_is_named_once_under_the_runs_namespaces():
 
 def tag_literals(source: str) -> list[tuple[int, str]]:
     """(line, text) of each string literal (an f-string's parts included) that starts with ``elastic.``."""
-    return [(n.lineno, n.value) for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("elastic.")]
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("elastic.")
+    ]
 
 
 def test_the_finder_sees_plain_and_formatted_literals():
-    assert tag_literals('x = {"elastic.failure": 1}\ny = f"elastic.rollback.{n}"\n"""the elastic.failure tag"""\n') \
-        == [(1, "elastic.failure"), (2, "elastic.rollback.")]
+    assert tag_literals('x = {"elastic.failure": 1}\ny = f"elastic.rollback.{n}"\n"""the elastic.failure tag"""\n') == [
+        (1, "elastic.failure"),
+        (2, "elastic.rollback."),
+    ]
 
 
 def test_no_tag_name_is_spelled_out_outside_the_tags_module():
-    found = [f"{rel}:{line}: {text}" for d in ("orchestrator", "trainers", "search", "bench")
-             for p in sorted((ROOT / d).rglob("*.py")) for rel in [str(p.relative_to(ROOT))]
-             if rel != "trainers/link/tags.py" and rel not in NOT_YET
-             for line, text in tag_literals(p.read_text())]
+    found = [
+        f"{rel}:{line}: {text}"
+        for d in ("orchestrator", "trainers", "search", "bench")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        for rel in [str(p.relative_to(ROOT))]
+        if rel != "trainers/link/tags.py" and rel not in NOT_YET
+        for line, text in tag_literals(p.read_text())
+    ]
     assert found == []

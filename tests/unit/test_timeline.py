@@ -1,9 +1,9 @@
-"""The run's timeline (orchestrator/timeline.py): stretches of constant B and W from the step
+"""The run's timeline (orchestrator/record/timeline.py): stretches of constant B and W from the step
 records, each resize's latency on the stretch it opened, and the summary table."""
 
 from __future__ import annotations
 
-from orchestrator.timeline import Timeline, format_table, plot
+from orchestrator.record.timeline import Timeline, format_table, plot
 
 
 def _rec(step: int, b: int, w: int, t: float, n: int | None = None) -> tuple:
@@ -12,12 +12,24 @@ def _rec(step: int, b: int, w: int, t: float, n: int | None = None) -> tuple:
 
 def _timeline() -> Timeline:
     tl = Timeline()
-    tl.add_records([_rec(s, 32, 1, 100.0 + s) for s in range(1, 11)])      # steps 1-10: B 32 on 1
-    tl.add_records([_rec(s, 48, 1, 100.0 + s) for s in range(11, 21)])     # the batch grew, same group
-    tl.add_records([_rec(20, 48, 1, 999.0)])                               # a step seen before: ignored
-    tl.add_records([_rec(21, 72, 2, 130.0)])                               # resized: 9 s stand-still
-    tl.add_resize({"from": 1, "to": 2, "mode": "restart", "step": 20, "time": 120.5, "latency_s": 9.0,
-                   "overlap_s": 0.0, "teardown_s": 2.0, "start_s": 4.0, "setup_s": 3.0})
+    tl.add_records([_rec(s, 32, 1, 100.0 + s) for s in range(1, 11)])  # steps 1-10: B 32 on 1
+    tl.add_records([_rec(s, 48, 1, 100.0 + s) for s in range(11, 21)])  # the batch grew, same group
+    tl.add_records([_rec(20, 48, 1, 999.0)])  # a step seen before: ignored
+    tl.add_records([_rec(21, 72, 2, 130.0)])  # resized: 9 s stand-still
+    tl.add_resize(
+        {
+            "from": 1,
+            "to": 2,
+            "mode": "restart",
+            "step": 20,
+            "time": 120.5,
+            "latency_s": 9.0,
+            "overlap_s": 0.0,
+            "teardown_s": 2.0,
+            "start_s": 4.0,
+            "setup_s": 3.0,
+        }
+    )
     tl.add_records([_rec(s, 72, 2, 110.0 + s, 50 if s == 25 else None) for s in range(22, 26)])
     return tl
 
@@ -25,7 +37,10 @@ def _timeline() -> Timeline:
 def test_stretches_follow_b_and_w_and_carry_the_resize_that_opened_them():
     rows = _timeline().rows()
     assert [(r["batch"], r["workers"], r["first_step"], r["last_step"], r["steps"], r["samples"]) for r in rows] == [
-        (32, 1, 1, 10, 10, 320), (48, 1, 11, 20, 10, 480), (72, 2, 21, 25, 5, 4 * 72 + 50)]
+        (32, 1, 1, 10, 10, 320),
+        (48, 1, 11, 20, 10, 480),
+        (72, 2, 21, 25, 5, 4 * 72 + 50),
+    ]
     assert [r["resize_latency_s"] for r in rows] == [None, None, 9.0]
     # a stretch's wall time runs from the previous stretch's last step (the resize included)
     assert [r["wall_s"] for r in rows] == [9.0, 10.0, 15.0]
@@ -35,7 +50,12 @@ def test_the_table_artifact_puts_resizes_between_the_stretches_in_time_order():
     table = _timeline().table()
     assert table["kind"] == ["train", "train", "resize", "train"]
     i = table["kind"].index("resize")
-    assert (table["latency_s"][i], table["teardown_s"][i], table["start_s"][i], table["begin_s"][i]) == (9.0, 2.0, 4.0, 19.5)
+    assert (table["latency_s"][i], table["teardown_s"][i], table["start_s"][i], table["begin_s"][i]) == (
+        9.0,
+        2.0,
+        4.0,
+        19.5,
+    )
     assert table["begin_s"][0] == 0.0  # seconds from the first step
     assert len({len(v) for v in table.values()}) == 1
 
@@ -56,8 +76,20 @@ def _close_resizes() -> Timeline:
     t, step = 0.0, 0
     for i, (b, w) in enumerate([(32, 1), (64, 2), (128, 4), (256, 8), (256, 4)]):
         if i:
-            tl.add_resize({"from": tl.stretches[-1].workers, "to": w, "mode": "restart", "step": step, "time": t,
-                           "latency_s": 1.0, "overlap_s": 0.0, "teardown_s": 0.3, "start_s": 0.4, "setup_s": 0.3})
+            tl.add_resize(
+                {
+                    "from": tl.stretches[-1].workers,
+                    "to": w,
+                    "mode": "restart",
+                    "step": step,
+                    "time": t,
+                    "latency_s": 1.0,
+                    "overlap_s": 0.0,
+                    "teardown_s": 0.3,
+                    "start_s": 0.4,
+                    "setup_s": 0.3,
+                }
+            )
             t += 1.0
         n = 400 if i == 0 else (2 if i < 4 else 1)  # the resizes: a few seconds apart in 200
         for _ in range(n):
@@ -69,7 +101,7 @@ def _close_resizes() -> Timeline:
 def test_the_charts_labels_overlap_neither_the_axes_nor_each_other():
     import matplotlib.pyplot as plt
 
-    from orchestrator.timeline import figure
+    from orchestrator.record.timeline import figure
 
     fig = figure(_close_resizes())
     renderer = fig.canvas.get_renderer()
@@ -79,7 +111,7 @@ def test_the_charts_labels_overlap_neither_the_axes_nor_each_other():
     assert len(ax.texts) == 4 and len(key) == 4
     boxes = [t.get_window_extent(renderer) for t in labels]
     for i, a in enumerate(boxes):
-        for b in boxes[i + 1:]:
+        for b in boxes[i + 1 :]:
             assert not a.overlaps(b), (a, b)
     # nothing the chart draws by itself: the plotting area, the axis and tick labels, the title
     fixed = [ax.get_window_extent(renderer), fig._suptitle.get_window_extent(renderer)]

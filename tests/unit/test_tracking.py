@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-import orchestrator.run_writer as run_writer
-import orchestrator.tracking as tracking
-from orchestrator.config import validate
-from orchestrator.tracking import RunTracker
+import orchestrator.record.run_tracker as tracking
+import orchestrator.record.run_writer as run_writer
+from orchestrator.config.schema import validate
+from orchestrator.record.run_tracker import RunTracker
 from tests.helpers import dense_series, metric_series
 
 
@@ -58,11 +58,12 @@ def test_linear_metrics_are_logged_where_their_slope_changes(tmp_path):
     batches = [64] * 6 + [30] + [64] * 6 + [30] + [128] * 4  # epoch tails, then the batch doubles
     seen = _samples_seen(batches)
     n = 414  # 6*64 + 30 samples an epoch
-    epoch = [(s - 1) // 7 + (sum(batches[(s - 1) // 7 * 7:s]) / n) for s in range(1, len(batches) + 1)]
-    records = [(s, {"samples_seen": v, "epoch": e, "train/loss": 1.0}) for s, (v, e) in
-               enumerate(zip(seen, epoch), start=1)]
+    epoch = [(s - 1) // 7 + (sum(batches[(s - 1) // 7 * 7 : s]) / n) for s in range(1, len(batches) + 1)]
+    records = [
+        (s, {"samples_seen": v, "epoch": e, "train/loss": 1.0}) for s, (v, e) in enumerate(zip(seen, epoch), start=1)
+    ]
     for i in range(0, len(records), 5):  # pushes end anywhere in a segment
-        tr.log_metrics(records[i:i + 5])
+        tr.log_metrics(records[i : i + 5])
     tr.end()
     logged = metric_series(uri, tr.run_id, "samples_seen")
     assert [s for s, _ in logged] == [1, 6, 7, 13, 14, 18]  # where the per-step increment changes
@@ -133,14 +134,15 @@ def test_rows_carry_the_time_their_step_ran(tmp_path):
     lr = [0.1] * 6 + [0.2] * 6
     records = [(s, {"lr": v, "train/loss": 1.0 / s}, t0 + 0.25 * s) for s, v in enumerate(lr, start=1)]
     for i in range(0, len(records), 4):
-        tr.log_metrics(records[i:i + 4])
+        tr.log_metrics(records[i : i + 4])
     tr.log_metrics([(13, {"lr": 0.2, "train/loss": 0.1})])  # no time: when it is logged
     tr.end()
     client = MlflowClient(uri)
     for key in ("lr", "train/loss"):
         hist = sorted(client.get_metric_history(tr.run_id, key), key=lambda m: m.step)
-        assert [m.timestamp for m in hist if m.step <= 12] == [int(1000 * (t0 + 0.25 * m.step)) for m in hist
-                                                                if m.step <= 12]
+        assert [m.timestamp for m in hist if m.step <= 12] == [
+            int(1000 * (t0 + 0.25 * m.step)) for m in hist if m.step <= 12
+        ]
         assert abs(hist[-1].timestamp / 1000 - time.time()) < 60
     assert [m.step for m in client.get_metric_history(tr.run_id, "lr")] == [1, 6, 7, 13]
     assert all(s >= 12 for s in tr.series.held_times())  # only the times a held point may still need
@@ -195,7 +197,7 @@ def _server_down():
         try:
             raise requests.exceptions.ConnectionError("Connection refused")
         except requests.exceptions.ConnectionError as e:
-            raise MlflowException(f"API request to http://127.0.0.1:1/api failed with exception {e}")
+            raise MlflowException(f"API request to http://127.0.0.1:1/api failed with exception {e}") from e
     except MlflowException as wrapped:
         return wrapped
 
@@ -222,8 +224,9 @@ class _Outage:
 
 def _watched(tmp_path, monkeypatch, timeout_s=300.0):
     monkeypatch.setattr(run_writer, "RETRY_S", 0.0)
-    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t",
-                                 "outage_timeout_s": timeout_s}})
+    cfg = validate(
+        {"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t", "outage_timeout_s": timeout_s}}
+    )
     tr = RunTracker(cfg)
     tr.client = tr.writer.client = _Outage(tr.client)  # every write goes through the writer
     said = []

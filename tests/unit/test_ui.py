@@ -1,4 +1,4 @@
-"""orchestrator/ui.py and `python -m orchestrator ui`'s bad input (no server is started here)."""
+"""orchestrator/record/ui.py and `python -m orchestrator ui`'s bad input (no server is started here)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from orchestrator import ui
 from orchestrator.cli import main
+from orchestrator.record import ui
 
 
 def test_links_open_the_run_in_the_model_training_view():
@@ -21,7 +21,7 @@ def test_a_server_uri_is_linked_directly_and_a_local_store_through_orchestrator_
     assert ui.ui_base("sqlite:///mlflow.db", 5001) == "http://127.0.0.1:5001"
     hint = ui.open_hint("sqlite:///mlflow.db", "1", "r1")
     assert "http://127.0.0.1:5000/#/experiments/1/runs/r1?workflowType=machine_learning" in hint
-    from orchestrator.command import cli
+    from orchestrator.config.command import cli
 
     assert f"{cli()} ui --tracking-uri sqlite:///mlflow.db" in hint
     assert "orchestrator ui" not in ui.open_hint("https://mlflow.example", "1", "r1")
@@ -57,12 +57,15 @@ def test_recent_runs_lists_top_level_runs_newest_first(tmp_path):
     assert [r.info.run_id for r in ui.recent_runs(uri, None, first)] == [first]
 
 
-@pytest.mark.parametrize("argv, start", [
-    (["--port", "0"], "error: --port: must be between 1 and 65535"),
-    (["--port", "70000"], "error: --port: must be between 1 and 65535"),
-    (["--tracking-uri", "sqlite:///{tmp}/none.db"], "error: --tracking-uri: sqlite:///"),
-    (["--tracking-uri", "sqlite:///{tmp}/m.db", "--run", "nope"], "error: --run: no run 'nope'"),
-])
+@pytest.mark.parametrize(
+    "argv, start",
+    [
+        (["--port", "0"], "error: --port: must be between 1 and 65535"),
+        (["--port", "70000"], "error: --port: must be between 1 and 65535"),
+        (["--tracking-uri", "sqlite:///{tmp}/none.db"], "error: --tracking-uri: sqlite:///"),
+        (["--tracking-uri", "sqlite:///{tmp}/m.db", "--run", "nope"], "error: --run: no run 'nope'"),
+    ],
+)
 def test_bad_ui_input_is_one_line_and_exit_2(tmp_path, capsys, argv, start):
     from mlflow.tracking import MlflowClient
 

@@ -1,4 +1,4 @@
-"""orchestrator/uris.py: what MLflow is handed (never a password), what is printed (links without
+"""orchestrator/config/uris.py: what MLflow is handed (never a password), what is printed (links without
 credentials, free text redacted), and where a store keeps its artifacts."""
 
 from __future__ import annotations
@@ -8,9 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import ui
-from orchestrator.uris import (artifacts_destination, experiment_artifact_location, mlflow_uri, public_url,
-                               redact_text)
+from orchestrator.config.uris import (
+    artifacts_destination,
+    experiment_artifact_location,
+    mlflow_uri,
+    public_url,
+    redact_text,
+)
+from orchestrator.record import ui
 
 SECRET = "s3cret"
 CRED_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
@@ -52,16 +57,28 @@ def test_links_and_messages_show_no_credentials():
     hint = ui.open_hint(f"http://alice:{SECRET}@h:5000", "1", "r")
     assert SECRET not in hint and "alice" not in hint and "http://h:5000/#/experiments/1/runs/r" in hint
     text = f"API request to http://alice:{SECRET}@h:5000/api/2.0/x failed; storage 'postgresql://a:{SECRET}@db/m'"
-    assert redact_text(text) == ("API request to http://alice:***@h:5000/api/2.0/x failed; "
-                                 "storage 'postgresql://a:***@db/m'")
+    assert redact_text(text) == (
+        "API request to http://alice:***@h:5000/api/2.0/x failed; storage 'postgresql://a:***@db/m'"
+    )
 
 
 def test_a_studys_summary_shows_no_storage_password():
-    from search.cli import _run_summary
+    from search.commands import _run_summary
 
-    s = SimpleNamespace(study_name="s", records=[], trials_in_study=0, total_steps=0, wall_s=1.0, best=[],
-                        objectives=["val/loss"], storage="postgresql://a:***@db/optuna", parent_run_id="p",
-                        experiment_id="1", tracking_uri=f"http://alice:{SECRET}@h:5000", count=lambda state: 0)
+    s = SimpleNamespace(
+        study_name="s",
+        records=[],
+        trials_in_study=0,
+        total_steps=0,
+        wall_s=1.0,
+        best=[],
+        objectives=["val/loss"],
+        storage="postgresql://a:***@db/optuna",
+        parent_run_id="p",
+        experiment_id="1",
+        tracking_uri=f"http://alice:{SECRET}@h:5000",
+        count=lambda state: 0,
+    )
     out = _run_summary(s, f"postgresql://a:{SECRET}@db/optuna")
     assert SECRET not in out and "--storage postgresql://a:***@db/optuna" in out
 

@@ -10,22 +10,32 @@ import pytest
 import torch
 
 from orchestrator.api import _record, by_value_fields, resume_hint
-from orchestrator.code import code_modules, package_folder
-from orchestrator.config import validate
-from trainers.loop.config import LoopConfig
+from orchestrator.config.code import code_modules, package_folder
+from orchestrator.config.schema import validate
 from trainers.data.datasets import DataConfig, load_data
-from trainers.workload.factory import FactoryError, token_cross_entropy
+from trainers.data.sampler import LoaderConfig
 from trainers.link import metrics as M
 from trainers.link.runtime import Runtime
-from trainers.data.sampler import LoaderConfig
-from trainers.workload.build import (BY_VALUE, LoaderBatches, TensorBatches, _TensorPairs, build_workload, correct, largest_batch, train_size)
+from trainers.loop.config import LoopConfig
+from trainers.workload.build import (
+    BY_VALUE,
+    LoaderBatches,
+    TensorBatches,
+    _TensorPairs,
+    build_workload,
+    correct,
+    largest_batch,
+    train_size,
+)
+from trainers.workload.factory import FactoryError, token_cross_entropy
 
 
 def _trainer(raw, functions=None):
     from trainers.loop.trainer import Trainer
 
-    return Trainer(LoopConfig.model_validate(raw), Runtime(), rank=0, world=1, device=torch.device("cpu"),
-                   functions=functions)
+    return Trainer(
+        LoopConfig.model_validate(raw), Runtime(), rank=0, world=1, device=torch.device("cpu"), functions=functions
+    )
 
 
 def test_defaults_and_loss_by_model():
@@ -64,11 +74,17 @@ def test_tensor_and_loader_paths_give_the_same_micro_batches(trial):
         b.close()
 
 
-DIGITS_IN_MEMORY = {"data": {"name": "digits"}, "model": {"name": "mlp", "norm": "none", "hidden": 32},
-                    "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 50},
-                    "batch": {"size": 50, "max_local_batch": 16}}
-DIGITS_FACTORY = {**DIGITS_IN_MEMORY, "data": {"factory": "tests.byo_workloads:digits"},
-                  "model": {"factory": "tests.byo_workloads:mlp", "params": {"hidden": 32}}}
+DIGITS_IN_MEMORY = {
+    "data": {"name": "digits"},
+    "model": {"name": "mlp", "norm": "none", "hidden": 32},
+    "optimizer": {"name": "sgd", "lr": 0.05, "mf": 0.9, "base_batch_size": 50},
+    "batch": {"size": 50, "max_local_batch": 16},
+}
+DIGITS_FACTORY = {
+    **DIGITS_IN_MEMORY,
+    "data": {"factory": "tests.byo_workloads:digits"},
+    "model": {"factory": "tests.byo_workloads:mlp", "params": {"hidden": 32}},
+}
 
 
 @pytest.mark.parametrize("policy", [{}, {"policy": "noise_scale", "max_size": 200, "check_every": 2}])
@@ -99,9 +115,12 @@ def test_language_model_metrics_and_perplexity(tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CACHE_DIR", str(tmp_path))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    raw = {"data": {"name": "text", "path": str(corpus), "context": 16},
-           "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
-           "optimizer": {"name": "adamw", "lr": 0.01}, "batch": {"size": 8, "max_local_batch": 8}}
+    raw = {
+        "data": {"name": "text", "path": str(corpus), "context": 16},
+        "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
+        "optimizer": {"name": "adamw", "lr": 0.01},
+        "batch": {"size": 8, "max_local_batch": 8},
+    }
     t = _trainer(raw)
     assert t.work.tokens_per_sample == 16 and t.work.loss_fn is token_cross_entropy
     b = t.learner.batches.next(0, 0, 8)
@@ -124,8 +143,10 @@ def test_language_model_metrics_and_perplexity(tmp_path, monkeypatch):
 
 def test_accuracy_only_for_classes_or_tokens():
     assert correct(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1])).item() == 1
-    tok = correct(torch.zeros(2, 3, 4).scatter_(2, torch.zeros(2, 3, 1, dtype=torch.long), 1.0),
-                  torch.tensor([[0, 0, 1], [0, 1, 1]]))
+    tok = correct(
+        torch.zeros(2, 3, 4).scatter_(2, torch.zeros(2, 3, 1, dtype=torch.long), 1.0),
+        torch.tensor([[0, 0, 1], [0, 1, 1]]),
+    )
     assert tok.item() == pytest.approx(2 / 3 + 1 / 3)
     assert correct(torch.randn(4, 1), torch.randn(4, 1)) is None  # regression: no accuracy
 
@@ -160,8 +181,10 @@ def test_a_by_value_factory_without_its_function_is_a_clear_error():
     cfg = LoopConfig.model_validate({**DIGITS_FACTORY, "model": {"factory": f"{BY_VALUE}__main__.<lambda>"}})
     with pytest.raises(FactoryError, match=r"model.factory: .* was sent by value"):
         build_workload(cfg)
-    t = _trainer({**DIGITS_FACTORY, "model": {"factory": f"{BY_VALUE}__main__.<lambda>"}},
-                 functions={"model": lambda hidden=8: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))})
+    t = _trainer(
+        {**DIGITS_FACTORY, "model": {"factory": f"{BY_VALUE}__main__.<lambda>"}},
+        functions={"model": lambda hidden=8: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))},
+    )
     assert t.train_step(np.arange(50)) > 0
     t.close()
 
@@ -177,8 +200,13 @@ def test_code_modules_ship_packages_that_are_not_installed(tmp_path, monkeypatch
     assert package_folder("trainers.data.text") is None  # this project's own
     extra = tmp_path / "extra"
     extra.mkdir()
-    cfg = validate({"data": {"factory": "shipme_pkg17.data:f"}, "model": {"factory": "torch.nn:Linear"},
-                    "code": {"py_modules": [str(extra)]}})
+    cfg = validate(
+        {
+            "data": {"factory": "shipme_pkg17.data:f"},
+            "model": {"factory": "torch.nn:Linear"},
+            "code": {"py_modules": [str(extra)]},
+        }
+    )
     assert code_modules(cfg) == [str(extra), str(pkg.resolve())]
     assert code_modules(validate({"data": {"factory": "shipme_pkg17.data:f"}, "code": {"auto": False}})) == []
 
@@ -188,10 +216,12 @@ def test_noise_scale_policy_with_a_language_model(tmp_path, monkeypatch):
     monkeypatch.setenv("ELASTIC_CACHE_DIR", str(tmp_path))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"line {i}: the value is {i * 7 % 13}\n" for i in range(600)))
-    raw = {"data": {"name": "text", "path": str(corpus), "context": 16},
-           "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
-           "optimizer": {"name": "adamw", "lr": 0.01},
-           "batch": {"size": 16, "max_local_batch": 16, "policy": "noise_scale", "max_size": 64, "check_every": 2}}
+    raw = {
+        "data": {"name": "text", "path": str(corpus), "context": 16},
+        "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
+        "optimizer": {"name": "adamw", "lr": 0.01},
+        "batch": {"size": 16, "max_local_batch": 16, "policy": "noise_scale", "max_size": 64, "check_every": 2},
+    }
     t = _trainer(raw)
     assert t.learner.noise is not None
     for _ in range(4):

@@ -12,7 +12,7 @@ from orchestrator.cli import main
 
 PKG = "byo_cases_pkg"
 
-OK_MODULE = textwrap.dedent('''
+OK_MODULE = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -48,7 +48,7 @@ OK_MODULE = textwrap.dedent('''
 
     def mean_loss(out, y):
         return nn.functional.cross_entropy(out, y)
-''')
+""")
 
 GOOD = textwrap.dedent(f"""
     data: {{factory: "{PKG}.ok:data"}}
@@ -59,30 +59,70 @@ GOOD = textwrap.dedent(f"""
 # name -> (yaml text or None for GOOD, overrides, the field that must start the message, a fragment)
 CASES = {
     "no_colon": (None, [f"data.factory={PKG}.ok.data"], "data.factory", "is not of the form 'package.module:function'"),
-    "not_importable": (None, ["model.factory=no_such_pkg_17.models:net"], "model.factory",
-                       "cannot import 'no_such_pkg_17.models': no module named 'no_such_pkg_17'"),
-    "raises_on_import": (None, [f"data.factory={PKG}.raises:data"], "data.factory",
-                         f"importing '{PKG}.raises' raised RuntimeError: boom while importing"),
-    "missing_attribute": (None, [f"model.factory={PKG}.ok:modle"], "model.factory",
-                          f"'{PKG}.ok' has no attribute 'modle'; did you mean 'model'?"),
+    "not_importable": (
+        None,
+        ["model.factory=no_such_pkg_17.models:net"],
+        "model.factory",
+        "cannot import 'no_such_pkg_17.models': no module named 'no_such_pkg_17'",
+    ),
+    "raises_on_import": (
+        None,
+        [f"data.factory={PKG}.raises:data"],
+        "data.factory",
+        f"importing '{PKG}.raises' raised RuntimeError: boom while importing",
+    ),
+    "missing_attribute": (
+        None,
+        [f"model.factory={PKG}.ok:modle"],
+        "model.factory",
+        f"'{PKG}.ok' has no attribute 'modle'; did you mean 'model'?",
+    ),
     "not_callable": (None, [f"data.factory={PKG}.ok:NOT_CALLABLE"], "data.factory", "is a int, not a callable"),
-    "data_wrong_type": (None, [f"data.factory={PKG}.ok:not_pair"], "data.factory",
-                        "returned list, expected a (train, val) pair of map-style datasets"),
-    "model_wrong_type": (None, [f"model.factory={PKG}.ok:not_module"], "model.factory",
-                         "returned str, expected a torch.nn.Module"),
-    "smaller_than_batch": (None, [f"data.factory={PKG}.ok:tiny"], "data.factory",
-                           "the training set has 10 samples, fewer than the global batch of 32"),
-    "loss_not_per_sample": (None, [f"model.loss={PKG}.ok:mean_loss"], "model.loss",
-                            "returned shape [] for 2 samples, expected [2]"),
+    "data_wrong_type": (
+        None,
+        [f"data.factory={PKG}.ok:not_pair"],
+        "data.factory",
+        "returned list, expected a (train, val) pair of map-style datasets",
+    ),
+    "model_wrong_type": (
+        None,
+        [f"model.factory={PKG}.ok:not_module"],
+        "model.factory",
+        "returned str, expected a torch.nn.Module",
+    ),
+    "smaller_than_batch": (
+        None,
+        [f"data.factory={PKG}.ok:tiny"],
+        "data.factory",
+        "the training set has 10 samples, fewer than the global batch of 32",
+    ),
+    "loss_not_per_sample": (
+        None,
+        [f"model.loss={PKG}.ok:mean_loss"],
+        "model.loss",
+        "returned shape [] for 2 samples, expected [2]",
+    ),
     "unknown_loss": (None, ["model.loss=mse"], "model.loss", "'mse' is neither one of"),
     "bad_params": (None, ["model.params.depth=3"], "model.params", "model() takes no argument 'depth'"),
-    "name_and_factory": (GOOD.replace("data: {", "data: {name: digits, "), [], "data.factory",
-                         "give either data.name ('digits') or data.factory"),
-    "model_name_and_factory": (None, ["model.name=gpt", f"model.factory={PKG}.ok:model"], "model.factory",
-                               "give either model.name ('gpt') or model.factory"),
+    "name_and_factory": (
+        GOOD.replace("data: {", "data: {name: digits, "),
+        [],
+        "data.factory",
+        "give either data.name ('digits') or data.factory",
+    ),
+    "model_name_and_factory": (
+        None,
+        ["model.name=gpt", f"model.factory={PKG}.ok:model"],
+        "model.factory",
+        "give either model.name ('gpt') or model.factory",
+    ),
     "image_model_on_factory_data": (None, ["model.name=cnn"], "model.name", "needs a built-in image dataset"),
-    "text_path_missing": (None, ["data.name=text", "data.path=/nonexistent/corpus.txt", "model.name=gpt"],
-                          "data.path", "no text file at '/nonexistent/corpus.txt'"),
+    "text_path_missing": (
+        None,
+        ["data.name=text", "data.path=/nonexistent/corpus.txt", "model.name=gpt"],
+        "data.path",
+        "no text file at '/nonexistent/corpus.txt'",
+    ),
 }
 
 
@@ -129,8 +169,18 @@ def test_cli_swaps_the_files_builtin_for_a_factory(in_tmp, capsys):
     """--set data.factory / model.factory replace the file's data.name / model.name (plan starts nothing)."""
     cfg = in_tmp / "cfg.yaml"
     cfg.write_text("data: {name: digits}\nmodel: {name: cnn}\nbatch: {size: 32, max_local_batch: 16}\n")
-    code = main(["plan", str(cfg), "--format", "csv", "--set", f"data.factory={PKG}.ok:data",
-                 "--set", f"model.factory={PKG}.ok:model"])
+    code = main(
+        [
+            "plan",
+            str(cfg),
+            "--format",
+            "csv",
+            "--set",
+            f"data.factory={PKG}.ok:data",
+            "--set",
+            f"model.factory={PKG}.ok:model",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     last = out.out.strip().splitlines()[-1].split(",")

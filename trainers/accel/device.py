@@ -30,11 +30,20 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 from torch import nn
+
 from trainers.section import Section
 
 __all__ = [
-    "CompileConfig", "DataDeviceConfig", "LayoutConfig", "NON_IMAGE_MODELS", "clean_state_dict", "compile_model",
-    "load_clean_state_dict", "strip_prefixes", "to_channels_last", "unwrap_model",
+    "CompileConfig",
+    "DataDeviceConfig",
+    "LayoutConfig",
+    "NON_IMAGE_MODELS",
+    "clean_state_dict",
+    "compile_model",
+    "load_clean_state_dict",
+    "strip_prefixes",
+    "to_channels_last",
+    "unwrap_model",
 ]
 
 DataDevice = Literal["host", "accelerator"]
@@ -54,8 +63,9 @@ class DataDeviceConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    device: DataDevice = Field(default="host", description="accelerator: keep the in-memory dataset on the GPU "
-                               "(needs scaling.use_gpu)")
+    device: DataDevice = Field(
+        default="host", description="accelerator: keep the in-memory dataset on the GPU (needs scaling.use_gpu)"
+    )
 
 
 class CompileConfig(Section):
@@ -65,12 +75,14 @@ class CompileConfig(Section):
 
     compile: bool = Field(default=False, description="torch.compile the model (dynamic shapes)")
     compile_backend: Literal["inductor", "aot_eager", "eager"] = Field(
-        default="inductor", description="train.compile: torch.compile's backend (inductor: generated kernels; "
-                                        "aot_eager/eager: graph capture only, to debug or test)")
+        default="inductor",
+        description="train.compile: torch.compile's backend (inductor: generated kernels; "
+        "aot_eager/eager: graph capture only, to debug or test)",
+    )
 
 
 #: built-in models without a Conv2d layer (``model.channels_last`` would change nothing; the driver's
-#: config check refuses it: ``orchestrator/preflight.py`` ``check_fast_path``)
+#: config check refuses it: ``orchestrator/config/preflight.py`` ``check_fast_path``)
 NON_IMAGE_MODELS = ("mlp", "gpt", "lstm")
 
 
@@ -83,8 +95,10 @@ def to_channels_last(model: nn.Module) -> nn.Module:
     Refuses (``ValueError`` naming ``model.channels_last``) a model with no 2-D convolution:
     its weights are not 4-D, so the format would change nothing but the inputs' strides."""
     if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
-        raise ValueError(f"model.channels_last: {type(model).__name__} has no Conv2d layer (not a 4-D image "
-                         "model); set model.channels_last: false")
+        raise ValueError(
+            f"model.channels_last: {type(model).__name__} has no Conv2d layer (not a 4-D image "
+            "model); set model.channels_last: false"
+        )
     return model.to(memory_format=torch.channels_last)
 
 
@@ -96,7 +110,7 @@ def compile_model(model: nn.Module, dynamic: bool = True, **kwargs: Any) -> nn.M
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain model inside any nesting of ``torch.compile`` and DDP/DataParallel wrappers."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
+    from torch.nn.parallel import DataParallel, DistributedDataParallel  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     while True:
         if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
@@ -115,7 +129,7 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
     while out:
         for prefix in _PREFIXES:
             if all(k.startswith(prefix) for k in out):
-                out = {k[len(prefix):]: v for k, v in out.items()}
+                out = {k[len(prefix) :]: v for k, v in out.items()}
                 break
         else:
             return out

@@ -41,10 +41,12 @@ step, so a helper may call it again safely.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Literal
+from contextlib import AbstractContextManager
+from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
+
 from trainers.section import Section
 
 __all__ = ["PRECISIONS", "LossScaler", "Precision", "PrecisionConfig", "PrecisionName", "check_precision"]
@@ -60,11 +62,14 @@ class PrecisionConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    precision: PrecisionName = Field(default="fp32", description="fp32; bf16 (autocast, CPU or GPU); "
-                                     "fp16 (autocast with a gradient scaler, GPU only)")
-    loss_scale_init: float = Field(default=2.0 ** 16, gt=0, description="fp16: the first loss scale")
-    loss_scale_growth_interval: int = Field(default=2000, gt=0,
-                                            description="fp16: clean steps before the loss scale doubles")
+    precision: PrecisionName = Field(
+        default="fp32",
+        description="fp32; bf16 (autocast, CPU or GPU); fp16 (autocast with a gradient scaler, GPU only)",
+    )
+    loss_scale_init: float = Field(default=2.0**16, gt=0, description="fp16: the first loss scale")
+    loss_scale_growth_interval: int = Field(
+        default=2000, gt=0, description="fp16: clean steps before the loss scale doubles"
+    )
 
 
 def check_precision(precision: str, device_type: str) -> None:
@@ -74,8 +79,10 @@ def check_precision(precision: str, device_type: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"train.precision: unknown {precision!r}; expected one of {', '.join(PRECISIONS)}")
     if precision == "fp16" and device_type != "cuda":
-        raise ValueError("train.precision: fp16 needs a CUDA GPU (autocast to float16 with a gradient scaler); "
-                         "use bf16 on CPU, or set scaling.use_gpu: true")
+        raise ValueError(
+            "train.precision: fp16 needs a CUDA GPU (autocast to float16 with a gradient scaler); "
+            "use bf16 on CPU, or set scaling.use_gpu: true"
+        )
 
 
 class LossScaler:
@@ -88,7 +95,7 @@ class LossScaler:
     what lets its tests run here.
     """
 
-    def __init__(self, device_type: str, init_scale: float = 2.0 ** 16, growth_interval: int = 2000):
+    def __init__(self, device_type: str, init_scale: float = 2.0**16, growth_interval: int = 2000):
         self.scaler = torch.amp.GradScaler(device_type, init_scale=init_scale, growth_interval=growth_interval)
         self._unscaled = False
 
@@ -134,8 +141,9 @@ class Precision:
     state this precision has no use for.
     """
 
-    def __init__(self, name: str, device: torch.device | str, *, init_scale: float = 2.0 ** 16,
-                 growth_interval: int = 2000):
+    def __init__(
+        self, name: str, device: torch.device | str, *, init_scale: float = 2.0**16, growth_interval: int = 2000
+    ):
         self.device = torch.device(device)
         check_precision(name, self.device.type)
         self.name = name
@@ -144,15 +152,16 @@ class Precision:
         self.skipped_steps = 0
 
     @classmethod
-    def from_config(cls, cfg: PrecisionConfig, device: torch.device | str) -> "Precision":
-        return cls(cfg.precision, device, init_scale=cfg.loss_scale_init,
-                   growth_interval=cfg.loss_scale_growth_interval)
+    def from_config(cls, cfg: PrecisionConfig, device: torch.device | str) -> Precision:
+        return cls(
+            cfg.precision, device, init_scale=cfg.loss_scale_init, growth_interval=cfg.loss_scale_growth_interval
+        )
 
     @property
     def enabled(self) -> bool:
         return self.dtype is not None
 
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> AbstractContextManager[Any]:
         """Autocast for forward and loss (training and evaluation); a null context for fp32."""
         if self.dtype is None:
             return contextlib.nullcontext()
@@ -190,7 +199,7 @@ class Precision:
         """``amp/skipped_steps`` (and ``amp/loss_scale``) under fp16; nothing otherwise."""
         if self.scaler is None:
             return {}
-        from trainers.link import metrics as M
+        from trainers.link import metrics as M  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         return {M.AMP_SKIPPED_STEPS: float(self.skipped_steps), M.AMP_LOSS_SCALE: self.scaler.get_scale()}
 

@@ -55,7 +55,7 @@ adaptive summation", MLSys 2021)
     one tuned for one worker's batch ``b = B / W``: set ``optimizer.base_batch_size`` to the
     per-worker batch and ``schedule.scaling_rule: none`` (Horovod's Adasum guidance likewise keeps
     the single-worker LR rather than scaling it by the number of workers).  The driver's config
-    check enforces the scaling rule (``orchestrator/preflight.py`` ``check_combine``).
+    check enforces the scaling rule (``orchestrator/config/preflight.py`` ``check_combine``).
 
     *Resize*: the result depends on the number of inputs W, by design.  A changing W (a growing
     batch policy that resizes the group, or an elastic min/max worker range) would change the
@@ -125,9 +125,9 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field
 
+from trainers.link import metrics as M
 from trainers.policies.batching import BatchPolicy, BatchStats
 from trainers.policies.decisions import BatchDecision, NoopDecision
-from trainers.link import metrics as M
 from trainers.policies.noise import NormTestResult, norm_test
 from trainers.section import Section
 
@@ -158,10 +158,14 @@ class CombineConfig(Section):
     model_config = ConfigDict(extra="forbid")
 
     method: CombineMethod = Field(default="mean", description="mean (DDP average), adasum, or local_sgd")
-    local_steps: int | None = Field(default=None, ge=1, description="local_sgd: H, steps between parameter "
-                                    "averages (H=1 averages every step)")
-    average_momentum: bool | None = Field(default=None, description="local_sgd: also average the optimizer's "
-                                          "per-parameter state (momentum buffers) at a sync; unset = true")
+    local_steps: int | None = Field(
+        default=None, ge=1, description="local_sgd: H, steps between parameter averages (H=1 averages every step)"
+    )
+    average_momentum: bool | None = Field(
+        default=None,
+        description="local_sgd: also average the optimizer's "
+        "per-parameter state (momentum buffers) at a sync; unset = true",
+    )
 
     @property
     def H(self) -> int:
@@ -249,8 +253,7 @@ class AdasumCombiner:
     slice (``b_i = 0``) or a missing ``.grad`` contributes zeros.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any = None,
-                 buffers: Iterable[torch.Tensor] = ()):
+    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any = None, buffers: Iterable[torch.Tensor] = ()):
         self.params = [p for p in params if p.requires_grad]
         self.group = group
         self.buffers = [b for b in buffers if b.is_floating_point()]
@@ -258,8 +261,7 @@ class AdasumCombiner:
     @torch.no_grad()
     def combine(self, local_count: int, loss_scale: float) -> None:
         factor = 0.0 if local_count <= 0 else 1.0 / (loss_scale * local_count)
-        inputs = [torch.zeros_like(p) if (p.grad is None or local_count <= 0) else p.grad * factor
-                  for p in self.params]
+        inputs = [torch.zeros_like(p) if (p.grad is None or local_count <= 0) else p.grad * factor for p in self.params]
         for p, g in zip(self.params, adasum_allreduce(inputs, self.group)):
             p.grad = g
         self.sync_buffers()
@@ -302,8 +304,11 @@ class SyncResult:
 def _per_param_state(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> list[torch.Tensor]:
     """The optimizer's floating tensors for ``p`` that have its shape (momentum buffer, Adam's moments)."""
     st = optimizer.state.get(p, {})
-    return [v for _, v in sorted(st.items(), key=lambda kv: str(kv[0]))
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape]
+    return [
+        v
+        for _, v in sorted(st.items(), key=lambda kv: str(kv[0]))
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape
+    ]
 
 
 class LocalSGD:
@@ -337,13 +342,24 @@ class LocalSGD:
         return self.bytes_baseline - self.bytes_sent
 
     def metrics(self) -> dict[str, float]:
-        return {M.COMBINE_SYNCS: float(self.syncs), M.COMBINE_BYTES_SAVED: float(self.bytes_saved),
-                M.COMBINE_BYTES_SENT: float(self.bytes_sent)}
+        return {
+            M.COMBINE_SYNCS: float(self.syncs),
+            M.COMBINE_BYTES_SAVED: float(self.bytes_saved),
+            M.COMBINE_BYTES_SENT: float(self.bytes_sent),
+        }
 
     @torch.no_grad()
-    def sync(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, group: Any = None,
-             local_count: int = 0, grad_scale: float = 1.0, checkpoint: bool = False,
-             norm_test: bool | None = None) -> SyncResult:
+    def sync(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        step: int,
+        group: Any = None,
+        local_count: int = 0,
+        grad_scale: float = 1.0,
+        checkpoint: bool = False,
+        norm_test: bool | None = None,
+    ) -> SyncResult:
         """Average the model (and optimizer state) over the group's ranks, in place.
 
         Call after ``optimizer.step()`` and before ``zero_grad`` when the local norm test is on:
@@ -373,8 +389,9 @@ class LocalSGD:
         self.bytes_sent += sent
         return SyncResult(step=step, bytes_sent=sent, norm_test=result_nt, variance=variance)
 
-    def average_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                                group: Any = None) -> None:
+    def average_optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: Any = None
+    ) -> None:
         """Average only the optimizer's per-parameter state (a checkpoint at a sync step without
         ``average_momentum``: the state rank 0 saves must be every rank's); counted as sent."""
         world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
@@ -431,18 +448,25 @@ class LocalSGD:
                 flat.div_(world)
             offset = 0
             for t in ts:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
         return sent
 
-    def _norm_test(self, params: list[torch.nn.Parameter], world: int, group: Any, local_count: int,
-                   grad_scale: float) -> tuple[float | None, NormTestResult | None, int]:
+    def _norm_test(
+        self, params: list[torch.nn.Parameter], world: int, group: Any, local_count: int, grad_scale: float
+    ) -> tuple[float | None, NormTestResult | None, int]:
         """The local norm test: one all-reduce of ``[b_i g_i, b_i, b_i |g_i|^2]`` (float64)."""
         grads = [p for p in params if p.requires_grad]
         device = grads[0].device if grads else torch.device("cpu")
         if local_count > 0:
-            g = torch.cat([(p.grad.double().reshape(-1) * grad_scale) if p.grad is not None
-                           else torch.zeros(p.numel(), dtype=torch.float64, device=device) for p in grads])
+            g = torch.cat(
+                [
+                    (p.grad.double().reshape(-1) * grad_scale)
+                    if p.grad is not None
+                    else torch.zeros(p.numel(), dtype=torch.float64, device=device)
+                    for p in grads
+                ]
+            )
         else:
             g = torch.zeros(sum(p.numel() for p in grads), dtype=torch.float64, device=device)
         b = float(max(local_count, 0))
@@ -465,9 +489,14 @@ class LocalSGD:
 
     def state_dict(self) -> dict[str, int]:
         """Plain ints (safe for ``torch.load(weights_only=True)``); ``suggested`` is 0 for none."""
-        return {"H": self.H, "syncs": self.syncs, "bytes_sent": self.bytes_sent,
-                "bytes_baseline": self.bytes_baseline, "last_sync_step": self.last_sync_step,
-                "suggested": self.suggested or 0}
+        return {
+            "H": self.H,
+            "syncs": self.syncs,
+            "bytes_sent": self.bytes_sent,
+            "bytes_baseline": self.bytes_baseline,
+            "last_sync_step": self.last_sync_step,
+            "suggested": self.suggested or 0,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = {"H", "syncs", "bytes_sent", "bytes_baseline", "last_sync_step"} - set(state)
@@ -503,13 +532,22 @@ class Combination:
     the average model (:meth:`evaluating`).
     """
 
-    def __init__(self, cfg: CombineConfig, world: int, batch_policy: str = "fixed", norm_test_eta: float = 0.5,
-                 check_every: int = 1):
+    def __init__(
+        self,
+        cfg: CombineConfig,
+        world: int,
+        batch_policy: str = "fixed",
+        norm_test_eta: float = 0.5,
+        check_every: int = 1,
+    ):
         self.method = cfg.method
         self.world = world
         self.check_every = check_every
-        self.local = LocalSGD(cfg, norm_test_eta=norm_test_eta if batch_policy == "norm_test" else None) \
-            if cfg.method == "local_sgd" else None
+        self.local = (
+            LocalSGD(cfg, norm_test_eta=norm_test_eta if batch_policy == "norm_test" else None)
+            if cfg.method == "local_sgd"
+            else None
+        )
         self.adasum: AdasumCombiner | None = None
 
     @property
@@ -533,17 +571,18 @@ class Combination:
         if self.adasum is not None:
             self.adasum.combine(local_count=local_count, loss_scale=self.loss_scale(batch_size, local_count))
 
-    def after_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                   local_count: int) -> SyncResult | None:
+    def after_step(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, local_count: int
+    ) -> SyncResult | None:
         """Right after ``optimizer.step()``, before ``zero_grad`` (``step``: steps done, this one
         included): local SGD's sync when one is due."""
         if self.local is None or not self.local.should_sync(step):
             return None
-        return self.local.sync(model, optimizer, step, local_count=local_count,
-                               norm_test=step % self.check_every == 0)
+        return self.local.sync(model, optimizer, step, local_count=local_count, norm_test=step % self.check_every == 0)
 
-    def decide_batch(self, policy: BatchPolicy, step: int, epoch: float,
-                     current: int) -> BatchDecision | NoopDecision | None:
+    def decide_batch(
+        self, policy: BatchPolicy, step: int, epoch: float, current: int
+    ) -> BatchDecision | NoopDecision | None:
         """local_sgd: the batch policy fed by the local norm test; None: ask the usual policies."""
         return self.local.decide_batch(policy, step, epoch, current) if self.local is not None else None
 

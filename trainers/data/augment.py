@@ -20,16 +20,25 @@ result is bit-identical on CPU and GPU.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import ConfigDict, Field, field_validator
+
 from trainers.section import Section
 
-__all__ = ["AUGMENTS", "Augment", "AugmentConfig", "hflip", "parse_augment", "random_bits", "random_crop",
-           "uniform_ints"]
+__all__ = [
+    "AUGMENTS",
+    "Augment",
+    "AugmentConfig",
+    "hflip",
+    "parse_augment",
+    "random_bits",
+    "random_crop",
+    "uniform_ints",
+]
 
 _MASK = 0xFFFFFFFF
 _M1, _M2 = 0x7FEB352D, 0x2C1B3C6D  # odd, < 2^31: a 32-bit value times one stays below 2^63
@@ -114,8 +123,10 @@ class AugmentConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    augment: list[str] = Field(default_factory=list, description="on-device augmentations, applied in this "
-                               "order: random_crop (zero padding crop_padding), hflip")
+    augment: list[str] = Field(
+        default_factory=list,
+        description="on-device augmentations, applied in this order: random_crop (zero padding crop_padding), hflip",
+    )
     crop_padding: int = Field(default=4, ge=1, description="random_crop: zero padding on each side")
 
     @field_validator("augment")
@@ -135,7 +146,7 @@ class Augment:
         self.seed, self.padding = int(seed), int(padding)
 
     @classmethod
-    def from_config(cls, cfg: AugmentConfig, seed: int) -> "Augment | None":
+    def from_config(cls, cfg: AugmentConfig, seed: int) -> Augment | None:
         """None when the list is empty (the loop then skips the call)."""
         return cls(cfg.augment, seed, cfg.crop_padding) if cfg.augment else None
 

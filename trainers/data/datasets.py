@@ -6,6 +6,7 @@ DataLoader: per-sample collation dominates small models (about 6x here on digits
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from trainers.data.augment import AugmentConfig
 from trainers.accel.device import DataDeviceConfig
+from trainers.data.augment import AugmentConfig
 from trainers.data.sampler import LoaderConfig
 
 DATASETS = ("digits", "synthetic", "cifar10")
@@ -32,16 +33,21 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["digits", "synthetic", "cifar10", "text"] | None = Field(
-        default=None, description="a built-in dataset (default digits when no factory is given)")
-    factory: str | None = Field(default=None, description="'package.module:function' returning (train, val) "
-                                                          "map-style datasets; exclusive with name")
+        default=None, description="a built-in dataset (default digits when no factory is given)"
+    )
+    factory: str | None = Field(
+        default=None,
+        description="'package.module:function' returning (train, val) map-style datasets; exclusive with name",
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
     loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="the DataLoader of map-style data")
     root: str | None = Field(default=None, description="dataset directory (cifar10)")
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share of the training set held out")
     val_split: Literal["fraction", "test"] = Field(
-        default="fraction", description="fraction: hold out val_fraction of the training set; test: validate "
-                                        "on the official test set (cifar10), train on the whole training set")
+        default="fraction",
+        description="fraction: hold out val_fraction of the training set; test: validate "
+        "on the official test set (cifar10), train on the whole training set",
+    )
     # text only: byte-level tokens of a local text (default: Python's own standard library sources)
     path: str | None = Field(default=None, description="text: a text file (default: stdlib sources)")
     context: int = Field(default=128, gt=0, description="text: tokens per sequence (T)")
@@ -55,13 +61,14 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     @classmethod
     def _shape_positive(cls, v: list[int]) -> list[int]:
         if not v or any(d <= 0 for d in v):
-            raise ValueError(f"must be a non-empty list of positive sizes (got {v}); write e.g. [1, 8, 8] (channels, "
-                             f"height, width)")
+            raise ValueError(
+                f"must be a non-empty list of positive sizes (got {v}); write e.g. [1, 8, 8] (channels, height, width)"
+            )
         return v
 
     @model_validator(mode="after")
-    def _default_name(self) -> "DataConfig":
-        # name and factory both given, data.val_split against the dataset: orchestrator/preflight.py
+    def _default_name(self) -> DataConfig:
+        # name and factory both given, data.val_split against the dataset: orchestrator/config/preflight.py
         if self.name is None and self.factory is None:
             self.name = "digits"
         return self
@@ -74,8 +81,10 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     def check_available(self) -> None:
         """Raise ``ValueError`` if the data cannot be loaded (called before Ray starts)."""
         if self.name == "text" and self.path and not os.path.isfile(os.path.expanduser(self.path)):
-            raise ValueError(f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
-                             "unset for the corpus of Python's own standard library")
+            raise ValueError(
+                f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
+                "unset for the corpus of Python's own standard library"
+            )
         if self.name == "cifar10":
             if not self.root:
                 raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")
@@ -131,12 +140,11 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits (1797 8x8 images, 0..16, and their labels), read from the CSV file
     it ships, without importing scikit-learn (1.2 s of a worker's start here); its own loader
     where the file is not found."""
-    import importlib.util
 
     spec = importlib.util.find_spec("sklearn")  # finds the package without running it
     path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz") if spec else ""
     if not os.path.isfile(path):
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         d = load_digits()
         return d.data, d.target
@@ -175,7 +183,7 @@ def _load_cifar10(cfg: DataConfig, train: bool = True, raw: bool = False) -> tup
     only that the files are there, so a small set in the same on-disk format (what
     the tests write) loads through the same code.  Nothing is downloaded.
     """
-    from torchvision.datasets import CIFAR10
+    from torchvision.datasets import CIFAR10  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     class _LocalCIFAR10(CIFAR10):
         # Same files and parsing as torchvision's loader; md5=None checks presence only.
@@ -214,13 +222,21 @@ def load_data(cfg: DataConfig, split_seed: int, raw: bool = False) -> InMemoryDa
     return _split(x, y, cfg, split_seed)
 
 
-def _split(x: torch.Tensor, y: torch.Tensor, cfg: DataConfig, split_seed: int, mean: Any = None,
-           std: Any = None) -> InMemoryData:
+def _split(
+    x: torch.Tensor, y: torch.Tensor, cfg: DataConfig, split_seed: int, mean: Any = None, std: Any = None
+) -> InMemoryData:
     """Hold out ``round(n * val_fraction)`` samples (at least one), chosen by ``split_seed``."""
     n = int(y.shape[0])
     g = torch.Generator().manual_seed(split_seed)
     order = torch.randperm(n, generator=g)
     n_val = max(1, int(round(n * cfg.val_fraction)))
     val, train = order[:n_val], order[n_val:]
-    return InMemoryData(x[train].contiguous(), y[train].contiguous(), x[val].contiguous(), y[val].contiguous(),
-                        dataset_info(cfg), mean, std)
+    return InMemoryData(
+        x[train].contiguous(),
+        y[train].contiguous(),
+        x[val].contiguous(),
+        y[val].contiguous(),
+        dataset_info(cfg),
+        mean,
+        std,
+    )

@@ -12,7 +12,6 @@ import math
 import numpy as np
 
 
-
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     """The order of the ``n`` training samples in ``epoch``: a function of (seed, epoch) only."""
     rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x5EED]))

@@ -6,12 +6,17 @@ pixels, before normalising."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from trainers.data.augment import Augment
+
 __all__ = ["DeviceData", "InputPipeline", "Prefetcher", "input_pipeline", "normalize_pixels", "on_device"]
+
 
 def _stats(values: Sequence[float] | torch.Tensor | None, channels: int, device: torch.device) -> torch.Tensor | None:
     if values is None:
@@ -33,9 +38,15 @@ class DeviceData:
     and in ``channels_last`` format when asked for 4-D inputs.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device | str,
-                 mean: Sequence[float] | torch.Tensor | None = None, std: Sequence[float] | torch.Tensor | None = None,
-                 channels_last: bool = False):
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        device: torch.device | str,
+        mean: Sequence[float] | torch.Tensor | None = None,
+        std: Sequence[float] | torch.Tensor | None = None,
+        channels_last: bool = False,
+    ):
         self.device = torch.device(device)
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x and y differ in length: {x.shape[0]} vs {y.shape[0]}")
@@ -67,8 +78,9 @@ class DeviceData:
         """Raw rows -> the model's float32 inputs: ``/255`` for uint8, then ``(x - mean) / std``."""
         return normalize_pixels(x, self.mean, self.std, self.channels_last)
 
-    def batch(self, ids: np.ndarray | Sequence[int] | torch.Tensor, augment: Any = None,
-              epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, ids: np.ndarray | Sequence[int] | torch.Tensor, augment: Any = None, epoch: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, labels)`` of ``ids`` on the device; ``augment(x, ids, epoch)`` (an
         :class:`trainers.data.augment.Augment`) is applied to the raw rows before normalisation."""
         idx = self.index(ids)
@@ -78,8 +90,9 @@ class DeviceData:
         return self.normalize(x), y
 
 
-def normalize_pixels(x: torch.Tensor, mean: torch.Tensor | None, std: torch.Tensor | None,
-                     channels_last: bool = False) -> torch.Tensor:
+def normalize_pixels(
+    x: torch.Tensor, mean: torch.Tensor | None, std: torch.Tensor | None, channels_last: bool = False
+) -> torch.Tensor:
     """Raw rows -> float32 model inputs: ``/255`` for uint8, then ``(x - mean) / std`` where given,
     then ``channels_last`` for a 4-D batch when asked."""
     out = x.float()
@@ -102,23 +115,37 @@ class InputPipeline:
     The same steps as :meth:`DeviceData.batch`, for batches indexed by the loop's own data path
     (on the host, or on the device with ``data.device: accelerator``: :func:`on_device`)."""
 
-    def __init__(self, device: torch.device | str, *, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, channels: int = 1, channels_last: bool = False,
-                 augment: Any = None):
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        channels: int = 1,
+        channels_last: bool = False,
+        augment: Any = None,
+    ):
         self.device = torch.device(device)
         self.mean = _stats(mean, channels, self.device)
         self.std = _stats(std, channels, self.device)
         self.channels_last, self.augment = channels_last, augment
 
     @classmethod
-    def build(cls, *, device: torch.device | str, mean: Sequence[float] | None, std: Sequence[float] | None,
-              channels: int, channels_last: bool, augment: Any) -> "InputPipeline | None":
+    def build(
+        cls,
+        *,
+        device: torch.device | str,
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
+        channels: int,
+        channels_last: bool,
+        augment: Any,
+    ) -> InputPipeline | None:
         """None when there is nothing to do (float inputs, no augmentation, NCHW): the loop then
         feeds its batches to the model as they are, as before these options existed."""
         if mean is None and std is None and not channels_last and not augment:
             return None
-        return cls(device, mean=mean, std=std, channels=channels, channels_last=channels_last,
-                   augment=augment or None)
+        return cls(device, mean=mean, std=std, channels=channels, channels_last=channels_last, augment=augment or None)
 
     def __call__(self, x: Any, ids: Any = None, epoch: int = 0) -> Any:
         """``ids`` (the rows of the training set) and ``epoch`` seed the augmentation; ``ids=None``
@@ -138,26 +165,33 @@ def input_pipeline(cfg: Any, work: Any, device: torch.device | str) -> InputPipe
     """The worker loop's :class:`InputPipeline` for a ``LoopConfig`` and its ``Workload``; with
     ``data.device: accelerator`` an in-memory set is moved to ``device`` here, once
     (``work.tensors`` is replaced).  None when there is nothing to do."""
-    from trainers.data.augment import Augment
 
     t = work.tensors
     if t is not None and cfg.data.device == "accelerator":
         work.tensors = t = on_device(t, device)
     channels = int(t.train_x.shape[1]) if t is not None and t.train_x.dim() >= 2 else 1
-    return InputPipeline.build(device=device, mean=t.mean if t is not None else None,
-                               std=t.std if t is not None else None, channels=channels,
-                               channels_last=cfg.model.channels_last,
-                               augment=Augment.from_config(cfg.data, cfg.train.seed))
+    return InputPipeline.build(
+        device=device,
+        mean=t.mean if t is not None else None,
+        std=t.std if t is not None else None,
+        channels=channels,
+        channels_last=cfg.model.channels_last,
+        augment=Augment.from_config(cfg.data, cfg.train.seed),
+    )
 
 
 def on_device(data: Any, device: torch.device | str) -> Any:
     """A :class:`trainers.data.datasets.InMemoryData` with its four tensors moved to ``device`` once
     (``data.device: accelerator``): uint8 pixels stay uint8 (normalised per batch), the rest as it is."""
-    import dataclasses
 
     dev = torch.device(device)
-    return dataclasses.replace(data, train_x=data.train_x.to(dev), train_y=data.train_y.to(dev),
-                               val_x=data.val_x.to(dev), val_y=data.val_y.to(dev))
+    return dataclasses.replace(
+        data,
+        train_x=data.train_x.to(dev),
+        train_y=data.train_y.to(dev),
+        val_x=data.val_x.to(dev),
+        val_y=data.val_y.to(dev),
+    )
 
 
 class Prefetcher:
@@ -199,4 +233,3 @@ class Prefetcher:
                 yield cur
                 return
             yield cur
-

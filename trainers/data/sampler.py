@@ -55,16 +55,20 @@ class LoaderConfig(Section):
 
     workers: int = Field(default=0, ge=0, description="loader processes; 0 = load in the training process")
     pin_memory: bool = Field(default=False, description="page-locked batches, for faster copies to a GPU")
-    prefetch: int = Field(default=2, ge=1, description="micro-batches loaded ahead per loader process "
-                                                     "(prefetch_factor; only with workers > 0)")
+    prefetch: int = Field(
+        default=2,
+        ge=1,
+        description="micro-batches loaded ahead per loader process (prefetch_factor; only with workers > 0)",
+    )
 
 
 # after LoaderConfig: trainers/data/datasets.py imports it back (its DataConfig.loader field)
 from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds  # noqa: E402
 
 
-def rank_micro_batches(ids: np.ndarray, rank: int, world: int, max_local_batch: int,
-                       split_single: bool = False) -> list[np.ndarray]:
+def rank_micro_batches(
+    ids: np.ndarray, rank: int, world: int, max_local_batch: int, split_single: bool = False
+) -> list[np.ndarray]:
     """Rank ``rank``'s micro-batches of the global batch ``ids``, as the in-memory loop cuts them.
 
     The slice is ``ids[slice_bounds(len(ids), rank, world)]``, split by ``micro_batches`` into at
@@ -106,8 +110,20 @@ class GlobalBatchSampler(Sampler[list[int]]):
     with the batch boundaries, so a consumer knows how many micro-batches make each step.
     """
 
-    def __init__(self, n: int, *, seed: int, rank: int, world: int, max_local_batch: int, batch_size: int,
-                 epoch: int = 0, cursor: int = 0, epochs: int | None = 1, split_single: bool = False) -> None:
+    def __init__(
+        self,
+        n: int,
+        *,
+        seed: int,
+        rank: int,
+        world: int,
+        max_local_batch: int,
+        batch_size: int,
+        epoch: int = 0,
+        cursor: int = 0,
+        epochs: int | None = 1,
+        split_single: bool = False,
+    ) -> None:
         if n <= 0:
             raise ValueError(f"n: the dataset is empty (n={n})")
         if not 0 <= rank < world:
@@ -138,8 +154,12 @@ class GlobalBatchSampler(Sampler[list[int]]):
             perm = epoch_permutation(self.seed, epoch, self.n)
             while cursor < self.n:
                 ids = global_batch(perm, cursor, self.batch_size)
-                yield PlannedStep(epoch, cursor, ids, rank_micro_batches(
-                    ids, self.rank, self.world, self.max_local_batch, self.split_single))
+                yield PlannedStep(
+                    epoch,
+                    cursor,
+                    ids,
+                    rank_micro_batches(ids, self.rank, self.world, self.max_local_batch, self.split_single),
+                )
                 cursor += len(ids)
             epoch, cursor = epoch + 1, 0
 
@@ -199,18 +219,39 @@ class RankLoader:
     :meth:`seek` moves to a checkpoint's ``(epoch, cursor)``.
     """
 
-    def __init__(self, dataset: Any, *, seed: int, rank: int, world: int, max_local_batch: int,
-                 config: LoaderConfig | None = None, split_single: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        seed: int,
+        rank: int,
+        world: int,
+        max_local_batch: int,
+        config: LoaderConfig | None = None,
+        split_single: bool = False,
+    ) -> None:
         self.dataset = dataset
         self.config = config or LoaderConfig()
-        self.sampler = GlobalBatchSampler(len(dataset), seed=seed, rank=rank, world=world,
-                                          max_local_batch=max_local_batch, batch_size=1, epochs=None,
-                                          split_single=split_single)
+        self.sampler = GlobalBatchSampler(
+            len(dataset),
+            seed=seed,
+            rank=rank,
+            world=world,
+            max_local_batch=max_local_batch,
+            batch_size=1,
+            epochs=None,
+            split_single=split_single,
+        )
         workers = self.config.workers
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
-                                 pin_memory=self.config.pin_memory,
-                                 prefetch_factor=self.config.prefetch if workers > 0 else None,
-                                 persistent_workers=workers > 0)
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=self.config.pin_memory,
+            prefetch_factor=self.config.prefetch if workers > 0 else None,
+            persistent_workers=workers > 0,
+        )
         self.epoch, self.cursor = 0, 0
         self._planned_b: int | None = None
         self._steps: Iterator[PlannedStep] | None = None
@@ -253,4 +294,3 @@ class RankLoader:
         self._planned_b = None
         if getattr(self.loader, "_iterator", None) is not None:
             self.loader._iterator = None  # the last reference: its __del__ shuts the workers down
-

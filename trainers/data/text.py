@@ -36,14 +36,70 @@ VOCAB_SIZE = 256
 
 # Large, long-lived pure-Python modules of the standard library (none deprecated for removal).
 DEFAULT_CORPUS_MODULES: tuple[str, ...] = (
-    "argparse", "ast", "inspect", "typing", "pydoc", "difflib", "tarfile", "subprocess", "threading",
-    "dataclasses", "functools", "collections/__init__", "enum", "pathlib", "shutil", "textwrap",
-    "statistics", "fractions", "_pydecimal", "configparser", "logging/__init__", "unittest/case",
-    "email/message", "json/decoder", "json/encoder", "string", "random", "heapq", "bisect", "pickle",
-    "datetime", "calendar", "zipfile", "locale", "gettext", "tempfile", "csv", "imaplib", "ftplib",
-    "http/client", "urllib/parse", "socket", "selectors", "traceback", "pprint", "copy", "weakref",
-    "contextlib", "abc", "codecs", "base64", "platform", "glob", "fnmatch", "optparse", "cmd", "shlex",
-    "doctest", "pdb", "bdb", "trace", "timeit", "tokenize", "keyword",
+    "argparse",
+    "ast",
+    "inspect",
+    "typing",
+    "pydoc",
+    "difflib",
+    "tarfile",
+    "subprocess",
+    "threading",
+    "dataclasses",
+    "functools",
+    "collections/__init__",
+    "enum",
+    "pathlib",
+    "shutil",
+    "textwrap",
+    "statistics",
+    "fractions",
+    "_pydecimal",
+    "configparser",
+    "logging/__init__",
+    "unittest/case",
+    "email/message",
+    "json/decoder",
+    "json/encoder",
+    "string",
+    "random",
+    "heapq",
+    "bisect",
+    "pickle",
+    "datetime",
+    "calendar",
+    "zipfile",
+    "locale",
+    "gettext",
+    "tempfile",
+    "csv",
+    "imaplib",
+    "ftplib",
+    "http/client",
+    "urllib/parse",
+    "socket",
+    "selectors",
+    "traceback",
+    "pprint",
+    "copy",
+    "weakref",
+    "contextlib",
+    "abc",
+    "codecs",
+    "base64",
+    "platform",
+    "glob",
+    "fnmatch",
+    "optparse",
+    "cmd",
+    "shlex",
+    "doctest",
+    "pdb",
+    "bdb",
+    "trace",
+    "timeit",
+    "tokenize",
+    "keyword",
 )
 
 
@@ -116,8 +172,7 @@ def _cache_is_current(cache: Path, meta: Path, sources: Sequence[Path]) -> bool:
     return n_bytes == total + max(0, len(sources) - 1)  # the files joined by one newline each
 
 
-def token_cache(sources: Path | str | Sequence[Path | str] | None = None, cache_dir: Path | str | None = None
-                ) -> Path:
+def token_cache(sources: Path | str | Sequence[Path | str] | None = None, cache_dir: Path | str | None = None) -> Path:
     """The ``uint8`` byte cache of ``sources`` (default: :func:`default_corpus`), built once and reused.
 
     The files are joined with one ``b"\\n"`` between them.  The cache is named by a hash of the
@@ -162,13 +217,17 @@ class ByteWindows(torch.utils.data.Dataset):
     never read past ``hi``: there are ``(hi - lo - T - 1) // stride + 1`` of them.
     """
 
-    def __init__(self, tokens: np.ndarray | Path | str, lo: int, hi: int, context: int,
-                 stride: int | None = None) -> None:
+    def __init__(
+        self, tokens: np.ndarray | Path | str, lo: int, hi: int, context: int, stride: int | None = None
+    ) -> None:
         if context < 1:
             raise ValueError(f"data.context: must be >= 1, got {context}")
         # A cache path is opened lazily and not pickled: loader processes map the same file.
-        self.path = None if isinstance(tokens, np.ndarray) and not isinstance(tokens, np.memmap) else (
-            Path(tokens.filename) if isinstance(tokens, np.memmap) else Path(tokens))
+        self.path = (
+            None
+            if isinstance(tokens, np.ndarray) and not isinstance(tokens, np.memmap)
+            else (Path(tokens.filename) if isinstance(tokens, np.memmap) else Path(tokens))
+        )
         self._tokens = tokens if isinstance(tokens, np.ndarray) else None
         self.lo, self.hi, self.context = int(lo), int(hi), int(context)
         self.stride = int(stride or context)
@@ -176,8 +235,10 @@ class ByteWindows(torch.utils.data.Dataset):
             raise ValueError(f"data.stride: must be >= 1, got {self.stride}")
         span = self.hi - self.lo - self.context - 1
         if span < 0:
-            raise ValueError(f"data.context: a split of {self.hi - self.lo} bytes holds no window of "
-                             f"{self.context} + 1 bytes; lower data.context or give a longer text (data.path)")
+            raise ValueError(
+                f"data.context: a split of {self.hi - self.lo} bytes holds no window of "
+                f"{self.context} + 1 bytes; lower data.context or give a longer text (data.path)"
+            )
         self.n = span // self.stride + 1
         self._offsets = np.arange(self.context + 1)
 
@@ -213,9 +274,14 @@ class ByteWindows(torch.utils.data.Dataset):
         return w[:, :-1], w[:, 1:]
 
 
-def load_text(path: Path | str | Sequence[Path | str] | None = None, *, context: int = 128,
-              val_fraction: float = 0.1, stride: int | None = None, cache_dir: Path | str | None = None
-              ) -> tuple[ByteWindows, ByteWindows]:
+def load_text(
+    path: Path | str | Sequence[Path | str] | None = None,
+    *,
+    context: int = 128,
+    val_fraction: float = 0.1,
+    stride: int | None = None,
+    cache_dir: Path | str | None = None,
+) -> tuple[ByteWindows, ByteWindows]:
     """``(train, val)`` byte windows of a text (default: the stdlib corpus), split by contiguous ranges.
 
     Train covers bytes ``[0, v)`` and validation ``[v, N)`` with ``v = round(N * (1 - val_fraction))``;

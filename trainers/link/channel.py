@@ -1,4 +1,4 @@
-"""Rank 0's side of the link to the driver's monitor (orchestrator/monitor.py).
+"""Rank 0's side of the link to the driver's monitor (orchestrator/run/monitor.py).
 
 Rank 0 buffers ``(step, metrics, time)`` records and events and pushes them about every
 ``train.push_every_s``; the push answers with the driver's :class:`PushAnswer`, which rank 0
@@ -17,7 +17,8 @@ next judged step at the latest (one evaluation interval), however fast it trains
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from trainers.link.messages import Event, HandoverAnswer, PushAnswer, Record, ResizeAnswer, record_from_list
 
@@ -29,14 +30,15 @@ class Channel:
     """Rank 0's buffered channel; on other ranks (or without a monitor) every call is a no-op
     (``flush`` returns False, ``ask_resize`` keeps the group)."""
 
-    def __init__(self, monitor_name: str | None, namespace: str | None, enabled: bool,
-                 judged: Sequence[str] = ()) -> None:
+    def __init__(
+        self, monitor_name: str | None, namespace: str | None, enabled: bool, judged: Sequence[str] = ()
+    ) -> None:
         self._handle: Any = None
         self._system: Any = None  # the node's system metrics, sent with the records (trainers/link/system.py)
         if enabled and monitor_name:
-            import ray
+            import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
-            from trainers.link.system import SystemSampler
+            from trainers.link.system import SystemSampler  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
             self._handle = ray.get_actor(monitor_name, namespace=namespace)
             self._system = SystemSampler()
@@ -95,7 +97,7 @@ class Channel:
         self._judged = max(self._judged, answer.judged)
         if self._unacked and answer.acked >= 0:
             # The newest record stays even once logged: restored with a checkpoint, it gives the
-            # driver's piecewise metrics (orchestrator/tracking.py) the point where training resumes.
+            # driver's piecewise metrics (orchestrator/record/run_tracker.py) the point where training resumes.
             self._unacked = [r for r in self._unacked if r[0] > answer.acked] or self._unacked[-1:]
 
     @property
@@ -112,7 +114,7 @@ class Channel:
         """Send what is buffered; return the latest stop decision known to rank 0."""
         if self._handle is None:
             return False
-        import ray
+        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
         if self._pending is not None:
             self.receive(ray.get(self._pending))
@@ -134,7 +136,7 @@ class Channel:
     def _await_verdict(self) -> None:
         """Called at a push that carries a judged value: wait until the driver has judged the
         previous one (or stopped the run); the push just sent brings its answer first."""
-        import ray
+        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
         deadline = time.monotonic() + VERDICT_WAIT_S
         while not self._stop and self._judged < self._awaiting:
@@ -148,31 +150,39 @@ class Channel:
 
     # -- resizes ----------------------------------------------------------------------------------
 
-    def ask_resize(self, step: int, batch_size: int, workers: int, remaining_samples: float | None = None,
-                   samples_per_s: float | None = None, inputs: Any = None) -> ResizeAnswer:
+    def ask_resize(
+        self,
+        step: int,
+        batch_size: int,
+        workers: int,
+        remaining_samples: float | None = None,
+        samples_per_s: float | None = None,
+        inputs: Any = None,
+    ) -> ResizeAnswer:
         """The batch changed (or goodput's periodic question): the workers the driver wants now (0 =
         keep the group), and how; the samples training has left and its measured throughput let the
         driver judge whether a resize pays; ``inputs``: goodput's measurements
         (:class:`~trainers.policies.goodput.GoodputInputs`), whose answer may carry a new batch."""
         if self._handle is None:
             return ResizeAnswer()
-        import ray
+        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
         self.flush()
-        return ray.get(self._handle.on_batch_change.remote(step, batch_size, workers, remaining_samples,
-                                                           samples_per_s, inputs))
+        return ray.get(
+            self._handle.on_batch_change.remote(step, batch_size, workers, remaining_samples, samples_per_s, inputs)
+        )
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
         if self._handle is not None:
-            import ray
+            import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
             ray.get(self._handle.handed_over.remote(phase, step, path))
 
     def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
         """A new group started early: say it is ready, then wait for the old group's last
         checkpoint; its path, or None when the resize was called off."""
-        import ray
+        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
         ray.get(self._handle.ready.remote(phase))
         while True:

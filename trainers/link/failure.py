@@ -2,7 +2,7 @@
 ``__getitem__``, a model's ``forward``) and sent to the driver as one line with its place.
 
 Such an error is not retried when a restart would meet it again: the worker reports it to the
-run's monitor (orchestrator/monitor.py) before raising, and the group Ray Train restarts for it
+run's monitor (orchestrator/run/monitor.py) before raising, and the group Ray Train restarts for it
 asks the monitor first (:func:`ended_by_user_error`) and returns at once.  See
 ``docs/architecture.md`` (failures).
 """
@@ -22,9 +22,14 @@ from trainers.link.messages import WorkloadFailed
 _PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The project's own packages: their frames are never the user's.
 _OURS = tuple(os.path.join(_PROJECT, p) + os.sep for p in ("trainers", "orchestrator", "search"))
-_LIBRARIES = tuple({os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()[k] for k in
-                                                            ("stdlib", "platstdlib", "purelib", "platlib"))
-                    if p} | {os.path.realpath(sys.prefix) + os.sep, os.path.realpath(sys.base_prefix) + os.sep})
+_LIBRARIES = tuple(
+    {
+        os.path.realpath(p) + os.sep
+        for p in (sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+        if p
+    }
+    | {os.path.realpath(sys.prefix) + os.sep, os.path.realpath(sys.base_prefix) + os.sep}
+)
 # A frame quoted in the text of an exception re-raised from a DataLoader worker process.
 _QUOTED = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)', re.M)
 # Errors a restart may not meet again (a file system, a network, memory): Ray Train retries them.
@@ -73,14 +78,19 @@ def user_error(exc: BaseException, rank: int = 0, phase: int = 0) -> WorkloadFai
         if user:
             file, line, func = user[-1]
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            return WorkloadFailed(rank=rank, phase=phase, where=f"{os.path.basename(file)}:{line} in {func}",
-                                  error=_one_line(cause), traceback=text,
-                                  deterministic=not isinstance(cause, TRANSIENT))
+            return WorkloadFailed(
+                rank=rank,
+                phase=phase,
+                where=f"{os.path.basename(file)}:{line} in {func}",
+                error=_one_line(cause),
+                traceback=text,
+                deterministic=not isinstance(cause, TRANSIENT),
+            )
     return None
 
 
 def _monitor(runtime: Any) -> Any:
-    import ray
+    import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
     if not runtime.monitor_name:
         return None
@@ -96,7 +106,7 @@ def report_user_error(exc: BaseException, runtime: Any, rank: int) -> WorkloadFa
     event = user_error(exc, rank=rank, phase=runtime.phase)
     monitor = _monitor(runtime) if event is not None else None
     if monitor is not None:
-        import ray
+        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
         try:
             ray.get(monitor.workload_failed.remote(event), timeout=30)
@@ -111,7 +121,7 @@ def ended_by_user_error(runtime: Any) -> bool:
     monitor = _monitor(runtime)
     if monitor is None:
         return False
-    import ray
+    import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
     try:
         return ray.get(monitor.fatal.remote(), timeout=30) is not None

@@ -17,8 +17,9 @@ when the old group has written its last checkpoint.  The whole protocol, with a 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 Record = tuple[int, dict[str, float], float]  # (step, metrics, wall time the step ended)
 ResizeMode = Literal["", "overlap", "restart"]  # "": keep the group
@@ -210,10 +211,14 @@ class Diverged(Event):
 
     @property
     def message(self) -> str:
-        kept = f"the last finite checkpoint is {self.checkpoint}" if self.checkpoint else "no checkpoint was written yet"
+        kept = (
+            f"the last finite checkpoint is {self.checkpoint}" if self.checkpoint else "no checkpoint was written yet"
+        )
         after = f" after {self.rollbacks} rollback(s) (train.max_rollbacks)" if self.rollbacks else ""
-        return (f"training diverged at step {self.step}{after}: train/loss = {self.value}; {kept}; lower "
-                f"optimizer.lr or lengthen the warmup")
+        return (
+            f"training diverged at step {self.step}{after}: train/loss = {self.value}; {kept}; lower "
+            f"optimizer.lr or lengthen the warmup"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,8 +291,10 @@ class RolledBack(Event):
 
     @property
     def message(self) -> str:
-        return (f"non-finite loss {self.value} at step {self.step}: rolled back to step {self.to_step} "
-                f"({self.checkpoint}), learning rate x{self.lr_factor:g} (rollback {self.rollbacks})")
+        return (
+            f"non-finite loss {self.value} at step {self.step}: rolled back to step {self.to_step} "
+            f"({self.checkpoint}), learning rate x{self.lr_factor:g} (rollback {self.rollbacks})"
+        )
 
 
 # --------------------------------------------------------------------------- answers

@@ -24,7 +24,9 @@ THROUGHPUT = "throughput/samples_per_s"
 GNS_B_SIMPLE = "gns/b_simple"
 GNS_G_SQ = "gns/g_sq"
 GNS_TRACE_SIGMA = "gns/trace_sigma"
-AMP_SKIPPED_STEPS = "amp/skipped_steps"  # fp16: optimizer steps skipped for inf/NaN gradients (trainers/accel/precision.py)
+AMP_SKIPPED_STEPS = (
+    "amp/skipped_steps"  # fp16: optimizer steps skipped for inf/NaN gradients (trainers/accel/precision.py)
+)
 AMP_LOSS_SCALE = "amp/loss_scale"  # fp16: the loss scale S
 MEMORY_PEAK = "memory/peak_bytes"  # on a GPU, at each push: torch.cuda.max_memory_allocated of rank 0
 # language models (the batch counts sequences of T tokens; these count tokens)
@@ -57,11 +59,28 @@ GOODPUT_B_NOISE = "goodput/b_noise"
 
 def resize_part(part: str) -> str:
     """``resize/<part>`` for a part of a resize's latency (``overlap_s``, ``teardown_s``,
-    ``start_s``, ``setup_s``; see orchestrator/phases.py)."""
+    ``start_s``, ``setup_s``; see orchestrator/run/phases.py)."""
     return f"resize/{part}"
 
 
 # Metrics every step row may carry (in the order the search layer lists them).
-STEP_METRICS = (VAL_ACCURACY, VAL_LOSS, TRAIN_LOSS, LR, MF, BATCH_GLOBAL, BATCH_SAMPLES, BATCH_LOCAL, BATCH_ACCUM_STEPS,
-                WORKERS, SAMPLES_SEEN, EPOCH, THROUGHPUT, GNS_B_SIMPLE, VAL_PERPLEXITY, BATCH_GLOBAL_TOKENS, TOKENS_SEEN,
-                THROUGHPUT_TOKENS)
+STEP_METRICS = (
+    VAL_ACCURACY,
+    VAL_LOSS,
+    TRAIN_LOSS,
+    LR,
+    MF,
+    BATCH_GLOBAL,
+    BATCH_SAMPLES,
+    BATCH_LOCAL,
+    BATCH_ACCUM_STEPS,
+    WORKERS,
+    SAMPLES_SEEN,
+    EPOCH,
+    THROUGHPUT,
+    GNS_B_SIMPLE,
+    VAL_PERPLEXITY,
+    BATCH_GLOBAL_TOKENS,
+    TOKENS_SEEN,
+    THROUGHPUT_TOKENS,
+)

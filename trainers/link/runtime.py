@@ -11,7 +11,7 @@ from pydantic import BaseModel
 class Runtime(BaseModel):
     """What the driver tells the workers besides the config."""
 
-    monitor_name: str | None = None  # the run's monitor actor (orchestrator/monitor.py); None: no driver
+    monitor_name: str | None = None  # the run's monitor actor (orchestrator/run/monitor.py); None: no driver
     namespace: str | None = None
     phase: int = 0
     workers: int = 1  # what the phase asked for (Ray may run fewer after a failure)

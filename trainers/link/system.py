@@ -1,7 +1,7 @@
 """System metrics of the workers' node, sent by rank 0 with its step records (trainers/link/channel.py).
 
 The driver's MLflow run gets its own machine's figures from MLflow's system-metrics monitor
-(orchestrator/tracking.py); the training runs on the worker nodes, so rank 0 samples its node the
+(orchestrator/record/run_tracker.py); the training runs on the worker nodes, so rank 0 samples its node the
 same way and names the figures as MLflow does for a node (``system/<node_id>/<metric>``, with
 ``node_id`` ``worker-<host>``): CPU utilization, memory used (MB and percent) and, on a GPU, its
 memory used and utilization.  ``psutil`` comes with Ray (``ray/thirdparty_files``) when it is not
@@ -25,8 +25,8 @@ class SystemSampler:
         self.prefix = f"system/{node_id or 'worker-' + socket.gethostname()}/"
         self._last = -float("inf")  # the first push carries a sample (a short phase gets one too)
         try:
-            import ray  # noqa: F401 - puts Ray's psutil on the path
-            import psutil
+            import psutil  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+            import ray  # noqa: F401, PLC0415 - puts Ray's psutil on the path; a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
             self._psutil: Any = psutil
             psutil.cpu_percent()  # the first call only starts the measurement window
@@ -51,7 +51,7 @@ class SystemSampler:
 
 def _gpu() -> dict[str, float]:
     """Rank 0's own GPU (only one this process already uses: no new CUDA context)."""
-    import torch
+    import torch  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return {}

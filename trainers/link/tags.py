@@ -2,14 +2,14 @@
 metric names (``trainers/link/metrics.py``).
 
 The strings are the run's public contract (MLflow keys that ``resume``, a resumed driver and a
-reviewer read back): never rename one.  Who sets them: ``orchestrator/runner.py`` (where the run
-lives, how it ended), ``orchestrator/listeners.py`` (what happened on the way),
-``orchestrator/tracking.py`` (the code and the model), ``orchestrator/note.py`` (the description).
+reviewer read back): never rename one.  Who sets them: ``orchestrator/run/runner.py`` (where the run
+lives, how it ended), ``orchestrator/record/listeners.py`` (what happened on the way),
+``orchestrator/record/run_tracker.py`` (the code and the model), ``orchestrator/record/note.py`` (the description).
 """
 
 from __future__ import annotations
 
-# -- where the run lives (read back by resume: orchestrator/run_info.py find_run) ----------------------
+# -- where the run lives (read back by resume: orchestrator/run/run_info.py find_run) ----------------------
 TRAIN_RUN_NAME = "elastic.train_run_name"  # the run's folder under checkpoint.storage_path (elastic-<run id>)
 STORAGE_PATH = "elastic.storage_path"  # checkpoint.storage_path as the run used it (an absolute folder or a URI)
 RESUMES = "elastic.resumes"  # how many times the run was resumed (each resume adds one)
@@ -23,7 +23,7 @@ RESIZES = "elastic.resizes"  # resizes over the whole run, every driver of it co
 MODEL_ERROR = "elastic.model_error"  # why the MLflow model was not logged (model/model.pt holds the weights)
 REGISTERED_MODEL = "elastic.registered_model"  # name/version of the registered model (--register)
 
-# -- what happened on the way (orchestrator/listeners.py TrackingListener) -----------------------------
+# -- what happened on the way (orchestrator/record/listeners.py TrackingListener) -----------------------------
 WARNINGS = "elastic.warnings"  # the run's warnings, one a line (the last 5000 characters)
 WORKER_THREADS = "elastic.worker_threads"  # torch's threads per worker (rank 0's, in the newest group)
 RESTARTS = "elastic.restarts"  # restarts of a group by Ray Train after a failure
@@ -39,7 +39,7 @@ GOODPUT_DECISIONS = "elastic.goodput.decisions"  # decisions of scaling.policy g
 GOODPUT_REASON = "elastic.goodput.reason"  # the latest decision's reason, with every alternative's goodput
 
 # -- MLflow's own tags the driver writes -----------------------------------------------------------------
-NOTE = "mlflow.note.content"  # the run's description in MLflow's UI, markdown (orchestrator/note.py)
+NOTE = "mlflow.note.content"  # the run's description in MLflow's UI, markdown (orchestrator/record/note.py)
 
 
 def rollback(n: int) -> str:

@@ -50,9 +50,20 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
-from trainers.loop.storage import (LOCAL, StorageFull, discard_partial, is_uri, join, location_problem, no_room,
-                                   pid_alive, resolve, store_for)
-from trainers.loop.storage import tmp_name  # noqa: F401 - re-exported: the temporary folder of a local write
+
+from trainers.loop.storage import (
+    LOCAL,
+    StorageFull,
+    discard_partial,
+    is_uri,
+    join,
+    location_problem,
+    no_room,
+    pid_alive,
+    resolve,
+    store_for,
+    tmp_name,  # noqa: F401 - re-exported: the temporary folder of a local write
+)
 from trainers.section import Section
 
 logger = logging.getLogger(__name__)
@@ -84,10 +95,14 @@ class CheckpointConfig(Section):
     model_config = ConfigDict(extra="forbid")
 
     every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
-    keep: int = Field(default=2, description="newest checkpoints of the run kept (at least 2: the "
-                                             "newest and one to fall back to)")
-    storage_path: str = Field(default="ray_runs", description="checkpoint folder, or an object-store URI such as "
-                                                             "s3://bucket/runs (on a cluster: a shared mount or a bucket)")
+    keep: int = Field(
+        default=2, description="newest checkpoints of the run kept (at least 2: the newest and one to fall back to)"
+    )
+    storage_path: str = Field(
+        default="ray_runs",
+        description="checkpoint folder, or an object-store URI such as "
+        "s3://bucket/runs (on a cluster: a shared mount or a bucket)",
+    )
 
     @field_validator("keep")
     @classmethod
@@ -96,8 +111,10 @@ class CheckpointConfig(Section):
         # turns out corrupt leaves nothing to resume from.  Keeping one more on disk is simpler and
         # cheaper to reason about than setting the last good one aside.
         if v < 2:
-            raise ValueError(f"checkpoint.keep: {v} leaves no older checkpoint to fall back to when the newest "
-                             "is corrupt; set it to at least 2")
+            raise ValueError(
+                f"checkpoint.keep: {v} leaves no older checkpoint to fall back to when the newest "
+                "is corrupt; set it to at least 2"
+            )
         return v
 
     @field_validator("storage_path")
@@ -227,8 +244,10 @@ def _manifest(directory: str) -> tuple[int, dict[str, Any]]:
         raise CorruptCheckpoint(f"{directory}: unreadable manifest (not a JSON object)")
     fmt = manifest.get("format")
     if fmt not in READABLE_FORMATS:
-        raise CorruptCheckpoint(f"{directory}: unknown checkpoint format {fmt!r} (this version reads "
-                                f"{', '.join(map(str, READABLE_FORMATS))}; written by a newer one?)")
+        raise CorruptCheckpoint(
+            f"{directory}: unknown checkpoint format {fmt!r} (this version reads "
+            f"{', '.join(map(str, READABLE_FORMATS))}; written by a newer one?)"
+        )
     return int(fmt), manifest
 
 
@@ -318,8 +337,11 @@ def _same(path: str) -> str:
 def run_folders(storage: str, run_prefix: str) -> list[str]:
     """The folders of a training run's phases under ``storage``: ``<prefix>`` and ``<prefix>-…``."""
     root = resolve(storage)
-    return [join(root, name) for name, kind in store_for(root).children(root)
-            if kind == "dir" and (name == run_prefix or name.startswith(run_prefix + "-"))]
+    return [
+        join(root, name)
+        for name, kind in store_for(root).children(root)
+        if kind == "dir" and (name == run_prefix or name.startswith(run_prefix + "-"))
+    ]
 
 
 def _scan(storage: str, run_prefix: str) -> tuple[list[tuple[int, str]], list[str]]:
@@ -330,8 +352,11 @@ def _scan(storage: str, run_prefix: str) -> tuple[list[tuple[int, str]], list[st
     found, incomplete = [], []
     for folder in run_folders(storage, run_prefix):
         if store.renames:
-            found += [(step, join(folder, name)) for name, kind in store.children(folder)
-                      if kind == "dir" and (step := checkpoint_step(name)) is not None]
+            found += [
+                (step, join(folder, name))
+                for name, kind in store.children(folder)
+                if kind == "dir" and (step := checkpoint_step(name)) is not None
+            ]
             continue
         names, complete = set(), set()
         for rel in store.files_under(folder):  # one listing of the folder, every key below it
@@ -403,8 +428,9 @@ def quarantine_checkpoint(path: str) -> str:
     sees it again, so pruning does not count it and the next restore does not try it, and it is
     kept for a person to look at.  Returns where it is now."""
     store = store_for(path)
-    folder = join(posixpath.dirname(path.rstrip("/")) if is_uri(path) else os.path.dirname(path.rstrip(os.sep)),
-                  QUARANTINE)
+    folder = join(
+        posixpath.dirname(path.rstrip("/")) if is_uri(path) else os.path.dirname(path.rstrip(os.sep)), QUARANTINE
+    )
     name = posixpath.basename(path.rstrip("/")) if is_uri(path) else os.path.basename(path.rstrip(os.sep))
     target, n = join(folder, name), 1
     while store.kind(target) is not None:
@@ -414,10 +440,15 @@ def quarantine_checkpoint(path: str) -> str:
     return target
 
 
-def load_newest_checkpoint(storage: str, run_prefix: str, map_location: str | torch.device = "cpu",
-                           warn: Callable[[str], None] = print, expect: str | None = None,
-                           corrupt: set[str] | None = None,
-                           quarantined: Callable[[str, str, str], None] | None = None) -> dict[str, Any] | None:
+def load_newest_checkpoint(
+    storage: str,
+    run_prefix: str,
+    map_location: str | torch.device = "cpu",
+    warn: Callable[[str], None] = print,
+    expect: str | None = None,
+    corrupt: set[str] | None = None,
+    quarantined: Callable[[str, str, str], None] | None = None,
+) -> dict[str, Any] | None:
     """The newest intact checkpoint of this training run (``{name: state}``); a corrupt one is
     skipped with a warning (and added to ``corrupt`` when given).  None when there is none;
     ``CorruptCheckpoint`` when there are some but none is intact.
@@ -461,7 +492,6 @@ def _ignore(*_: Any) -> None:
     pass
 
 
-
 class CheckpointManager:
     """Saves, prunes and restores the registered ``states`` of one worker (torchtitan's pattern).
 
@@ -474,14 +504,24 @@ class CheckpointManager:
     a damaged checkpoint it meets on restore aside (:func:`quarantine_checkpoint`), telling
     ``quarantined(path, why, where_now)``."""
 
-    def __init__(self, states: Mapping[str, Stateful], *, storage: str, run_prefix: str, run_name: str,
-                 keep: int = 2, writer: bool = True, warn: Callable[[str], None] = print,
-                 map_location: str | torch.device = "cpu",
-                 quarantined: Callable[[str, str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        states: Mapping[str, Stateful],
+        *,
+        storage: str,
+        run_prefix: str,
+        run_name: str,
+        keep: int = 2,
+        writer: bool = True,
+        warn: Callable[[str], None] = print,
+        map_location: str | torch.device = "cpu",
+        quarantined: Callable[[str, str, str], None] | None = None,
+    ) -> None:
         for name, obj in states.items():
             if not isinstance(obj, Stateful):
-                raise TypeError(f"checkpoint component {name!r} ({type(obj).__name__}) lacks "
-                                "state_dict()/load_state_dict()")
+                raise TypeError(
+                    f"checkpoint component {name!r} ({type(obj).__name__}) lacks state_dict()/load_state_dict()"
+                )
         self.states = dict(states)
         self.storage, self.run_prefix, self.run_name = storage, run_prefix, run_name
         self.keep, self.writer, self.warn, self.map_location = keep, writer, warn, map_location
@@ -550,9 +590,15 @@ class CheckpointManager:
         :func:`load_newest_checkpoint`."""
         if not self.storage:
             return False
-        payload = load_newest_checkpoint(self.storage, self.run_prefix, self.map_location, warn=self.warn,
-                                         expect=expect, corrupt=self.corrupt,
-                                         quarantined=(self.quarantined or _ignore) if self.writing else None)
+        payload = load_newest_checkpoint(
+            self.storage,
+            self.run_prefix,
+            self.map_location,
+            warn=self.warn,
+            expect=expect,
+            corrupt=self.corrupt,
+            quarantined=(self.quarantined or _ignore) if self.writing else None,
+        )
         if payload is None:
             return False
         self.load_state_dict(payload)

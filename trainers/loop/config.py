@@ -3,7 +3,8 @@ classes, each kept beside its code (data, model, optimizer, batch, schedule, che
 
 Importing this module loads the components' config classes and their validators only: not the
 worker loop, not Ray.  Each section checks its own fields; what relates fields to one another
-(within a section or across sections) is checked on the driver (``orchestrator/preflight.py``).  The driver's root config (``orchestrator/config.py``) extends
+(within a section or across sections) is checked on the driver (``orchestrator/config/preflight.py``).  The
+driver's root config (``orchestrator/config/schema.py``) extends
 :class:`LoopConfig` with its own sections; how configs flow through a run: ``docs/architecture.md``.
 """
 
@@ -12,17 +13,17 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import ConfigDict, Field
-from trainers.section import Section
 
 from trainers.accel.device import CompileConfig
 from trainers.accel.precision import PrecisionConfig
-from trainers.policies.batching import BatchConfig
-from trainers.loop.checkpoint import CheckpointConfig
 from trainers.combine.methods import CombineConfig
 from trainers.data.datasets import DataConfig
-from trainers.workload.models import ModelConfig
+from trainers.loop.checkpoint import CheckpointConfig
+from trainers.policies.batching import BatchConfig
 from trainers.policies.optim import OptimizerConfig
 from trainers.policies.schedules import ScheduleConfig
+from trainers.section import Section
+from trainers.workload.models import ModelConfig
 
 
 class TrainConfig(PrecisionConfig, CompileConfig):
@@ -34,12 +35,17 @@ class TrainConfig(PrecisionConfig, CompileConfig):
     eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
     seed: int = Field(default=0, description="the run's seed: data order and split, initial weights, augmentation")
     log_every: int = Field(default=10, gt=0, description="fewest steps between pushes of metrics to the driver")
-    push_every_s: float = Field(default=0.25, ge=0, description="seconds between pushes (at least log_every "
-                                "steps apart); 0 = every log_every steps")
+    push_every_s: float = Field(
+        default=0.25,
+        ge=0,
+        description="seconds between pushes (at least log_every steps apart); 0 = every log_every steps",
+    )
     sample_log_dir: str | None = Field(default=None, description="debug: each rank appends the ids it trained on")
     on_nonfinite: Literal["stop", "rollback"] = Field(
-        default="stop", description="a non-finite loss: stop the run (FAILED), or reload the last checkpoint, halve "
-                                    "the learning rate and go on (trainers/loop/rollback.py)")
+        default="stop",
+        description="a non-finite loss: stop the run (FAILED), or reload the last checkpoint, halve "
+        "the learning rate and go on (trainers/loop/rollback.py)",
+    )
     max_rollbacks: int = Field(default=3, ge=0, description="rollbacks at most (on_nonfinite: rollback); then stop")
 
 

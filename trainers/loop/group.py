@@ -24,16 +24,15 @@ class Group:
     device: torch.device
 
     @classmethod
-    def current(cls, rank: int | None = None, world: int | None = None,
-                device: torch.device | None = None) -> "Group":
+    def current(cls, rank: int | None = None, world: int | None = None, device: torch.device | None = None) -> Group:
         """From Ray Train's context unless given (the gloo tests give all three)."""
         if rank is None or world is None:
-            import ray.train
+            import ray.train  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
             ctx = ray.train.get_context()
             rank, world = ctx.get_world_rank(), ctx.get_world_size()
         if device is None:
-            import ray.train.torch
+            import ray.train.torch  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
             device = ray.train.torch.get_device()
         return cls(rank, world, device)

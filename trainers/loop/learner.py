@@ -31,7 +31,7 @@ def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int) -> torch
     """DDP on gloo/NCCL (the model itself at W = 1)."""
     if world == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     return DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
 
@@ -53,14 +53,18 @@ class Learner:
         self.group, self.loss_fn = group, work.loss_fn
         base = (to_channels_last(work.model) if cfg.model.channels_last else work.model).to(group.device)
         # How the workers' gradients become one update (trainers/combine/methods.py): only mean uses DDP.
-        self.combine = Combination(cfg.combine, group.world, cfg.batch.policy, cfg.batch.norm_test_eta,
-                                   cfg.batch.check_every)
+        self.combine = Combination(
+            cfg.combine, group.world, cfg.batch.policy, cfg.batch.norm_test_eta, cfg.batch.check_every
+        )
         self.combine.attach(base)
         self.model = _wrap_ddp(base, group.device, group.world if self.combine.uses_ddp else 1)
         self.params = [p for p in base.parameters() if p.requires_grad]
         # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
-        self.noise = NoiseProbe(cfg.batch.ema, self.params, group.world, group.device) \
-            if measure_noise and self.combine.uses_ddp else None
+        self.noise = (
+            NoiseProbe(cfg.batch.ema, self.params, group.world, group.device)
+            if measure_noise and self.combine.uses_ddp
+            else None
+        )
         if self.noise is not None:
             self.noise.attach(self.model)
         if cfg.train.compile:  # after DDP and its hook; checkpoints keep the plain model's keys
@@ -71,10 +75,17 @@ class Learner:
         self.inputs = input_pipeline(cfg, work, group.device)
         # This rank's micro-batches of the global order: tensor indexing for built-in in-memory sets, a
         # DataLoader for map-style datasets; the same ids either way (the noise probe's W = 1 split too).
-        self.batches = make_batches(work, seed=cfg.train.seed, rank=group.rank, world=group.world,
-                                    max_local_batch=cfg.batch.max_local_batch, split_single=self.noise is not None,
-                                    loader=cfg.data.loader if cfg.data.device == "host" else
-                                    cfg.data.loader.model_copy(update={"pin_memory": True}))
+        self.batches = make_batches(
+            work,
+            seed=cfg.train.seed,
+            rank=group.rank,
+            world=group.world,
+            max_local_batch=cfg.batch.max_local_batch,
+            split_single=self.noise is not None,
+            loader=cfg.data.loader
+            if cfg.data.device == "host"
+            else cfg.data.loader.model_copy(update={"pin_memory": True}),
+        )
         self.opt = build_optimizer(base, cfg.optimizer)
         self.skipped = False  # the last step was skipped (fp16: inf/NaN gradients)
         self._reduced: list[float] = []  # the last backward's all-reduced loss sum and noise sums

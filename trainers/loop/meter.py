@@ -9,9 +9,9 @@ push follow from the same window (:func:`push_interval`).  See ``docs/architectu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 
 def push_interval(log_every: int, push_every_s: float, steps: int, seconds: float) -> int:
@@ -35,8 +35,7 @@ class Reading:
 class ThroughputMeter:
     """Counts samples and steps from one push to the next; :meth:`aside` excludes a block's time."""
 
-    def __init__(self, log_every: int, push_every_s: float,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, log_every: int, push_every_s: float, clock: Callable[[], float] = time.perf_counter) -> None:
         self.log_every, self.push_every_s = log_every, push_every_s
         self._clock = clock
         self._samples, self._steps, self._aside = 0, 0, 0.0

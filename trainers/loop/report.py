@@ -24,11 +24,13 @@ class Reporter:
     """The group's side of the link: ``channel`` (rank 0's; a no-op elsewhere), the throughput
     ``meter``, and the step of the next push."""
 
-    def __init__(self, runtime: Runtime, group: Group, log_every: int, push_every_s: float,
-                 tokens_per_sample: int | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime, group: Group, log_every: int, push_every_s: float, tokens_per_sample: int | None = None
+    ) -> None:
         self.runtime, self.group = runtime, group
-        self.channel = Channel(runtime.monitor_name, runtime.namespace, enabled=group.rank == 0,
-                               judged=runtime.judged_metrics)
+        self.channel = Channel(
+            runtime.monitor_name, runtime.namespace, enabled=group.rank == 0, judged=runtime.judged_metrics
+        )
         self.log_every, self.push_every_s = log_every, push_every_s
         self.tokens = tokens_per_sample  # T of a language model: tokens ride beside samples
         self.meter = ThroughputMeter(log_every, push_every_s)
@@ -95,23 +97,26 @@ class Reporter:
         stop = self.channel.flush()
         handover = self.channel.handover
         action = Action.STOP if stop else Action.HAND_OVER if handover else Action.GO
-        decision = self.group.agree(PushDecision(action, reading.push_interval,
-                                                 self.channel.handover_to if handover else 0))
+        decision = self.group.agree(
+            PushDecision(action, reading.push_interval, self.channel.handover_to if handover else 0)
+        )
         self.next_push = step + decision.next_push_in
         return decision
 
     # -- questions to the driver ------------------------------------------------------------------------
 
-    def ask_workers(self, step: int, batch_size: int, remaining_samples: float, inputs: Any = None,
-                    ask: bool = True) -> WorkersNeeded:
+    def ask_workers(
+        self, step: int, batch_size: int, remaining_samples: float, inputs: Any = None, ask: bool = True
+    ) -> WorkersNeeded:
         """The workers global batch ``batch_size`` needs (0 = keep this group), whether a new group
         starts beside this one and (goodput) the batch to take: rank 0 asks the driver, with
         goodput's measurements ``inputs`` (:class:`~trainers.policies.goodput.GoodputInputs`), unless
         ``ask`` is false on rank 0 (nothing to ask yet); every rank agrees."""
         mine = WorkersNeeded()
         if self.group.rank == 0 and ask:
-            answer = self.channel.ask_resize(step, batch_size, self.runtime.workers, remaining_samples,
-                                             self.samples_per_s, inputs)
+            answer = self.channel.ask_resize(
+                step, batch_size, self.runtime.workers, remaining_samples, self.samples_per_s, inputs
+            )
             mine = WorkersNeeded(answer.workers, answer.overlap, answer.batch)
         return self.group.agree(mine)
 
@@ -125,4 +130,3 @@ class Reporter:
         """This group wrote its last checkpoint, at ``path``, for the group that takes over."""
         if self.group.rank == 0:
             self.channel.handed_over(self.runtime.phase, step, path)
-

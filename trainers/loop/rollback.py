@@ -5,7 +5,8 @@ weights (``trainers/loop/trainer.py`` checks before the optimizer step).  The lo
 computed from the weights step ``k - 1`` made, so a checkpoint of step ``k - 1`` holds finite
 weights that already give a non-finite loss: the group reloads the newest checkpoint *before* step
 ``k - 1``, halves the learning rate for the rest of the run and goes on, replaying the same batches
-(the data cursor comes back with the checkpoint; the replay writes over the later checkpoints).  At most ``train.max_rollbacks`` times; past that, or with no checkpoint to go back
+(the data cursor comes back with the checkpoint; the replay writes over the later checkpoints).  At most
+``train.max_rollbacks`` times; past that, or with no checkpoint to go back
 to, the run stops as with ``stop`` (``Diverged``: MLflow FAILED, the last finite checkpoint named).
 
 Halving is the usual remedy for a loss spike at a learning rate near the edge of stability: the
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainers.loop.checkpoint import CorruptCheckpoint, checkpoint_step
 from trainers.link.messages import RolledBack
+from trainers.loop.checkpoint import CorruptCheckpoint, checkpoint_step
 
 FACTOR = 0.5  # the learning rate is multiplied by this at each rollback
 
@@ -40,7 +41,7 @@ class RollbackPolicy:
     @property
     def lr_factor(self) -> float:
         """``FACTOR ** rollbacks``."""
-        return FACTOR ** self.rollbacks
+        return FACTOR**self.rollbacks
 
     def allowed(self) -> bool:
         return self.on_nonfinite == "rollback" and self.rollbacks < self.max_rollbacks
@@ -66,8 +67,16 @@ class RollbackPolicy:
             break
         else:
             return False
-        trainer.report.emit(RolledBack(step=step, value=value, checkpoint=path, to_step=trainer.state.step,
-                                       rollbacks=self.rollbacks, lr_factor=self.lr_factor))
+        trainer.report.emit(
+            RolledBack(
+                step=step,
+                value=value,
+                checkpoint=path,
+                to_step=trainer.state.step,
+                rollbacks=self.rollbacks,
+                lr_factor=self.lr_factor,
+            )
+        )
         trainer.report.flush(wait=True)
         return True
 

@@ -43,7 +43,7 @@ def resolve(location: str) -> str:
     """A local folder made absolute (a resume from another folder reaches the same place), a
     ``file://`` URI as that local path, any other URI as given without a trailing slash."""
     if location.startswith("file://"):
-        location = location[len("file://"):] or "/"
+        location = location[len("file://") :] or "/"
     if not is_uri(location):
         return os.path.abspath(os.path.expanduser(location))
     scheme, rest = location.split("://", 1)
@@ -69,15 +69,21 @@ def location_problem(location: str) -> str | None:
         return None
     scheme, rest = location.split("://", 1)
     if scheme.lower() not in URI_SCHEMES:
-        return (f"unknown URI scheme {scheme + '://'!r}; give a folder or a URI of one of "
-                f"{', '.join(s + '://' for s in URI_SCHEMES)}")
+        return (
+            f"unknown URI scheme {scheme + '://'!r}; give a folder or a URI of one of "
+            f"{', '.join(s + '://' for s in URI_SCHEMES)}"
+        )
     netloc = rest.split("/", 1)[0]
     if "@" in netloc:  # s3://KEY:SECRET@bucket: never shown, stored or logged, so refused outright
-        return (f"a URI with credentials ({scheme}://***@...) is not accepted; give {scheme}://bucket/prefix "
-                "and the credentials in the environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+        return (
+            f"a URI with credentials ({scheme}://***@...) is not accepted; give {scheme}://bucket/prefix "
+            "and the credentials in the environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+        )
     if "?" in rest or "#" in rest:
-        return (f"URI options ('?...') are not accepted ({scheme}://{netloc}/...); set the endpoint, region and "
-                "credentials in the environment (e.g. AWS_ENDPOINT_URL, AWS_REGION)")
+        return (
+            f"URI options ('?...') are not accepted ({scheme}://{netloc}/...); set the endpoint, region and "
+            "credentials in the environment (e.g. AWS_ENDPOINT_URL, AWS_REGION)"
+        )
     if not netloc:
         return f"no bucket in {location!r}; give {scheme}://bucket/prefix"
     return None
@@ -248,7 +254,6 @@ class LocalStore(Store):
             raise
         fsync_path(parent)
 
-
     def move(self, source: str, target: str) -> None:
         """A rename: atomic, the folder is at one place or the other."""
         os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
@@ -274,7 +279,7 @@ def filesystem(location: str) -> tuple[Any, str]:
 
     One filesystem per bucket and environment: opening one resolves its settings (and may ask
     the store for the bucket's region), which each file operation should not repeat."""
-    from pyarrow.fs import FileSystem
+    from pyarrow.fs import FileSystem  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
     scheme, rest = location.split("://", 1)
     bucket, _, key = rest.partition("/")
@@ -296,7 +301,7 @@ class ObjectStore(Store):
     renames = False
 
     def kind(self, location: str) -> Kind | None:
-        from pyarrow.fs import FileType
+        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
         fs, path = filesystem(location)
         t = fs.get_file_info(path).type
@@ -310,22 +315,22 @@ class ObjectStore(Store):
         return int(info.size)
 
     def _list(self, location: str, recursive: bool) -> tuple[str, list[Any]]:
-        from pyarrow.fs import FileSelector
+        from pyarrow.fs import FileSelector  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
         fs, path = filesystem(location)
         return path, fs.get_file_info(FileSelector(path, allow_not_found=True, recursive=recursive))
 
     def children(self, location: str) -> list[tuple[str, Kind]]:
-        from pyarrow.fs import FileType
+        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
         _, infos = self._list(location, recursive=False)
         return [(posixpath.basename(i.path), "dir" if i.type == FileType.Directory else "file") for i in infos]
 
     def files_under(self, location: str) -> list[str]:
-        from pyarrow.fs import FileType
+        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
         path, infos = self._list(location, recursive=True)
-        return [i.path[len(path) + 1:] for i in infos if i.type == FileType.File]
+        return [i.path[len(path) + 1 :] for i in infos if i.type == FileType.File]
 
     @contextlib.contextmanager
     def open_read(self, location: str) -> Iterator[IO[bytes]]:
@@ -344,7 +349,7 @@ class ObjectStore(Store):
             f.write(data)
 
     def remove(self, location: str) -> None:
-        from pyarrow.fs import FileType
+        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
         fs, path = filesystem(location)
         t = fs.get_file_info(path).type
@@ -366,7 +371,6 @@ class ObjectStore(Store):
                 self.remove(directory)
             raise
 
-
     def move(self, source: str, target: str) -> None:
         """No rename: every object is copied under ``target``, then ``source`` is deleted."""
         fs, src = filesystem(source)
@@ -380,9 +384,11 @@ class ObjectStore(Store):
 
 # Write errors that trying again cannot cure (a worker-group restart would only write again into
 # the same full disk): what each asks the person to do.
-NO_ROOM = {errno.ENOSPC: ("is full", "free space there"),
-           errno.EDQUOT: ("is over its disk quota", "free space there or raise the quota"),
-           errno.EROFS: ("is read-only", "make it writable")}
+NO_ROOM = {
+    errno.ENOSPC: ("is full", "free space there"),
+    errno.EDQUOT: ("is over its disk quota", "free space there or raise the quota"),
+    errno.EROFS: ("is read-only", "make it writable"),
+}
 if hasattr(errno, "EFBIG"):
     NO_ROOM[errno.EFBIG] = ("refuses a file that large", "free space there or lift the file-size limit")
 
@@ -437,7 +443,7 @@ class StorageFull(Exception):
         super().__init__(self.message)
 
     @classmethod
-    def from_error(cls, path: str, e: OSError, what: str = "checkpoint") -> "StorageFull":
+    def from_error(cls, path: str, e: OSError, what: str = "checkpoint") -> StorageFull:
         return cls(path, e.errno or errno.ENOSPC, free_bytes(path), what)
 
     @property
@@ -460,7 +466,7 @@ class StorageFull(Exception):
         return {"path": self.path, "code": self.code, "free": self.free, "what": self.what}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StorageFull":
+    def from_dict(cls, d: dict[str, Any]) -> StorageFull:
         return cls(d["path"], d["code"], d.get("free"), d.get("what", "checkpoint"))
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -484,8 +490,10 @@ def discard_partial(directory: str) -> None:
 
 def _hint(scheme: str) -> str:
     if scheme == "s3":
-        return ("check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or a profile), the endpoint "
-                "(AWS_ENDPOINT_URL) and the region (AWS_REGION)")
+        return (
+            "check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or a profile), the endpoint "
+            "(AWS_ENDPOINT_URL) and the region (AWS_REGION)"
+        )
     if scheme in ("gs", "gcs"):
         return "check the credentials (GOOGLE_APPLICATION_CREDENTIALS) and the bucket name"
     return "check the credentials and the endpoint in the environment"
@@ -505,7 +513,7 @@ def reach_problem(location: str) -> str | None:
         return None
     scheme = location.split("://", 1)[0].lower()
     bucket = location.split("://", 1)[1].split("/", 1)[0]
-    from pyarrow.fs import FileSelector, FileType
+    from pyarrow.fs import FileSelector, FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
 
     try:
         fs, path = filesystem(location)
@@ -520,6 +528,27 @@ def reach_problem(location: str) -> str | None:
     return None
 
 
-__all__ = ["LOCAL", "LocalStore", "NO_ROOM", "ObjectStore", "Store", "StorageFull", "URI_SCHEMES", "basename",
-           "discard_partial", "filesystem", "free_bytes", "fsync_path", "human_bytes", "is_uri", "join",
-           "location_problem", "no_room", "pid_alive", "reach_problem", "resolve", "store_for", "tmp_name"]
+__all__ = [
+    "LOCAL",
+    "LocalStore",
+    "NO_ROOM",
+    "ObjectStore",
+    "Store",
+    "StorageFull",
+    "URI_SCHEMES",
+    "basename",
+    "discard_partial",
+    "filesystem",
+    "free_bytes",
+    "fsync_path",
+    "human_bytes",
+    "is_uri",
+    "join",
+    "location_problem",
+    "no_room",
+    "pid_alive",
+    "reach_problem",
+    "resolve",
+    "store_for",
+    "tmp_name",
+]

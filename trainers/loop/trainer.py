@@ -20,7 +20,8 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,16 +30,26 @@ from trainers.accel.device import clean_state_dict, load_clean_state_dict
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
 from trainers.link.failure import ended_by_user_error, report_user_error
-from trainers.link.messages import (AutoWarmupEnd, BatchChange, CheckpointQuarantined, CheckpointSaved, Diverged,
-                                    Finished, PhaseStart, ResizeCheckpoint, StorageFailed, Stopped)
+from trainers.link.messages import (
+    AutoWarmupEnd,
+    BatchChange,
+    CheckpointQuarantined,
+    CheckpointSaved,
+    Diverged,
+    Finished,
+    PhaseStart,
+    ResizeCheckpoint,
+    Stopped,
+    StorageFailed,
+)
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig
 from trainers.loop.group import Group
 from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
-from trainers.loop.storage import StorageFull
 from trainers.loop.rollback import RollbackPolicy
+from trainers.loop.storage import StorageFull
 from trainers.policies.batching import BatchStats
 from trainers.policies.goodput import StepTimeFeed
 from trainers.policies.plan import BatchPlan, TrainState
@@ -67,8 +78,10 @@ class SampleLog:
         self.attempt = group.start_time()
 
     def write(self, epoch: int, step: int, ids: np.ndarray) -> None:
-        self.file.write(json.dumps({"epoch": epoch, "step": step, "rank": self.rank, "attempt": self.attempt,
-                                    "ids": ids.tolist()}) + "\n")
+        self.file.write(
+            json.dumps({"epoch": epoch, "step": step, "rank": self.rank, "attempt": self.attempt, "ids": ids.tolist()})
+            + "\n"
+        )
         self.file.flush()
 
     def close(self) -> None:
@@ -78,9 +91,16 @@ class SampleLog:
 class Trainer:
     """One worker's part of a training run: its parts (see the module docstring) and the loop."""
 
-    def __init__(self, cfg: LoopConfig, runtime: Runtime, rank: int | None = None, world: int | None = None,
-                 device: torch.device | None = None, functions: Functions | None = None,
-                 entered: float | None = None):
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        runtime: Runtime,
+        rank: int | None = None,
+        world: int | None = None,
+        device: torch.device | None = None,
+        functions: Functions | None = None,
+        entered: float | None = None,
+    ):
         """Rank, world and device come from Ray Train's context unless given (gloo tests);
         ``functions``: factories sent by value (trainers/workload/build.py); ``entered``: when the
         worker entered its loop function (the driver measures a group's start with it)."""
@@ -92,21 +112,31 @@ class Trainer:
         policies = PolicySet.from_config(cfg, dataset_size=self.work.num_train)
         # scaling.policy goodput: step times per (local batch, W) and the noise scale, for the driver's question
         self.goodput = StepTimeFeed(cfg.batch.check_every) if runtime.goodput else None
-        self.learner = Learner(cfg, self.work, self.group,
-                               measure_noise=policies.needs_noise or self.goodput is not None)
+        self.learner = Learner(
+            cfg, self.work, self.group, measure_noise=policies.needs_noise or self.goodput is not None
+        )
         # Where the run stands and what each step runs with; fed by what this group measures.
-        self.plan = BatchPlan(policies, workers=self.group.world, noise=self.learner.gns,
-                              batch_stats=self._local_norm_test())
+        self.plan = BatchPlan(
+            policies, workers=self.group.world, noise=self.learner.gns, batch_stats=self._local_norm_test()
+        )
         self.rollback = RollbackPolicy(cfg.train.on_nonfinite, cfg.train.max_rollbacks)  # lr factor (checkpointed)
-        self.report = Reporter(runtime, self.group, cfg.train.log_every, cfg.train.push_every_s,
-                               self.work.tokens_per_sample)
-        self.checkpoints = CheckpointManager(self.checkpoint_states(), storage=runtime.storage,
-                                             run_prefix=runtime.run_prefix, run_name=runtime.run_name,
-                                             keep=cfg.checkpoint.keep, writer=self.group.rank == 0,
-                                             warn=self.report.warn, map_location=self.group.device,
-                                             quarantined=self._quarantined)
-        self.samples = SampleLog(cfg.train.sample_log_dir, runtime.phase, self.group) \
-            if cfg.train.sample_log_dir else None
+        self.report = Reporter(
+            runtime, self.group, cfg.train.log_every, cfg.train.push_every_s, self.work.tokens_per_sample
+        )
+        self.checkpoints = CheckpointManager(
+            self.checkpoint_states(),
+            storage=runtime.storage,
+            run_prefix=runtime.run_prefix,
+            run_name=runtime.run_name,
+            keep=cfg.checkpoint.keep,
+            writer=self.group.rank == 0,
+            warn=self.report.warn,
+            map_location=self.group.device,
+            quarantined=self._quarantined,
+        )
+        self.samples = (
+            SampleLog(cfg.train.sample_log_dir, runtime.phase, self.group) if cfg.train.sample_log_dir else None
+        )
 
     @property
     def state(self) -> TrainState:
@@ -126,9 +156,13 @@ class Trainer:
         """What a checkpoint holds, by name (trainers/loop/checkpoint.py); what this run lacks is left out."""
         learner = self.learner
         states: dict[str, Stateful] = {
-            "model": StateAdapter(lambda: clean_state_dict(learner.model),
-                                  lambda s: load_clean_state_dict(learner.model, s)),
-            "optimizer": learner.opt, **self.plan.components(), "rng": RNGState(self.group.device)}
+            "model": StateAdapter(
+                lambda: clean_state_dict(learner.model), lambda s: load_clean_state_dict(learner.model, s)
+            ),
+            "optimizer": learner.opt,
+            **self.plan.components(),
+            "rng": RNGState(self.group.device),
+        }
         if learner.gns is not None:
             states["noise"] = learner.gns
         if learner.prec.scaler is not None:  # fp16: the loss scale and the skipped steps
@@ -224,8 +258,9 @@ class Trainer:
         trained = 0 if self.learner.skipped else len(batch.ids)  # a skipped step (fp16) trained nothing
         if self.goodput is not None:  # the step's time (data, forward, backward, all-reduce, update)
             s = self.plan.current
-            self.goodput.observe(s.local, self.group.world, time.perf_counter() - t0,
-                                 whole=s.samples == s.batch and trained > 0)
+            self.goodput.observe(
+                s.local, self.group.world, time.perf_counter() - t0, whole=s.samples == s.batch and trained > 0
+            )
         moved = self.plan.advance(loss, trained)
         metrics = self.metrics_for_step(loss)
         self.report.stepped_at(self.state.step)
@@ -246,7 +281,8 @@ class Trainer:
         m = {
             M.TRAIN_LOSS: loss,
             M.LR: s.lr,
-            M.WEIGHT_DECAY: s.weight_decay if s.weight_decay is not None
+            M.WEIGHT_DECAY: s.weight_decay
+            if s.weight_decay is not None
             else float(self.learner.opt.param_groups[0].get("weight_decay", 0.0)),
             M.MF: s.mf,
             M.BATCH_GLOBAL: float(s.batch),
@@ -286,8 +322,9 @@ class Trainer:
 
     def should_checkpoint(self, epoch_ended: bool) -> bool:
         every = self.cfg.checkpoint.every_steps
-        return self.learner.combine.should_checkpoint(epoch_ended or (every > 0 and self.state.step % every == 0),
-                                                      self.state.step)  # local_sgd: at sync steps only
+        return self.learner.combine.should_checkpoint(
+            epoch_ended or (every > 0 and self.state.step % every == 0), self.state.step
+        )  # local_sgd: at sync steps only
 
     def ask_workers(self, measured: bool = False, periodic: bool = False) -> WorkersNeeded:
         """The workers the batch in force needs (the driver decides, every rank agrees).  ``measured``
@@ -299,11 +336,13 @@ class Trainer:
             s = self.plan.current
             if periodic:
                 ask = s is not None and self.goodput.ready(s.local, self.group.world)
-            inputs = self.goodput.inputs(self.learner.gns.b_simple if self.learner.gns is not None else None,
-                                         self.cfg.optimizer.base_batch_size, self.goodput_max_batch(),
-                                         self.cfg.batch.round_to)
-        return self.report.ask_workers(self.state.step, self.plan.batch, self.plan.remaining_samples, inputs,
-                                       ask=ask)
+            inputs = self.goodput.inputs(
+                self.learner.gns.b_simple if self.learner.gns is not None else None,
+                self.cfg.optimizer.base_batch_size,
+                self.goodput_max_batch(),
+                self.cfg.batch.round_to,
+            )
+        return self.report.ask_workers(self.state.step, self.plan.batch, self.plan.remaining_samples, inputs, ask=ask)
 
     def goodput_max_batch(self) -> int:
         """The largest batch goodput may choose: up to ``batch.max_size`` (and the training set) when
@@ -318,8 +357,12 @@ class Trainer:
         """Goodput's periodic question is due before the next step: every ``batch.check_every`` steps,
         not at a group's first step (nothing measured yet) nor while a new group starts beside this
         one.  The same on every rank (steps and agreed values only)."""
-        return (self.goodput is not None and overlap_to == 0 and self.state.step > first_step
-                and self.goodput.due(self.state.step))
+        return (
+            self.goodput is not None
+            and overlap_to == 0
+            and self.state.step > first_step
+            and self.goodput.due(self.state.step)
+        )
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -331,15 +374,27 @@ class Trainer:
             self.train()
         except NonFiniteLoss as e:
             kept = self.checkpoints.checkpoints()
-            self.report.emit(Diverged(step=e.step, value=e.value, checkpoint=kept[0] if kept else None,
-                                      rollbacks=self.rollback.rollbacks))
+            self.report.emit(
+                Diverged(
+                    step=e.step, value=e.value, checkpoint=kept[0] if kept else None, rollbacks=self.rollback.rollbacks
+                )
+            )
             self.report.flush(wait=True)
         except StorageFull as e:
             # Not raised on: Ray Train would restart the group (FailureConfig.max_failures) only for
             # it to fill the same disk again.  Every rank got here at the same step (save_checkpoint).
             kept = self.checkpoints.checkpoints()
-            self.report.emit(StorageFailed(step=self.state.step, path=e.path, code=e.code, free=e.free,
-                                           message=e.message, fix=e.fix, checkpoint=kept[0] if kept else None))
+            self.report.emit(
+                StorageFailed(
+                    step=self.state.step,
+                    path=e.path,
+                    code=e.code,
+                    free=e.free,
+                    message=e.message,
+                    fix=e.fix,
+                    checkpoint=kept[0] if kept else None,
+                )
+            )
             self.report.flush(wait=True)
 
     def train(self) -> None:
@@ -354,9 +409,17 @@ class Trainer:
             # server that was away at the planned end: the resume records them)
             self.report.flush(wait=True)
             return
-        self.report.emit(PhaseStart(phase=self.runtime.phase, workers=self.group.world, step=self.state.step,
-                                    resumed=resumed, threads=torch.get_num_threads(),
-                                    entered=self.entered if self.entered is not None else built, built=built))
+        self.report.emit(
+            PhaseStart(
+                phase=self.runtime.phase,
+                workers=self.group.world,
+                step=self.state.step,
+                resumed=resumed,
+                threads=torch.get_num_threads(),
+                entered=self.entered if self.entered is not None else built,
+                built=built,
+            )
+        )
         self.report.start(self.state.step)
         first_step = self.state.step
         overlap_to = 0  # workers of a new group starting beside this one (an overlapping resize)
@@ -393,8 +456,13 @@ class Trainer:
                     raise
                 continue
             done = self.plan.done
-            flush = (self.report.due(self.state.step) or epoch_ended or done or overlap_to > 0
-                     or self.runtime.judges(metrics))  # a judged value goes to the driver at once
+            flush = (
+                self.report.due(self.state.step)
+                or epoch_ended
+                or done
+                or overlap_to > 0
+                or self.runtime.judges(metrics)
+            )  # a judged value goes to the driver at once
             decision = self.report.push(self.state.step, metrics, flush)
             if self.cfg.train.compile and self.state.step == first_step + 1:
                 self.report.meter.read()  # the throughput window starts after compilation (the first step)
@@ -432,7 +500,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
 
 def _world_rank() -> int:
     try:
-        import ray.train
+        import ray.train  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         return ray.train.get_context().get_world_rank()
     except Exception:  # noqa: BLE001 - outside Ray Train (tests)

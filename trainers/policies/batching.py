@@ -65,10 +65,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator
-from trainers.section import Section
 
 from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.policies.schedules import ScheduleConfig, milestones_passed
+from trainers.section import Section
 
 BatchPolicyName = Literal["fixed", "schedule", "noise_scale", "norm_test", "ramp", "seesaw", "cbs_warmup"]
 
@@ -83,47 +83,69 @@ class BatchConfig(Section):
     size: int = Field(default=64, gt=0, description="global batch B, summed over all workers (the starting B)")
     max_local_batch: int = Field(default=64, gt=0, description="largest micro-batch one worker runs at once")
     policy: BatchPolicyName = Field(default="fixed", description="how B changes during training")
-    max_size: int | None = Field(default=None, gt=0, description="largest B a policy may choose; "
-                                 "none = no cap but the training-set size")
-    check_every: int = Field(default=20, gt=0, description="steps between decisions (noise_scale, norm_test, "
-                                                            "cbs_warmup)")
+    max_size: int | None = Field(
+        default=None, gt=0, description="largest B a policy may choose; none = no cap but the training-set size"
+    )
+    check_every: int = Field(
+        default=20, gt=0, description="steps between decisions (noise_scale, norm_test, cbs_warmup)"
+    )
     min_growth: float = Field(default=1.25, ge=1.0, description="grow only to at least this times the current B")
-    schedule: list[tuple[float, int]] = Field(default_factory=list,
-                                              description="[epoch, batch] pairs for policy schedule")
-    noise_scale_factor: float = Field(default=1.0, gt=0.0, description="c in B = c * B_simple (noise_scale; "
-                                                                        "cbs_warmup's critical batch)")
-    norm_test_eta: float = Field(default=0.5, gt=0.0, lt=1.0,
-                                 description="eta in Var/B <= eta^2 |g|^2 (norm_test); in expectation the test "
-                                             "asks for B >= B_simple (1/eta^2 - 1), so eta must be < 1")
-    round_to: int = Field(default=8, gt=0, description="new sizes from adaptive policies are multiples of this; "
-                                                        "the increment of ramp")
+    schedule: list[tuple[float, int]] = Field(
+        default_factory=list, description="[epoch, batch] pairs for policy schedule"
+    )
+    noise_scale_factor: float = Field(
+        default=1.0, gt=0.0, description="c in B = c * B_simple (noise_scale; cbs_warmup's critical batch)"
+    )
+    norm_test_eta: float = Field(
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+        description="eta in Var/B <= eta^2 |g|^2 (norm_test); in expectation the test "
+        "asks for B >= B_simple (1/eta^2 - 1), so eta must be < 1",
+    )
+    round_to: int = Field(
+        default=8, gt=0, description="new sizes from adaptive policies are multiples of this; the increment of ramp"
+    )
     ema: float = Field(default=0.95, ge=0.0, lt=1.0, description="EMA decay of the gradient-noise estimates")
     ramp_to: int | None = Field(default=None, gt=0, description="ramp: the batch the linear ramp ends at")
-    ramp_epochs: float | None = Field(default=None, gt=0.0, description="ramp: epochs (of samples) over which B "
-                                                                       "grows from size to ramp_to")
-    cbs_window: int = Field(default=3, ge=1, description="cbs_warmup: check steps whose B_simple estimates are "
-                                                         "averaged into the critical batch")
-    cbs_growth: float = Field(default=2.0, gt=1.0, description="cbs_warmup: B grows by whole powers of this factor, "
-                                                               "staying at or below the critical batch")
+    ramp_epochs: float | None = Field(
+        default=None, gt=0.0, description="ramp: epochs (of samples) over which B grows from size to ramp_to"
+    )
+    cbs_window: int = Field(
+        default=3,
+        ge=1,
+        description="cbs_warmup: check steps whose B_simple estimates are averaged into the critical batch",
+    )
+    cbs_growth: float = Field(
+        default=2.0,
+        gt=1.0,
+        description="cbs_warmup: B grows by whole powers of this factor, staying at or below the critical batch",
+    )
 
     @field_validator("schedule")
     @classmethod
     def _pairs_in_order(cls, v: list[tuple[float, int]]) -> list[tuple[float, int]]:
-        # each entry and its predecessor; against batch.size and batch.max_size: orchestrator/preflight.py
+        # each entry and its predecessor; against batch.size and batch.max_size: orchestrator/config/preflight.py
         prev_epoch = -math.inf
         for i, (epoch, batch) in enumerate(v):
             where = f"batch.schedule[{i}]"
             if not math.isfinite(epoch) or epoch < 0:
-                raise ValueError(f"{where}: epoch {epoch} must be a finite number >= 0; write [epoch, batch] with "
-                                 f"an epoch from 0 on, e.g. [3, 256]")
+                raise ValueError(
+                    f"{where}: epoch {epoch} must be a finite number >= 0; write [epoch, batch] with "
+                    f"an epoch from 0 on, e.g. [3, 256]"
+                )
             if epoch <= prev_epoch:
-                raise ValueError(f"{where}: epoch {epoch} is not after the previous entry's {prev_epoch}; "
-                                 "list [epoch, batch] pairs in increasing epoch order")
+                raise ValueError(
+                    f"{where}: epoch {epoch} is not after the previous entry's {prev_epoch}; "
+                    "list [epoch, batch] pairs in increasing epoch order"
+                )
             if batch <= 0:
                 raise ValueError(f"{where}: batch {batch} must be > 0; give a positive global batch, e.g. [3, 256]")
             if i > 0 and batch < v[i - 1][1]:
-                raise ValueError(f"{where}: batch {batch} is below the previous entry's batch {v[i - 1][1]}; the "
-                                 "batch only grows, so list non-decreasing sizes")
+                raise ValueError(
+                    f"{where}: batch {batch} is below the previous entry's batch {v[i - 1][1]}; the "
+                    "batch only grows, so list non-decreasing sizes"
+                )
             prev_epoch = epoch
         return v
 
@@ -214,8 +236,7 @@ class BatchPolicy(ABC):
         if new <= current:
             why = f"the cap {self.max_size} is reached" if new < rounded else f"not above {current}"
             return NoopDecision(f"{source} wants {rounded}, {why}")
-        return self._record(step, new, f"{source} wants {rounded}" + (f", clamped to {new}" if new != rounded
-                                                                      else ""))
+        return self._record(step, new, f"{source} wants {rounded}" + (f", clamped to {new}" if new != rounded else ""))
 
     def _record(self, step: int, new: int, reason: str) -> BatchDecision:
         self.changes += 1
@@ -229,8 +250,11 @@ class BatchPolicy(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types only.  Decisions depend on the inputs; this is bookkeeping for logs."""
-        return {"name": self.name, "changes": self.changes,
-                "last_change_step": -1 if self.last_change_step is None else self.last_change_step}
+        return {
+            "name": self.name,
+            "changes": self.changes,
+            "last_change_step": -1 if self.last_change_step is None else self.last_change_step,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
@@ -323,7 +347,7 @@ def cbs_warmup_batch(current: int, critical: float, growth: float, round_to: int
     j = math.floor(math.log(critical / current) / math.log(growth) + 1e-9)
     if j < 1:
         return None
-    return round_up(current * growth ** j, round_to)
+    return round_up(current * growth**j, round_to)
 
 
 class RampBatch(BatchPolicy):
@@ -341,8 +365,9 @@ class RampBatch(BatchPolicy):
         wanted = self._clamp(ramp_batch(cfg.size, cfg.ramp_to, cfg.ramp_epochs, cfg.round_to, epoch))
         if wanted <= current:
             return NoopDecision(f"ramp gives {wanted} at epoch {epoch:.4g}")
-        return self._record(step, wanted, f"ramp gives {wanted} at epoch {epoch:.4g} (to {cfg.ramp_to} at epoch "
-                                          f"{cfg.ramp_epochs:g})")
+        return self._record(
+            step, wanted, f"ramp gives {wanted} at epoch {epoch:.4g} (to {cfg.ramp_to} at epoch {cfg.ramp_epochs:g})"
+        )
 
 
 class SeesawBatch(BatchPolicy):
@@ -358,8 +383,10 @@ class SeesawBatch(BatchPolicy):
     def __init__(self, cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None):
         super().__init__(cfg, dataset_size=dataset_size, schedule=schedule)
         if schedule is None or not schedule.milestones:
-            raise ValueError("batch.policy: seesaw reads schedule.milestones and schedule.decay_factor; give the "
-                             "schedule section with decay: seesaw and milestones")
+            raise ValueError(
+                "batch.policy: seesaw reads schedule.milestones and schedule.decay_factor; give the "
+                "schedule section with decay: seesaw and milestones"
+            )
 
     def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
         s = self.schedule_cfg
@@ -368,8 +395,12 @@ class SeesawBatch(BatchPolicy):
         if wanted <= current:
             return NoopDecision(f"seesaw gives {wanted} at epoch {epoch:.4g}")
         m = milestones_passed(s.milestones, epoch)
-        return self._record(step, wanted, f"seesaw: milestone {m} of {len(s.milestones)} at epoch {epoch:.4g}, "
-                                          f"B x {1 / s.decay_factor:g}, LR x {math.sqrt(s.decay_factor):.4g}")
+        return self._record(
+            step,
+            wanted,
+            f"seesaw: milestone {m} of {len(s.milestones)} at epoch {epoch:.4g}, "
+            f"B x {1 / s.decay_factor:g}, LR x {math.sqrt(s.decay_factor):.4g}",
+        )
 
 
 class CbsWarmupBatch(BatchPolicy):
@@ -394,7 +425,7 @@ class CbsWarmupBatch(BatchPolicy):
             return NoopDecision("not a check step")
         if stats.b_simple is None or not math.isfinite(stats.b_simple):
             return NoopDecision("no noise-scale estimate yet")
-        self.window = (self.window + [float(stats.b_simple)])[-self.cfg.cbs_window:]
+        self.window = (self.window + [float(stats.b_simple)])[-self.cfg.cbs_window :]
         if len(self.window) < self.cfg.cbs_window:
             return NoopDecision(f"critical batch window {len(self.window)}/{self.cfg.cbs_window}")
         c = self.cfg.noise_scale_factor
@@ -427,8 +458,9 @@ BATCH_POLICIES: dict[str, type[BatchPolicy]] = {
 }
 
 
-def build_batch_policy(cfg: BatchConfig, dataset_size: int | None = None,
-                       schedule: ScheduleConfig | None = None) -> BatchPolicy:
+def build_batch_policy(
+    cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None
+) -> BatchPolicy:
     """The policy ``cfg.policy`` names; ``dataset_size`` (training samples) caps B besides ``max_size``;
     ``schedule`` is the LR schedule's section, which ``seesaw`` reads its milestones from."""
     return BATCH_POLICIES[cfg.policy](cfg, dataset_size=dataset_size, schedule=schedule)

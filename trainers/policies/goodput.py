@@ -73,13 +73,24 @@ the best batch at every W, for the log.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Candidate", "GoodputDecision", "GoodputInputs", "StepTimeFeed", "StepTimeFit", "StepTimeModel",
-           "batch_candidates", "efficiency", "evaluate", "optimize"]
+__all__ = [
+    "Candidate",
+    "GoodputDecision",
+    "GoodputInputs",
+    "StepTimeFeed",
+    "StepTimeFit",
+    "StepTimeModel",
+    "batch_candidates",
+    "efficiency",
+    "evaluate",
+    "optimize",
+]
 
 
 # --------------------------------------------------------------------------- efficiency
@@ -117,8 +128,10 @@ class StepTimeFit:
         return batch_size / t if t > 0 else math.inf
 
     def describe(self) -> str:
-        out = (f"T(b, W) = {self.alpha:.4g} + {self.beta:.4g} b + {self.gamma:.4g} (W - 1) s from {self.points} "
-               f"configuration(s)")
+        out = (
+            f"T(b, W) = {self.alpha:.4g} + {self.beta:.4g} b + {self.gamma:.4g} (W - 1) s from {self.points} "
+            f"configuration(s)"
+        )
         return out + (f" ({'; '.join(self.fixed)})" if self.fixed else "")
 
 
@@ -138,8 +151,9 @@ class StepTimeModel:
 
     def observe(self, local_batch: int, workers: int, seconds: float, count: int = 1) -> None:
         if local_batch <= 0 or workers <= 0 or count <= 0:
-            raise ValueError(f"observe: needs local_batch, workers and count > 0 (got {local_batch}, {workers}, "
-                             f"{count})")
+            raise ValueError(
+                f"observe: needs local_batch, workers and count > 0 (got {local_batch}, {workers}, {count})"
+            )
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"observe: needs a finite step time > 0 (got {seconds})")
         key = (int(local_batch), int(workers))
@@ -176,7 +190,7 @@ class StepTimeModel:
             b_ref = float(np.average(b, weights=n))
             fixed.append(f"alpha = beta x {b_ref:.4g}: the local batch was not varied on its own")
             cols = [b + b_ref] + ([w - 1] if fit_sync else [])
-        from scipy.optimize import nnls
+        from scipy.optimize import nnls  # noqa: PLC0415 - only the goodput policy fits its step-time model (scipy)
 
         a = np.stack(cols, axis=1) * weight[:, None]
         x, _ = nnls(a, target * weight)
@@ -190,8 +204,10 @@ class StepTimeModel:
         return StepTimeFit(alpha=alpha, beta=beta, gamma=gamma, points=len(keys), fixed=tuple(fixed))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"prior_sync_s": self.prior_sync_s,
-                "profile": [[b, w, n, m] for (b, w), (n, m) in sorted(self._profile.items())]}
+        return {
+            "prior_sync_s": self.prior_sync_s,
+            "profile": [[b, w, n, m] for (b, w), (n, m) in sorted(self._profile.items())],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prior_sync_s = float(state["prior_sync_s"])
@@ -213,8 +229,10 @@ class Candidate:
     goodput: float
 
     def describe(self) -> str:
-        return f"B={self.batch} W={self.workers}: goodput {self.goodput:.4g} (x {self.throughput:.4g}/s x E " \
-               f"{self.efficiency:.3f})"
+        return (
+            f"B={self.batch} W={self.workers}: goodput {self.goodput:.4g} (x {self.throughput:.4g}/s x E "
+            f"{self.efficiency:.3f})"
+        )
 
 
 @dataclass(frozen=True)
@@ -265,11 +283,23 @@ def _best(cands: Iterable[Candidate]) -> Candidate:
     return max(cands, key=lambda c: (c.goodput, -c.workers, -c.batch))
 
 
-def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_workers: int, max_workers: int, *,
-             base_batch: int, b_noise: float | None = None, min_batch: int | None = None,
-             max_batch: int | None = None, round_to: int = 1, remaining_samples: float | None = None,
-             resize_cost_s: float = 0.0, lead_s: float = 0.0,
-             batches: Iterable[int] | None = None) -> GoodputDecision:
+def optimize(
+    fit: StepTimeFit,
+    current_batch: int,
+    current_workers: int,
+    min_workers: int,
+    max_workers: int,
+    *,
+    base_batch: int,
+    b_noise: float | None = None,
+    min_batch: int | None = None,
+    max_batch: int | None = None,
+    round_to: int = 1,
+    remaining_samples: float | None = None,
+    resize_cost_s: float = 0.0,
+    lead_s: float = 0.0,
+    batches: Iterable[int] | None = None,
+) -> GoodputDecision:
     """The ``(B, W)`` that makes the rest of the run's progress soonest (see the module docstring).
 
     ``min_batch`` defaults to the current B (grow-only), ``max_batch`` to the current B too (only W is
@@ -277,9 +307,14 @@ def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_wor
     ``remaining_samples`` unknown (None) a resize cannot be judged and is never taken.  ``lead_s``:
     seconds the current group trains on before a new one takes over (an overlap's start).
     """
-    for label, v in (("current_batch", current_batch), ("current_workers", current_workers),
-                     ("min_workers", min_workers), ("max_workers", max_workers), ("base_batch", base_batch),
-                     ("round_to", round_to)):
+    for label, v in (
+        ("current_batch", current_batch),
+        ("current_workers", current_workers),
+        ("min_workers", min_workers),
+        ("max_workers", max_workers),
+        ("base_batch", base_batch),
+        ("round_to", round_to),
+    ):
         if v <= 0:
             raise ValueError(f"optimize: {label} must be > 0, got {v}")
     if min_workers > max_workers:
@@ -294,8 +329,7 @@ def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_wor
     elif batches is not None:
         grid = sorted({int(x) for x in batches if lo <= x <= hi} | {current_batch})
     else:
-        grid = batch_candidates(min(lo, current_batch), max(hi, current_batch), round_to,
-                                include=(current_batch,))
+        grid = batch_candidates(min(lo, current_batch), max(hi, current_batch), round_to, include=(current_batch,))
         grid = [x for x in grid if lo <= x <= hi or x == current_batch]
     ws = range(min_workers, max_workers + 1)
     cands = [evaluate(fit, bb, w, b_noise, base_batch) for bb in grid for w in ws if w <= bb]
@@ -311,32 +345,61 @@ def optimize(fit: StepTimeFit, current_batch: int, current_workers: int, min_wor
     head = f"{fit.describe()}; B_noise {'unknown' if b_noise is None else f'{b_noise:.4g}'}"
 
     def keep(chosen: Candidate, why: str, gain: float = 0.0) -> GoodputDecision:
-        change = f"B {current_batch} -> {chosen.batch} at W={current_workers}" if chosen.batch != current_batch \
+        change = (
+            f"B {current_batch} -> {chosen.batch} at W={current_workers}"
+            if chosen.batch != current_batch
             else f"keeping B={current_batch} W={current_workers}"
-        return GoodputDecision(chosen.batch, current_workers, False, chosen, current, alternatives, gain,
-                               resize_cost_s if best.workers != current_workers else 0.0,
-                               f"{change}: {why}; {head}; best per W: {table}", fit)
+        )
+        return GoodputDecision(
+            chosen.batch,
+            current_workers,
+            False,
+            chosen,
+            current,
+            alternatives,
+            gain,
+            resize_cost_s if best.workers != current_workers else 0.0,
+            f"{change}: {why}; {head}; best per W: {table}",
+            fit,
+        )
 
     if best.workers == current_workers or best.goodput <= stay.goodput:
         return keep(stay, f"best goodput {stay.goodput:.4g} is at W={current_workers}")
     if remaining_samples is None:
-        return keep(stay, f"W={best.workers} predicts goodput {best.goodput:.4g} > {stay.goodput:.4g}, but the "
-                          f"remaining budget is unknown, so its resize cannot be judged")
+        return keep(
+            stay,
+            f"W={best.workers} predicts goodput {best.goodput:.4g} > {stay.goodput:.4g}, but the "
+            f"remaining budget is unknown, so its resize cannot be judged",
+        )
     progress = max(remaining_samples, 0.0) * current.efficiency
     t_stay = progress / stay.goodput if stay.goodput > 0 else math.inf
     t_move = progress / best.goodput if best.goodput > 0 else math.inf
     gain = t_stay - t_move if lead_s <= 0 else max(t_stay - lead_s, 0.0) * (1.0 - t_move / t_stay)
     if gain <= resize_cost_s:
-        return keep(stay, f"W={best.workers} (B={best.batch}) predicts goodput {best.goodput:.4g} > "
-                          f"{stay.goodput:.4g}, saving ~{gain:.1f} s of the ~{t_stay:.0f} s left, less than its "
-                          f"~{resize_cost_s:.1f} s cost", gain)
+        return keep(
+            stay,
+            f"W={best.workers} (B={best.batch}) predicts goodput {best.goodput:.4g} > "
+            f"{stay.goodput:.4g}, saving ~{gain:.1f} s of the ~{t_stay:.0f} s left, less than its "
+            f"~{resize_cost_s:.1f} s cost",
+            gain,
+        )
     direction = "shrinking" if best.workers < current_workers else "growing"
-    return GoodputDecision(best.batch, best.workers, True, best, current, alternatives, gain, resize_cost_s,
-                           f"{direction} W {current_workers} -> {best.workers}, "
-                           f"{f'B {current_batch} -> {best.batch}' if best.batch != current_batch else f'at B={best.batch}'}: "
-                           f"goodput {best.goodput:.4g} vs {stay.goodput:.4g} at W={current_workers} saves ~"
-                           f"{gain:.1f} s of the ~{t_stay:.0f} s left, more than its ~{resize_cost_s:.1f} s cost; "
-                           f"{head}; best per W: {table}", fit)
+    return GoodputDecision(
+        best.batch,
+        best.workers,
+        True,
+        best,
+        current,
+        alternatives,
+        gain,
+        resize_cost_s,
+        f"{direction} W {current_workers} -> {best.workers}, "
+        f"{f'B {current_batch} -> {best.batch}' if best.batch != current_batch else f'at B={best.batch}'}: "
+        f"goodput {best.goodput:.4g} vs {stay.goodput:.4g} at W={current_workers} saves ~"
+        f"{gain:.1f} s of the ~{t_stay:.0f} s left, more than its ~{resize_cost_s:.1f} s cost; "
+        f"{head}; best per W: {table}",
+        fit,
+    )
 
 
 # --------------------------------------------------------------------------- what a run feeds it
@@ -371,8 +434,9 @@ class StepTimeFeed:
 
     def __init__(self, every: int, skip: int = 2, min_steps: int = 3, model: StepTimeModel | None = None):
         if every <= 0 or skip < 0 or min_steps <= 0:
-            raise ValueError(f"StepTimeFeed: needs every > 0, skip >= 0, min_steps > 0 (got {every}, {skip}, "
-                             f"{min_steps})")
+            raise ValueError(
+                f"StepTimeFeed: needs every > 0, skip >= 0, min_steps > 0 (got {every}, {skip}, {min_steps})"
+            )
         self.every, self.skip, self.min_steps = every, skip, min_steps
         self.model = model if model is not None else StepTimeModel()
         self._fresh = 0  # steps since the group started or the batch changed
@@ -400,8 +464,9 @@ class StepTimeFeed:
         """What the monitor needs to decide; a ``b_noise`` that is not a finite number >= 0 (an early,
         noisy estimate) counts as not known yet."""
         usable = b_noise is not None and math.isfinite(b_noise) and b_noise >= 0
-        return GoodputInputs(self.model.state_dict(), float(b_noise) if usable else None, int(base_batch),
-                             int(max_batch), int(round_to))
+        return GoodputInputs(
+            self.model.state_dict(), float(b_noise) if usable else None, int(base_batch), int(max_batch), int(round_to)
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()

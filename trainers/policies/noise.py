@@ -197,7 +197,7 @@ class GradientNoiseScale:
     def _corrected(self, raw: float) -> float | None:
         if self.count == 0:
             return None
-        return raw / (1.0 - self.ema ** self.count)
+        return raw / (1.0 - self.ema**self.count)
 
     @property
     def g_sq(self) -> float | None:
@@ -240,8 +240,14 @@ class GradientNoiseScale:
 
     def state_dict(self) -> dict[str, float | int]:
         """Plain floats and ints only (safe for ``torch.load(weights_only=True)``)."""
-        return {"ema": self.ema, "count": self.count, "g_sq": self._g_sq, "trace": self._trace,
-                "big_sq": self._big_sq, "last_b_big": self.last_b_big}
+        return {
+            "ema": self.ema,
+            "count": self.count,
+            "g_sq": self._g_sq,
+            "trace": self._trace,
+            "big_sq": self._big_sq,
+            "last_b_big": self.last_b_big,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = {"ema", "count", "g_sq", "trace", "big_sq", "last_b_big"} - set(state)
@@ -309,7 +315,7 @@ def norm_test(variance: float, grad_sq: float, batch: int, eta: float) -> NormTe
 def _sq_norm_hook(state: torch.Tensor, bucket):  # no annotation on bucket: DDP checks it against GradBucket
     """DDP communication hook: add the bucket's squared norm *before* the all-reduce (this
     worker's own gradient) to ``state``, then all-reduce the mean as DDP's default hook does."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     buf = bucket.buffer()
     state += buf.double().pow(2).sum()
@@ -385,8 +391,7 @@ class NoiseProbe:
         ``grad_factor`` turns what ``.grad`` holds into the true gradient (fp16 loss scaling: ``1/S``,
         trainers/accel/precision.py)."""
         if self._tracker is not None:  # this micro-batch's mean gradient = delta * B / (W * b)
-            self._add(self._tracker.after_backward(scale=grad_factor * batch_len / (self.world * micro_len)),
-                      micro_len)
+            self._add(self._tracker.after_backward(scale=grad_factor * batch_len / (self.world * micro_len)), micro_len)
 
     def finish(self, batch_len: int, mine_len: int, grad_factor: float = 1.0) -> torch.Tensor:
         """The step's small statistics (4 float64 values on the device) to all-reduce; reads
@@ -400,5 +405,9 @@ class NoiseProbe:
     def update(self, reduced: list[float], batch_len: int) -> None:
         """Fold the all-reduced statistics of :meth:`finish` into the estimator."""
         if reduced[3] >= 1 and self._big_sq is not None:
-            self.gns.update(small_sq=reduced[0] / reduced[3], b_small=reduced[3] / reduced[1],
-                            big_sq=float(self._big_sq), b_big=batch_len)
+            self.gns.update(
+                small_sq=reduced[0] / reduced[3],
+                b_small=reduced[3] / reduced[1],
+                big_sq=float(self._big_sq),
+                b_big=batch_len,
+            )

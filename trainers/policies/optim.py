@@ -69,10 +69,12 @@ loop may call it on every LR change.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar, Iterable, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import ConfigDict, Field
+
 from trainers.section import Section
 
 OptimizerName = Literal["sgd", "nesterov", "adam", "adamw", "lars", "lamb"]
@@ -88,18 +90,23 @@ class OptimizerConfig(Section):
     name: OptimizerName = Field(default="sgd", description="sgd, nesterov, adam, adamw, lars or lamb")
     lr: float = Field(default=0.1, gt=0.0, description="learning rate tuned at base_batch_size")
     base_batch_size: int = Field(default=64, gt=0, description="the batch at which lr was tuned (B0)")
-    mf: float = Field(default=0.9, ge=0.0, lt=1.0,
-                      description="momentum (sgd/nesterov/lars) or beta1 (adam/adamw/lamb)")
+    mf: float = Field(
+        default=0.9, ge=0.0, lt=1.0, description="momentum (sgd/nesterov/lars) or beta1 (adam/adamw/lamb)"
+    )
     mf_rule: MFRuleName = Field(default="fixed", description="fixed, or per_worker_batch: mf ** (b / mf_ref_batch)")
-    mf_ref_batch: int | None = Field(default=None, gt=0,
-                                     description="per-worker batch at which mf was tuned; unset = base_batch_size")
+    mf_ref_batch: int | None = Field(
+        default=None, gt=0, description="per-worker batch at which mf was tuned; unset = base_batch_size"
+    )
     weight_decay: float = Field(default=0.0, ge=0.0, description="weight decay (decoupled for adamw and lamb)")
     beta2: float = Field(default=0.999, gt=0.0, lt=1.0, description="adam/adamw/lamb: second-moment decay")
     eps: float = Field(default=1e-8, gt=0.0, description="adam/adamw/lamb: added to the denominator")
     trust_coefficient: float = Field(default=0.001, gt=0.0, description="LARS eta_tc")
-    wd_rule: WDRuleName = Field(default="none", description="none, or timescale (adamw): weight_decay x (B/B0) / "
-                                                          "s(B/B0), s the scaling rule, keeps tau = B / (lr x wd x "
-                                                          "D) at its tuned value as B and its LR change")
+    wd_rule: WDRuleName = Field(
+        default="none",
+        description="none, or timescale (adamw): weight_decay x (B/B0) / "
+        "s(B/B0), s the scaling rule, keeps tau = B / (lr x wd x "
+        "D) at its tuned value as B and its LR change",
+    )
 
 
 # --------------------------------------------------------------------------- LARS and LAMB
@@ -123,8 +130,15 @@ class LARS(torch.optim.Optimizer):
 
     lr_in_velocity: ClassVar[bool] = True
 
-    def __init__(self, params: Params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 trust_coefficient: float | None = 0.001, exclude_1d: bool = True):
+    def __init__(
+        self,
+        params: Params,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float | None = 0.001,
+        exclude_1d: bool = True,
+    ):
         if lr < 0:
             raise ValueError(f"LARS: lr must be >= 0 (got {lr})")
         if not 0.0 <= momentum < 1.0:
@@ -133,8 +147,16 @@ class LARS(torch.optim.Optimizer):
             raise ValueError(f"LARS: weight_decay must be >= 0 (got {weight_decay})")
         if trust_coefficient is not None and trust_coefficient <= 0:
             raise ValueError(f"LARS: trust_coefficient must be > 0 or None (got {trust_coefficient})")
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                      trust_coefficient=trust_coefficient, exclude_1d=exclude_1d))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                trust_coefficient=trust_coefficient,
+                exclude_1d=exclude_1d,
+            ),
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -172,8 +194,15 @@ class LAMB(torch.optim.Optimizer):
 
     lr_in_velocity: ClassVar[bool] = False
 
-    def __init__(self, params: Params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0, exclude_1d: bool = True):
+    def __init__(
+        self,
+        params: Params,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        exclude_1d: bool = True,
+    ):
         if lr < 0:
             raise ValueError(f"LAMB: lr must be >= 0 (got {lr})")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -182,8 +211,9 @@ class LAMB(torch.optim.Optimizer):
             raise ValueError(f"LAMB: eps must be > 0 (got {eps})")
         if weight_decay < 0:
             raise ValueError(f"LAMB: weight_decay must be >= 0 (got {weight_decay})")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      exclude_1d=exclude_1d))
+        super().__init__(
+            params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, exclude_1d=exclude_1d)
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -207,7 +237,7 @@ class LAMB(torch.optim.Optimizer):
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.mul_(b1).add_(g, alpha=1.0 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-                r = (m / (1.0 - b1 ** t)) / ((v / (1.0 - b2 ** t)).sqrt_().add_(eps))
+                r = (m / (1.0 - b1**t)) / ((v / (1.0 - b2**t)).sqrt_().add_(eps))
                 if _adapt(p, group["exclude_1d"]):
                     if wd:
                         r.add_(p, alpha=wd)
@@ -227,23 +257,21 @@ def _sgd(params: Params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
 
 def _nesterov(params: Params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     # PyTorch refuses nesterov with zero momentum; MF=0 is plain SGD either way.
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.mf, nesterov=cfg.mf > 0,
-                           weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.mf, nesterov=cfg.mf > 0, weight_decay=cfg.weight_decay)
 
 
 def _adam(params: Params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.mf, cfg.beta2), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, betas=(cfg.mf, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def _adamw(params: Params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.mf, cfg.beta2), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.mf, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def _lars(params: Params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    return LARS(params, lr=cfg.lr, momentum=cfg.mf, weight_decay=cfg.weight_decay,
-                trust_coefficient=cfg.trust_coefficient)
+    return LARS(
+        params, lr=cfg.lr, momentum=cfg.mf, weight_decay=cfg.weight_decay, trust_coefficient=cfg.trust_coefficient
+    )
 
 
 def _lamb(params: Params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -315,8 +343,10 @@ def adamw_timescale(batch_size: float, lr: float, weight_decay: float, dataset_s
     """AdamW's EMA timescale in epochs, ``tau = B / (eta * lambda * D)`` (Wang & Aitchison 2024):
     ``1 / (eta * lambda)`` optimizer steps, of which an epoch has ``D / B``."""
     if min(batch_size, lr, weight_decay, dataset_size) <= 0:
-        raise ValueError(f"adamw_timescale: needs B, lr, weight_decay and D > 0 (got {batch_size}, {lr}, "
-                         f"{weight_decay}, {dataset_size})")
+        raise ValueError(
+            f"adamw_timescale: needs B, lr, weight_decay and D > 0 (got {batch_size}, {lr}, "
+            f"{weight_decay}, {dataset_size})"
+        )
     return batch_size / (lr * weight_decay * dataset_size)
 
 
@@ -325,8 +355,9 @@ def timescale_weight_decay(weight_decay: float, base_batch: float, batch_size: f
     ``lambda0 * (B / B0) / (eta(B) / eta0)``, with ``lr_scale = eta(B) / eta0`` the scaling rule's
     factor at ``B`` (see the module docstring)."""
     if base_batch <= 0 or batch_size <= 0 or not lr_scale > 0:
-        raise ValueError(f"timescale_weight_decay: needs B0, B and lr_scale > 0 (got {base_batch}, {batch_size}, "
-                         f"{lr_scale})")
+        raise ValueError(
+            f"timescale_weight_decay: needs B0, B and lr_scale > 0 (got {base_batch}, {batch_size}, {lr_scale})"
+        )
     return weight_decay * (batch_size / base_batch) / lr_scale
 
 

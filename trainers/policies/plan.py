@@ -2,7 +2,7 @@
 runs with, advanced one step at a time from the policies' decisions.
 
 One object, three users: the worker loop (``trainers/loop/trainer.py``) steps it with what it
-measures, ``plan`` (``orchestrator/plan.py``) steps it with nothing measured, and every worker
+measures, ``plan`` (``orchestrator/preview.py``) steps it with nothing measured, and every worker
 count is asked of the same :class:`~trainers.policies.resize.WorkerCount` it asks (the driver's
 monitor included).  So the preview is the run by construction.  One step reads::
 
@@ -20,8 +20,9 @@ is the group's size, a resource (``docs/architecture.md``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable
+from typing import Any
 
 from trainers.policies.batching import BatchStats
 from trainers.policies.decisions import NoopDecision, ResizeDecision
@@ -90,7 +91,7 @@ _WITHIN_EPOCH = Advanced(False)  # the common answer, not rebuilt every step
 class _BatchEntry:
     """The checkpoint entry ``batch``: ``{"size": B, "policy": the batch policy's bookkeeping}``."""
 
-    def __init__(self, plan: "BatchPlan") -> None:
+    def __init__(self, plan: BatchPlan) -> None:
         self._plan = plan
 
     def state_dict(self) -> dict[str, Any]:
@@ -112,8 +113,13 @@ class BatchPlan:
     reads instead (local SGD's own norm test).  ``plan`` gives neither.
     """
 
-    def __init__(self, policies: PolicySet, workers: int, noise: GradientNoiseScale | None = None,
-                 batch_stats: Callable[[], BatchStats] | None = None) -> None:
+    def __init__(
+        self,
+        policies: PolicySet,
+        workers: int,
+        noise: GradientNoiseScale | None = None,
+        batch_stats: Callable[[], BatchStats] | None = None,
+    ) -> None:
         self.policies = policies
         self.n = policies.dataset_size
         self.state = TrainState()
@@ -123,7 +129,7 @@ class BatchPlan:
         self._noise, self._batch_stats = noise, batch_stats
 
     @classmethod
-    def from_config(cls, cfg: Any, dataset_size: int) -> "BatchPlan":
+    def from_config(cls, cfg: Any, dataset_size: int) -> BatchPlan:
         """A plan of ``cfg`` starting at step 0 on the workers its first batch needs."""
         policies = PolicySet.from_config(cfg, dataset_size=dataset_size)
         return cls(policies, policies.workers.initial(policies.batch_cfg.size))

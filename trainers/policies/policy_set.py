@@ -15,7 +15,7 @@ in its own module with its own config section:
 :class:`PolicySet` composes them, and nothing else does.  It is stateless about *where* a
 run is: the batch plan (``trainers/policies/plan.py`` :class:`~trainers.policies.plan.BatchPlan`)
 holds the step, epoch, cursor, B and W and asks the set before every optimizer step, in the
-worker loop (``trainers/loop/trainer.py``) and in ``plan`` (``orchestrator/plan.py``) alike, so
+worker loop (``trainers/loop/trainer.py``) and in ``plan`` (``orchestrator/preview.py``) alike, so
 the preview is what a run does by construction.  For one step starting after ``e``
 (fractional) epochs at global batch ``B`` on ``W`` workers, :meth:`PolicySet.settings` gives::
 
@@ -43,12 +43,19 @@ from typing import Any, Protocol
 
 import torch
 
-from trainers.policies.batching import BatchConfig, BatchPolicy, BatchStats, build_batch_policy
 from trainers.data.order import accum_steps, slice_bounds
+from trainers.policies.batching import BatchConfig, BatchPolicy, BatchStats, build_batch_policy
 from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.policies.noise import GradientNoiseScale
-from trainers.policies.optim import (OptimizerConfig, apply_momentum_correction, mf_for, set_lr, set_mf,
-                                     set_weight_decay, weight_decay_for)
+from trainers.policies.optim import (
+    OptimizerConfig,
+    apply_momentum_correction,
+    mf_for,
+    set_lr,
+    set_mf,
+    set_weight_decay,
+    weight_decay_for,
+)
 from trainers.policies.resize import WorkerCount, build_resize_policy
 from trainers.policies.schedules import AutoDecision, AutoWarmup, Schedule, ScheduleConfig
 
@@ -94,26 +101,42 @@ class PolicySet:
     together they are ``workers``, the one :class:`~trainers.policies.resize.WorkerCount`.
     """
 
-    def __init__(self, schedule: ScheduleConfig, optimizer: OptimizerConfig, batch: BatchConfig, epochs: float,
-                 dataset_size: int, min_workers: int = 1, max_workers: int = 1,
-                 resize_policy: str = "workers_for_batch"):
+    def __init__(
+        self,
+        schedule: ScheduleConfig,
+        optimizer: OptimizerConfig,
+        batch: BatchConfig,
+        epochs: float,
+        dataset_size: int,
+        min_workers: int = 1,
+        max_workers: int = 1,
+        resize_policy: str = "workers_for_batch",
+    ):
         self.optimizer_cfg, self.batch_cfg = optimizer, batch
         self.dataset_size = int(dataset_size)
         self.epochs = float(epochs)
         self.schedule = Schedule(schedule, optimizer.lr, optimizer.base_batch_size, epochs)
         self.auto: AutoWarmup | None = self.schedule.new_auto()
         self.batch_policy: BatchPolicy = build_batch_policy(batch, dataset_size=self.dataset_size, schedule=schedule)
-        self.workers = WorkerCount(build_resize_policy(resize_policy), batch.max_local_batch, int(min_workers),
-                                   int(max_workers))
+        self.workers = WorkerCount(
+            build_resize_policy(resize_policy), batch.max_local_batch, int(min_workers), int(max_workers)
+        )
 
     @classmethod
-    def from_config(cls, cfg: _LoopSections, dataset_size: int) -> "PolicySet":
+    def from_config(cls, cfg: _LoopSections, dataset_size: int) -> PolicySet:
         """From a config with ``schedule``, ``optimizer``, ``batch``, ``train`` and, on the
         driver, ``scaling`` (its worker bounds; without it 1..1)."""
         workers = WorkerCount.from_config(cfg)
-        return cls(cfg.schedule, cfg.optimizer, cfg.batch, cfg.train.epochs, dataset_size,
-                   min_workers=workers.min_workers, max_workers=workers.max_workers,
-                   resize_policy=workers.policy.name)
+        return cls(
+            cfg.schedule,
+            cfg.optimizer,
+            cfg.batch,
+            cfg.train.epochs,
+            dataset_size,
+            min_workers=workers.min_workers,
+            max_workers=workers.max_workers,
+            resize_policy=workers.policy.name,
+        )
 
     # -- what the policies need measured -------------------------------------------------------
 
@@ -139,17 +162,30 @@ class PolicySet:
         """The MF at per-worker batch ``B / W`` (``mf_for``)."""
         return mf_for(self.optimizer_cfg, batch_size / workers)
 
-    def settings(self, epoch: float, batch_size: int, workers: int, noise: GradientNoiseScale | None = None,
-                 samples: int | None = None) -> StepSettings:
+    def settings(
+        self,
+        epoch: float,
+        batch_size: int,
+        workers: int,
+        noise: GradientNoiseScale | None = None,
+        samples: int | None = None,
+    ) -> StepSettings:
         """Everything a step at ``epoch`` with global batch B on W workers runs with (see the module
         docstring); ``samples`` is the step's sample count (default B)."""
         n = batch_size if samples is None else samples
         lo, hi = slice_bounds(batch_size, 0, workers)
-        return StepSettings(lr=self.lr(epoch, batch_size, noise), mf=self.mf(batch_size, workers),
-                            batch=batch_size, workers=workers, samples=n, local=hi - lo,
-                            accum=accum_steps(batch_size, workers, self.batch_cfg.max_local_batch),
-                            weight_decay=None if self.optimizer_cfg.wd_rule == "none" else
-                            weight_decay_for(self.optimizer_cfg, batch_size, self.schedule.scale(batch_size)))
+        return StepSettings(
+            lr=self.lr(epoch, batch_size, noise),
+            mf=self.mf(batch_size, workers),
+            batch=batch_size,
+            workers=workers,
+            samples=n,
+            local=hi - lo,
+            accum=accum_steps(batch_size, workers, self.batch_cfg.max_local_batch),
+            weight_decay=None
+            if self.optimizer_cfg.wd_rule == "none"
+            else weight_decay_for(self.optimizer_cfg, batch_size, self.schedule.scale(batch_size)),
+        )
 
     @staticmethod
     def apply(opt: torch.optim.Optimizer, settings: StepSettings, first: bool) -> None:
@@ -176,13 +212,20 @@ class PolicySet:
             suggested = r.suggested if r else None
         return BatchStats(b_simple=noise.b_simple, norm_test=suggested)
 
-    def decide_batch(self, step: int, epoch: float, batch_size: int, noise: GradientNoiseScale | None = None,
-                     stats: BatchStats | None = None) -> BatchDecision | NoopDecision:
+    def decide_batch(
+        self,
+        step: int,
+        epoch: float,
+        batch_size: int,
+        noise: GradientNoiseScale | None = None,
+        stats: BatchStats | None = None,
+    ) -> BatchDecision | NoopDecision:
         """The batch policy's answer for the step about to run (``step`` steps taken, starting
         at ``epoch``, B in force now), from ``noise``'s statistics or, where given, ``stats``
         measured elsewhere (local SGD's own norm test)."""
-        return self.batch_policy.decide(step, epoch, batch_size,
-                                        self.batch_stats(batch_size, noise) if stats is None else stats)
+        return self.batch_policy.decide(
+            step, epoch, batch_size, self.batch_stats(batch_size, noise) if stats is None else stats
+        )
 
     # -- the auto warmup's hooks -------------------------------------------------------------------
 

@@ -29,9 +29,19 @@ from typing import Any
 from trainers.policies.decisions import NoopDecision, ResizeDecision
 from trainers.policies.goodput import GoodputDecision, GoodputInputs, StepTimeModel, optimize
 
-__all__ = ["NoopDecision", "RESIZE_POLICIES", "ResizeDecision", "ResizeEconomics", "ResizePolicy", "WorkerCount",
-           "GoodputResize",
-           "WorkersForBatch", "build_resize_policy", "resize_pays", "workers_for_batch"]
+__all__ = [
+    "NoopDecision",
+    "RESIZE_POLICIES",
+    "ResizeDecision",
+    "ResizeEconomics",
+    "ResizePolicy",
+    "WorkerCount",
+    "GoodputResize",
+    "WorkersForBatch",
+    "build_resize_policy",
+    "resize_pays",
+    "workers_for_batch",
+]
 
 
 def workers_for_batch(batch_size: int, max_local_batch: int, min_workers: int, max_workers: int) -> int:
@@ -65,16 +75,20 @@ class ResizePolicy(ABC):
     name: str = ""
 
     @abstractmethod
-    def decide(self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int,
-               max_workers: int) -> ResizeDecision | NoopDecision:
+    def decide(
+        self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int, max_workers: int
+    ) -> ResizeDecision | NoopDecision:
         """The worker count for the next phase, or keep the current one."""
 
     @staticmethod
-    def _check(batch_size: int, max_local_batch: int, current_workers: int, min_workers: int,
-               max_workers: int) -> None:
-        for label, v in (("batch_size", batch_size), ("max_local_batch", max_local_batch),
-                         ("current_workers", current_workers), ("min_workers", min_workers),
-                         ("max_workers", max_workers)):
+    def _check(batch_size: int, max_local_batch: int, current_workers: int, min_workers: int, max_workers: int) -> None:
+        for label, v in (
+            ("batch_size", batch_size),
+            ("max_local_batch", max_local_batch),
+            ("current_workers", current_workers),
+            ("min_workers", min_workers),
+            ("max_workers", max_workers),
+        ):
             if v <= 0:
                 raise ValueError(f"{label} must be > 0, got {v}")
         if min_workers > max_workers:
@@ -99,17 +113,22 @@ class WorkersForBatch(ResizePolicy):
 
     name = "workers_for_batch"
 
-    def decide(self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int,
-               max_workers: int) -> ResizeDecision | NoopDecision:
+    def decide(
+        self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int, max_workers: int
+    ) -> ResizeDecision | NoopDecision:
         self._check(batch_size, max_local_batch, current_workers, min_workers, max_workers)
         need = math.ceil(batch_size / max_local_batch)
         wanted = workers_for_batch(batch_size, max_local_batch, min_workers, max_workers)
         if wanted <= current_workers:
-            return NoopDecision(f"B={batch_size} needs {need} worker(s) of max_local_batch {max_local_batch}; "
-                                f"keeping {current_workers}")
+            return NoopDecision(
+                f"B={batch_size} needs {need} worker(s) of max_local_batch {max_local_batch}; keeping {current_workers}"
+            )
         capped = " (capped by max_workers)" if wanted < need else ""
-        return ResizeDecision(wanted, f"B={batch_size} needs {need} worker(s) of max_local_batch "
-                                      f"{max_local_batch}; growing {current_workers} -> {wanted}{capped}")
+        return ResizeDecision(
+            wanted,
+            f"B={batch_size} needs {need} worker(s) of max_local_batch "
+            f"{max_local_batch}; growing {current_workers} -> {wanted}{capped}",
+        )
 
 
 class GoodputResize(ResizePolicy):
@@ -140,10 +159,22 @@ class GoodputResize(ResizePolicy):
         """A measured step time (or the mean of ``count`` steps) at local batch b on W workers."""
         self.model.observe(local_batch, workers, seconds, count)
 
-    def decide(self, batch_size: int, max_local_batch: int, current_workers: int, min_workers: int,
-               max_workers: int, *, b_noise: float | None = None, base_batch: int | None = None,
-               remaining_samples: float | None = None, resize_cost_s: float = 0.0, lead_s: float = 0.0,
-               max_batch: int | None = None, round_to: int | None = None) -> ResizeDecision | NoopDecision:
+    def decide(
+        self,
+        batch_size: int,
+        max_local_batch: int,
+        current_workers: int,
+        min_workers: int,
+        max_workers: int,
+        *,
+        b_noise: float | None = None,
+        base_batch: int | None = None,
+        remaining_samples: float | None = None,
+        resize_cost_s: float = 0.0,
+        lead_s: float = 0.0,
+        max_batch: int | None = None,
+        round_to: int | None = None,
+    ) -> ResizeDecision | NoopDecision:
         self._check(batch_size, max_local_batch, current_workers, min_workers, max_workers)
         fit = self.model.fit()
         if fit is None:
@@ -151,10 +182,20 @@ class GoodputResize(ResizePolicy):
             d = WorkersForBatch().decide(batch_size, max_local_batch, current_workers, min_workers, max_workers)
             why = f"no step time measured yet, deciding as workers_for_batch: {d.reason}"
             return ResizeDecision(d.workers, why) if d else NoopDecision(why)
-        self.last = optimize(fit, batch_size, current_workers, min_workers, max_workers,
-                             base_batch=base_batch or batch_size, b_noise=b_noise, max_batch=max_batch,
-                             round_to=self.round_to if round_to is None else round_to,
-                             remaining_samples=remaining_samples, resize_cost_s=resize_cost_s, lead_s=lead_s)
+        self.last = optimize(
+            fit,
+            batch_size,
+            current_workers,
+            min_workers,
+            max_workers,
+            base_batch=base_batch or batch_size,
+            b_noise=b_noise,
+            max_batch=max_batch,
+            round_to=self.round_to if round_to is None else round_to,
+            remaining_samples=remaining_samples,
+            resize_cost_s=resize_cost_s,
+            lead_s=lead_s,
+        )
         if self.last.resize:
             return ResizeDecision(self.last.workers, self.last.reason)
         return NoopDecision(self.last.reason)
@@ -182,12 +223,16 @@ class WorkerCount:
     max_workers: int = 1
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "WorkerCount":
+    def from_config(cls, cfg: Any) -> WorkerCount:
         """From a config's ``batch`` section and, on the driver, its ``scaling`` bounds (a
         worker's config has none: 1..1, it never decides a resize itself)."""
         scaling = getattr(cfg, "scaling", None)
-        return cls(build_resize_policy(scaling.policy if scaling else "workers_for_batch"), cfg.batch.max_local_batch,
-                   scaling.min_workers if scaling else 1, scaling.max_workers if scaling else 1)
+        return cls(
+            build_resize_policy(scaling.policy if scaling else "workers_for_batch"),
+            cfg.batch.max_local_batch,
+            scaling.min_workers if scaling else 1,
+            scaling.max_workers if scaling else 1,
+        )
 
     def initial(self, batch_size: int) -> int:
         """Workers a run starting at global batch ``batch_size`` starts with (:func:`workers_for_batch`)."""
@@ -195,17 +240,22 @@ class WorkerCount:
 
     def decide(self, batch_size: int, current_workers: int) -> ResizeDecision | NoopDecision:
         """The policy's answer for B, the current phase having asked for ``current_workers``."""
-        return self.policy.decide(batch_size, self.max_local_batch, current_workers, self.min_workers,
-                                  self.max_workers)
+        return self.policy.decide(batch_size, self.max_local_batch, current_workers, self.min_workers, self.max_workers)
 
     @property
     def measures(self) -> bool:
         """Whether the policy decides from what the run measures (``goodput``)."""
         return isinstance(self.policy, GoodputResize)
 
-    def decide_measured(self, batch_size: int, current_workers: int, inputs: GoodputInputs,
-                        remaining_samples: float | None, resize_cost_s: float = 0.0,
-                        lead_s: float = 0.0) -> tuple[ResizeDecision | NoopDecision, GoodputDecision | None]:
+    def decide_measured(
+        self,
+        batch_size: int,
+        current_workers: int,
+        inputs: GoodputInputs,
+        remaining_samples: float | None,
+        resize_cost_s: float = 0.0,
+        lead_s: float = 0.0,
+    ) -> tuple[ResizeDecision | NoopDecision, GoodputDecision | None]:
         """Goodput's answer from the run's measurements ``inputs`` (step times, ``B_noise``, the batch
         bounds), with what a resize costs here (``resize_cost_s``, an overlap's ``lead_s``): the
         decision and goodput's choice of ``(B, W)`` with its reason (None before any step time was
@@ -213,10 +263,20 @@ class WorkerCount:
         if not isinstance(self.policy, GoodputResize):
             raise ValueError(f"decide_measured: the worker-count policy is {self.policy.name!r}, not goodput")
         self.policy.model.load_state_dict(inputs.step_times)
-        d = self.policy.decide(batch_size, self.max_local_batch, current_workers, self.min_workers,
-                               self.max_workers, b_noise=inputs.b_noise, base_batch=inputs.base_batch,
-                               remaining_samples=remaining_samples, resize_cost_s=resize_cost_s, lead_s=lead_s,
-                               max_batch=max(inputs.max_batch, batch_size), round_to=inputs.round_to)
+        d = self.policy.decide(
+            batch_size,
+            self.max_local_batch,
+            current_workers,
+            self.min_workers,
+            self.max_workers,
+            b_noise=inputs.b_noise,
+            base_batch=inputs.base_batch,
+            remaining_samples=remaining_samples,
+            resize_cost_s=resize_cost_s,
+            lead_s=lead_s,
+            max_batch=max(inputs.max_batch, batch_size),
+            round_to=inputs.round_to,
+        )
         return d, self.policy.last
 
 
@@ -233,8 +293,9 @@ class ResizeEconomics:
     reason: str
 
 
-def resize_pays(remaining_samples: float, samples_per_s: float, workers: int, to: int, start_s: float,
-                pause_s: float, overlap: bool) -> ResizeEconomics:
+def resize_pays(
+    remaining_samples: float, samples_per_s: float, workers: int, to: int, start_s: float, pause_s: float, overlap: bool
+) -> ResizeEconomics:
     """Whether growing the group from ``workers`` to ``to`` can pay for itself before training ends.
 
     ``T = remaining_samples / samples_per_s`` is the time training has left at the measured
@@ -251,7 +312,9 @@ def resize_pays(remaining_samples: float, samples_per_s: float, workers: int, to
     The resize pays when the gain is larger than the cost.
     """
     if samples_per_s <= 0 or to <= workers:
-        raise ValueError(f"resize_pays: needs samples_per_s > 0 and to > workers, got {samples_per_s}, {workers} -> {to}")
+        raise ValueError(
+            f"resize_pays: needs samples_per_s > 0 and to > workers, got {samples_per_s}, {workers} -> {to}"
+        )
     left = max(remaining_samples, 0.0) / samples_per_s
     speedup = 1.0 - workers / to
     if overlap:
@@ -261,9 +324,10 @@ def resize_pays(remaining_samples: float, samples_per_s: float, workers: int, to
     pays = gain > cost
     verdict = "growing" if pays else "keeping the group"
     if overlap and left <= start_s:
-        why = (f"training ends in ~{left:.0f} s, before a new group could start (~{start_s:.0f} s here); "
-               f"{verdict}")
+        why = f"training ends in ~{left:.0f} s, before a new group could start (~{start_s:.0f} s here); {verdict}"
     else:
-        why = (f"{workers} -> {to} workers would save ~{gain:.1f} s of the ~{left:.0f} s left at best, "
-               f"for a {'pause' if overlap else 'restart'} of ~{cost:.1f} s; {verdict}")
+        why = (
+            f"{workers} -> {to} workers would save ~{gain:.1f} s of the ~{left:.0f} s left at best, "
+            f"for a {'pause' if overlap else 'restart'} of ~{cost:.1f} s; {verdict}"
+        )
     return ResizeEconomics(pays, gain, cost, why)

@@ -65,11 +65,13 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from pydantic import ConfigDict, Field, field_validator
+
 from trainers.section import Section
 
 ScalingRuleName = Literal["linear", "sqrt", "none", "adascale"]
@@ -83,15 +85,24 @@ class ScheduleConfig(Section):
     model_config = ConfigDict(extra="forbid")
 
     scaling_rule: ScalingRuleName = Field(default="linear", description="eta at batch B from eta0 at base_batch_size")
-    warmup: WarmupName = Field(default="none", description="how the LR reaches its scaled value: none, constant, "
-                                                        "gradual, linear (from zero), legw or auto")
+    warmup: WarmupName = Field(
+        default="none",
+        description="how the LR reaches its scaled value: none, constant, gradual, linear (from zero), legw or auto",
+    )
     warmup_epochs: float = Field(default=0.0, ge=0.0, description="E_w; for legw, the warmup length at k = 1")
-    decay: DecayName = Field(default="none", description="after warmup: cosine, step (milestones), seesaw (step "
-                                                      "milestones with batch.policy seesaw), poly, linear or none")
+    decay: DecayName = Field(
+        default="none",
+        description="after warmup: cosine, step (milestones), seesaw (step "
+        "milestones with batch.policy seesaw), poly, linear or none",
+    )
     milestones: list[float] = Field(default_factory=list, description="absolute epochs, for step and seesaw decay")
-    decay_factor: float = Field(default=0.1, gt=0.0, le=1.0,
-                                description="gamma of step decay; for seesaw, B grows x 1/gamma and the LR "
-                                            "falls x sqrt(gamma) at each milestone")
+    decay_factor: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=1.0,
+        description="gamma of step decay; for seesaw, B grows x 1/gamma and the LR "
+        "falls x sqrt(gamma) at each milestone",
+    )
     poly_power: float = Field(default=2.0, gt=0.0, description="exponent of poly decay")
     min_lr: float = Field(default=0.0, ge=0.0, description="floor the decay ends at")
     # -- warmup: auto (Kim et al. 2021) --------------------------------------------------
@@ -99,8 +110,9 @@ class ScheduleConfig(Section):
     auto_growth: float = Field(default=1.02, gt=1.0, description="LR multiplier per optimizer step while warming")
     auto_max_lr: float = Field(default=10.0, gt=0.0, description="reaching it ends the warmup")
     auto_patience: int = Field(default=2, ge=1, description="consecutive checks that must see the loss stop falling")
-    auto_confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
-                                   description="posterior P(smoothed loss now > its minimum) needed by a check")
+    auto_confidence: float = Field(
+        default=0.95, gt=0.5, lt=1.0, description="posterior P(smoothed loss now > its minimum) needed by a check"
+    )
     auto_min_steps: int = Field(default=20, ge=3, description="warmup steps recorded before any check may decide")
     auto_max_points: int = Field(default=200, ge=10, description="the loss history is binned to this many GP points")
     auto_seed: int = Field(default=0, description="random_state of the GP fit (same on every rank)")
@@ -108,13 +120,16 @@ class ScheduleConfig(Section):
     @field_validator("milestones")
     @classmethod
     def _epochs_in_order(cls, v: list[float]) -> list[float]:
-        # against schedule.decay and train.epochs: orchestrator/preflight.py
+        # against schedule.decay and train.epochs: orchestrator/config/preflight.py
         if any(m < 0 for m in v):
-            raise ValueError(f"schedule.milestones: epochs must be >= 0 (got {v}); list epochs from 0 "
-                             f"on, e.g. [30, 60, 80]")
+            raise ValueError(
+                f"schedule.milestones: epochs must be >= 0 (got {v}); list epochs from 0 on, e.g. [30, 60, 80]"
+            )
         if any(b <= a for a, b in zip(v, v[1:])):
-            raise ValueError(f"schedule.milestones: must be strictly increasing (got {v}); list each "
-                             f"epoch once, in order, e.g. [30, 60, 80]")
+            raise ValueError(
+                f"schedule.milestones: must be strictly increasing (got {v}); list each "
+                f"epoch once, in order, e.g. [30, 60, 80]"
+            )
         return v
 
 
@@ -160,8 +175,7 @@ def _adascale(k: float, noise: NoiseSignal | None = None) -> float:
     return (var + sqr) / (var / k + sqr)
 
 
-SCALING_RULES: dict[str, ScalingRule] = {"linear": _linear, "sqrt": _sqrt, "none": _no_scaling,
-                                         "adascale": _adascale}
+SCALING_RULES: dict[str, ScalingRule] = {"linear": _linear, "sqrt": _sqrt, "none": _no_scaling, "adascale": _adascale}
 
 
 # --------------------------------------------------------------------------- warmups
@@ -236,8 +250,14 @@ def _no_decay(cfg: ScheduleConfig, peak: float, epoch: float, start: float, end:
     return peak
 
 
-DECAYS: dict[str, Decay] = {"cosine": _cosine, "poly": _poly, "linear": _linear_decay, "step": _step,
-                            "seesaw": _step, "none": _no_decay}
+DECAYS: dict[str, Decay] = {
+    "cosine": _cosine,
+    "poly": _poly,
+    "linear": _linear_decay,
+    "step": _step,
+    "seesaw": _step,
+    "none": _no_decay,
+}
 """``seesaw`` is the step formula: its batch growth comes from ``batch.policy: seesaw`` and its
 smaller LR cut from the sqrt scaling rule at the grown batch (see the module docstring)."""
 
@@ -309,7 +329,7 @@ class AutoWarmup:
     def current_lr(self) -> float:
         """The LR of the next optimizer step while warming."""
         c = self.cfg
-        return min(c.auto_max_lr, c.auto_init_lr * c.auto_growth ** self.steps)
+        return min(c.auto_max_lr, c.auto_init_lr * c.auto_growth**self.steps)
 
     def record(self, lr: float, loss: float | None) -> None:
         """Feed the LR used by the step just taken and its (rank-averaged) training loss.
@@ -350,10 +370,20 @@ class AutoWarmup:
         else:
             self.streak = 0
         if self.streak >= self.cfg.auto_patience:
-            return self._stop(epoch, batch_size, smooth.prob_rising,
-                              f"loss stopped falling for {self.streak} checks", smooth.argmin_lr)
-        return self._decision(False, smooth.prob_rising, "loss still falling" if self.streak == 0 else
-                              f"loss stopped falling ({self.streak} of {self.cfg.auto_patience} checks)")
+            return self._stop(
+                epoch,
+                batch_size,
+                smooth.prob_rising,
+                f"loss stopped falling for {self.streak} checks",
+                smooth.argmin_lr,
+            )
+        return self._decision(
+            False,
+            smooth.prob_rising,
+            "loss still falling"
+            if self.streak == 0
+            else f"loss stopped falling ({self.streak} of {self.cfg.auto_patience} checks)",
+        )
 
     def _stop(self, epoch: float, batch_size: int, prob: float, reason: str, peak: float | None = None) -> AutoDecision:
         if peak is None:  # no smoother: the last LR whose loss was finite, else the first LR
@@ -363,13 +393,31 @@ class AutoWarmup:
         return self._decision(True, prob)
 
     def _decision(self, stopped_now: bool, prob: float, reason: str | None = None) -> AutoDecision:
-        return AutoDecision(done=self.done, stopped_now=stopped_now, prob_rising=prob, streak=self.streak,
-                            peak_lr=self.peak_lr, reason=self.reason if reason is None else reason)
+        return AutoDecision(
+            done=self.done,
+            stopped_now=stopped_now,
+            prob_rising=prob,
+            streak=self.streak,
+            peak_lr=self.peak_lr,
+            reason=self.reason if reason is None else reason,
+        )
 
     # -- checkpoint ---------------------------------------------------------------------------
 
-    _FIELDS = ("steps", "log_lrs", "losses", "nonfinite", "streak", "checks", "checked_at_steps", "done",
-               "peak_lr", "peak_batch", "end_epoch", "reason")
+    _FIELDS = (
+        "steps",
+        "log_lrs",
+        "losses",
+        "nonfinite",
+        "streak",
+        "checks",
+        "checked_at_steps",
+        "done",
+        "peak_lr",
+        "peak_batch",
+        "end_epoch",
+        "reason",
+    )
 
     def state_dict(self) -> dict[str, Any]:
         """Plain ints, floats, bools, strings, lists and None: loads with ``weights_only=True``."""
@@ -402,12 +450,12 @@ def _bins(values: np.ndarray, count: int) -> np.ndarray:
 
 def _smooth(losses: list[float], log_lrs: list[float], max_points: int, seed: int) -> _Smoothed:
     """GP posterior of the latent loss curve: P(f(last) > f(argmin)) and the LR at the argmin."""
-    from scipy.linalg import solve_triangular
-    from scipy.stats import norm
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.gaussian_process import GaussianProcessRegressor
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
-    from threadpoolctl import threadpool_limits
+    from scipy.linalg import solve_triangular  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
+    from scipy.stats import norm  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
+    from sklearn.exceptions import ConvergenceWarning  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
+    from sklearn.gaussian_process import GaussianProcessRegressor  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
 
     n = len(losses)
     x = _bins(np.arange(n, dtype=np.float64), max_points) / max(n - 1, 1)
@@ -415,8 +463,9 @@ def _smooth(losses: list[float], log_lrs: list[float], max_points: int, seed: in
     lr = _bins(np.asarray(log_lrs, dtype=np.float64), max_points)
     mean, std = float(y.mean()), float(y.std()) or 1.0
     z = (y - mean) / std
-    kernel = (ConstantKernel(1.0, (1e-3, 1e3)) * RBF(length_scale=0.2, length_scale_bounds=(0.03, 10.0))
-              + WhiteKernel(noise_level=0.1, noise_level_bounds=(1e-6, 10.0)))
+    kernel = ConstantKernel(1.0, (1e-3, 1e3)) * RBF(length_scale=0.2, length_scale_bounds=(0.03, 10.0)) + WhiteKernel(
+        noise_level=0.1, noise_level_bounds=(1e-6, 10.0)
+    )
     gp = GaussianProcessRegressor(kernel=kernel, normalize_y=False, random_state=seed, n_restarts_optimizer=0)
     # One BLAS thread: fast for a few hundred points, and the same float reductions on every rank.
     with warnings.catch_warnings(), threadpool_limits(limits=1):
@@ -482,8 +531,9 @@ class Schedule:
             return auto.end_epoch if auto.done else None
         return WARMUPS[self.cfg.warmup].length(self.cfg.warmup_epochs, batch_size / self.base_batch)
 
-    def lr(self, epoch: float, batch_size: int, auto: AutoWarmup | None = None,
-           noise: NoiseSignal | None = None) -> float:
+    def lr(
+        self, epoch: float, batch_size: int, auto: AutoWarmup | None = None, noise: NoiseSignal | None = None
+    ) -> float:
         """The LR for the optimizer step taken after ``epoch`` (fractional) epochs at global batch B."""
         if batch_size <= 0:
             raise ValueError(f"batch_size: must be > 0 (got {batch_size})")

@@ -5,7 +5,7 @@ PyTorch's BatchNorm refuses to train on an input holding one value per channel (
 of a ``BatchNorm1d``, or a single 1x1 feature map of a ``BatchNorm2d``): the batch variance does
 not exist.  A run meets such an input only at the edges of the data order: an epoch's short last
 global batch split over W workers, or a worker's stand-in sample when its slice is empty.  The
-driver refuses configs in which every step would meet one (``orchestrator/preflight.py``
+driver refuses configs in which every step would meet one (``orchestrator/config/preflight.py``
 ``check_single_samples``); for the rare tail, :func:`guard_single_samples` makes such a layer use
 its running statistics for that one forward (what it does at evaluation), instead of ending a run
 that is hours in.  The sample still trains every other layer, and the layer's running statistics
@@ -37,7 +37,7 @@ def _acts_alone(module: nn.Module) -> bool:
     collective: only plain BatchNorm, or a SyncBatchNorm with nobody to sync with, is guarded."""
     if not isinstance(module, nn.SyncBatchNorm):
         return True
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     if not (dist.is_available() and dist.is_initialized()):
         return True
@@ -85,9 +85,14 @@ def single_sample_layers(model: nn.Module, one_input: Any) -> list[str]:
     layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not layers:
         return []
-    saved = {m: (m.running_mean.clone() if m.running_mean is not None else None,
-                 m.running_var.clone() if m.running_var is not None else None,
-                 m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None) for m in layers}
+    saved = {
+        m: (
+            m.running_mean.clone() if m.running_mean is not None else None,
+            m.running_var.clone() if m.running_var is not None else None,
+            m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None,
+        )
+        for m in layers
+    }
     handles = [m.register_forward_pre_hook(look, prepend=True) for m in layers]
     try:
         model.train()

@@ -37,10 +37,22 @@ from torch import nn
 
 from trainers.data.datasets import DataConfig, InMemoryData, dataset_info, load_data
 from trainers.data.order import epoch_permutation, global_batch
-from trainers.workload.batchnorm import guard_single_samples
-from trainers.workload.factory import (FactoryError, LossFn, ProbeReport, build_datasets, build_model as build_factory_model, cross_entropy, resolve_loss, token_cross_entropy)
-from trainers.workload.models import ModelConfig, build_model as build_named_model
 from trainers.data.sampler import LoaderConfig, RankLoader, fetch, rank_micro_batches
+from trainers.workload.batchnorm import guard_single_samples
+from trainers.workload.factory import (
+    FactoryError,
+    LossFn,
+    ProbeReport,
+    build_datasets,
+    cross_entropy,
+    resolve_loss,
+    token_cross_entropy,
+)
+from trainers.workload.factory import (
+    build_model as build_factory_model,
+)
+from trainers.workload.models import ModelConfig
+from trainers.workload.models import build_model as build_named_model
 
 BY_VALUE = "python:"  # prefix of a factory sent by value from Python (not importable by name)
 Functions = Mapping[str, Callable[..., Any]]
@@ -56,8 +68,10 @@ def _spec(section: str, factory: str, functions: Functions | None) -> str | Call
     if factory.startswith(BY_VALUE):
         fn = (functions or {}).get(section)
         if fn is None:
-            raise FactoryError(f"{section}.factory: {factory!r} was sent by value from Python and is not "
-                               f"importable; pass the function again ({section}_fn=... of fit())")
+            raise FactoryError(
+                f"{section}.factory: {factory!r} was sent by value from Python and is not "
+                f"importable; pass the function again ({section}_fn=... of fit())"
+            )
         return fn
     return factory
 
@@ -82,8 +96,9 @@ class _TensorPairs(torch.utils.data.Dataset):
         return self.x[idx], self.y[idx]
 
 
-def data_factory(data: DataConfig, seed: int, functions: Functions | None = None
-                 ) -> tuple[str | Callable[..., Any], dict[str, Any]]:
+def data_factory(
+    data: DataConfig, seed: int, functions: Functions | None = None
+) -> tuple[str | Callable[..., Any], dict[str, Any]]:
     """``(factory, params)`` that builds ``(train, val)`` for the ``data`` section.
 
     ``text`` is :func:`trainers.data.text.load_text` of ``data.path`` (default: the stdlib corpus)
@@ -93,7 +108,7 @@ def data_factory(data: DataConfig, seed: int, functions: Functions | None = None
     if data.factory is not None:
         return _spec("data", data.factory, functions), dict(data.params)
     if data.name == "text":
-        from trainers.data.text import load_text
+        from trainers.data.text import load_text  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         return load_text, {"path": data.path, "context": data.context, "val_fraction": data.val_fraction}
 
@@ -104,8 +119,9 @@ def data_factory(data: DataConfig, seed: int, functions: Functions | None = None
     return in_memory, {}
 
 
-def model_factory(model: ModelConfig, data: DataConfig, functions: Functions | None = None
-                  ) -> tuple[str | Callable[..., Any], dict[str, Any]]:
+def model_factory(
+    model: ModelConfig, data: DataConfig, functions: Functions | None = None
+) -> tuple[str | Callable[..., Any], dict[str, Any]]:
     """``(factory, params)`` that builds the model of the ``model`` section.
 
     ``gpt``/``lstm`` are :mod:`trainers.workload.lm_models`' factories with ``model.params`` (a GPT's
@@ -115,16 +131,18 @@ def model_factory(model: ModelConfig, data: DataConfig, functions: Functions | N
     if model.factory is not None:
         return _spec("model", model.factory, functions), dict(model.params)
     if model.language_model:
-        from trainers.workload.lm_models import LM_MODELS
+        from trainers.workload.lm_models import LM_MODELS  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         params = dict(model.params)
         if model.name == "gpt":
             params.setdefault("context", data.context)
         return LM_MODELS[str(model.name)], params
     if not data.in_memory:
-        raise FactoryError(f"model.name: {model.name!r} needs a built-in image dataset (digits, synthetic, "
-                           f"cifar10); with data.{'factory' if data.factory else 'name'} give model.factory "
-                           "(or gpt/lstm for text)")
+        raise FactoryError(
+            f"model.name: {model.name!r} needs a built-in image dataset (digits, synthetic, "
+            f"cifar10); with data.{'factory' if data.factory else 'name'} give model.factory "
+            "(or gpt/lstm for text)"
+        )
     info = dataset_info(data)
     return (lambda: build_named_model(info, model)), {}
 
@@ -146,17 +164,23 @@ def probe_config(cfg: Any, functions: Functions | None = None) -> ProbeReport | 
     data, model = cfg.data, cfg.model
     if data.in_memory and model.factory is None and not model.loss:
         return None
-    from trainers.workload.factory import probe_report, resolve
+    from trainers.workload.factory import probe_report, resolve  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     resolve(data_fn, "data.factory")  # the data's import errors first
     model_fn, model_params = model_factory(model, data, functions)
 
     check_size = not data.in_memory
-    return probe_report(model_fn, data_fn, model.loss_name(), model_params=model_params, data_params=data_params,
-                 global_batch=largest_batch(cfg.batch) if check_size else None,
-                 model_field="model.factory" if model.factory else "model.name",
-                 data_field="data.factory" if data.factory else "data.name")
+    return probe_report(
+        model_fn,
+        data_fn,
+        model.loss_name(),
+        model_params=model_params,
+        data_params=data_params,
+        global_batch=largest_batch(cfg.batch) if check_size else None,
+        model_field="model.factory" if model.factory else "model.name",
+        data_field="data.factory" if data.factory else "data.name",
+    )
 
 
 # --------------------------------------------------------------------------- the workload
@@ -182,8 +206,9 @@ class Workload:
         return self.tensors.num_train if self.tensors is not None else len(self.train)
 
 
-def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: bool = False,
-                   single_sample_guard: bool = False) -> Workload:
+def build_workload(
+    cfg: Any, functions: Functions | None = None, raw_pixels: bool = False, single_sample_guard: bool = False
+) -> Workload:
     """Datasets, then model (in that order after the caller's ``torch.manual_seed``), then loss.
     ``single_sample_guard`` (the worker loop): the model's BatchNorm layers take an epoch's
     single-sample tail with their running statistics
@@ -196,19 +221,28 @@ def build_workload(cfg: Any, functions: Functions | None = None, raw_pixels: boo
     loss_fn = resolve_loss(model.loss_name())
     if data.in_memory:
         tensors = load_data(data, cfg.train.seed, raw=raw_pixels)
-        built = build_named_model(tensors.info, model) if model.factory is None else \
-            build_factory_model(*model_factory(model, data, functions))
+        built = (
+            build_named_model(tensors.info, model)
+            if model.factory is None
+            else build_factory_model(*model_factory(model, data, functions))
+        )
         return Workload(guard_single_samples(built) if single_sample_guard else built, loss_fn, tensors=tensors)
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     train, val = build_datasets(data_fn, data_params, "data.factory" if data.factory else "data.name")
-    built = build_factory_model(*model_factory(model, data, functions),
-                                field="model.factory" if model.factory else "model.name")
+    built = build_factory_model(
+        *model_factory(model, data, functions), field="model.factory" if model.factory else "model.name"
+    )
     tokens = None
     if loss_fn is token_cross_entropy:
         _, y = train[0]
         tokens = int(torch.as_tensor(y).numel())
-    return Workload(guard_single_samples(built) if single_sample_guard else built, loss_fn, train=train, val=val,
-                    tokens_per_sample=tokens)
+    return Workload(
+        guard_single_samples(built) if single_sample_guard else built,
+        loss_fn,
+        train=train,
+        val=val,
+        tokens_per_sample=tokens,
+    )
 
 
 def train_size(cfg: Any, functions: Functions | None = None) -> int:
@@ -299,8 +333,9 @@ def _take(t: Any, ids: np.ndarray) -> Any:
 class TensorBatches:
     """The built-in in-memory sets: micro-batches by indexing the training tensors."""
 
-    def __init__(self, data: InMemoryData, *, seed: int, rank: int, world: int, max_local_batch: int,
-                 split_single: bool) -> None:
+    def __init__(
+        self, data: InMemoryData, *, seed: int, rank: int, world: int, max_local_batch: int, split_single: bool
+    ) -> None:
         self.data, self.seed, self.rank, self.world = data, seed, rank, world
         self.max_local_batch, self.split_single = max_local_batch, split_single
         self._perm: tuple[int, np.ndarray] | None = None
@@ -312,8 +347,9 @@ class TensorBatches:
 
     def batch(self, ids: np.ndarray) -> StepBatch:
         micro_ids = rank_micro_batches(ids, self.rank, self.world, self.max_local_batch, self.split_single)
-        return StepBatch(ids, micro_ids, [(_take(self.data.train_x, m), _take(self.data.train_y, m))
-                                          for m in micro_ids])
+        return StepBatch(
+            ids, micro_ids, [(_take(self.data.train_x, m), _take(self.data.train_y, m)) for m in micro_ids]
+        )
 
     def next(self, epoch: int, cursor: int, batch_size: int) -> StepBatch:
         return self.batch(global_batch(self.permutation(epoch), cursor, batch_size))
@@ -322,9 +358,9 @@ class TensorBatches:
         return self.data.train_x[ids[:1]]
 
     def val_batches(self, chunk: int) -> Iterator[tuple[Any, Any]]:
-        x_all, y_all = self.data.val_x[self.rank::self.world], self.data.val_y[self.rank::self.world]
+        x_all, y_all = self.data.val_x[self.rank :: self.world], self.data.val_y[self.rank :: self.world]
         for s in range(0, len(y_all), chunk):
-            yield x_all[s:s + chunk], y_all[s:s + chunk]
+            yield x_all[s : s + chunk], y_all[s : s + chunk]
 
     def close(self) -> None:
         pass
@@ -333,12 +369,29 @@ class TensorBatches:
 class LoaderBatches:
     """Map-style datasets through :class:`trainers.data.sampler.RankLoader` (a ``DataLoader`` in our order)."""
 
-    def __init__(self, train: Any, val: Any, *, seed: int, rank: int, world: int, max_local_batch: int,
-                 split_single: bool, config: LoaderConfig | None = None) -> None:
+    def __init__(
+        self,
+        train: Any,
+        val: Any,
+        *,
+        seed: int,
+        rank: int,
+        world: int,
+        max_local_batch: int,
+        split_single: bool,
+        config: LoaderConfig | None = None,
+    ) -> None:
         self.val, self.rank, self.world = val, rank, world
         self.max_local_batch, self.split_single = max_local_batch, split_single
-        self.loader = RankLoader(train, seed=seed, rank=rank, world=world, max_local_batch=max_local_batch,
-                                 config=config, split_single=split_single)
+        self.loader = RankLoader(
+            train,
+            seed=seed,
+            rank=rank,
+            world=world,
+            max_local_batch=max_local_batch,
+            config=config,
+            split_single=split_single,
+        )
 
     def batch(self, ids: np.ndarray) -> StepBatch:
         """Load a given global batch in this process (tests, benchmarks)."""
@@ -358,19 +411,36 @@ class LoaderBatches:
         n = len(self.val)
         mine = list(range(self.rank, n, self.world))
         for s in range(0, len(mine), chunk):
-            yield fetch(self.val, mine[s:s + chunk])
+            yield fetch(self.val, mine[s : s + chunk])
 
     def close(self) -> None:
         self.loader.close()
 
 
-def make_batches(work: Workload, *, seed: int, rank: int, world: int, max_local_batch: int,
-                 split_single: bool, loader: LoaderConfig | None = None) -> TensorBatches | LoaderBatches:
+def make_batches(
+    work: Workload,
+    *,
+    seed: int,
+    rank: int,
+    world: int,
+    max_local_batch: int,
+    split_single: bool,
+    loader: LoaderConfig | None = None,
+) -> TensorBatches | LoaderBatches:
     if work.tensors is not None:
-        return TensorBatches(work.tensors, seed=seed, rank=rank, world=world, max_local_batch=max_local_batch,
-                             split_single=split_single)
-    return LoaderBatches(work.train, work.val, seed=seed, rank=rank, world=world, max_local_batch=max_local_batch,
-                         split_single=split_single, config=loader)
+        return TensorBatches(
+            work.tensors, seed=seed, rank=rank, world=world, max_local_batch=max_local_batch, split_single=split_single
+        )
+    return LoaderBatches(
+        work.train,
+        work.val,
+        seed=seed,
+        rank=rank,
+        world=world,
+        max_local_batch=max_local_batch,
+        split_single=split_single,
+        config=loader,
+    )
 
 
 def perplexity(val_loss: float) -> float:

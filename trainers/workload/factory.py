@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,8 +35,7 @@ from torch import nn
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 FORM_HINT = "write it as package.module:function, e.g. my_project.models:build"
-PATH_HINT = ("put its folder on PYTHONPATH, install it with `pip install -e <project>`, "
-             "or list it in code.py_modules")
+PATH_HINT = "put its folder on PYTHONPATH, install it with `pip install -e <project>`, or list it in code.py_modules"
 
 
 class FactoryError(ValueError):
@@ -73,13 +73,18 @@ def resolve(spec: str | Callable[..., Any], field: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if _is_missing_module(exc, module_name):
-            raise FactoryError(f"{field}: cannot import {module_name!r}: no module named {exc.name!r} on this "
-                               f"Python's path; {PATH_HINT}") from None
-        raise FactoryError(f"{field}: importing {module_name!r} raised {_one_line(exc)}; install what it imports "
-                           f"or fix that import") from None
+            raise FactoryError(
+                f"{field}: cannot import {module_name!r}: no module named {exc.name!r} on this "
+                f"Python's path; {PATH_HINT}"
+            ) from None
+        raise FactoryError(
+            f"{field}: importing {module_name!r} raised {_one_line(exc)}; install what it imports or fix that import"
+        ) from None
     except (Exception, SystemExit) as exc:  # the user's module failed while running
-        raise FactoryError(f"{field}: importing {module_name!r} raised {_one_line(exc)}; fix the module so that "
-                           f"it imports cleanly (python -c 'import {module_name}')") from None
+        raise FactoryError(
+            f"{field}: importing {module_name!r} raised {_one_line(exc)}; fix the module so that "
+            f"it imports cleanly (python -c 'import {module_name}')"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -89,8 +94,9 @@ def resolve(spec: str | Callable[..., Any], field: str) -> Callable[..., Any]:
             raise FactoryError(f"{field}: {module_name!r} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise FactoryError(f"{field}: {spec!r} is a {type(obj).__name__}, not a callable; name the function (or "
-                           f"class) that builds it")
+        raise FactoryError(
+            f"{field}: {spec!r} is a {type(obj).__name__}, not a callable; name the function (or class) that builds it"
+        )
     return obj
 
 
@@ -112,7 +118,6 @@ def qualified_name(fn: Callable[..., Any]) -> str | None:
 def params_problem(fn: Callable[..., Any], params: Mapping[str, Any], params_field: str) -> str | None:
     """Why ``fn(**params)`` cannot bind (a keyword ``fn`` does not take, one it needs and lacks), as
     one line naming ``params_field`` and the fix; ``None`` when it binds or the signature is unknown."""
-    import inspect
 
     try:
         sig = inspect.signature(fn)
@@ -126,13 +131,20 @@ def params_problem(fn: Callable[..., Any], params: Mapping[str, Any], params_fie
             if key not in takes:
                 close = difflib.get_close_matches(str(key), takes, n=1)
                 fix = f"did you mean {close[0]}?" if close else f"remove it from {params_field}"
-                return (f"{params_field}: {name}() takes no argument {key!r}; {fix} (it takes "
-                        f"{', '.join(takes) or 'no arguments'})")
+                return (
+                    f"{params_field}: {name}() takes no argument {key!r}; {fix} (it takes "
+                    f"{', '.join(takes) or 'no arguments'})"
+                )
     for p in sig.parameters.values():
-        if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY) and p.default is kinds.empty \
-                and p.name not in params:
-            return f"{params_field}: {name}() needs the argument {p.name!r}; add it to {params_field}, e.g. " \
-                   f"{{{p.name}: ...}}"
+        if (
+            p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+            and p.default is kinds.empty
+            and p.name not in params
+        ):
+            return (
+                f"{params_field}: {name}() needs the argument {p.name!r}; add it to {params_field}, e.g. "
+                f"{{{p.name}: ...}}"
+            )
     return None
 
 
@@ -144,18 +156,19 @@ def _call(fn: Callable[..., Any], params: Mapping[str, Any] | None, field: str) 
     try:
         return fn(**dict(params or {}))
     except TypeError as exc:
-        raise FactoryError(f"{params_field}: calling {field.split('.', 1)[-1]} {getattr(fn, '__name__', '')} with "
-                           f"{sorted(params or {})} failed: {_one_line(exc)}; fix {params_field} (or the "
-                           f"factory)") from None
+        raise FactoryError(
+            f"{params_field}: calling {field.split('.', 1)[-1]} {getattr(fn, '__name__', '')} with "
+            f"{sorted(params or {})} failed: {_one_line(exc)}; fix {params_field} (or the "
+            f"factory)"
+        ) from None
     except Exception as exc:
-        raise FactoryError(f"{field}: the factory raised {_one_line(exc)}; fix the factory or the values in "
-                           f"{params_field}") from None
+        raise FactoryError(
+            f"{field}: the factory raised {_one_line(exc)}; fix the factory or the values in {params_field}"
+        ) from None
 
 
 def _is_map_style(ds: Any) -> bool:
     return hasattr(ds, "__len__") and hasattr(ds, "__getitem__")
-
-
 
 
 def check_datasets(result: Any, field: str = "data.factory") -> tuple[Any, Any]:
@@ -165,42 +178,52 @@ def check_datasets(result: Any, field: str = "data.factory") -> tuple[Any, Any]:
         raise FactoryError(f"{field}: returned {type(result).__name__}, expected {expected}; return (train, val)")
     for name, ds in zip(("train", "val"), result):
         if not _is_map_style(ds):
-            raise FactoryError(f"{field}: {name} is a {type(ds).__name__} without __len__/__getitem__, "
-                               f"expected {expected}; return map-style datasets (torch.utils.data.Dataset)")
+            raise FactoryError(
+                f"{field}: {name} is a {type(ds).__name__} without __len__/__getitem__, "
+                f"expected {expected}; return map-style datasets (torch.utils.data.Dataset)"
+            )
         if len(ds) == 0:
-            raise FactoryError(f"{field}: the {name} dataset is empty; check what the factory reads (and "
-                               f"{field.split('.')[0]}.params)")
+            raise FactoryError(
+                f"{field}: the {name} dataset is empty; check what the factory reads (and {field.split('.')[0]}.params)"
+            )
     sample = result[0][0]
     if not isinstance(sample, (tuple, list)) or len(sample) != 2:
-        raise FactoryError(f"{field}: train[0] is a {type(sample).__name__}, expected an (input, target) pair; "
-                           f"make __getitem__ return (input, target)")
+        raise FactoryError(
+            f"{field}: train[0] is a {type(sample).__name__}, expected an (input, target) pair; "
+            f"make __getitem__ return (input, target)"
+        )
     return result[0], result[1]
 
 
 def check_model(result: Any, field: str = "model.factory") -> nn.Module:
     """``result`` if it is a ``torch.nn.Module``, else a :class:`FactoryError`."""
     if not isinstance(result, nn.Module):
-        raise FactoryError(f"{field}: returned {type(result).__name__}, expected a torch.nn.Module; return the "
-                           f"model itself")
+        raise FactoryError(
+            f"{field}: returned {type(result).__name__}, expected a torch.nn.Module; return the model itself"
+        )
     return result
 
 
 def check_dataset_size(train: Any, global_batch: int, field: str = "data.factory") -> None:
     """A training set smaller than the global batch cannot fill one step: :class:`FactoryError`."""
     if len(train) < global_batch:
-        raise FactoryError(f"{field}: the training set has {len(train)} samples, fewer than the global batch "
-                           f"of {global_batch} (batch.size / the largest batch the policy reaches); lower "
-                           f"batch.size (and batch.max_size) to at most {len(train)}, or give more data")
+        raise FactoryError(
+            f"{field}: the training set has {len(train)} samples, fewer than the global batch "
+            f"of {global_batch} (batch.size / the largest batch the policy reaches); lower "
+            f"batch.size (and batch.max_size) to at most {len(train)}, or give more data"
+        )
 
 
-def build_datasets(spec: str | Callable[..., Any], params: Mapping[str, Any] | None = None,
-                   field: str = "data.factory") -> tuple[Any, Any]:
+def build_datasets(
+    spec: str | Callable[..., Any], params: Mapping[str, Any] | None = None, field: str = "data.factory"
+) -> tuple[Any, Any]:
     """Resolve and call a data factory; return its checked ``(train, val)``."""
     return check_datasets(_call(resolve(spec, field), params, field), field)
 
 
-def build_model(spec: str | Callable[..., Any], params: Mapping[str, Any] | None = None,
-                field: str = "model.factory") -> nn.Module:
+def build_model(
+    spec: str | Callable[..., Any], params: Mapping[str, Any] | None = None, field: str = "model.factory"
+) -> nn.Module:
     """Resolve and call a model factory; return its checked module."""
     return check_model(_call(resolve(spec, field), params, field), field)
 
@@ -234,28 +257,36 @@ def resolve_loss(spec: str | LossFn | None, field: str = "model.loss") -> LossFn
     if isinstance(spec, str) and spec in LOSSES:
         return LOSSES[spec]
     if isinstance(spec, str) and ":" not in spec:
-        raise FactoryError(f"{field}: {spec!r} is neither one of {sorted(LOSSES)} nor a 'package.module:function'; "
-                           f"use one of those names or {FORM_HINT}")
+        raise FactoryError(
+            f"{field}: {spec!r} is neither one of {sorted(LOSSES)} nor a 'package.module:function'; "
+            f"use one of those names or {FORM_HINT}"
+        )
     return resolve(spec, field)
 
 
 def check_loss_output(loss: Any, batch: int, field: str = "model.loss") -> torch.Tensor:
     """The loss of a micro-batch of ``batch`` samples must be a tensor of shape ``[batch]``."""
     if not isinstance(loss, torch.Tensor):
-        raise FactoryError(f"{field}: returned {type(loss).__name__}, expected a tensor of shape [{batch}] "
-                           "(one loss per sample); return the per-sample losses (reduction='none')")
+        raise FactoryError(
+            f"{field}: returned {type(loss).__name__}, expected a tensor of shape [{batch}] "
+            "(one loss per sample); return the per-sample losses (reduction='none')"
+        )
     if tuple(loss.shape) != (batch,):
-        raise FactoryError(f"{field}: returned shape {list(loss.shape)} for {batch} samples, expected "
-                           f"[{batch}] (one loss per sample, not a mean; use reduction='none')")
+        raise FactoryError(
+            f"{field}: returned shape {list(loss.shape)} for {batch} samples, expected "
+            f"[{batch}] (one loss per sample, not a mean; use reduction='none')"
+        )
     return loss
 
 
 # --------------------------------------------------------------------------- probe
 
 
-BATCHNORM_WARNING = ("model.factory: the model has BatchNorm layers; their statistics are computed per "
-                     "micro-batch on each worker, so they change with batch.max_local_batch and the worker "
-                     "count (use GroupNorm/LayerNorm or SyncBatchNorm for results independent of W)")
+BATCHNORM_WARNING = (
+    "model.factory: the model has BatchNorm layers; their statistics are computed per "
+    "micro-batch on each worker, so they change with batch.max_local_batch and the worker "
+    "count (use GroupNorm/LayerNorm or SyncBatchNorm for results independent of W)"
+)
 
 
 def has_batchnorm(model: nn.Module) -> bool:
@@ -273,23 +304,45 @@ class ProbeReport:
     single_sample_layers: tuple[str, ...] = ()
 
 
-def probe(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
-          loss_fn: str | LossFn | None = None, *, model_params: Mapping[str, Any] | None = None,
-          data_params: Mapping[str, Any] | None = None, global_batch: int | None = None,
-          model_field: str = "model.factory", data_field: str = "data.factory",
-          loss_field: str = "model.loss") -> str | None:
+def probe(
+    model_fn: str | Callable[..., Any],
+    data_fn: str | Callable[..., Any],
+    loss_fn: str | LossFn | None = None,
+    *,
+    model_params: Mapping[str, Any] | None = None,
+    data_params: Mapping[str, Any] | None = None,
+    global_batch: int | None = None,
+    model_field: str = "model.factory",
+    data_field: str = "data.factory",
+    loss_field: str = "model.loss",
+) -> str | None:
     """Run the workload contract once on two samples; return a warning or ``None``, raise :class:`FactoryError`
     (:func:`probe_report`, its warning only)."""
-    return probe_report(model_fn, data_fn, loss_fn, model_params=model_params, data_params=data_params,
-                        global_batch=global_batch, model_field=model_field, data_field=data_field,
-                        loss_field=loss_field).warning
+    return probe_report(
+        model_fn,
+        data_fn,
+        loss_fn,
+        model_params=model_params,
+        data_params=data_params,
+        global_batch=global_batch,
+        model_field=model_field,
+        data_field=data_field,
+        loss_field=loss_field,
+    ).warning
 
 
-def probe_report(model_fn: str | Callable[..., Any], data_fn: str | Callable[..., Any],
-                 loss_fn: str | LossFn | None = None, *, model_params: Mapping[str, Any] | None = None,
-                 data_params: Mapping[str, Any] | None = None, global_batch: int | None = None,
-                 model_field: str = "model.factory", data_field: str = "data.factory",
-                 loss_field: str = "model.loss") -> ProbeReport:
+def probe_report(
+    model_fn: str | Callable[..., Any],
+    data_fn: str | Callable[..., Any],
+    loss_fn: str | LossFn | None = None,
+    *,
+    model_params: Mapping[str, Any] | None = None,
+    data_params: Mapping[str, Any] | None = None,
+    global_batch: int | None = None,
+    model_field: str = "model.factory",
+    data_field: str = "data.factory",
+    loss_field: str = "model.loss",
+) -> ProbeReport:
     """Run the workload contract once on two samples; raise :class:`FactoryError` or report what it saw.
 
     Steps: build the datasets and check them (and ``len(train) >= global_batch`` when given);
@@ -300,8 +353,8 @@ def probe_report(model_fn: str | Callable[..., Any], data_fn: str | Callable[...
     (``load_state_dict(strict=True)``).  A model with BatchNorm gets the warning, and a forward of
     ``train[0]`` alone names the layers that cannot train on one sample.
     """
-    from trainers.data.sampler import fetch
-    from trainers.workload.batchnorm import single_sample_layers
+    from trainers.data.sampler import fetch  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+    from trainers.workload.batchnorm import single_sample_layers  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
     train, _ = build_datasets(data_fn, data_params, data_field)
     if global_batch is not None:
@@ -312,25 +365,33 @@ def probe_report(model_fn: str | Callable[..., Any], data_fn: str | Callable[...
     try:
         x, y = fetch(train, idx)
     except Exception as exc:
-        raise FactoryError(f"{data_field}: loading train[{idx}] and collating failed: {_one_line(exc)}; make "
-                           f"__getitem__ return (input, target) tensors of one shape") from None
+        raise FactoryError(
+            f"{data_field}: loading train[{idx}] and collating failed: {_one_line(exc)}; make "
+            f"__getitem__ return (input, target) tensors of one shape"
+        ) from None
     model.train()
     try:
         out = model(x)
     except Exception as exc:
-        raise FactoryError(f"{model_field}: forward on two training samples failed: {_one_line(exc)}; make the "
-                           f"model take a batch of the dataset's inputs") from None
+        raise FactoryError(
+            f"{model_field}: forward on two training samples failed: {_one_line(exc)}; make the "
+            f"model take a batch of the dataset's inputs"
+        ) from None
     try:
         value = loss(out, y)
     except Exception as exc:
-        raise FactoryError(f"{loss_field}: failed on the model's output for two samples: {_one_line(exc)}; make "
-                           f"it take (output, target) of a batch") from None
+        raise FactoryError(
+            f"{loss_field}: failed on the model's output for two samples: {_one_line(exc)}; make "
+            f"it take (output, target) of a batch"
+        ) from None
     value = check_loss_output(value, len(idx), loss_field)
     try:
         value.sum().backward()
     except Exception as exc:
-        raise FactoryError(f"{model_field}: backward through the loss failed: {_one_line(exc)}; keep the "
-                           f"loss differentiable in the model's parameters") from None
+        raise FactoryError(
+            f"{model_field}: backward through the loss failed: {_one_line(exc)}; keep the "
+            f"loss differentiable in the model's parameters"
+        ) from None
     buf = io.BytesIO()
     try:
         torch.save(model.state_dict(), buf)
@@ -340,9 +401,11 @@ def probe_report(model_fn: str | Callable[..., Any], data_fn: str | Callable[...
     except FactoryError:
         raise
     except Exception as exc:
-        raise FactoryError(f"{model_field}: the state dict does not survive torch.save/torch.load(weights_only=True) "
-                           f"into a fresh model: {_one_line(exc)}; keep only tensors in the state dict and build "
-                           f"the same parameters on every call") from None
+        raise FactoryError(
+            f"{model_field}: the state dict does not survive torch.save/torch.load(weights_only=True) "
+            f"into a fresh model: {_one_line(exc)}; keep only tensors in the state dict and build "
+            f"the same parameters on every call"
+        ) from None
     if not has_batchnorm(model):
         return ProbeReport(None, len(train))
     one, _ = fetch(train, [0])

@@ -33,8 +33,10 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         if d_model % n_head:
             fit = max(n_head, d_model - d_model % n_head)
-            raise ValueError(f"model.params: d_model ({d_model}) must be a multiple of n_head ({n_head}); set "
-                             f"model.params d_model to {fit} or n_head to a divisor of {d_model}")
+            raise ValueError(
+                f"model.params: d_model ({d_model}) must be a multiple of n_head ({n_head}); set "
+                f"model.params d_model to {fit} or n_head to a divisor of {d_model}"
+            )
         self.n_head, self.dropout = n_head, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -44,8 +46,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(d, dim=2)
         shape = (b, t, self.n_head, d // self.n_head)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))  # [b, h, t, d_head]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -57,8 +58,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head, dropout)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model),
-                                 nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model), nn.Dropout(dropout)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -68,8 +70,15 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A small causal transformer; ``forward(ids [b, T]) -> logits [b, T, vocab_size]`` with ``T <= context``."""
 
-    def __init__(self, n_layer: int = 4, n_head: int = 6, d_model: int = 192, context: int = 128,
-                 vocab_size: int = 256, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        n_layer: int = 4,
+        n_head: int = 6,
+        d_model: int = 192,
+        context: int = 128,
+        vocab_size: int = 256,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.context = context
         self.tok = nn.Embedding(vocab_size, d_model)
@@ -105,12 +114,14 @@ class GPT(nn.Module):
 class LSTMLM(nn.Module):
     """Embedding, ``n_layer`` LSTM layers, linear head: ``forward(ids [b, T]) -> logits [b, T, V]``."""
 
-    def __init__(self, d_embed: int = 64, hidden: int = 256, n_layer: int = 2, vocab_size: int = 256,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_embed: int = 64, hidden: int = 256, n_layer: int = 2, vocab_size: int = 256, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, d_embed)
-        self.lstm = nn.LSTM(d_embed, hidden, num_layers=n_layer, batch_first=True,
-                            dropout=dropout if n_layer > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            d_embed, hidden, num_layers=n_layer, batch_first=True, dropout=dropout if n_layer > 1 else 0.0
+        )
         self.head = nn.Linear(hidden, vocab_size)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -118,15 +129,19 @@ class LSTMLM(nn.Module):
         return self.head(out)
 
 
-def gpt(n_layer: int = 4, n_head: int = 6, d_model: int = 192, context: int = 128, vocab_size: int = 256,
-        dropout: float = 0.0) -> GPT:
+def gpt(
+    n_layer: int = 4,
+    n_head: int = 6,
+    d_model: int = 192,
+    context: int = 128,
+    vocab_size: int = 256,
+    dropout: float = 0.0,
+) -> GPT:
     """Factory for ``model.name: gpt`` (defaults: about 1.9M parameters at context 128)."""
-    return GPT(n_layer=n_layer, n_head=n_head, d_model=d_model, context=context, vocab_size=vocab_size,
-               dropout=dropout)
+    return GPT(n_layer=n_layer, n_head=n_head, d_model=d_model, context=context, vocab_size=vocab_size, dropout=dropout)
 
 
-def lstm(d_embed: int = 64, hidden: int = 256, n_layer: int = 2, vocab_size: int = 256,
-         dropout: float = 0.0) -> LSTMLM:
+def lstm(d_embed: int = 64, hidden: int = 256, n_layer: int = 2, vocab_size: int = 256, dropout: float = 0.0) -> LSTMLM:
     """Factory for ``model.name: lstm``."""
     return LSTMLM(d_embed=d_embed, hidden=hidden, n_layer=n_layer, vocab_size=vocab_size, dropout=dropout)
 

@@ -9,14 +9,14 @@ is what exactness tests across world sizes need.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field, model_validator
-
-from trainers.accel.device import LayoutConfig
 from torch import nn
 
+from trainers.accel.device import LayoutConfig
 from trainers.data.datasets import DatasetInfo
 
 Norm = Literal["batch", "group", "none"]
@@ -28,23 +28,30 @@ class ModelConfig(LayoutConfig):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["mlp", "cnn", "resnet18", "resnet50", "gpt", "lstm"] | None = Field(
-        default=None, description="a built-in model (default cnn when no factory is given)")
-    factory: str | None = Field(default=None, description="'package.module:function' returning a "
-                                                          "torch.nn.Module; exclusive with name")
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory "
-                                                                     "(and of gpt/lstm)")
-    loss: str | None = Field(default=None, description="cross_entropy | token_cross_entropy | "
-                             "'package.module:function' (one loss per sample); default: token_cross_entropy "
-                             "for gpt/lstm, else cross_entropy")
+        default=None, description="a built-in model (default cnn when no factory is given)"
+    )
+    factory: str | None = Field(
+        default=None, description="'package.module:function' returning a torch.nn.Module; exclusive with name"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the factory (and of gpt/lstm)"
+    )
+    loss: str | None = Field(
+        default=None,
+        description="cross_entropy | token_cross_entropy | "
+        "'package.module:function' (one loss per sample); default: token_cross_entropy "
+        "for gpt/lstm, else cross_entropy",
+    )
     norm: Norm = Field(default="batch", description="batch (per-worker BatchNorm), group (GroupNorm) or none")
     hidden: int = Field(default=128, gt=0, description="mlp hidden width / cnn channels")
     sync_bn: bool = Field(default=False, description="BatchNorm statistics over all workers (SyncBatchNorm, GPU only)")
-    zero_init_residual: bool = Field(default=False, description="resnet: each residual block's last BatchNorm "
-                                     "starts at zero (Goyal et al.)")
+    zero_init_residual: bool = Field(
+        default=False, description="resnet: each residual block's last BatchNorm starts at zero (Goyal et al.)"
+    )
 
     @model_validator(mode="after")
-    def _default_name(self) -> "ModelConfig":
-        # name and factory both given: orchestrator/preflight.py
+    def _default_name(self) -> ModelConfig:
+        # name and factory both given: orchestrator/config/preflight.py
         if self.name is None and self.factory is None:
             self.name = "cnn"
         return self
@@ -105,7 +112,7 @@ class SmallCNN(nn.Module):
 
 def _resnet(depth: int) -> Callable[[DatasetInfo, ModelConfig], nn.Module]:
     def build(info: DatasetInfo, cfg: ModelConfig) -> nn.Module:
-        from torchvision.models import resnet18, resnet50
+        from torchvision.models import resnet18, resnet50  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         norm = {
             "batch": nn.BatchNorm2d,
@@ -113,8 +120,12 @@ def _resnet(depth: int) -> Callable[[DatasetInfo, ModelConfig], nn.Module]:
             "none": lambda c: nn.Identity(),
         }[cfg.norm]
         ctor = resnet18 if depth == 18 else resnet50
-        m = ctor(weights=None, num_classes=info.num_classes, norm_layer=norm,
-                 zero_init_residual=cfg.zero_init_residual and cfg.norm == "batch")
+        m = ctor(
+            weights=None,
+            num_classes=info.num_classes,
+            norm_layer=norm,
+            zero_init_residual=cfg.zero_init_residual and cfg.norm == "batch",
+        )
         # 32x32 inputs: a 3x3 stem with stride 1 and no max-pool keeps the spatial size.
         m.conv1 = nn.Conv2d(info.shape[0], 64, 3, stride=1, padding=1, bias=False)
         m.maxpool = nn.Identity()

@@ -41,7 +41,8 @@ class RingPoints(Dataset):
         return self.points[idx], self.rings[idx]
 
 
-def rings(n_train: int = 8192, n_val: int = 2048, classes: int = 3, noise: float = 0.15,
-          seed: int = 0) -> tuple[RingPoints, RingPoints]:
+def rings(
+    n_train: int = 8192, n_val: int = 2048, classes: int = 3, noise: float = 0.15, seed: int = 0
+) -> tuple[RingPoints, RingPoints]:
     """The data factory: ``(train, val)``."""
     return RingPoints(n_train, classes, noise, seed), RingPoints(n_val, classes, noise, seed + 1)

@@ -11,8 +11,9 @@ class Residual(nn.Module):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(),
-                                  nn.Linear(2 * width, width))
+        self.body = nn.Sequential(
+            nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)

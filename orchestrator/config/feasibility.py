@@ -1,0 +1,139 @@
+"""Can the cluster ever run this config's worker groups?  Asked before the first ``fit()``, so an
+impossible request is a one-line error instead of a run that waits forever.
+
+Ray Train waits, and retries, for a worker group the cluster cannot place: ``use_gpu`` on a
+cluster without GPUs, or ``max_workers x cpus_per_worker`` above every CPU it will ever have,
+keeps a run "pending" forever.  :func:`check_feasible` answers before the first ``fit()``; it is
+a pure function of the config and two resource dicts, so it is tested without Ray.
+
+What the cluster can *ever* have is the larger of what it has now (``ray.cluster_resources()``)
+and what its autoscaler may grow it to.  Ray shows no public API for the latter; the cluster
+launcher gives the head node its autoscaling config as ``~/ray_bootstrap_config.yaml`` (the
+``--autoscaling-config`` of ``ray start --head``), and :func:`autoscaler_max_resources` reads the
+node types' ``resources`` and ``max_workers`` from it.  Where there is none (a fixed cluster, a
+laptop, KubeRay, a driver off the head node) it returns ``None`` and the check uses the
+cluster's current totals; where a node type does not declare its resources (left for the
+autoscaler to detect) it also returns ``None``, and then nothing is refused for lack of capacity
+that the autoscaler might add.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from orchestrator.config.schema import RootConfig
+
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+"""Where ``ray up`` puts the autoscaling config on the head node."""
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+def capacity(cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, float] | None) -> dict[str, float]:
+    """Per resource, the most the cluster can ever have: now, or after the autoscaler's growth."""
+    out = {k: float(v) for k, v in cluster_total.items()}
+    for k, v in (autoscaler_max or {}).items():
+        out[k] = max(out.get(k, 0.0), float(v))
+    return out
+
+
+def check_feasible(
+    cfg: RootConfig, cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, float] | None
+) -> str | None:
+    """``None`` when the largest worker group of ``cfg`` fits what the cluster can ever have,
+    else one line naming the field, what it needs, what the cluster can have, and the fix.
+
+    ``cluster_total``: ``ray.cluster_resources()``; ``autoscaler_max``: :func:`autoscaler_max_resources`
+    (``None`` = not autoscaling or not known).  The group needs ``max_workers x cpus_per_worker``
+    CPUs and, with ``use_gpu``, ``max_workers x gpus_per_worker`` GPUs (the elastic run asks for
+    its largest group; a smaller one may fit but never the requested size).
+    """
+    s = cfg.scaling
+    cap = capacity(cluster_total, autoscaler_max)
+    ever = "the cluster has" if autoscaler_max is None else "the cluster can ever have (autoscaler limits included)"
+    if s.use_gpu:
+        gpus = cap.get("GPU", 0.0)
+        if gpus <= 0:
+            return (
+                f"scaling.use_gpu: true but {ever} no GPU; set scaling.use_gpu: false or start Ray on GPU nodes "
+                f"(ray start --num-gpus)"
+            )
+        need = s.max_workers * s.gpus_per_worker
+        if need > gpus:
+            fit = math.floor(gpus / s.gpus_per_worker)
+            return (
+                f"scaling.max_workers x gpus_per_worker: {s.max_workers} x {_g(s.gpus_per_worker)} = {_g(need)} "
+                f"GPUs, but {ever} {_g(gpus)}; lower scaling.max_workers to at most {fit} or "
+                f"scaling.gpus_per_worker"
+            )
+    cpus = cap.get("CPU", 0.0)
+    need = s.max_workers * s.cpus_per_worker
+    if need > cpus:
+        fit = math.floor(cpus / s.cpus_per_worker)
+        fix = (
+            f"lower scaling.max_workers to at most {fit} or scaling.cpus_per_worker"
+            if fit >= 1
+            else f"lower scaling.cpus_per_worker to at most {_g(cpus)}"
+        )
+        return (
+            f"scaling.max_workers x cpus_per_worker: {s.max_workers} x {_g(s.cpus_per_worker)} = {_g(need)} "
+            f"CPUs, but {ever} {_g(cpus)}; {fix}"
+        )
+    return None
+
+
+def max_resources(autoscaling_config: Mapping[str, Any]) -> dict[str, float] | None:
+    """The most of each resource a cluster with this autoscaling config can have (``None`` if its
+    node types do not all declare ``resources``).
+
+    The head node counts once; worker nodes are at most each type's ``max_workers`` and, all
+    types together, the cluster's ``max_workers``.  Per resource this takes the richest types
+    first, which bounds any mix the autoscaler can launch.
+    """
+    types = autoscaling_config.get("available_node_types")
+    if not isinstance(types, Mapping) or not types:
+        return None
+    head = autoscaling_config.get("head_node_type")
+    total_cap = autoscaling_config.get("max_workers")
+    workers: list[tuple[Mapping[str, Any], int]] = []
+    out: dict[str, float] = {}
+    for name, spec in types.items():
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("resources"), Mapping):
+            return None
+        res = spec["resources"]
+        if name == head:
+            for k, v in res.items():
+                out[k] = out.get(k, 0.0) + float(v)
+        count = spec.get("max_workers", total_cap if total_cap is not None else 0)
+        workers.append((res, int(count or 0)))
+    names = {k for res, _ in workers for k in res}
+    for k in names:
+        left = int(total_cap) if total_cap is not None else sum(n for _, n in workers)
+        for res, n in sorted(workers, key=lambda w: -float(w[0].get(k, 0))):
+            take = min(n, left)
+            out[k] = out.get(k, 0.0) + take * float(res.get(k, 0))
+            left -= take
+            if left <= 0:
+                break
+    return out
+
+
+def autoscaler_max_resources(path: str = BOOTSTRAP_CONFIG) -> dict[str, float] | None:
+    """What an autoscaling cluster can grow to, read from the head node's autoscaling config
+    (``None`` when there is none here, or it cannot be read or does not say)."""
+
+    full = os.path.expanduser(path)
+    try:
+        with open(full) as f:
+            config = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+    return max_resources(config) if isinstance(config, Mapping) else None

@@ -1,0 +1,91 @@
+"""The params a run logs to MLflow: the resolved config's fields that apply to this run.
+
+The full resolved config is logged as the artifact ``config.yaml`` (and written beside the
+checkpoints); the params are what a reviewer compares across runs, so a field is left out when
+this run's choices never read it: the synthetic set's ``data.size`` on a digits run,
+``schedule.auto_*`` without auto warmup, a batch policy's knobs under ``batch.policy: fixed``,
+Adam's ``beta2`` under SGD, unset (``None``) and empty values.  The rules say which field is read
+by which choice (preflight's rules for settings that do nothing, and the rules here); they mirror the
+code that reads the field (named beside each rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.config.preflight import IGNORED_UNLESS
+from orchestrator.config.schema import RootConfig, flatten, public_config
+
+Rule = tuple[Callable[[RootConfig], bool], tuple[str, ...]]
+
+# (applies(cfg), fields read only then): a listed field (or a prefix ending in "." or "_") is logged
+# only when ``applies`` holds.  Besides these, every rule of preflight.IGNORED_UNLESS (the settings
+# a user may not set where they do nothing) applies: see :func:`rules`.
+EXTRA_RULES: tuple[Rule, ...] = (
+    # trainers/data/datasets.py, trainers/workload/build.py: a built-in set or a factory; synthetic's teacher seed
+    (lambda c: c.data.factory is None, ("data.name", "data.val_fraction")),
+    (lambda c: c.data.factory is not None, ("data.factory", "data.params.")),
+    (lambda c: c.data.factory is None and c.data.name == "text", ("data.path", "data.context")),
+    (lambda c: c.data.factory is None and c.data.name == "synthetic", ("data.seed",)),
+    # trainers/data/sampler.py: the DataLoader runs for map-style data only (factories, text)
+    (lambda c: not c.data.in_memory, ("data.loader.",)),
+    (lambda c: c.data.loader.workers > 0, ("data.loader.prefetch",)),
+    # trainers/workload/models.py, trainers/workload/build.py: the built-in models' knobs
+    (lambda c: c.model.factory is None, ("model.name",)),
+    (lambda c: c.model.factory is not None, ("model.factory",)),
+    (lambda c: c.model.factory is not None or c.model.language_model, ("model.params.",)),
+    (lambda c: c.model.factory is None and not c.model.language_model, ("model.norm",)),
+    (lambda c: c.scaling.use_gpu, ("model.sync_bn",)),
+    # trainers/policies/policy_set.py needs_noise: the gradient-noise estimator runs for these only
+    (
+        lambda c: (
+            c.batch.policy in ("noise_scale", "norm_test", "cbs_warmup")
+            or c.schedule.scaling_rule == "adascale"
+            or c.scaling.policy == "goodput"
+        ),
+        ("batch.ema",),
+    ),
+    (lambda c: c.batch.policy == "schedule", ("batch.schedule",)),
+    (lambda c: c.batch.policy == "ramp", ("batch.ramp_to", "batch.ramp_epochs")),
+    # orchestrator/run/phases.py: the resize mode matters when the group can resize
+    (lambda c: c.scaling.max_workers > c.scaling.min_workers, ("scaling.resize_mode",)),
+    # orchestrator/config/code.py: shipping packages matters only with a factory
+    (lambda c: c.data.factory is not None or c.model.factory is not None or bool(c.model.loss), ("code.auto",)),
+)
+
+
+def rules() -> list[Rule]:
+    """preflight.IGNORED_UNLESS's rules, then :data:`EXTRA_RULES`."""
+
+    return [(n.holds, (n.field,)) for n in IGNORED_UNLESS] + list(EXTRA_RULES)
+
+
+def _holds(applies: Callable[[RootConfig], bool], cfg: RootConfig) -> bool:
+    try:
+        return bool(applies(cfg))
+    except (AttributeError, TypeError):  # a rule about a built-in model, on a factory's (model.name None)
+        return False
+
+
+def _governed(key: str, fields: tuple[str, ...]) -> bool:
+    return any(key.startswith(f) if f.endswith((".", "_")) else key == f for f in fields)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+def applicable_params(cfg: RootConfig) -> dict[str, Any]:
+    """The flattened public config (``section.key`` -> value) without the fields this run never
+    reads (:func:`rules`) and without unset or empty values."""
+    flat = flatten(public_config(cfg))
+    all_rules = rules()
+    out = {}
+    for key, value in flat.items():
+        if _empty(value):
+            continue
+        if any(_governed(key, fields) and not _holds(applies, cfg) for applies, fields in all_rules):
+            continue
+        out[key] = value
+    return out

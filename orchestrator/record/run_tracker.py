@@ -1,0 +1,262 @@
+"""MLflow run life: create the run (its source, params and config) or reopen it, hand what is logged
+to the part that logs it, and close it with a status.
+
+The parts, one job each: orchestrator/record/series.py (per-step metrics reduced to where they bend),
+orchestrator/record/run_writer.py (rows and tags in batches, a tracking outage), orchestrator/record/plots.py
+(the curves and the timeline), orchestrator/record/model_log.py (the final model, registered),
+orchestrator/record/system_metrics.py (the driver's machine).  The params that apply:
+orchestrator/record/params.py; the source is the git commit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlflow
+import yaml
+from mlflow.entities import Param
+from mlflow.tracking import MlflowClient
+
+from orchestrator.config.schema import RootConfig, public_config
+from orchestrator.config.uris import mlflow_uri
+from orchestrator.record.model_log import ModelLogger
+from orchestrator.record.params import applicable_params
+from orchestrator.record.plots import RunPlots
+from orchestrator.record.run_writer import (
+    RunWriter,
+    TrackingLost,
+    bound_http_requests,
+    unavailable,  # noqa: F401 - orchestrator/run/runner.py imports it here
+)
+from orchestrator.record.run_writer import short_error as _short_error  # noqa: F401 - orchestrator/run/runner.py imports it here
+from orchestrator.record.series import SeriesCompressor
+from orchestrator.record.system_metrics import DriverSystemMetrics
+from orchestrator.record.ui import experiment_id
+from trainers.link import tags as T
+
+HOLD_S = 5.0  # a held point of a piecewise metric is logged at least this often, so the MLflow UI stays current
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", PROJECT_ROOT, *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's source tags for the project's code: the git commit (and whether the checkout had
+    uncommitted changes, ``elastic.git.dirty``), the remote when there is one, and the entry point
+    (the script run, as MLflow itself records it, or this package's CLI).  Empty when the project
+    is not a git checkout (an installed package)."""
+    commit = _git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not os.path.isfile(script) or os.sep + "ray" + os.sep in script:  # a Ray worker (a search's trial)
+        script = os.path.join(PROJECT_ROOT, "orchestrator", "__main__.py")
+    tags = {
+        "mlflow.source.git.commit": commit,
+        "mlflow.source.name": script,
+        "mlflow.source.type": "LOCAL",
+        T.GIT_DIRTY: str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower(),
+    }
+    remote = _git("remote", "get-url", "origin")
+    if remote:
+        from orchestrator.config.uris import redact_uri  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+
+        tags["mlflow.source.git.repoURL"] = redact_uri(remote)
+    return tags
+
+
+class RunTracker:
+    """One training's MLflow run: open it (new or resumed) and hand each kind of logging to its part.
+
+    ``series`` (:class:`~orchestrator.record.series.SeriesCompressor`) picks the metric points, ``writer``
+    (:class:`~orchestrator.record.run_writer.RunWriter`) writes them and the tags, through an outage too,
+    ``system`` (:class:`~orchestrator.record.system_metrics.DriverSystemMetrics`) samples the driver's
+    machine; the plots and the final model are logged by :class:`~orchestrator.record.plots.RunPlots` and
+    :class:`~orchestrator.record.model_log.ModelLogger`.  ``uri``: the tracking URI as given (its
+    credentials, redacted, tell resume to ask again); MLflow itself sees it without a password."""
+
+    def __init__(
+        self,
+        cfg: RootConfig,
+        run_id: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        warn: Callable[[str], None] | None = None,
+    ):
+
+        self.uri = cfg.tracking.resolved_uri()
+        seen_by_mlflow = mlflow_uri(self.uri)  # never a password (MLflow prints its URI)
+        mlflow.set_tracking_uri(seen_by_mlflow)
+        client = MlflowClient(seen_by_mlflow)
+        bound_http_requests(seen_by_mlflow)
+        if run_id is None:
+            # artifacts beside the store; MLflow's UI opens it in the model-training view
+            self.experiment_id = experiment_id(client, self.uri, cfg.tracking.experiment)
+            all_tags = {**source_tags(), **(tags or {})}
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            run = client.create_run(self.experiment_id, run_name=cfg.tracking.run_name, tags=all_tags)
+        else:
+            run = client.get_run(run_id)
+            self.experiment_id = run.info.experiment_id
+        self.series = SeriesCompressor()
+        self.client, self.run_id = client, run.info.run_id
+        # warn: where the outage's lines go (under the progress bar while one shows)
+        self.writer = RunWriter(client, self.run_id, self.uri, cfg.tracking.outage_timeout_s, warn)
+        self.system = DriverSystemMetrics(run.info.run_id, seen_by_mlflow)
+        self.writer.on_back = self.system.revive  # its thread ended at the outage's first failed call
+        self._released = time.monotonic()  # the held points were last logged (HOLD_S)
+        if run_id is None:
+            self.log_config(cfg)
+        else:
+            self._load_history()
+
+    # -- config ------------------------------------------------------------------------
+
+    def log_config(self, cfg: RootConfig) -> None:
+
+        resolved = public_config(cfg)  # credentials in the tracking URI are never logged
+        # the params a reviewer compares: only the fields this run reads; config.yaml has them all
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(applicable_params(cfg).items())]
+        for i in range(0, len(params), 90):
+            self.client.log_batch(self.run_id, params=params[i : i + 90])
+        self.log_text(yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def _load_history(self) -> None:
+        """For a resumed run: what is already logged, so nothing is logged twice."""
+        run = self.client.get_run(self.run_id)
+        self.series.restore(
+            {
+                key: [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)]
+                for key in run.data.metrics
+            }
+        )
+
+    def last_step(self) -> int:
+        return self.series.last_step()
+
+    def log_metrics(self, records: list[tuple], flush: bool = False) -> None:
+        """Log per-step records ``(step, metrics, time)``: the points that keep each series exact
+        (:class:`~orchestrator.record.series.SeriesCompressor`; a held point at least every :data:`HOLD_S`
+        and at the end, :meth:`release_held`), each row stamped with when its step ran (without a
+        time, when it is logged).  Rows are written about every
+        :data:`~orchestrator.record.run_writer.FLUSH_S` (or now, with ``flush``); :attr:`written_upto`
+        says up to which step every record is written."""
+        self.writer.cover(records)
+        self.writer.add_points(self.series.add(records, time.time()))
+        if time.monotonic() - self._released >= HOLD_S:
+            self.release_held()
+        elif flush or self.writer.due():
+            self.writer.flush()
+
+    def release_held(self) -> None:
+        """Log every piecewise metric's newest point and write every row (the UI catches up; at
+        the end of a run)."""
+        self._released = time.monotonic()
+        self.writer.add_points(self.series.release(time.time()))
+        self.writer.flush()
+
+    def flush(self, force: bool = False) -> None:
+        """Write the buffered rows and tags (:meth:`orchestrator.record.run_writer.RunWriter.flush`)."""
+        self.writer.flush(force)
+
+    def last_value(self, key: str, default: float = 0.0) -> float:
+        return self.series.last_value(key, default)
+
+    def log_rows(self, rows: list[Any]) -> None:
+        """MLflow ``Metric`` rows as they are (two at one step stay two)."""
+        self.writer.log_rows(rows)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Tags, any credential redacted; kept through an outage."""
+        self.writer.set_tags(tags)
+
+    # -- a tracking store that does not answer (the writer's) -------------------------------------
+
+    def outage_expired(self) -> TrackingLost | None:
+        """The error to stop the run with, once the store has stayed away too long (else None)."""
+        return self.writer.outage_expired()
+
+    def await_store(self) -> TrackingLost | None:
+        """At the end of training: every held point, then wait (bounded) for the store to take it all."""
+        self.release_held()
+        return self.writer.await_store()
+
+    def unrecorded(self) -> tuple[int, int, int | None]:
+        """What the store does not hold: (step records, metric values, the first such step)."""
+        return self.writer.unrecorded()
+
+    def lost_message(self, lost: TrackingLost, stopped_at: int, checkpoints: str, resume: str) -> str:
+        """One line for a run whose tracking store stayed away (:meth:`RunWriter.lost_message`)."""
+        return self.writer.lost_message(lost, stopped_at, checkpoints, resume)
+
+    # -- artifacts -----------------------------------------------------------------------
+
+    def log_plots(self) -> None:
+        RunPlots(self.client, self.run_id).curves(self.series.history)
+
+    def log_timeline(self, timeline: Any) -> None:
+        """``timeline.json`` and ``plots/timeline.png`` (:meth:`RunPlots.timeline`)."""
+        RunPlots(self.client, self.run_id).timeline(timeline)
+
+    def _models(self) -> ModelLogger:
+        return ModelLogger(self.client, self.run_id, self.experiment_id, self.set_tags)
+
+    def log_model(
+        self,
+        model_state: dict[str, Any],
+        cfg: RootConfig,
+        functions: dict[str, Any] | None = None,
+        register: str | None = None,
+        warn: Any = print,
+    ) -> tuple[str | None, str | None]:
+        """The final weights and the MLflow model; its URI and registered version (:meth:`ModelLogger.log`)."""
+        return self._models().log(model_state, cfg, functions, register, warn)
+
+    def log_pytorch_model(
+        self, model_state: dict[str, Any], cfg: RootConfig, functions: dict[str, Any] | None, register: str | None
+    ) -> tuple[str, str | None]:
+        return self._models().log_pytorch(model_state, cfg, functions, register)
+
+    # -- system metrics --------------------------------------------------------------------------
+
+    def start_system_metrics(self, resume: bool = False) -> bool:
+        """The driver's machine as ``system/<metric>`` (:class:`DriverSystemMetrics`)."""
+        return self.system.start(resume)
+
+    def stop_system_metrics(self) -> None:
+        self.system.stop(lost=self.writer.lost)
+
+    # -- the run's status ------------------------------------------------------------------------
+
+    def set_running(self) -> None:
+        self.client.update_run(self.run_id, status="RUNNING")
+
+    def clear_failure(self) -> None:
+        """A run that reached its planned end no longer carries an earlier driver's failure."""
+        if T.FAILURE in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, T.FAILURE)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Close the run with ``status``; a run whose store stayed away (:attr:`lost`) is left as it
+        is (RUNNING), for ``resume`` to go on with."""
+        self.stop_system_metrics()
+        if self.writer.lost:
+            return
+        self.release_held()
+        self.writer.close(status)

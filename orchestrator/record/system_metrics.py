@@ -1,0 +1,55 @@
+"""The driver's own machine in its MLflow run, sampled by MLflow's system-metrics monitor.
+
+CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  The workers' rank 0 reports
+its node as ``system/worker-<host>/<metric>`` over the link (trainers/link/system.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+SYSTEM_EVERY_S = 5.0  # seconds between the driver's system-metrics samples (MLflow's monitor)
+
+
+class DriverSystemMetrics:
+    """Run MLflow's system-metrics monitor for one run on the driver, anew after a tracking outage."""
+
+    def __init__(self, run_id: str, mlflow_uri: str) -> None:
+        self.run_id, self.mlflow_uri = run_id, mlflow_uri
+        self._monitor: Any = None
+
+    def start(self, resume: bool = False) -> bool:
+        """Sample every :data:`SYSTEM_EVERY_S` seconds (``resume``: go on at the run's next step);
+        False where MLflow's monitor cannot run.  It needs ``psutil``, which Ray ships (importing Ray
+        puts it on the path) when it is not installed."""
+        try:
+            import ray  # noqa: F401, PLC0415 - see the docstring; imported where used: a nested branch that only some runs take
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+        except ImportError:
+            return False
+        # Its thread logs a warning and ends at a call to the store that fails: the run's writer
+        # says what an outage means itself and a new monitor starts once the store answers (revive).
+        logging.getLogger("mlflow.system_metrics.system_metrics_monitor").setLevel(logging.ERROR)
+        self._monitor = SystemMetricsMonitor(
+            self.run_id, sampling_interval=SYSTEM_EVERY_S, resume_logging=resume, tracking_uri=self.mlflow_uri
+        )
+        self._monitor.start()
+        return True
+
+    def stop(self, lost: bool = False) -> None:
+        """End the monitor; ``lost``: the store stays away, its last rows cannot be written (stopped
+        without MLflow's flush and its error line)."""
+        if self._monitor is not None:
+            if lost:
+                self._monitor._shutdown_event.set()
+            else:
+                self._monitor.finish()
+            self._monitor = None
+
+    def revive(self) -> None:
+        """MLflow's monitor thread ends at the first call to the store that fails (with a warning
+        it logs itself): after an outage a new one goes on where it stopped."""
+        thread = getattr(self._monitor, "_process", None)
+        if self._monitor is not None and thread is not None and not thread.is_alive():
+            self._monitor = None
+            self.start(resume=True)

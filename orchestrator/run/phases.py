@@ -1,0 +1,742 @@
+"""The driver's control loop: one training run as a sequence of ``TorchTrainer.fit()`` phases.
+
+Built the way Ray Train V2's controller is (``ray/train/v2/_internal/execution/controller``):
+the run is always in one small state object, and :meth:`PhaseRunner.run` steps it until a
+terminal state, which it returns (the terminal states: orchestrator/run/outcome.py)::
+
+    Starting -> Running <-> Overlapping          (a new group starts beside the old one)
+                   |             |
+                   +-------------+-> CapacityLost | TrackingGone  (a poll of either: no room for
+                   |             |                 min_workers, or no tracking server, for too long)
+                   v             v
+                PhaseEnded (the old group's fit() returned)
+                   |-> Resizing -> Running       (a resize handed over: the new group trains)
+                   |-> Finished | Stopped        (the planned end; asked to stop before it)
+                   |-> Diverged | UserCodeFailed | OutOfStorage     (what the workers' events said)
+                   |-> RayTrainFailed            (fit() raised, not the user's error)
+
+    Ctrl-C or SIGTERM anywhere: the group stops at a checkpoint, the KeyboardInterrupt goes on
+    up and orchestrator/run/runner.py ends the run Interrupted.
+
+A restart after a worker failure happens inside a phase's ``fit()`` (Ray Train's
+``FailureConfig``): the driver sees the same phase start again and counts it (``restarts``).
+
+Each phase is its own Ray Train run (``elastic-<run>``, ``elastic-<run>-r<resume>p<phase>``)
+under one storage path.  Rank 0 writes checkpoints straight into its phase's folder; a new
+group (a resize, a restart after a failure, a ``resume``) restores the newest intact
+checkpoint across all of the training run's folders (trainers/loop/trainer.py).  What the driver
+does with records and events (MLflow, the progress bar) is up to listeners
+(orchestrator/record/listeners.py).  See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.config.schema import RootConfig
+from orchestrator.record.events import (
+    GroupRestarted,
+    OverlapFellBack,
+    ResizeCalledOff,
+    ResizeHandedOver,
+    ResizeMeasured,
+    ResizeRecord,
+)
+from orchestrator.record.listeners import ProgressListener, RunListener, TrackingListener
+from orchestrator.record.progress_bar import Progress
+from orchestrator.record.run_tracker import RunTracker
+from orchestrator.record.timeline import Timeline
+from orchestrator.run.failures import FailureNotice
+from orchestrator.run.monitor import Monitor, has_room
+from orchestrator.run.nodes import CapacityWatch
+from orchestrator.run.outcome import (
+    CapacityLost,
+    Diverged,
+    Finished,
+    Outcome,
+    OutOfStorage,
+    RayTrainFailed,
+    Resume,
+    Stopped,
+    TrackingGone,
+    UserCodeFailed,
+    is_fatal,
+)
+from orchestrator.run.reservations import ray_train_run_id, recorded
+from orchestrator.run.reservations import refresh as refresh_nodes
+from trainers.link import messages as msg
+from trainers.link import tags as T
+from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided, WorkloadFailed
+from trainers.link.runtime import Runtime
+from trainers.loop.checkpoint import checkpoint_step, run_checkpoints
+from trainers.loop.storage import join, resolve
+from trainers.loop.trainer import train_loop_per_worker
+from trainers.policies.resize import WorkerCount
+
+POLL_S = 0.5
+NEVER_S = 1e9  # Ray Train's own look for capacity that came back: the driver does it (look_for_capacity)
+
+# After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
+# driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
+STOP_WAIT_S = 2.0
+# Once the tracking server has stayed away for tracking.outage_timeout_s, the group is stopped at a
+# checkpoint; nothing hurries the driver then, but it must end.
+TRACKING_STOP_WAIT_S = 60.0
+
+
+class _Phase:
+    """One ``fit()`` running in a thread."""
+
+    def __init__(self, idx: int, workers: int, trainer: Any):
+        self.idx, self.workers = idx, workers
+        self.box: dict[str, Any] = {}
+        self.t_called, self.ended = 0.0, 0.0
+
+        def fit() -> None:
+            self.t_called = time.time()
+            try:
+                self.box["result"] = trainer.fit()
+            except BaseException as e:  # surfaced on the driver thread
+                self.box["error"] = e
+            self.ended = time.time()
+
+        self.thread = threading.Thread(target=fit, name=f"fit-phase{idx}", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+# --------------------------------------------------------------------------- states
+
+
+class RunState(ABC):
+    """Where the run is.  :meth:`step` does one poll's work and returns the next state (itself
+    to stay), or the terminal state the run ended in; ``early`` is a group started ahead of a
+    resize, which must not train if the run ends here."""
+
+    early: _Phase | None = None
+
+    @abstractmethod
+    def step(self, run: PhaseRunner) -> RunState | Outcome: ...
+
+
+@dataclass
+class Starting(RunState):
+    """Create the monitor and start phase 0 with enough workers for the (restored) batch."""
+
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        run.make_monitor()
+        return Running(run.start_phase(run.initial_workers(), 0, handover=False))
+
+
+@dataclass
+class Running(RunState):
+    """One group trains; the driver pumps the monitor every poll.  An overlapping resize decided
+    by the monitor starts the new group beside it."""
+
+    cur: _Phase
+
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        end = run.poll(self.cur)
+        if end is not None:
+            return end
+        if not self.cur.alive:
+            return PhaseEnded(self.cur)
+        run.look_for_capacity(self.cur)
+        want = run.take_overlap_wanted()
+        if want is not None:
+            return Overlapping(self.cur, run.start_phase(want, self.cur.idx + 1, handover=True))
+        return self
+
+
+@dataclass
+class Overlapping(RunState):
+    """The old group trains on while the new group (``early``) starts; the old group hands over
+    once the new one is ready.  A new group that ends without taking over could not start: the
+    resize falls back to a restart."""
+
+    cur: _Phase
+    early: _Phase | None
+
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        end = run.poll(self.cur)
+        if end is not None:  # the run ends here: the new group must not train
+            run.cancel_early(self.early)
+            return end
+        nxt = self.early
+        if nxt is not None and not nxt.alive and self.cur.alive and run.handover_path(nxt.idx) is None:
+            # (One that took over may well end first: it trains while the old group's fit() tears down.)
+            run.fall_back_to_restart(nxt)
+            return Running(self.cur)
+        if self.cur.alive:
+            return self
+        return PhaseEnded(self.cur, nxt)
+
+
+@dataclass
+class PhaseEnded(RunState):
+    """The group's ``fit()`` returned: either it handed over to a resize, or the run is over
+    (how: :meth:`EventBook.outcome`), and a new group started early is called off."""
+
+    cur: _Phase
+    early: _Phase | None = None
+
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        run.pump()
+        done = run.take_handovers()
+        if "error" in self.cur.box or not done:
+            if self.early is not None:
+                run.call_off(self.early)
+            return run.book.outcome(self.cur.box.get("result"), self.cur.box.get("error"))
+        return Resizing(self.cur, done[-1], self.early)
+
+
+@dataclass
+class Resizing(RunState):
+    """A resize handed over.  With a restart (break before make) the next phase starts once the
+    old group's resources are free; with an overlap the new group is already there."""
+
+    old: _Phase
+    resize: Resize
+    early: _Phase | None = None
+
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        record = run.record_resize(self.old, self.resize)
+        nxt = self.early
+        if nxt is None:
+            run.await_room(record.to)
+            nxt = run.start_phase(record.to, run.names.last_idx + 1, handover=False)
+        record.fit_called = nxt.t_called or time.time()
+        record.phase = nxt.idx  # after a fallback to restart, not old.idx + 1 (that index failed to start)
+        run.take_overlap_wanted()
+        run.maybe_measure_resize()
+        return Running(nxt)
+
+
+# --------------------------------------------------------------------------- what the runner keeps
+
+
+@dataclass
+class RunStart:
+    """What a run brings to its driver, read once before it starts (orchestrator/run/runner.py): when
+    the driver was invoked (``t0``) and, for a resumed run, what its earlier drivers left: how
+    many resumed it before (phase run names stay unique), the Ray Train runs whose reservations
+    it holds, their restarts and last worker count, their run-level tags and their timeline."""
+
+    t0: float = field(default_factory=time.time)
+    resumes: int = 0
+    ray_train_runs: str = ""  # orchestrator/run/reservations.py
+    restarts: int = 0
+    workers: int = 0  # the W logged last (0: none)
+    tags: dict[str, str] = field(default_factory=dict)  # the earlier drivers' tags (listeners go on from them)
+    timeline: Timeline | None = None  # the earlier drivers' stretches and resizes (orchestrator/record/history.py)
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumes > 0
+
+
+class RunNames:
+    """Where a run's phases go: the storage they share and each phase's Ray Train run name."""
+
+    def __init__(self, run_id: str, storage_path: str, resumes: int = 0, ray_train_runs: str = "") -> None:
+        self.train_run_name = f"elastic-{run_id}"  # all phases and resumes share it
+        self.storage_path = resolve(storage_path)  # a local folder made absolute, or a URI
+        self.resumes = resumes  # earlier drivers of a resumed run: keeps phase run names unique
+        self.last_idx = -1  # the newest phase started (a failed early start keeps its index)
+        self.ray_train_runs = ray_train_runs  # the newest groups' Ray Train run ids (orchestrator/run/reservations.py)
+
+    @property
+    def folder(self) -> str:
+        """The run's (first phase's) folder, where its checkpoints are found."""
+        return join(self.storage_path, self.train_run_name)
+
+    def phase_run_name(self, phase: int) -> str:
+        """Each phase is its own Ray Train run (two may run at once during an overlapping
+        resize); the workers restore the newest checkpoint across all of them."""
+        if phase == 0:
+            return self.train_run_name
+        return f"{self.train_run_name}-r{self.resumes}p{phase}"
+
+    def newest_checkpoint_step(self) -> int | None:
+        """The step of the run's newest checkpoint, across its phases (None: none, or the store
+        did not answer)."""
+
+        try:
+            found = run_checkpoints(self.storage_path, self.train_run_name)
+        except OSError:
+            return None
+        return checkpoint_step(found[0]) if found else None
+
+
+class MonitorLink:
+    """The driver's handle on the run's monitor actor (orchestrator/run/monitor.py), and what the
+    workers are told about it (``Runtime``)."""
+
+    def __init__(self, judged_metrics: Sequence[str] = ()) -> None:
+        self.actor: Any = None
+        self.name, self.namespace = "", None
+        self.judged_metrics = list(judged_metrics)  # values the driver judges (a pruned search trial)
+
+    def create(self, cfg: RootConfig, resources: dict[str, float]) -> None:
+
+        s = cfg.scaling
+        self.namespace = ray.get_runtime_context().namespace
+        self.name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
+        overlap = resources if s.resize_mode == "overlap" else None
+        # On the driver's own node: a lost worker node must not take the driver's link with it.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self.actor = Monitor.options(name=self.name, namespace=self.namespace, scheduling_strategy=here).remote(
+            WorkerCount.from_config(cfg),
+            overlap_resources=overlap,
+            only_if_pays=s.resize_when == "pays",
+            per_worker=resources,
+        )
+
+    def runtime(self, **fields: Any) -> Runtime:
+        """What a phase's workers are told: this monitor, the judged metrics, and ``fields``."""
+        return Runtime(
+            monitor_name=self.name, namespace=self.namespace, judged_metrics=list(self.judged_metrics), **fields
+        )
+
+    def kill(self) -> None:
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+            self.actor = None
+
+
+class EventBook:
+    """What the workers' events told the driver: every event, when each phase's group entered its
+    loop and made its first step, restarts of a group, a divergence, the user's errors, a full
+    storage, a new group wanted beside the running one; and so how the run ended (:meth:`outcome`)."""
+
+    def __init__(self, restarts: int = 0, t_start: float | None = None) -> None:
+        self.events: list[Event] = []
+        self.t_start = time.time() if t_start is None else t_start  # when the driver was invoked
+        self.restarts = restarts  # restarts of the run's groups so far (earlier drivers' included)
+        self.diverged: msg.Diverged | None = None  # the run stopped on a non-finite loss
+        self.starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
+        self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
+        self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
+        self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
+        self.user_errors: list[WorkloadFailed] = []  # the user's code raised on a worker (trainers/link/failure.py)
+        self.fatal: WorkloadFailed | None = None  # the one that ends the run (outcome.is_fatal)
+        self.storage_failed: msg.StorageFailed | None = None  # a checkpoint's storage was full: the run ended
+
+    def observe(self, ev: Event) -> list[Event]:
+        """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
+        self.events.append(ev)
+        if isinstance(ev, msg.Diverged):
+            self.diverged = ev
+        elif isinstance(ev, msg.StorageFailed):
+            self.storage_failed = ev
+        elif isinstance(ev, FirstStep):
+            self.first_step.setdefault(ev.phase, ev.time)
+        elif isinstance(ev, WorkloadFailed):
+            if self.fatal is None and is_fatal(ev, self.user_errors):
+                self.fatal = ev
+            self.user_errors.append(ev)
+        elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
+            self.overlap_wanted = ev.workers
+        elif isinstance(ev, PhaseStart):
+            self.starts[ev.phase] = self.starts.get(ev.phase, 0) + 1
+            self.entered.setdefault(ev.phase, ev.entered)
+            if self.starts[ev.phase] > 1:  # the same phase started again: Ray Train restarted the group
+                self.restarts += 1
+                return [GroupRestarted(step=ev.step, workers=ev.workers, restarts=self.restarts)]
+        return []
+
+    def outcome(self, result: Any, error: BaseException | None) -> Outcome:
+        """How the run ended, once its last group's ``fit()`` returned ``result`` or raised
+        ``error``: what the events said, the gravest first."""
+        if error is not None:  # Ray Train's error carries the user's, which is said better by itself
+            user = self.fatal or (self.user_errors[-1] if self.user_errors else None)
+            return UserCodeFailed(user) if user is not None else RayTrainFailed(error)
+        if self.fatal is not None:
+            return UserCodeFailed(self.fatal)
+        if self.diverged is not None:
+            return Diverged(self.diverged)
+        if self.storage_failed is not None:  # never a restart: it would write into the same storage
+            return OutOfStorage(self.storage_failed)
+        return Stopped(result) if self.stopped else Finished(result)
+
+    def take_overlap_wanted(self) -> int | None:
+        """The workers of a new group to start beside the running one, once."""
+        want, self.overlap_wanted = self.overlap_wanted, None
+        return want
+
+    def first_step_s(self) -> float | None:
+        """Seconds from the run's start to its first optimizer step."""
+        return next((ev.time - self.t_start for ev in self.events if isinstance(ev, FirstStep)), None)
+
+    def ended_since(self, seen: int) -> bool:
+        """Whether a group said it ended (stopped, finished, diverged) after the first ``seen`` events."""
+        return any(isinstance(ev, (msg.Stopped, msg.Finished, msg.Diverged)) for ev in self.events[seen:])
+
+    @property
+    def stopped(self) -> bool:
+        """The last group stopped before the planned end (the driver asked it to)."""
+        ends = [ev for ev in self.events if isinstance(ev, (msg.Stopped, msg.Finished, msg.Diverged))]
+        return bool(ends) and isinstance(ends[-1], msg.Stopped)
+
+
+class ResizeBook:
+    """The run's resizes: the last one until its new group's first step measures it, those
+    measured (as ``RunSummary.resizes`` lists them), and those called off."""
+
+    def __init__(self) -> None:
+        self.measured: list[dict[str, Any]] = []
+        self.called_off = 0  # overlapping resizes whose new group never took over
+        self.unmeasured: ResizeRecord | None = None
+
+    def record(self, old: _Phase, r: Resize) -> ResizeRecord:
+        record = ResizeRecord(
+            from_workers=r.from_workers,
+            to=r.to,
+            mode=r.mode,
+            step=int(r.handover_step),
+            time=r.handover_time,
+            decided=r.time,
+            fit_returned=old.ended,
+            phase=old.idx + 1,
+        )
+        self.unmeasured = record
+        return record
+
+    def measure(self, book: EventBook) -> ResizeRecord | None:
+        """The last resize, measured (:meth:`ResizeRecord.measure`) once its new group has made
+        its first step; ``None`` until then."""
+        r = self.unmeasured
+        if r is None or r.fit_called is None or r.phase not in book.first_step:
+            return None
+        self.unmeasured = None
+        r.measure(entered=book.entered.get(r.phase, r.fit_called), first=book.first_step[r.phase])
+        self.measured.append(r.as_dict())
+        return r
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+class PhaseRunner:
+    """Runs one training run as a sequence of ``fit()`` phases (the context the states act on).
+
+    Everything it needs comes to its constructor: what the run brings (``start``, a
+    :class:`RunStart`), the progress bar, the caller's listeners, the functions sent by value, how
+    often to poll and the metrics the driver judges.  What it keeps is split by concern: ``names``
+    (where phases go), ``link`` (the monitor actor), ``book`` (what the workers' events said),
+    ``resize_book`` (measured resizes), ``listeners`` (what is done with records and events)."""
+
+    def __init__(
+        self,
+        cfg: RootConfig,
+        tracker: RunTracker,
+        start: RunStart,
+        progress: Progress,
+        listeners: Sequence[RunListener] = (),
+        functions: dict[str, Callable[..., Any]] | None = None,
+        poll_s: float = POLL_S,
+        judged: Sequence[str] = (),
+    ):
+        self.cfg, self.tracker, self.start = cfg, tracker, start
+        self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
+        self.progress = progress
+        tracking = TrackingListener(tracker)
+        tracking.continue_from(start.tags)  # a resumed run's tags go on from what its earlier drivers set
+        self.listeners: list[RunListener] = [tracking, ProgressListener(progress), *listeners]
+        self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
+        self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path, start.resumes, start.ray_train_runs)
+        self.link = MonitorLink(judged)
+        self.book = EventBook(restarts=start.restarts, t_start=start.t0)
+        self.resize_book = ResizeBook()
+        self.capacity = CapacityWatch(
+            cfg.scaling.min_workers,
+            cfg.scaling.capacity_timeout_s,
+            grow_every_s=cfg.scaling.capacity_check_s,
+            on_change=refresh_nodes,
+        )
+
+    @property
+    def tracking(self) -> TrackingListener:
+        """The listener that keeps the run's MLflow tags (the first one)."""
+        return next(li for li in self.listeners if isinstance(li, TrackingListener))
+
+    def resume(self) -> Resume:
+        """How a person continues this run (the messages of the ends a resume cures)."""
+        return Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(self.functions))
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Step the states until a terminal one (orchestrator/run/outcome.py) and return it.  Ctrl-C or
+        SIGTERM (a KeyboardInterrupt) stops the group at a checkpoint and drains what it pushes on
+        its way up (orchestrator/run/runner.py ends the run Interrupted)."""
+        state: RunState | Outcome = Starting()
+        try:
+            while isinstance(state, RunState):
+                state = state.step(self)
+            return state
+        except KeyboardInterrupt:  # what the workers trained until they stop reaches MLflow
+            self.stop_and_drain(STOP_WAIT_S)
+            raise
+        finally:
+            if isinstance(state, RunState):  # left by an exception: a group started early must not train
+                self.cancel_early(state.early)
+            for listener in self.listeners:
+                listener.close()
+            self.link.kill()
+
+    def stop_and_drain(self, wait_s: float) -> None:
+        """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the
+        monitor until it says the group ended, or for ``wait_s`` at most."""
+        if self.link.actor is None:
+            return
+        try:
+            self.link.actor.request_stop.remote()
+            seen, deadline = len(self.book.events), time.monotonic() + wait_s
+            while True:
+                self.pump(timeout=max(0.1, deadline - time.monotonic()))
+                if self.book.ended_since(seen) or time.monotonic() >= deadline:
+                    return
+                time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - the newest checkpoint is where a resume goes on
+            pass
+
+    def request_stop(self) -> None:
+        if self.link.actor is not None:
+            self.link.actor.request_stop.remote()
+
+    def verdict(self, step: int, stop: bool) -> None:
+        """The driver judged the values up to ``step``: ``stop`` the run there, or go on."""
+        if self.link.actor is not None:
+            self.link.actor.judged.remote(int(step), bool(stop))
+
+    def tracking_gone(self, lost: Exception) -> TrackingGone:
+        """The run's end when the tracking server stayed away: the tracker's account of what it did
+        not record, where the checkpoints are and the command that records it all once it is back."""
+        newest = self.names.newest_checkpoint_step()
+        where = self.names.folder + (f" (newest at step {newest})" if newest is not None else " (none written yet)")
+        return TrackingGone(
+            lost,
+            self.tracker.lost_message(lost, max(self.tracker.series.newest_step, 0), where, self.resume().command()),
+        )
+
+    # -- phases ----------------------------------------------------------------------------------
+
+    def initial_workers(self) -> int:
+        """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
+
+        # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
+        s = self.cfg.scaling
+        workers = WorkerCount.from_config(self.cfg).initial(self.cfg.batch.size)
+        last = min(self.start.workers, s.max_workers)
+        if s.policy == "goodput" and last:  # goodput may have shrunk the group: a resumed run goes on at its W
+            return max(last, s.min_workers)
+        return max(workers, last)
+
+    def resources(self) -> dict[str, float]:
+        s = self.cfg.scaling
+        resources = {"CPU": s.cpus_per_worker}
+        if s.use_gpu:
+            resources["GPU"] = s.gpus_per_worker
+        return resources
+
+    def _trainer(self, workers: int, phase: int, handover: bool) -> Any:
+
+        s = self.cfg.scaling
+        num_workers: int | tuple[int, int] = workers
+        if s.min_workers < workers:
+            num_workers = (s.min_workers, workers)
+        names = self.names
+        runtime = self.link.runtime(
+            phase=phase,
+            workers=workers,
+            handover=handover,
+            storage=names.storage_path,
+            run_prefix=names.train_run_name,
+            run_name=names.phase_run_name(phase),
+            goodput=s.policy == "goodput",
+        )
+        payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
+        if self.functions:
+            payload["functions"] = dict(self.functions)  # cloudpickled by Ray
+        return TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config=payload,
+            scaling_config=ScalingConfig(
+                num_workers=num_workers,
+                use_gpu=s.use_gpu,
+                resources_per_worker=self.resources(),
+                placement_strategy=s.placement.upper(),
+                # the driver grows the group itself, at a checkpoint
+                # (look_for_capacity); Ray Train's own growth would redo the
+                # steps since the last one
+                elastic_resize_monitor_interval_s=NEVER_S,
+            ),
+            run_config=RunConfig(
+                name=names.phase_run_name(phase),
+                storage_path=names.storage_path,
+                failure_config=FailureConfig(max_failures=s.max_failures),
+                callbacks=[FailureNotice(self.link.name, self.link.namespace, phase)] if self.link.name else [],
+            ),
+        )
+
+    def start_phase(self, workers: int, idx: int, handover: bool) -> _Phase:
+        """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
+        trainer = self._trainer(workers, idx, handover)
+        ph = _Phase(idx, workers, trainer)
+        train_id = ray_train_run_id(trainer)
+        if train_id:  # a resume after this driver is killed drops the group's reservation by it
+            self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
+            self.tracker.set_tags({T.RAY_TRAIN_RUNS: self.names.ray_train_runs})
+        if not handover and self.link.actor is not None:  # a cold start: what a resize's new group costs here
+            self.link.actor.starting.remote(idx, time.time())
+        self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
+        ph.thread.start()
+        return ph
+
+    def await_room(self, workers: int, timeout_s: float = 60.0) -> bool:
+        """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a
+        finished group's resources a moment after its ``fit()`` returns; started before that, an
+        elastic group (``min_workers < max_workers``) would start with fewer workers than wanted.
+        On a loaded machine the old group's processes take many seconds to go: hence a minute."""
+
+        deadline = time.time() + timeout_s
+        while not has_room(ray.available_resources(), self.resources(), workers):
+            if time.time() > deadline:
+                return False  # start anyway: Ray starts what fits (or waits for it)
+            self.pump()
+            time.sleep(0.05)
+        return True
+
+    def wait(self, ph: _Phase) -> None:
+        while ph.alive:
+            ph.thread.join(self.poll_s)
+            self.pump()
+
+    # -- the monitor -------------------------------------------------------------------------------
+
+    def make_monitor(self) -> None:
+        self.link.create(self.cfg, self.resources())
+
+    def poll(self, ph: _Phase) -> Outcome | None:
+        """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump.  The run's end
+        (None while it goes on) when the live nodes have had no room for ``scaling.min_workers``,
+        or the tracking server no answer, for too long."""
+        ph.thread.join(self.poll_s)
+        self.pump()
+        status = self.capacity.look(self.resources())
+        if status is not None:
+            self.progress.write(status)
+        if self.capacity.wait.expired():  # the checkpoints are kept: resume once the cluster has room again
+            return CapacityLost(self.capacity.wait.message(self.resume().command(store=False)))
+        lost = self.tracker.outage_expired()
+        if lost is not None:  # stop at a checkpoint; the records it carries are logged on resume
+            self.stop_and_drain(TRACKING_STOP_WAIT_S)
+            return self.tracking_gone(lost)
+        return None
+
+    def look_for_capacity(self, ph: _Phase) -> None:
+        """Every ``scaling.capacity_check_s``: ask the monitor whether ``ph``'s group, smaller than it
+        asked for (a node was lost), can grow again (:meth:`orchestrator.run.monitor.MonitorState.capacity_check`);
+        its decision comes back as events, and rank 0 hands over at its next push."""
+        if not self.capacity.grow_due():
+            return
+
+        ray.get(self.link.actor.capacity_check.remote(ph.idx, ph.workers))
+
+    def pump(self, timeout: float | None = None) -> None:
+        """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
+        rides on the drain: one call to the monitor per poll)."""
+
+        ref = self.link.actor.drain.remote(self.tracker.writer.written_upto)
+        records, events = ray.get(ref) if timeout is None else ray.get(ref, timeout=timeout)
+        for ev in events:
+            # in step order: the records up to an event's step reach the listeners before it (a
+            # progress bar prints "batch: 16 -> 72 at step 20" when it shows step 20, not later)
+            step = getattr(ev, "step", None)
+            if step is not None and records and records[0][0] <= step:
+                upto = next((i for i, r in enumerate(records) if r[0] > step), len(records))
+                self._deliver(records[:upto])
+                records = records[upto:]
+            implied = self.book.observe(ev)
+            for driver_event in implied:
+                self.emit(driver_event)
+            self.emit(ev)
+            if isinstance(ev, WorkloadFailed) and self.book.fatal is ev:
+                self.request_stop()  # a group that is still training (an overlap's old one) ends
+            if isinstance(ev, FirstStep):
+                self.maybe_measure_resize()
+        self._deliver(records)
+
+    def _deliver(self, records: list[Record]) -> None:
+        if records:
+            for listener in self.listeners:
+                listener.on_records(records)
+
+    def emit(self, event: Event) -> None:
+        for listener in self.listeners:
+            listener.on_event(event)
+
+    def take_overlap_wanted(self) -> int | None:
+        """The workers of a new group to start beside the running one, once."""
+        return self.book.take_overlap_wanted()
+
+    def handover_path(self, phase: int) -> str | None:
+
+        return ray.get(self.link.actor.handover.remote(phase)).path
+
+    def take_handovers(self) -> list[Resize]:
+
+        return ray.get(self.link.actor.take_handovers.remote())
+
+    # -- resizes ---------------------------------------------------------------------------------------
+
+    def fall_back_to_restart(self, nxt: _Phase) -> None:
+        """The new group ended without taking over: it could not start."""
+
+        self.emit(OverlapFellBack(workers=nxt.workers, error=nxt.box.get("error")))
+        ray.get(self.link.actor.fall_back_to_restart.remote())
+
+    def call_off(self, nxt: _Phase) -> None:
+        """The run ended before the new group took over: it must not train."""
+
+        ray.get(self.link.actor.cancel_overlap.remote(nxt.idx))
+        self.resize_book.called_off += 1
+        self.emit(ResizeCalledOff(workers=nxt.workers))
+        self.wait(nxt)
+
+    def cancel_early(self, ph: _Phase | None) -> None:
+        """The run ended while a new group started beside the old one: it must not train (its
+        ``fit()`` is not waited for)."""
+
+        if ph is not None and ph.alive and self.link.actor is not None:
+            ray.get(self.link.actor.cancel_overlap.remote(ph.idx))
+
+    def record_resize(self, old: _Phase, r: Resize) -> ResizeRecord:
+        record = self.resize_book.record(old, r)
+        self.emit(ResizeHandedOver(resize=record))
+        return record
+
+    def maybe_measure_resize(self) -> None:
+        """Measure (and log, through the listeners) the last resize once its new group has made
+        its first step (:meth:`ResizeRecord.measure`)."""
+        r = self.resize_book.measure(self.book)
+        if r is None:
+            return
+        if r.mode == "overlap" and self.link.actor is not None and r.latency_s is not None:
+            self.link.actor.set_costs.remote(pause_s=r.latency_s)
+        self.emit(ResizeMeasured(resize=r))

@@ -1,0 +1,205 @@
+"""Starting (or joining) Ray for a training run or a search.
+
+Ray's own noise and background CPU are kept down (this machine's cores are the training's), and a local Ray reachable
+from this machine only: its processes listen on 127.0.0.1, and it asks for Ray's token."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from orchestrator.run.reservations import PLACEMENT_WAIT_S
+from trainers.errors import first_line
+
+_term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within this block SIGTERM (``ray job stop``, ``kill``, a scheduler) stops the driver as Ctrl-C
+    does: ``KeyboardInterrupt``, so the run ends KILLED with its message and Ray is shut down.
+
+    ``ray.init`` installs its own SIGTERM handler (``sys.exit``: the driver then dies in teardown,
+    without a status message); :func:`ensure_ray` puts this one back while the block is active.
+    Outside the main thread (where Python cannot set handlers) it does nothing."""
+    global _term_as_interrupt
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _term_as_interrupt = True
+    try:
+        yield
+    finally:
+        _term_as_interrupt = False
+        signal.signal(signal.SIGTERM, old)
+
+
+def quiet_ray_env(verbose: bool) -> None:
+    """Set before Ray is imported/started: keep Ray's own log noise off the terminal."""
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    if not verbose:
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Library chatter (MLflow's INFO lines: its database setup, its system-metrics monitor; alembic's
+    migrations; Ray's INFO lines) only when asked (``verbose``): the CLI and ``fit()`` call it."""
+    if verbose:
+        return
+    # MLflow sets its loggers' level from this when it is imported (if after this call)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for name in ("mlflow", "alembic", "ray"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+RAY_SINGLE_MACHINE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch between its multi-node mode and its single-machine one (the default on macOS and
+Windows), where the node's address is 127.0.0.1 and so every Ray server binds loopback only."""
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a Ray address (``host:port``) names this machine's loopback interface."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address and "://" not in address else ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def _single_machine_ray(active: bool = True) -> Iterator[None]:
+    """Within this block a Ray started with ``ray.init`` is a single-machine one: the node address
+    is 127.0.0.1, and the GCS, the raylet, Ray's agents and every worker process listen there only
+    (in multi-node mode Ray turns even ``_node_ip_address="127.0.0.1"`` into the machine's network
+    address, and its servers listen on all interfaces).  A driver that joins such a Ray
+    (``RAY_ADDRESS=127.0.0.1:PORT``) needs the same mode, or Ray turns that address into the
+    machine's network one, where nothing answers.
+
+    Ray reads the switch (:data:`RAY_SINGLE_MACHINE_SWITCH`) when it is imported, which here is
+    usually earlier (orchestrator.run.monitor imports ``ray`` at its top): the processes ``ray.init``
+    starts get it from the environment (and hand it on to the workers they start), this process
+    through Ray's constant; both are put back afterwards, so a later ``ray start`` from this
+    process is not changed.  A value the user set is left alone."""
+    if not active or os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
+        yield
+        return
+    from ray._private import ray_constants  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    os.environ[RAY_SINGLE_MACHINE_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        os.environ.pop(RAY_SINGLE_MACHINE_SWITCH, None)
+        ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def _token_auth() -> None:
+    """Ray's token authentication for a cluster started here (``RAY_AUTH_MODE=token``, what the
+    cluster files start their nodes with), unless ``RAY_AUTH_MODE`` is set already.  Ray caches
+    the mode when it is imported: it is read again here, as Ray does when it turns the token on by
+    itself (Ray 2.60 does for a new local cluster; this keeps it on whatever a version's default)."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+        Config.initialize("")
+    except (ImportError, AttributeError):  # a Ray without that cache: its own default applies
+        del os.environ["RAY_AUTH_MODE"]
+
+
+def first_line_only(show: Callable[[dict, bool], Any]) -> Callable[[dict, bool], Any]:
+    """``show`` (Ray's printer of what the cluster pushes to a driver) cut to the first line of each
+    message of Ray's own processes: a lost node otherwise prints the dead raylet's last 20 log lines,
+    and the driver says what it means for the run itself (a worker failed, the group restarts)."""
+
+    def short(data: dict, ignore_prefix: bool) -> Any:
+        if data.get("pid") == "raylet":
+            line = first_line("\n".join(str(text) for text in data.get("lines", [])), 200)
+            data = dict(data, lines=[line] if line else [])
+        return show(data, ignore_prefix)
+
+    short.first_line_only = True  # type: ignore[attr-defined]
+    return short
+
+
+def _quiet_cluster_errors() -> None:
+    """Ray's driver prints each error message of the cluster in full from a thread of its own (it
+    calls ``ray._private.worker.print_to_stdstream``, which has no setting): cut each to one line."""
+    from ray._private import worker  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+    if not getattr(worker.print_to_stdstream, "first_line_only", False):
+        worker.print_to_stdstream = first_line_only(worker.print_to_stdstream)
+
+
+def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None) -> bool:
+    """Join the cluster in ``RAY_ADDRESS`` (e.g. under ``ray job submit``) or start a local one.
+
+    ``runtime_env`` (the user's code, orchestrator/config/code.py) becomes the job's runtime environment
+    of a local cluster started here, so every actor (a search's trial actors too) inherits it.
+    Returns True when this call started Ray (so the caller should shut it down).
+
+    A local cluster is always a new one of this process (never a ``ray start`` cluster that happens
+    to run on the machine: that one is named with ``RAY_ADDRESS``), on 127.0.0.1 only
+    (:func:`_single_machine_ray`), with Ray's token authentication (``RAY_AUTH_MODE=token``, as the
+    cluster files start their nodes; the token is ``~/.ray/auth_token``, made if missing) unless
+    ``RAY_AUTH_MODE`` says otherwise."""
+    quiet_ray_env(verbose)
+    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+    if ray.is_initialized():
+        return False
+    level = logging.INFO if verbose else logging.ERROR
+    kwargs: dict[str, Any] = dict(logging_level=level, log_to_driver=verbose, configure_logging=True)
+    # Ray Train waits this long for a group's placement, then sizes the group anew from what the
+    # cluster holds: its 60 s default is the pause a lost node costs when the restarted group was
+    # first sized from a view of the cluster from before the loss (orchestrator/run/reservations.py)
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(PLACEMENT_WAIT_S))
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below
+            ray.init(**kwargs)
+    else:
+        # A local cluster we start ourselves has no node that a cloud provider could preempt:
+        # Ray Train's preemption watcher only costs training throughput there (~10% on 2 cores).
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        # Without a dashboard nothing reads Ray's own metrics: their collection is CPU for nothing.
+        os.environ.setdefault("RAY_enable_metrics_collection", "0")
+        if not verbose:
+            # Ray's log monitor re-lists the session's log folder ten times a second; each fit()
+            # adds ~18 files, so its CPU grows run after run (a search on one Ray: 1% of this
+            # machine after 6 runs).  Worker logs are not streamed to us here: list every 5 s.
+            os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+            os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
+        if runtime_env:
+            kwargs["runtime_env"] = runtime_env
+        _token_auth()
+        with _single_machine_ray():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    if _term_as_interrupt and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
+    if not verbose:
+        _quiet_cluster_errors()
+        for name in ("ray", "ray.train", "ray.tune", "ray.data"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    return True

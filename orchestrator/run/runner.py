@@ -1,0 +1,434 @@
+"""The driver's entry point: start (or join) Ray, run training as phases of ``TorchTrainer.fit()``,
+stream its metrics to MLflow and a progress bar, and close the run.
+
+:func:`run_training` is open, run, close: :meth:`_Driver.open` reads once what a resumed run brings
+(:class:`RunStart`) and builds the :class:`PhaseRunner`; the runner steps its states to a terminal
+one (orchestrator/run/phases.py); :meth:`_Driver.close` and :meth:`_Driver.end` record what that end
+leaves and close the MLflow run with what orchestrator/run/outcome.py says it means.  The phases'
+records reach MLflow and the bar through orchestrator/record/listeners.py.
+
+Also re-exported here for its callers: :func:`ensure_ray` (orchestrator/run/ray_env.py),
+:func:`find_run` and :func:`write_run_info` (orchestrator/run/run_info.py), :class:`PhaseRunner`.
+See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from mlflow.exceptions import MlflowException
+
+from orchestrator.config.code import runtime_env
+from orchestrator.config.feasibility import autoscaler_max_resources, check_feasible
+from orchestrator.config.schema import ConfigError, RootConfig
+from orchestrator.config.uris import redact_text
+from orchestrator.record.history import earlier_timeline, resize_saver
+from orchestrator.record.listeners import RecordsCallback, TimelineListener
+from orchestrator.record.note import changes, describe
+from orchestrator.record.progress_bar import Progress, total_samples
+from orchestrator.record.run_tracker import RunTracker, TrackingLost, unavailable
+from orchestrator.run.outcome import (
+    TRACEBACK_ARTIFACT,
+    DriverFailed,
+    Ending,
+    Finished,
+    Interrupted,
+    Outcome,
+    OutOfStorage,
+    RayTrainFailed,
+    Resume,
+    Stopped,
+    TrackingGone,
+    ending,
+)
+from orchestrator.run.phases import POLL_S, PhaseRunner, RunStart
+from orchestrator.run.ray_env import ensure_ray, quiet_ray_env
+from orchestrator.run.reservations import release
+from orchestrator.run.run_info import RUN_INFO, DriverLock, find_run, write_run_info
+from trainers.link import metrics as M
+from trainers.link import tags as T
+from trainers.loop.checkpoint import load_newest_checkpoint
+from trainers.loop.storage import StorageFull, no_room
+
+__all__ = [
+    "POLL_S",
+    "RUN_INFO",
+    "PhaseRunner",
+    "RunInterrupted",
+    "RunOptions",
+    "RunSummary",
+    "ensure_ray",
+    "final_metrics",
+    "find_run",
+    "quiet_ray_env",
+    "run_training",
+    "write_run_info",
+]
+
+
+@dataclass
+class RunSummary:
+    """What a finished (or failed) training run returns: its MLflow ids, status, steps, wall time,
+    final metrics, where its checkpoints are, and its resizes (``ResizeRecord.as_dict`` each);
+    ``outcome``: the terminal state it ended in, ``exit_code`` the CLI's exit status for it
+    (orchestrator/run/outcome.py)."""
+
+    run_id: str
+    tracking_uri: str
+    experiment_id: str
+    status: str
+    steps: int
+    wall_s: float
+    final: dict[str, float] = field(default_factory=dict)
+    storage_path: str = ""
+    train_run_name: str = ""
+    first_step_s: float | None = None
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    resizes_called_off: int = 0
+    error: str | None = None  # why a FAILED run failed (one line)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # stretches of constant B and W (timeline.py)
+    model_uri: str | None = None  # the logged MLflow PyTorch model
+    registered: str | None = None  # "name/version" when registered (--register)
+    exit_code: int = 0
+    outcome: Outcome | None = None
+
+
+@dataclass
+class RunOptions:
+    """What :func:`run_training` takes besides the config (as keyword arguments)."""
+
+    verbose: bool = False  # Ray's own logs too
+    progress: bool = True  # the progress bar
+    parent_run_id: str | None = None  # the MLflow run to nest this one under (a search's study)
+    tags: dict[str, str] | None = None  # the new MLflow run's tags
+    on_start: Callable[[PhaseRunner], None] | None = None  # given the runner once the run is open
+    on_records: Callable[[list], None] | None = None  # given each batch of step records
+    t_invoked: float | None = None  # when the command was invoked (the wall time counts from it)
+    resume_run_id: str | None = None  # continue this MLflow run from its newest checkpoint
+    driver_lock: DriverLock | None = None  # the run's driver lock, held already (cli.cmd_resume)
+    functions: dict[str, Callable[..., Any]] | None = None  # factories sent by value (fit())
+    register_model: str | None = None  # register the final model under this name
+    poll_s: float = POLL_S  # how often the monitor is drained (a search trial: more often, to prune sooner)
+    judged: Sequence[str] = ()  # metrics whose values the driver judges (a search trial's pruning)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run: its MLflow run ended KILLED with ``summary.error`` (how to
+    continue it) as its ``elastic.failure`` tag; its checkpoints are kept."""
+
+    def __init__(self, summary: RunSummary) -> None:
+        super().__init__(summary.error)
+        self.summary = summary
+
+
+def final_metrics(tracker: RunTracker) -> dict[str, float]:
+    out = {}
+    for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
+        pts = tracker.series.history.get(key)
+        if pts:
+            out[key] = max(pts)[1]
+    return out
+
+
+def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
+    """Train ``cfg`` on Ray, tracked in MLflow.  The config is already validated; ``options`` are
+    :class:`RunOptions`' fields.
+
+    ``functions``: factories sent by value (``fit()`` with a lambda or a ``__main__`` function;
+    trainers/workload/build.py), passed to the workers in their payload.  Factories' packages that are
+    not installed are shipped to the workers (orchestrator/config/code.py).
+
+    With ``resume_run_id``, continue that MLflow run from its latest checkpoint: same run,
+    steps continue, nothing already logged is logged again.
+
+    The final model is logged as an MLflow PyTorch model; ``register_model`` also registers it under
+    that name in the model registry.
+
+    Every way the run ends is a terminal state (orchestrator/run/outcome.py), in ``summary.outcome``;
+    Ctrl-C or SIGTERM raises :class:`RunInterrupted` with the summary, and an error that is not the
+    user's goes on up once the MLflow run is closed FAILED."""
+    opts = RunOptions(**options)
+    t0 = opts.t_invoked or time.time()
+    started_ray = _start_ray(cfg, opts.verbose)
+    try:
+        driver = _Driver(cfg, opts, t0)  # the MLflow run exists from here: every way out closes it
+        try:
+            driver.open()
+            end = driver.close(driver.runner.run())
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (ray_env.terminate_as_interrupt), wherever it came
+            end = driver.interrupted()
+        except Exception as e:
+            end = driver.failed(e)
+        summary = driver.end(end)
+    finally:
+        _stop_ray(started_ray)
+    if isinstance(end, Interrupted):
+        raise RunInterrupted(summary) from None
+    if isinstance(end, (RayTrainFailed, DriverFailed)):  # recorded on the run; its traceback for the caller
+        raise end.error
+    return summary
+
+
+def _start_ray(cfg: RootConfig, verbose: bool) -> bool:
+    """Start (or join) Ray while MLflow's store opens; refuse, before any MLflow run exists, a
+    run the cluster can never hold.  Whether this process started Ray."""
+    # Import MLflow and open its store (a fresh SQLite file takes seconds of schema migrations)
+    # while Ray starts; the run itself is created once Ray is up.
+    warm = threading.Thread(target=_open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
+    warm.start()
+
+    started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
+    warm.join()
+    why = _infeasible(cfg)
+    if why:  # Ray Train would wait for these resources forever
+        _stop_ray(started)
+        raise ConfigError(why)
+    return started
+
+
+def _stop_ray(started: bool) -> None:
+    if started and not os.environ.get("ELASTIC_KEEP_RAY"):
+        import ray  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+
+        ray.shutdown()
+
+
+class _Driver:
+    """This driver's part of one training run, from the creation (or reopening) of its MLflow run
+    to its end: :meth:`open`, then the runner's loop, :meth:`close`, :meth:`end`."""
+
+    def __init__(self, cfg: RootConfig, opts: RunOptions, t0: float) -> None:
+        self.cfg, self.opts, self.t0 = cfg, opts, t0
+        self.progress = Progress(total_samples(cfg, opts.functions), enabled=opts.progress)
+        # the tracking server's "does not answer" lines go under the bar, not through it
+        self.tracker = RunTracker(
+            cfg, run_id=opts.resume_run_id, parent_run_id=opts.parent_run_id, tags=opts.tags, warn=self.progress.write
+        )
+        self.resume = Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(opts.functions))
+        self.lock = opts.driver_lock
+        self.runner: PhaseRunner | None = None
+        self.timeline = TimelineListener()
+        self.model: tuple[str | None, str | None] = (None, None)  # the logged model's URI, its registered name
+
+    def open(self) -> None:
+        """Before training: what the run brings (read once), the runner built on it, the tags that
+        find the run again, the driver lock, ``elastic_run.json``."""
+        cfg, opts, tracker = self.cfg, self.opts, self.tracker
+        start = read_start(tracker, self.t0, resumed=opts.resume_run_id is not None)
+        progress = self.progress
+        self.timeline = TimelineListener(start.timeline, on_resize=resize_saver(tracker.log_text, progress.write))
+        listeners = [RecordsCallback(opts.on_records)] if opts.on_records is not None else []
+        self.runner = runner = PhaseRunner(
+            cfg,
+            tracker,
+            start,
+            progress,
+            [*listeners, self.timeline],
+            functions=opts.functions,
+            poll_s=opts.poll_s,
+            judged=opts.judged,
+        )
+        names = runner.names
+        if start.resumed:
+            tracker.set_running()
+        tracker.start_system_metrics(resume=start.resumed)
+        tracker.set_tags(
+            {
+                T.TRAIN_RUN_NAME: names.train_run_name,
+                T.STORAGE_PATH: names.storage_path,
+                **({T.RESUMES: names.resumes} if start.resumed else {}),
+            }
+        )
+        # One driver per run at a time (a resume acquired it before Ray started: see cli.cmd_resume)
+        self.lock = self.lock or DriverLock(names.folder).acquire(tracker.run_id)
+        if start.resumed:  # no other driver of the run is alive: its groups' reservations in Ray are stale
+            release(start.ray_train_runs)
+        write_run_info(names.folder, tracker.run_id, tracker.uri, cfg)
+        if opts.on_start:
+            opts.on_start(runner)
+
+    def close(self, end: Outcome) -> Outcome:
+        """After training: what is left to record for ``end`` (the records held back, the timeline;
+        a run that finished or stopped: its plots and final model).  A tracking server that is away
+        now and stays away ends the run TrackingGone instead."""
+        if isinstance(end, (TrackingGone, RayTrainFailed)):
+            return end
+        self.tracker.release_held()
+        lost = self.tracker.await_store()  # a server away at the end: wait for it, bounded
+        if lost is not None:
+            return self.runner.tracking_gone(lost)
+        self.tracker.log_timeline(self.timeline.timeline)
+        if isinstance(end, (Finished, Stopped)):
+            self._log_final_model()
+        return end
+
+    def _log_final_model(self) -> None:
+
+        tracker, runner = self.tracker, self.runner
+        tracker.clear_failure()
+        tracker.set_tags(
+            {T.FINAL_WORKERS: int(tracker.last_value(M.WORKERS, 0)), T.RESIZES: len(self.timeline.timeline.resizes)}
+        )
+        tracker.log_plots()
+        payload = load_newest_checkpoint(
+            runner.names.storage_path, runner.names.train_run_name, "cpu", warn=runner.progress.write
+        )
+        if payload is not None:
+            self.model = tracker.log_model(
+                payload["model"], self.cfg, self.opts.functions, self.opts.register_model, warn=runner.progress.write
+            )
+
+    def interrupted(self) -> Interrupted:
+        """Ctrl-C or SIGTERM: where the run stopped (the runner stopped its group at a checkpoint)."""
+        newest = self.runner.names.newest_checkpoint_step() if self.runner is not None else None
+        return Interrupted(steps=_logged_steps(self.tracker), checkpoint=newest)
+
+    def failed(self, e: Exception) -> Outcome:
+        """The end an exception brought: the tracking server gone while the run was closed (its
+        training all recorded), or a full disk the driver writes to (``elastic_run.json``, MLflow's
+        artifacts), each one line with the resume command; else the driver's own error."""
+        runner = self.runner
+        if runner is None:
+            return DriverFailed(e)
+        if _tracking_gone(e):
+            from orchestrator.record.run_tracker import _short_error  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+
+            self.tracker.writer.lost = True
+            return runner.tracking_gone(
+                TrackingLost(
+                    f"the tracking server {redact_text(self.tracker.uri)} stopped answering while the run was being "
+                    f"closed ({_short_error(e)})"
+                )
+            )
+        full = no_room(e)
+        if full is not None:
+            storage = runner.names.storage_path
+            path = full.filename if isinstance(full.filename, str) else storage
+            return OutOfStorage(
+                StorageFull.from_error(path, full, what="checkpoint" if path.startswith(storage) else "driver's")
+            )
+        return DriverFailed(e)
+
+    def end(self, end: Outcome) -> RunSummary:
+        """Close the MLflow run as ``end`` says (orchestrator/run/outcome.py), release the driver lock,
+        and sum the run up."""
+        said = ending(end, self.resume)
+        if said.message is not None:
+            self._record_failure(said)
+        _write_note(self.tracker, self.cfg, said.status, self.runner)
+        try:
+            self.tracker.end(said.status)
+        except Exception:  # noqa: BLE001 - the store is on the full disk, or gone: the message says so
+            if not isinstance(end, (OutOfStorage, TrackingGone)):
+                raise
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+        return self._summary(end, said)
+
+    def _record_failure(self, said: Ending) -> None:
+        """The end on the MLflow run: the tag ``elastic.failure`` and any traceback as an artifact."""
+        try:
+            self.tracker.set_tags({T.FAILURE: said.message})
+            if said.traceback is not None:
+                self.tracker.log_text(redact_text(said.traceback), TRACEBACK_ARTIFACT)
+        except Exception:  # noqa: BLE001 - the run still ends with its status (a store on a full disk)
+            pass
+
+    def _summary(self, end: Outcome, said: Ending) -> RunSummary:
+        tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
+        summary = RunSummary(
+            run_id=tracker.run_id,
+            tracking_uri=tracker.uri,
+            experiment_id=tracker.experiment_id,
+            status=said.status,
+            steps=_logged_steps(tracker),
+            wall_s=time.time() - self.t0,
+            final=final_metrics(tracker),
+            error=said.message,
+            phases=timeline.rows(),
+            exit_code=said.exit_code,
+            outcome=end,
+        )
+        summary.model_uri, summary.registered = self.model
+        if runner is not None:  # None only when the run ended before its runner existed
+            summary.storage_path, summary.train_run_name = runner.names.storage_path, runner.names.train_run_name
+            summary.first_step_s = runner.book.first_step_s()
+            summary.resizes = timeline.resizes  # every driver's
+            summary.resizes_called_off = runner.tracking.called_off  # every driver's
+        return summary
+
+
+def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
+    """What the run brings to this driver, read once: for a resumed run, what its earlier drivers
+    left in MLflow (their tags, timeline, restarts and last worker count)."""
+    if not resumed:
+        return RunStart(t0=t0)
+    tags = tracker.client.get_run(tracker.run_id).data.tags
+    return RunStart(
+        t0=t0,
+        resumes=int(tags.get(T.RESUMES, "0")) + 1,
+        ray_train_runs=tags.get(T.RAY_TRAIN_RUNS, ""),
+        restarts=int(tracker.last_value(M.RESTARTS, 0)),
+        workers=int(tracker.last_value(M.WORKERS, 0)),
+        tags=dict(tags),
+        timeline=earlier_timeline(tracker.client, tracker.run_id),
+    )
+
+
+def _logged_steps(tracker: RunTracker) -> int:
+    """The newest step whose training loss is logged."""
+    return max((s for s, _ in tracker.series.history.get(M.TRAIN_LOSS, [])), default=0)
+
+
+def _open_tracking_store(uri: str) -> None:
+    """Import MLflow and, for a database store, create or migrate its schema (a server is not
+    called here: one that does not answer would be retried twice as long)."""
+    try:
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+
+        if uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+            MlflowClient(uri).search_experiments(max_results=1)
+    except Exception:  # noqa: BLE001 - RunTracker reports a bad store with its own error
+        pass
+
+
+def _infeasible(cfg: RootConfig) -> str | None:
+    """What the cluster can never give this run (GPUs, workers x CPUs), counting what an
+    autoscaling cluster can grow to; None when it fits."""
+
+    return check_feasible(cfg, ray.cluster_resources(), autoscaler_max_resources())
+
+
+def _tracking_gone(e: BaseException) -> bool:
+    """An MLflow call that found the tracking server gone (not a worker's lost connection, which
+    reaches the driver inside Ray Train's own errors)."""
+
+    return isinstance(e, MlflowException) and unavailable(e)
+
+
+def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None) -> None:
+    """The run's description in MLflow (orchestrator/record/note.py), rewritten by every driver of the run."""
+
+    try:
+        tracker.release_held()  # the newest point of every piecewise series, B and W included
+        resizes = len(changes(tracker.series.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+        tracker.set_tags(
+            {
+                T.NOTE: describe(
+                    cfg,
+                    tracker.series.history,
+                    status,
+                    resizes=resizes,
+                    resumes=runner.names.resumes if runner is not None else 0,
+                )
+            }
+        )
+    except Exception:  # noqa: BLE001 - a description must never fail a run (a store that does not answer)
+        pass
