@@ -22,7 +22,6 @@ from typing import Any
 from orchestrator.config.prepare import load, prepare
 from orchestrator.config.schema import ConfigError
 from orchestrator.run.ray_env import quiet_libraries
-from orchestrator.run.runner import run_training
 from trainers.loop.storage import join
 from trainers.workload.build import BY_VALUE, by_value_name
 from trainers.workload.factory import qualified_name
@@ -116,7 +115,7 @@ def fit(
     if resume is not None:
         if config is not None:
             raise ConfigError("config: give either a config or resume=RUN (which uses the run's own config)")
-        from orchestrator.run.run_info import find_run  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+        from orchestrator.run.run_info import find_run  # noqa: PLC0415 - only a resume reads a run's folder
 
         resume_id, uri, raw = find_run(resume, tracking_uri)
         raw.setdefault("tracking", {})["uri"] = uri
@@ -142,6 +141,8 @@ def fit(
             if fn is not None:
                 _record(section, fn, raw, functions)
         cfg = prepare(raw, overrides, functions=functions or None, tracking_uri=tracking_uri)
+
+    from orchestrator.run.runner import run_training  # noqa: PLC0415 - light path: fit() checks its input before it imports Ray or MLflow
 
     s = run_training(
         cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id, functions=functions or None

@@ -186,8 +186,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     t_invoked = time.time()
-    from orchestrator.run.run_info import DriverLock, check_resumable, run_folder  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from orchestrator.run.runner import find_run  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.run.run_info import DriverLock, check_resumable, find_run, run_folder  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     run_id, uri, raw = find_run(args.run, args.tracking_uri)
     from orchestrator.api import resume_hint  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop

@@ -23,8 +23,8 @@ EXIT_BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from search.driver import DEFAULT_TRIALS  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
     from search.liveness import DEFAULT_HEARTBEAT_S, GRACE_BEATS  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.space import DEFAULT_TRIALS  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
     from search.study_storage import DEFAULT_STORAGE  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     p = OneLineParser(

@@ -49,7 +49,7 @@ from search.liveness import DEFAULT_HEARTBEAT_S, LOST_ERROR, DriverLife, StudySt
 from search.pool import Slots
 from search.pruning import Pruning
 from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
-from search.space import SearchSpace
+from search.space import DEFAULT_TRIALS, SearchSpace
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
 from search.study_progress import ProgressBar, best_text, trial_line, write_line
 from search.study_storage import DEFAULT_STORAGE, describe_storage, open_storage
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 
     from search.trial import TrialResult
 
-DEFAULT_TRIALS = 10
 POLL_S = 0.1  # how long the driver waits for a run to return before it polls the running trials
 
 

@@ -84,6 +84,7 @@ TOP_KEYS = (
     "report_against",
 )
 REPORT_AGAINST = ("samples", "steps")
+DEFAULT_TRIALS = 10  # the trials one `search run` evaluates without --trials
 PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 
 # Metrics the training run reports as it goes (intermediate values for pruning come from these),

@@ -24,9 +24,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
 from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError, RootConfig, public_config
 from orchestrator.config.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
 from trainers.errors import one_line
@@ -124,6 +121,9 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
     uri = absolute_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
     check_store_exists(uri)
 
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
+
     try:
         run = MlflowClient(mlflow_uri(uri)).get_run(ref)
     except MlflowException:
@@ -151,6 +151,8 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
     """Refuse a resume that would start over: the run must be in the store, and a run that has
     trained steps must have a loadable checkpoint."""
     check_store_exists(uri)
+    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
 
     try:
         client = MlflowClient(mlflow_uri(uri))

@@ -146,6 +146,10 @@ def test_bench_runs_quick(name: str):
     env.pop("ELASTIC_BENCH_KEEP", None)  # its scratch folders are removed at its exit
     limit = TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S)
     rc, out, err = run_bench([sys.executable, str(BENCH / f"{name}.py"), "--quick"], env, limit)
+    keep = os.environ.get("ELASTIC_BENCH_LOG_DIR")  # where each bench's stdout is kept (its table, figures)
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        Path(keep, f"{name}.txt").write_text(out)
     where = f"bench/{name}.py --quick (exit {rc})\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     assert rc is not None, f"ran over {limit} s: {where}"
     assert rc == 0, where

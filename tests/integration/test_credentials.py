@@ -20,7 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from orchestrator import cli, ui
+from orchestrator import cli
+from orchestrator.record import ui
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration

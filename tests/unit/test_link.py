@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from types import SimpleNamespace
 
 import pytest
 
@@ -174,6 +175,7 @@ def test_listeners_log_and_print_what_the_runner_did_before():
         def __init__(self) -> None:
             self.metrics: list = []
             self.tags: dict = {}
+            self.series = SimpleNamespace(history={})  # what RunTracker keeps of the logged points
 
         def log_metrics(self, records, flush=False):
             self.metrics.extend(records)
@@ -245,6 +247,7 @@ def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_wh
     class Tracker:
         def __init__(self) -> None:
             self.tags: dict = {}
+            self.series = SimpleNamespace(history={})  # nothing trained (RunTracker.series)
 
         def set_tags(self, tags):
             self.tags.update(tags)
