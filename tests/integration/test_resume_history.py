@@ -15,6 +15,7 @@ import time
 import pytest
 import yaml
 
+from orchestrator.record.history import RESIZES_ARTIFACT
 from tests.helpers import make_config
 
 pytestmark = pytest.mark.integration
@@ -63,6 +64,8 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
             run_id
             and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}-r0p*") > 60
             and client.get_metric_history(run_id, "resize/latency_s")
+            # the resize's record, written just after its metric (the tracking listener runs first)
+            and any(a.path == RESIZES_ARTIFACT for a in client.list_artifacts(run_id, "timeline"))
         ):
             break
         time.sleep(0.2)
