@@ -126,6 +126,26 @@ class CapacityReturned(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeDrained(Event):
+    """A node that holds ``lost`` of the group's ``workers`` is being drained (a preemption notice)
+    with ``deadline`` (epoch seconds; None: none given): the monitor decided a planned resize to
+    ``to`` workers on the other nodes, handed over at the group's next push (orchestrator/run/drains.py).
+    ``waits``: fewer than ``scaling.min_workers`` fit elsewhere, so the new group waits for capacity."""
+
+    kind: ClassVar[str] = "node_drained"
+    step: int
+    node: str
+    deadline: float | None
+    time: float
+    workers: int
+    lost: int
+    to: int
+    mode: ResizeMode
+    waits: bool
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class GroupFailed(Event):
     """A worker of ``phase``'s group raised or died (Ray Train's controller saw it): the group is
     torn down and, while ``scaling.max_failures`` allows, restarted from the last checkpoint."""

@@ -14,6 +14,7 @@ from orchestrator.record.events import (
     CapacityReturned,
     GroupFailed,
     GroupRestarted,
+    NodeDrained,
     OverlapFellBack,
     ResizeCalledOff,
     ResizeHandedOver,
@@ -62,7 +63,9 @@ class TrackingListener(RunListener):
     decisions (``scaling.policy: goodput``): ``goodput/*`` metrics at each, the tags
     ``elastic.goodput.decisions``, ``elastic.goodput.reason`` (the latest) and, for each that
     changed B or W, ``elastic.goodput.change.<n>`` (its reason, with every alternative's goodput);
-    ``elastic.capacity_returned`` (resizes up after capacity came back) with the last one's reason.
+    ``elastic.capacity_returned`` (resizes up after capacity came back) with the last one's reason;
+    a drained node left by a planned resize: ``drain/workers`` and ``drain/left_s`` at its step, the
+    tags ``elastic.drains`` and ``elastic.drain_reason`` (the last one's line).
 
     A resize's ``resize/*`` values are logged at its step and again at the last step of the stretch
     it opened (before the next resize, or the driver's last step): one point per resize would be a
@@ -75,6 +78,7 @@ class TrackingListener(RunListener):
         self.called_off = 0
         self.skipped = 0
         self.grown = 0
+        self.drains = 0  # planned resizes off drained nodes
         self.goodput_decisions = 0
         self.goodput_changes = 0
         self._goodput_reason: str | None = None  # the latest decision's, tagged at most every TAG_EVERY_S
@@ -102,6 +106,7 @@ class TrackingListener(RunListener):
         self.called_off = int(tags.get(T.RESIZES_CALLED_OFF, 0) or 0)
         self.skipped = int(tags.get(T.RESIZES_SKIPPED, 0) or 0)
         self.grown = int(tags.get(T.CAPACITY_RETURNED, 0) or 0)
+        self.drains = int(tags.get(T.DRAINS, 0) or 0)
 
     def _end_open_resize(self, last_step: int) -> None:
         if self.open_resize is not None:
@@ -170,6 +175,12 @@ class TrackingListener(RunListener):
                 now = time.monotonic()
                 if event.changes or now - self._goodput_tagged >= TAG_EVERY_S:  # a decision can come every few steps
                     self._tag_goodput(now)
+            case NodeDrained(step=step, reason=reason):
+                self.drains += 1
+                left = 0.0 if event.deadline is None else max(0.0, event.deadline - event.time)
+                values = {M.DRAINED_WORKERS: float(event.lost), M.DRAINED_LEFT_S: left}
+                self.tracker.log_metrics([(step, values)], flush=True)
+                self.tracker.set_tags({T.DRAINS: self.drains, T.DRAIN_REASON: reason})
             case CapacityReturned(reason=reason):
                 self.grown += 1
                 self.tracker.set_tags({T.CAPACITY_RETURNED: self.grown, T.CAPACITY_RETURNED_REASON: reason})
@@ -295,6 +306,8 @@ class ProgressListener(RunListener):
                 write(f"goodput at step {step}: {reason}")
             case CapacityReturned(step=step, reason=reason):
                 write(f"{reason} at the group's next push (step {step} reached)")
+            case NodeDrained(reason=reason):
+                write(reason)
             case ResizeSkipped(step=step, wanted=wanted, reason=reason):
                 write(f"resize to {wanted} workers skipped at step {step}: {reason}")
             case ResizeCalledOff(workers=workers):
@@ -336,6 +349,18 @@ class TimelineListener(RunListener):
                     self.on_resize(self.timeline.resizes)
             case ResizeCalledOff(workers=workers):
                 self.timeline.called_off.append(workers)
+            case NodeDrained():
+                self.timeline.add_drain(
+                    {
+                        "step": event.step,
+                        "time": event.time,
+                        "node": event.node,
+                        "deadline": event.deadline,
+                        "from": event.workers,
+                        "to": event.to,
+                        "mode": event.mode,
+                    }
+                )
 
 
 class RecordsCallback(RunListener):

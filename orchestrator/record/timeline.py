@@ -59,6 +59,7 @@ class Timeline:
         self.stretches: list[Stretch] = []
         self.resizes: list[dict[str, Any]] = []  # ResizeRecord.as_dict() each
         self.called_off: list[int] = []  # the workers of each resize that was called off
+        self.drains: list[dict[str, Any]] = []  # each drained node the run left (orchestrator/run/drains.py)
         self.t0: float | None = None  # the first step's time
         self.resumed = False  # the next step is the first a new driver of the run adds (:meth:`resume`)
 
@@ -101,6 +102,12 @@ class Timeline:
             if s.first_step == resize["step"] + 1 and s.workers == resize["to"]:
                 s.resize_latency_s = resize["latency_s"]
 
+    def add_drain(self, drain: dict[str, Any]) -> None:
+        """A drained node's notice the run acted on (keys ``step``, ``time``, ``node``, ``deadline``,
+        ``from``, ``to``, ``mode``): a row of its own kind in :meth:`table`, from the notice to the
+        node's deadline."""
+        self.drains.append(drain)
+
     def rows(self) -> list[dict[str, Any]]:
         """The stretches as plain rows (what ``RunSummary.phases`` and the summary table show)."""
         return [{**asdict(s), "steps": s.steps, "wall_s": s.wall_s} for s in self.stretches]
@@ -141,6 +148,22 @@ class Timeline:
                     "mode": r["mode"],
                     "latency_s": r.get("latency_s"),
                     **{p: r.get(p) for p in PARTS},
+                }
+            )
+        for d in self.drains:
+            rows.append(
+                {
+                    "kind": "drain",
+                    "begin_s": d["time"] - t0,
+                    "end_s": (d["deadline"] if d.get("deadline") is not None else d["time"]) - t0,
+                    "first_step": d["step"],
+                    "last_step": d["step"],
+                    "batch": None,
+                    "workers": d["to"],
+                    "samples": 0,
+                    "mode": d["mode"],
+                    "latency_s": None,
+                    **{p: None for p in PARTS},
                 }
             )
         rows.sort(key=lambda row: row["first_step"])  # a resize at step s: after the stretch ending at s

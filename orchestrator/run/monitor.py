@@ -228,6 +228,11 @@ class MonitorState:
         came back (0: none; :meth:`ResizeCoordinator.capacity_check`)."""
         return self.resizes.capacity_check(phase, asked)
 
+    def drain_notice(self, phase: int, draining: dict[str, float | None], room: int) -> int:
+        """Nodes are being drained (``{node: deadline}``): the workers ``phase``'s group moves to, off
+        them (0: none of its nodes; :meth:`ResizeCoordinator.drain_notice`)."""
+        return self.resizes.drain_notice(phase, draining, room)
+
     def request_stop(self) -> None:
         self.verdicts.request_stop()
 

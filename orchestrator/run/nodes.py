@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import ray
 
+from orchestrator.run.drains import DrainWatch
+
 
 def workers_that_fit(nodes: Iterable[Mapping], per_worker: Mapping[str, float]) -> int:
     """Workers of ``per_worker`` resources that the live ``nodes`` (``ray.nodes()`` entries) hold
@@ -90,12 +92,14 @@ class CapacityWatch:
         clock=time.monotonic,
         grow_every_s: float = 30.0,
         on_change: Callable[[], object] | None = None,
+        drains: DrainWatch | None = None,
     ):
         self.wait = CapacityWait(min_workers, timeout_s, clock=clock)
         self.every_s, self.say_every_s, self.nodes, self.clock = every_s, say_every_s, nodes, clock
         self._looked = self._said = -math.inf
         self.grow_every_s, self._grow_asked = grow_every_s, clock()
         self.on_change, self._alive = on_change, None  # the live nodes' ids at the last look
+        self.drains = drains or DrainWatch()
 
     def grow_due(self) -> bool:
         """Whether ``grow_every_s`` passed since the last look for capacity that came back (then it counts as made)."""

@@ -57,6 +57,7 @@ from orchestrator.record.listeners import ProgressListener, RunListener, Trackin
 from orchestrator.record.progress_bar import Progress
 from orchestrator.record.run_tracker import RunTracker
 from orchestrator.record.timeline import Timeline
+from orchestrator.run.drains import room_outside
 from orchestrator.run.failures import FailureNotice
 from orchestrator.run.monitor import Monitor, has_room
 from orchestrator.run.nodes import CapacityWatch
@@ -155,6 +156,7 @@ class Running(RunState):
         if not self.cur.alive:
             return PhaseEnded(self.cur)
         run.look_for_capacity(self.cur)
+        run.look_for_drains(self.cur)
         want = run.take_overlap_wanted()
         if want is not None:
             return Overlapping(self.cur, run.start_phase(want, self.cur.idx + 1, handover=True))
@@ -657,6 +659,17 @@ class PhaseRunner:
             return
 
         ray.get(self.link.actor.capacity_check.remote(ph.idx, ph.workers))
+
+    def look_for_drains(self, ph: _Phase) -> None:
+        """Every second: nodes being drained (a preemption's notice, orchestrator/run/drains.py) that
+        hold workers of ``ph``'s group make the monitor decide a planned resize to the other nodes
+        (:meth:`orchestrator.run.monitor.MonitorState.drain_notice`); rank 0 checkpoints and hands
+        over at its next push, before the node's deadline.  A node that dies without notice keeps the
+        lost node's path (Ray Train restarts the group from the newest checkpoint)."""
+        draining = self.capacity.drains.look()
+        if not draining:
+            return
+        ray.get(self.link.actor.drain_notice.remote(ph.idx, draining, room_outside(draining, self.resources())))
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,

@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import Callable
 
-from orchestrator.record.events import CapacityReturned
+from orchestrator.record.events import CapacityReturned, NodeDrained
 from trainers.link import metrics as M
 from trainers.link.messages import (
     Event,
@@ -199,6 +199,7 @@ class ResizeCoordinator:
         self.handover = handover
         self._emit = emit
         self._world: dict[int, int] = {}  # phase -> workers its group started with (the latest start)
+        self._nodes: dict[int, tuple[str, ...]] = {}  # phase -> each rank's node (the latest start)
         self._latest: tuple[int, int] | None = None  # (step, global batch) of the newest record
 
     def observe(self, records: list[Record], events: list[Event]) -> None:
@@ -209,6 +210,7 @@ class ResizeCoordinator:
                 self.costs.stepped(ev)
             elif isinstance(ev, PhaseStart):
                 self._world[ev.phase] = ev.workers
+                self._nodes[ev.phase] = tuple(ev.nodes)
         for step, metrics, *_ in reversed(records):
             if M.BATCH_GLOBAL in metrics:
                 self._latest = (int(step), int(metrics[M.BATCH_GLOBAL]))
@@ -354,6 +356,58 @@ class ResizeCoordinator:
             f"{d.workers}; growing {world} -> {to}"
         )
         self._emit(CapacityReturned(step=step, workers=world, to=to, fit=fit, mode=mode, reason=reason))
+        self._emit(ResizeDecided(step=step, batch=batch, workers=to, reason=reason, mode=mode))
+        return to
+
+    def drain_notice(self, phase: int, draining: dict[str, float | None], room: int) -> int:
+        """The driver saw nodes being drained (``{node: deadline}``, orchestrator/run/drains.py) while
+        ``phase``'s group trains.  If some hold ranks of the group, decide a planned resize to the
+        workers left on the other nodes (``scaling.min_workers`` at least: then the new group waits
+        for capacity, as after a lost node), B unchanged: an overlap where ``room`` (workers that
+        fit the free resources outside the draining nodes) holds the new group beside the old one,
+        else a restart; rank 0 checkpoints and hands over at its next push.  Returns the workers to
+        move to (0: the drain does not touch the group, or a resize is under way already)."""
+        nodes = self._nodes.get(phase, ())
+        hit = sorted({n for n in nodes if n in draining})
+        if (
+            not hit
+            or self.handover.resize is not None
+            or self.handover.handed(phase)
+            or self._workers is None
+            or self._latest is None
+        ):
+            return 0
+        step, batch = self._latest
+        world = len(nodes)
+        lost = sum(n in draining for n in nodes)
+        floor = self._workers.min_workers
+        to = max(world - lost, floor)
+        waits = world - lost < floor
+        mode = "overlap" if self._overlap is not None and not waits and room >= to else "restart"
+        self._begin(world, to, mode, step)
+        deadline = min((d for n in hit if (d := draining[n]) is not None), default=None)
+        node = hit[0]
+        left = "no deadline" if deadline is None else f"{max(0.0, deadline - time.time()):.0f} s"
+        reason = f"node {node[:8]} drained (preemption, {left}): moving W {world} -> {to} at step {step}"
+        if waits:
+            reason += (
+                f" (only {world - lost} workers are left outside the drained node, below scaling.min_workers "
+                f"{floor}: the new group waits for capacity)"
+            )
+        self._emit(
+            NodeDrained(
+                step=step,
+                node=node,
+                deadline=deadline,
+                time=time.time(),
+                workers=world,
+                lost=lost,
+                to=to,
+                mode=mode,
+                waits=waits,
+                reason=reason,
+            )
+        )
         self._emit(ResizeDecided(step=step, batch=batch, workers=to, reason=reason, mode=mode))
         return to
 

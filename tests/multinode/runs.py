@@ -217,3 +217,30 @@ def logged_workers(uri: str, run_id: str) -> list[int]:
     from tests.helpers import metric_series
 
     return _stretches(v for _, v in metric_series(uri, run_id, "workers"))
+
+
+def drain(c, node_id: str, deadline_s: int) -> None:
+    """Give node ``node_id`` of cluster ``c`` a preemption notice: Ray drains it with ``deadline_s``
+    seconds left, as the autoscaler does when a cloud warns that it reclaims a spot node (the
+    caller kills the node at the deadline, as the cloud would)."""
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    out = subprocess.run(
+        [
+            ray_cli,
+            "drain-node",
+            "--address",
+            c.address,
+            "--node-id",
+            node_id,
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "spot node reclaimed (test)",
+            "--deadline-remaining-seconds",
+            str(deadline_s),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -8,6 +8,7 @@ and the run's monitor on the driver's node all along."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import time
@@ -22,6 +23,7 @@ from tests.multinode.runs import (
     alive_actor_nodes,
     checkpointed,
     config,
+    drain,
     driver,
     finish,
     free_cpus,
@@ -107,6 +109,43 @@ def test_a_lost_node_shrinks_the_group_and_a_node_that_comes_back_grows_it(clust
     # workers may decide once more: the group still grows once, as W above says)
     assert int(MlflowClient(uri).get_run(rid).data.tags["elastic.capacity_returned"]) >= 1
     assert alive_actor_nodes(cluster, "MonitorState") == set(), "the run's monitor ends with the run"
+
+
+def test_a_drained_node_is_left_before_its_deadline_without_a_restart(cluster, tmp_path, reference):
+    """A notice: Ray drains a worker node with 30 s left (what the autoscaler does with a cloud's
+    warning that it reclaims a spot node), and the node dies at the deadline.  The run leaves it
+    first, by a planned resize to W=2 on the other nodes at a checkpoint: no group restart, no step
+    trained twice, FINISHED with the uninterrupted run's losses; the driver says so in one line and
+    MLflow records it."""
+    nodes = _three_nodes(cluster)
+    tmp = tmp_path / "drained"
+    cfg = config(tmp, sleep_s=0.05, brake=True)
+    cfg["train"]["sample_log_dir"] = f"{tmp}/samples"  # each step each rank trains, a line
+    run = driver(cluster, str(tmp), cfg)
+    wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
+    victim = nodes[-1]  # at W=3 on three 1-CPU nodes every node holds a worker
+    deadline = time.time() + 30
+    drain(cluster, victim.node_id, 30)
+    wait_for(run, tmp, "the run going on at W=2", lambda: 2 in workers_logged(tmp), timeout=60)
+    assert time.time() < deadline, "the run left the drained node only after its deadline"
+    time.sleep(max(0.0, deadline - time.time()))
+    cluster.remove_node(victim, allow_graceful=False)  # the cloud takes the node at the deadline
+    lift_brake(tmp)
+    rc, text = finish(run, tmp)
+    assert rc == 0, text
+    uri, rid = _same_training(tmp, text, reference)
+    assert logged_workers(uri, rid) == [3, 2], "W goes 3 -> 2 once, and stays"
+    assert re.search(r"node \w{8} drained \(preemption, \d+ s\): moving W 3 -> 2 at step \d+", text), text
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    tags = client.get_run(rid).data.tags
+    assert tags.get("elastic.restarts", "0") == "0", "a planned resize, not a restart after a failure"
+    assert tags["elastic.drains"] == "1" and "moving W 3 -> 2" in tags["elastic.drain_reason"]
+    assert [m.value for m in client.get_metric_history(rid, "drain/workers")] == [1.0]
+    assert not client.get_metric_history(rid, "restarts")
+    trained = [json.loads(line)["step"] for f in glob.glob(f"{tmp}/samples/*-rank0-*.jsonl") for line in open(f)]
+    assert sorted(trained) == list(range(1, STEPS + 1)), "every step trained once (rank 0's lines, all groups)"
 
 
 def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(cluster, tmp_path, reference, s3_server):

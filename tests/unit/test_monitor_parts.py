@@ -2,7 +2,9 @@
 without the actor's routing: the handover of one resize, the message buffer and its ack, the
 driver's verdicts, the user-error rule and the coordinator's decisions told through ``emit``."""
 
-from orchestrator.record.events import CapacityReturned
+import time
+
+from orchestrator.record.events import CapacityReturned, NodeDrained
 from orchestrator.run.monitor import MessageBuffer, UserErrors, Verdicts
 from orchestrator.run.resizing import Handover, ResizeCoordinator, ResizeCosts, workers_in
 from trainers.link.messages import (
@@ -126,3 +128,48 @@ def test_workers_in_counts_what_every_resource_allows():
     assert workers_in({"CPU": 3.5, "GPU": 2.0}, {"CPU": 1.0, "GPU": 1.0}) == 2
     assert workers_in({"CPU": 3.0}, {"CPU": 1.0, "GPU": 1.0}) == 0
     assert workers_in({"CPU": 3.0}, {"CPU": 1.0, "GPU": 0.0}) == 3
+
+
+def _drained(overlap: dict | None = {"CPU": 1.0}, min_workers: int = 2):  # noqa: B006 - read only
+    said, h = [], Handover()
+    c = ResizeCoordinator(
+        WorkerCount(WorkersForBatch(), 16, min_workers, 3), overlap, {"CPU": 1.0}, dict, ResizeCosts(), h, said.append
+    )
+    c.observe(
+        [(40, {"batch/global": 48.0})],
+        [
+            PhaseStart(
+                phase=0, workers=3, step=30, resumed=True, threads=1, entered=0.0, built=0.0, nodes=("a", "b", "c")
+            )
+        ],
+    )
+    return c, h, said
+
+
+def test_a_drained_node_of_the_group_is_left_by_a_planned_resize_with_b_unchanged():
+    c, h, said = _drained()
+    assert c.drain_notice(0, {"x": None}, room=3) == 0 and h.resize is None  # not one of the group's nodes
+    deadline = time.time() + 30
+    assert c.drain_notice(0, {"b": deadline}, room=0) == 2  # no room beside: break before make
+    drained, decided = said[-2:]
+    assert isinstance(drained, NodeDrained) and isinstance(decided, ResizeDecided)
+    assert (drained.node, drained.workers, drained.lost, drained.to, drained.mode) == ("b", 3, 1, 2, "restart")
+    assert drained.deadline == deadline and not drained.waits
+    assert drained.reason.startswith("node b drained (preemption, 30 s): moving W 3 -> 2 at step 40"), drained.reason
+    assert decided.batch == 48 and decided.workers == 2  # B stays: W is only a resource
+    assert h.resize.to == 2 and h.resize.ready  # rank 0 hands over at its next push
+    assert c.drain_notice(0, {"b": deadline}, room=0) == 0  # decided once
+
+
+def test_a_drain_overlaps_where_room_allows_and_waits_below_min_workers():
+    c, h, said = _drained()
+    assert c.drain_notice(0, {"a": None}, room=2) == 2 and h.resize.mode == "overlap" and not h.resize.ready
+    assert "no deadline" in said[-2].reason
+    c, h, said = _drained(overlap=None)
+    assert c.drain_notice(0, {"a": None}, room=2) == 2 and h.resize.mode == "restart"  # resize_mode: restart
+    c, h, said = _drained(min_workers=3)
+    assert c.drain_notice(0, {"c": None}, room=5) == 3  # min_workers 3: 2 are left, the new group waits
+    assert h.resize.mode == "restart" and said[-2].waits and "below scaling.min_workers 3" in said[-2].reason
+    c, h, said = _drained()
+    assert c.drain_notice(0, {"a": None, "c": None}, room=0) == 2  # two of three gone: min_workers 2 still
+    assert said[-2].lost == 2 and said[-2].waits

@@ -58,6 +58,7 @@ class PhaseStart(Event):
     threads: int
     entered: float  # when rank 0 entered ``train_loop_per_worker``
     built: float  # when the trainer (data, model, process group) was built
+    nodes: tuple[str, ...] = ()  # each rank's Ray node id (which ranks a drained node holds: run/drains.py)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,14 @@ class Group:
         dist.broadcast_object_list(box, src=0, device=self.device)
         return box[0]
 
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, by rank, on every rank (rare: once per group start)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def start_time(self) -> float:
         """Rank 0's clock now, on every rank: tells a restarted group's records from an earlier
         attempt's."""
@@ -65,3 +73,13 @@ class Group:
         if self.world > 1:
             dist.broadcast(t, src=0)
         return float(t.item())
+
+
+def node_id() -> str:
+    """The Ray node this worker runs on ("" outside Ray)."""
+    try:
+        import ray  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - outside a Ray worker (tests): no node to name
+        return ""

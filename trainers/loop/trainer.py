@@ -45,7 +45,7 @@ from trainers.link.messages import (
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig
-from trainers.loop.group import Group
+from trainers.loop.group import Group, node_id
 from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
 from trainers.loop.rollback import RollbackPolicy
@@ -409,6 +409,7 @@ class Trainer:
             # server that was away at the planned end: the resume records them)
             self.report.flush(wait=True)
             return
+        nodes = tuple(self.group.gather_object(node_id()))  # where this group's ranks run (a drained node's)
         self.report.emit(
             PhaseStart(
                 phase=self.runtime.phase,
@@ -418,6 +419,7 @@ class Trainer:
                 threads=torch.get_num_threads(),
                 entered=self.entered if self.entered is not None else built,
                 built=built,
+                nodes=nodes,
             )
         )
         self.report.start(self.state.step)
