@@ -38,7 +38,7 @@ SUMMARY = {
     "group_start": ("fit_s",),
     "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
-    "recovery": ("cold_start_s", "resume_s", "grow_s", "ratio"),
+    "recovery": ("cold_start_s", "resume_s", "grow_s", "ratio", "lost_pause_s", "drained_pause_s", "drain_ratio"),
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "scale": ("cold_start_s", "projected_speedup_64", "strong_speedup_64", "recovery_s_64"),
     "search": ("steps_ratio", "gap_points"),
