@@ -124,3 +124,14 @@ def test_the_charts_labels_overlap_neither_the_axes_nor_each_other():
         for other in fixed:
             assert not box.overlaps(other), (box, other)
     plt.close(fig)
+
+
+def test_a_drained_node_the_run_left_is_a_row_of_its_own_kind():
+    tl = _timeline()
+    tl.add_drain({"step": 18, "time": 118.0, "node": "n1", "deadline": 148.0, "from": 1, "to": 2, "mode": "restart"})
+    table = tl.table()
+    assert table["kind"] == ["train", "train", "drain", "resize", "train"]  # the notice, then the resize it asked
+    i = table["kind"].index("drain")
+    # from the notice to the node's deadline, seconds from the first step
+    assert (table["first_step"][i], table["begin_s"][i], table["end_s"][i], table["workers"][i]) == (18, 17.0, 47.0, 2)
+    assert len({len(v) for v in table.values()}) == 1
