@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from trainers.policies.goodput import StepTimeFit, StepTimeModel, batch_candidates, efficiency, evaluate, optimize
+from trainers.policies.goodput import (
+    StepTimeFit,
+    StepTimeModel,
+    batch_candidates,
+    efficiency,
+    evaluate,
+    optimize,
+    top_of_class,
+)
 from trainers.policies.resize import RESIZE_POLICIES, GoodputResize, build_resize_policy
 
 # --------------------------------------------------------------------------- efficiency
@@ -121,6 +129,50 @@ def test_observe_refuses_bad_input(args: tuple) -> None:
 
 SYNC_BOUND = StepTimeFit(alpha=0.1, beta=0.01, gamma=0.5, points=3)  # a 0.5 s all-reduce per extra worker
 CHEAP_SYNC = StepTimeFit(alpha=0.1, beta=0.01, gamma=0.01, points=3)
+
+
+def test_the_largest_batch_of_a_class_keeps_its_local_batch_within_the_bounds() -> None:
+    assert top_of_class(100, 8, hi=1000) == 104  # ceil(100 / 8) = 13 = ceil(104 / 8)
+    assert top_of_class(100, 8, hi=102) == 102  # capped by max_batch
+    assert top_of_class(100, 8, hi=1000, round_to=8) == 104 and top_of_class(97, 8, hi=1000, round_to=32) == 97
+    assert top_of_class(64, 1, hi=64) == 64
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_choice_is_never_a_batch_another_of_its_class_beats(seed: int) -> None:
+    """At ``round_to`` 1 the geometric grid holds few batches of a class: scoring (1643, 16) left out
+    (1648, 16), the same local batch 103 (the same step time) for 5 more samples a step."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(150):
+        fit = StepTimeFit(rng.uniform(0.001, 0.2), rng.uniform(1e-4, 5e-3), rng.uniform(0, 0.05), points=3)
+        cur, hi = rng.choice([16, 32, 48, 64, 100]), rng.choice([256, 512, 1000, 2048])
+        d = optimize(
+            fit,
+            cur,
+            rng.randint(1, 8),
+            1,
+            16,
+            base_batch=16,
+            b_noise=rng.uniform(10, 3000),
+            min_batch=cur,
+            max_batch=hi,
+            round_to=1,
+            remaining_samples=1e7,
+        )
+        c = d.chosen
+        assert c.batch == top_of_class(c.batch, c.workers, hi), (fit, cur, hi, c)
+        for w in range(1, 17):  # and each W's best is its class's largest batch
+            best = next(a for a in d.alternatives if a.workers == w)
+            assert best.batch == top_of_class(best.batch, w, hi)
+
+
+def test_the_first_dominated_choice_found_is_fixed() -> None:
+    fit = StepTimeFit(0.09497680347164722, 0.001960114594286266, 0.010497740318573857, points=3)
+    d = optimize(fit, 64, 1, 1, 16, base_batch=16, b_noise=1303.97, min_batch=64, max_batch=2048, remaining_samples=1e7)
+    assert (d.chosen.batch, d.chosen.workers) != (1643, 16)
+    assert d.chosen.batch == top_of_class(d.chosen.batch, d.chosen.workers, 2048)
 
 
 def test_goodput_is_throughput_times_efficiency() -> None:

@@ -48,14 +48,18 @@ much as a slow one.  Parameters that the observations cannot separate are fixed,
   batch (``alpha = beta * mean b``: half of that step's compute time is fixed, AdaptDL's choice,
   optimistic about growing B).
 
-**The choice** (:func:`optimize`).  Every ``(B, W)`` within the bounds is scored; B is a multiple of
-``round_to`` between ``min_batch`` (by default the current B: batches only grow in this project)
-and ``max_batch``; W runs from ``min_workers`` to ``max_workers`` (never more than B), smaller
-than the current W included.  Without a noise estimate the efficiency of other batches is
-unknown, so only the current B is scored (efficiency is the same for every W at one B).  The
-options compared are: keep ``(B, W)``; the best B at the current W (a batch change is free);
-the best ``(B', W')`` with another W, which costs a resize.  Each is judged by the time it needs
-for the rest of the run's progress, ``P = remaining_samples x E(B)`` B0-equivalent samples at the
+**The choice** (:func:`optimize`).  B is a multiple of ``round_to`` between ``min_batch`` (by
+default the current B: batches only grow in this project) and ``max_batch``; W runs from
+``min_workers`` to ``max_workers`` (never more than B), smaller than the current W included.  What
+is scored: for every W, the batches of a geometric grid (64 points, as AdaptDL's, plus the bounds
+and the current B), each replaced by the largest batch of its class, the one with the same local
+batch ``ceil(B / W)`` (the same step time for more samples: it dominates the smaller ones,
+:func:`top_of_class`).  A batch between grid points whose class holds no grid point is not scored.
+Without a noise estimate the efficiency of other batches is unknown, so only the current B is
+scored (efficiency is the same for every W at one B).  The options compared are: keep ``(B, W)``;
+the best B at the current W (a batch change is free); the best ``(B', W')`` with another W, which
+costs a resize.  Each is judged by the time it needs for the rest of the run's progress,
+``P = remaining_samples x E(B)`` B0-equivalent samples at the
 current B::
 
     t(option) = P / goodput(option) + cost(option)
@@ -278,6 +282,14 @@ def batch_candidates(lo: int, hi: int, round_to: int = 1, count: int = 64, inclu
     return sorted(v for v in out if lo <= v <= hi)
 
 
+def top_of_class(batch_size: int, workers: int, hi: int, round_to: int = 1) -> int:
+    """The largest batch, a multiple of ``round_to`` up to ``hi``, that keeps ``batch_size``'s local batch
+    ``ceil(B / W)`` on ``workers``: the same step time for more samples, so it dominates every smaller
+    batch of its class (``batch_size`` itself where none is larger)."""
+    top = min(hi, workers * math.ceil(batch_size / workers)) // round_to * round_to
+    return max(top, batch_size)
+
+
 def _best(cands: Iterable[Candidate]) -> Candidate:
     # highest goodput; ties to fewer workers, then the smaller batch
     return max(cands, key=lambda c: (c.goodput, -c.workers, -c.batch))
@@ -332,7 +344,16 @@ def optimize(
         grid = batch_candidates(min(lo, current_batch), max(hi, current_batch), round_to, include=(current_batch,))
         grid = [x for x in grid if lo <= x <= hi or x == current_batch]
     ws = range(min_workers, max_workers + 1)
-    cands = [evaluate(fit, bb, w, b_noise, base_batch) for bb in grid for w in ws if w <= bb]
+    # B's step time is T(ceil(B/W), W): per W, a grid B within the bounds is scored by the largest B of its
+    # class (top_of_class); without a noise estimate only the current B is scored, as it is
+    movable = b_noise is not None
+    pairs = {
+        (top_of_class(bb, w, hi, round_to) if movable and lo <= bb <= hi else bb, w)
+        for bb in grid
+        for w in ws
+        if w <= bb
+    }
+    cands = [evaluate(fit, bb, w, b_noise, base_batch) for bb, w in sorted(pairs)]
     current = evaluate(fit, current_batch, current_workers, b_noise, base_batch)
     by_w: dict[int, Candidate] = {}
     for c in cands:
