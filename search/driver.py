@@ -51,7 +51,7 @@ from search.pruning import Pruning
 from search.records import PendingTrial, RunningTrial, SearchSummary, TrialOutcome, TrialRecord
 from search.space import DEFAULT_TRIALS, SearchSpace
 from search.study import best_config_yaml, completed_twin, config_key, create_or_load_study, grid_remaining
-from search.study_progress import ProgressBar, best_text, trial_line, write_line
+from search.study_progress import ProgressBar, best_text, restart_line, trial_line, write_line
 from search.study_storage import DEFAULT_STORAGE, describe_storage, open_storage
 from search.study_tracking import PARENT_RUN_ATTR, StudyTracker, best_trials, close_lost_child
 from search.trial import TrialResult, short_error
@@ -437,6 +437,8 @@ class SearchDriver:
             if info["run_id"] and info["run_id"] != r.run_id:
                 r.trial.set_user_attr("mlflow_run_id", info["run_id"])  # found again if this driver dies
             r.run_id = info["run_id"] or r.run_id
+            for note in info.get("restarts", []):
+                self._write(restart_line(n, note))  # a worker's node lost: the trial goes on
             verdict = self.pruning.hear(r, info["values"])
             if verdict is not None:
                 r.actor.verdict.remote(n, verdict.step, verdict.stop)

@@ -2,6 +2,12 @@
 
 Each trial still gets a fresh orchestrator run (``search.trial.TrialActor.run``); reusing the
 actor only saves its process start.  An actor whose process died is killed, never reused.
+
+The actors live on the driver's node: a trial's run calls Ray Train's ``fit()`` there, and Ray Train
+puts the trial's controller on the node of its caller, as the run puts its monitor
+(``orchestrator.run.phases.MonitorLink``).  Left to Ray, a trial actor (it holds no CPU) lands on
+any node, a worker node too: losing that node would lose the trial, where losing a node of its
+worker group only restarts the group from the trial's newest checkpoint.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from search.trial import TrialActor
 
@@ -26,9 +33,9 @@ class ActorPool:
         self.busy: list[Any] = []
 
     def get(self) -> Any:
-        """An idle actor, or a new one when none is idle."""
+        """An idle actor, or a new one (on the driver's node) when none is idle."""
 
-        actor = self.idle.pop() if self.idle else TrialActor.remote()
+        actor = self.idle.pop() if self.idle else TrialActor.options(scheduling_strategy=here()).remote()
         self.busy.append(actor)
         return actor
 
@@ -51,6 +58,11 @@ class ActorPool:
             except Exception:
                 pass
         self.idle, self.busy = [], []
+
+
+def here() -> NodeAffinitySchedulingStrategy:
+    """This process's node, and no other (the driver's: it outlives every worker node)."""
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
 
 
 class Slots:

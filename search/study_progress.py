@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from search.study_tracking import best_trials
+from trainers.errors import first_line
 
 if TYPE_CHECKING:
     from optuna import Study
@@ -66,6 +67,16 @@ def write_line(line: str, bar: ProgressBar | None = None) -> None:
         bar.bar.write(line, file=sys.stderr)
     else:
         print(line, file=sys.stderr)
+
+
+def restart_line(number: int, note: dict[str, Any]) -> str:
+    """The line for a trial whose group Ray Train restarted (``search.trial.RestartNotes``): why,
+    and the step it went on from (its newest checkpoint's; 0 when it had none yet)."""
+    cause = f" after a worker failed ({first_line(note['cause'], 160)})" if note.get("cause") else ""
+    start = f"its checkpoint at step {note['step']}" if note["step"] else "step 0 (no checkpoint yet)"
+    workers = f"{note['workers']} worker{'s' if note['workers'] != 1 else ''}"
+    again = f"restart {note['restarts']}"
+    return f"trial {number}: its group restarted{cause}; it goes on from {start} with {workers} ({again})"
 
 
 def best_text(study: Study, multi_objective: bool) -> str:

@@ -12,6 +12,10 @@ reach it.
 The actor takes no CPU of its own (the run's workers hold the trial's resources) and is threaded:
 ``run`` occupies one thread while ``poll`` and ``stop`` are answered on others.  It is reused for
 the next trial once ``run`` returns.
+
+A worker of the trial's group that fails (its node lost) does not end the trial: Ray Train restarts
+the group from the trial's newest checkpoint (``scaling.max_failures``), and ``poll`` hands the
+driver a note of each restart (:class:`RestartNotes`), which it shows as one line.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import ray
 
 from orchestrator.config.schema import validate
+from orchestrator.record.events import GroupFailed, GroupRestarted
 from orchestrator.run.outcome import Stopped
 from orchestrator.run.runner import run_training
 from trainers.errors import one_line
@@ -64,6 +69,29 @@ class TrialResult:
         if metric == "worker_seconds":
             return self.worker_seconds
         return self.last.get(metric)
+
+
+class RestartNotes:
+    """The restarts of a trial's group, for its driver: each ``GroupRestarted`` (the step the new
+    group restored, its workers, the run's restart count) with the failure Ray Train's controller
+    reported before it (``GroupFailed``: a worker that died with its node, one that raised)."""
+
+    def __init__(self) -> None:
+        self.cause: str | None = None
+        self.notes: list[dict[str, Any]] = []
+
+    def hear(self, event: Any) -> None:
+        match event:
+            case GroupFailed(message=message):
+                self.cause = message
+            case GroupRestarted(step=step, workers=workers, restarts=n):
+                self.notes.append({"step": step, "workers": workers, "restarts": n, "cause": self.cause})
+                self.cause = None
+
+    def take(self) -> list[dict[str, Any]]:
+        """The notes since the last call."""
+        notes, self.notes = self.notes, []
+        return notes
 
 
 def short_error(e: BaseException) -> str:
@@ -110,6 +138,7 @@ class TrialActor:
         self._workers = 0.0
         self._t_mark = time.time()
         self._worker_s = 0.0
+        self._restarts = RestartNotes()
 
     # -- called by the driver ------------------------------------------------------------
 
@@ -144,6 +173,7 @@ class TrialActor:
                 tags=tags,
                 on_start=self._on_start,
                 on_records=self._on_records,
+                on_event=self._on_event,
                 poll_s=RUNNER_POLL_S,
                 judged=self._judged_metrics,
             )
@@ -172,12 +202,12 @@ class TrialActor:
     def poll(self, token: int) -> dict[str, Any]:
         """New ``(step, metric, value, samples seen, tokens seen or None)`` of run ``token`` since the
         last poll (the work done by that step: pruning compares trials at equal work), its MLflow
-        run id and its latest step."""
+        run id, its latest step and its group's restarts since the last poll (``RestartNotes``)."""
         with self._lock:
             if token != self._token:
-                return {"values": [], "run_id": None, "step": 0}
+                return {"values": [], "run_id": None, "step": 0, "restarts": []}
             values, self._values = self._values, []
-            return {"values": values, "run_id": self._run_id, "step": self._step}
+            return {"values": values, "run_id": self._run_id, "step": self._step, "restarts": self._restarts.take()}
 
     def verdict(self, token: int, step: int, stop: bool) -> None:
         """The driver judged run ``token``'s values up to ``step``: ``stop`` it (pruned; every worker
@@ -202,6 +232,10 @@ class TrialActor:
             self._run_id = runner.tracker.run_id
             self._workers = float(runner.initial_workers())
             self._t_mark = time.time()
+
+    def _on_event(self, event: Any) -> None:
+        with self._lock:
+            self._restarts.hear(event)
 
     def _integrate(self, now: float) -> None:
         self._worker_s += self._workers * max(0.0, now - self._t_mark)

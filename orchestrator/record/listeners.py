@@ -364,10 +364,18 @@ class TimelineListener(RunListener):
 
 
 class RecordsCallback(RunListener):
-    """A caller's function on each batch of records (a search trial's pruner, a test's stop)."""
+    """A caller's functions on each batch of records (a search trial's pruner, a test's stop) and
+    on each event (a search trial's restarts, for its driver's line)."""
 
-    def __init__(self, fn: Callable[[list[Record]], None]) -> None:
-        self.fn = fn
+    def __init__(
+        self, fn: Callable[[list[Record]], None] | None, on_event: Callable[[Event], None] | None = None
+    ) -> None:
+        self.fn, self.event_fn = fn, on_event
 
     def on_records(self, records: list[Record]) -> None:
-        self.fn(records)
+        if self.fn is not None:
+            self.fn(records)
+
+    def on_event(self, event: Event) -> None:
+        if self.event_fn is not None:
+            self.event_fn(event)

@@ -128,14 +128,23 @@ def _token_auth() -> None:
         del os.environ["RAY_AUTH_MODE"]
 
 
+WORKER_POOL_ALARM = "PYTHON worker processes have been started on node"
+"""Ray's warning that a node starts more worker processes at once than it has CPUs: a head without
+CPUs (the driver's node) raises it for the driver-side actors of a search's parallel trials (each
+trial's actor, Ray Train controller and monitor live there), which hold no CPU: not shown."""
+
+
 def first_line_only(show: Callable[[dict, bool], Any]) -> Callable[[dict, bool], Any]:
     """``show`` (Ray's printer of what the cluster pushes to a driver) cut to the first line of each
     message of Ray's own processes: a lost node otherwise prints the dead raylet's last 20 log lines,
-    and the driver says what it means for the run itself (a worker failed, the group restarts)."""
+    and the driver says what it means for the run itself (a worker failed, the group restarts).
+    Ray's alarm about a node's worker processes (:data:`WORKER_POOL_ALARM`) is not shown."""
 
     def short(data: dict, ignore_prefix: bool) -> Any:
         if data.get("pid") == "raylet":
             line = first_line("\n".join(str(text) for text in data.get("lines", [])), 200)
+            if WORKER_POOL_ALARM in line:
+                return None
             data = dict(data, lines=[line] if line else [])
         return show(data, ignore_prefix)
 

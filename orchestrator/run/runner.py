@@ -109,6 +109,7 @@ class RunOptions:
     tags: dict[str, str] | None = None  # the new MLflow run's tags
     on_start: Callable[[PhaseRunner], None] | None = None  # given the runner once the run is open
     on_records: Callable[[list], None] | None = None  # given each batch of step records
+    on_event: Callable[[Any], None] | None = None  # given each event, the workers' and the driver's
     t_invoked: float | None = None  # when the command was invoked (the wall time counts from it)
     resume_run_id: str | None = None  # continue this MLflow run from its newest checkpoint
     driver_lock: DriverLock | None = None  # the run's driver lock, held already (cli.cmd_resume)
@@ -223,7 +224,8 @@ class _Driver:
         start = read_start(tracker, self.t0, resumed=opts.resume_run_id is not None)
         progress = self.progress
         self.timeline = TimelineListener(start.timeline, on_resize=resize_saver(tracker.log_text, progress.write))
-        listeners = [RecordsCallback(opts.on_records)] if opts.on_records is not None else []
+        wanted = opts.on_records is not None or opts.on_event is not None
+        listeners = [RecordsCallback(opts.on_records, opts.on_event)] if wanted else []
         self.runner = runner = PhaseRunner(
             cfg,
             tracker,

@@ -177,3 +177,19 @@ def test_a_resize_line_says_when_the_new_group_has_fewer_workers_than_asked():
     )
     listener.on_records([_rec(11, 64, 3, 0.2, 0.9)])  # an elastic group that found room for 3
     assert p.lines == ["resize: W 2 -> 4 at step 10 (restarting the group): B 64, W 3 of 4 asked, lr 0.2, mf 0.9"]
+
+
+def test_a_callers_functions_get_the_records_and_the_events():
+    """``run_training(on_records=, on_event=)``: a search trial hears its run's events (restarts) too."""
+    from orchestrator.record.events import GroupRestarted
+    from orchestrator.record.listeners import RecordsCallback
+
+    heard: list = []
+    restarted, again = GroupRestarted(step=5, workers=1, restarts=1), GroupRestarted(step=10, workers=1, restarts=2)
+    both = RecordsCallback(heard.append, heard.append)
+    both.on_records([(1, {M.TRAIN_LOSS: 1.0}, 0.0)])
+    both.on_event(restarted)
+    events_only = RecordsCallback(None, heard.append)
+    events_only.on_records([(2, {}, 0.0)])  # no function for records: nothing
+    events_only.on_event(again)
+    assert heard == [[(1, {M.TRAIN_LOSS: 1.0}, 0.0)], restarted, again]

@@ -70,6 +70,11 @@ def test_what_ray_pushes_to_the_driver_is_one_line_a_message_and_a_users_print_i
     show({"lines": [dead], "pid": "raylet", "is_err": False}, False)
     show({"lines": ["epoch 1\nepoch 2"], "pid": 1234, "is_err": False}, False)  # a worker's own output
     show({"lines": [""], "pid": "raylet", "is_err": False}, False)
+    alarm = (
+        "WARNING: 5 PYTHON worker processes have been started on node: 2c87 with address: 192.0.2.2, "
+        "which is 5x the maximum expected startup concurrency (1)"
+    )
+    show({"lines": [alarm], "pid": "raylet", "is_err": False}, False)  # a head without CPUs: not shown
     assert shown == [
         ["Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL"],
         ["epoch 1\nepoch 2"],

@@ -161,6 +161,30 @@ def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs
     assert [r.state for r in d.records] == ["FAIL", "FAIL"] and not d.running
 
 
+def test_a_running_trials_restart_is_written_and_the_trial_goes_on(monkeypatch, capsys):
+    """The trial actor's poll hands over a restart of its group (a node lost): the driver writes
+    its line and the trial stays running."""
+    import search.driver
+
+    class Actor:
+        class poll:  # noqa: N801 - stands for the actor method's handle
+            @staticmethod
+            def remote(n: int) -> dict[str, Any]:
+                note = {"step": 15, "workers": 1, "restarts": 1, "cause": "WorkerHealthCheckFailedError: lost"}
+                return {"values": [], "run_id": "r1", "step": 16, "restarts": [note]}
+
+    d = FakeDriver([A], {})
+    d._launch(d._ask())
+    d.running[0].actor = Actor()
+    monkeypatch.setattr(search.driver.ray, "get", lambda ref, timeout=None: ref)
+    d._poll()
+    assert capsys.readouterr().err == (
+        "trial 0: its group restarted after a worker failed (WorkerHealthCheckFailedError: lost); "
+        "it goes on from its checkpoint at step 15 with 1 worker (restart 1)\n"
+    )
+    assert list(d.running) == [0] and d.running[0].run_id == "r1"
+
+
 def test_the_driver_keeps_a_dozen_things_or_fewer():
     """Slots, pruning, liveness and where trials write are objects of their own."""
     d = FakeDriver([A], {})

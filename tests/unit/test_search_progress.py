@@ -42,3 +42,25 @@ def test_without_a_bar_lines_go_to_stderr(capsys):
     bar.close()
     out = capsys.readouterr()
     assert out.out == "" and out.err == "one\ntwo\n"
+
+
+def test_a_trial_whose_group_restarted_is_one_line_with_its_cause_and_step():
+    """What a trial's actor hears of its run (``search.trial.RestartNotes``) and the driver's line for
+    it: a worker lost with its node, the group back from the trial's newest checkpoint."""
+    from orchestrator.record.events import GroupFailed, GroupRestarted
+    from search.study_progress import restart_line
+    from search.trial import RestartNotes
+    from trainers.link.messages import FirstStep
+
+    notes = RestartNotes()
+    notes.hear(FirstStep(step=1, phase=0))
+    assert notes.take() == []
+    notes.hear(GroupFailed(phase=0, message="WorkerHealthCheckFailedError: A worker health check failed."))
+    notes.hear(GroupRestarted(step=15, workers=1, restarts=1))
+    notes.hear(GroupRestarted(step=0, workers=2, restarts=2))  # no failure heard first, no checkpoint yet
+    taken = notes.take()
+    assert notes.take() == [] and [restart_line(7, n) for n in taken] == [
+        "trial 7: its group restarted after a worker failed (WorkerHealthCheckFailedError: A worker health check "
+        "failed.); it goes on from its checkpoint at step 15 with 1 worker (restart 1)",
+        "trial 7: its group restarted; it goes on from step 0 (no checkpoint yet) with 2 workers (restart 2)",
+    ]
