@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((o.name, "not reached", "-", "-", "-", "-", "-", final, max_b, o.steps))
             continue
         tokens = int(round(o.samples_at(o.hit_step) * context))
-        worker_s = "-" if o.hit_worker_s is None else f"{o.hit_worker_s:.0f}"
+        worker_s = "-" if o.hit_worker_s is None else f"{o.hit_worker_s:.1f}"
         rows.append(
             (
                 o.name,
