@@ -1,5 +1,5 @@
-"""Steps, tokens and wall time to a target validation perplexity on the language model, one run per
-batch schedule (same config, seed and data), each through the product's own ``fit()`` on a local Ray.
+"""Steps, tokens, wall time and worker-seconds to a target validation perplexity on the language model, one
+run per batch schedule (same config, seed and data), each through the product's own ``fit()`` on a local Ray.
 
 The product's promise: a batch that grows during training reaches a given quality sooner, without
 hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the config's
@@ -18,7 +18,10 @@ Every run trains for the same budget (``--epochs``, in samples); the time to the
 steps and tokens are the robust figures.  The projection to a cluster fits Pollux's step-time model
 ``T(b, W) = alpha + beta * b + gamma * (W - 1)`` (``trainers/policies/goodput.py`` StepTimeModel)
 to the step times measured here (all at W = 1, so ``gamma`` is the stated ``--sync-s``) and replays
-each schedule's batch sequence on ``W = ceil(B / cluster_local_batch)`` workers.
+each schedule's batch sequence on ``W = ceil(B / cluster_local_batch)`` workers.  Worker-seconds: here,
+what the run's worker groups held (orchestrator/record/cost.py, the run's ``timeline/holds.json``) from
+its first step to the target; on the cluster, each replayed step's ``W x T``: a schedule that reaches
+the target in fewer steps by adding workers saves wall time, not necessarily worker-seconds.
 
     .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 9] [--epochs 0.06]
     .venv/bin/python bench/time_to_target.py --reuse --target 14     # the same runs read at another target
@@ -63,7 +66,9 @@ class Outcome:
     steps: int = 0
     hit_step: int | None = None
     hit_wall_s: float | None = None
+    hit_worker_s: float | None = None  # worker-seconds held from the first step to the target (here)
     projected_s: float | None = None
+    projected_worker_s: float | None = None  # sum of W x T over the replayed steps (the cluster)
 
     def samples_at(self, step: float) -> float:
         s, v = zip(*self.samples)
@@ -202,6 +207,8 @@ def train_one(
 
     from orchestrator.api import fit
     from orchestrator.config.prepare import ConfigError, load_config
+    from orchestrator.record.cost import cost_of
+    from orchestrator.record.history import earlier_holds
 
     out = Outcome(name)
     try:
@@ -235,6 +242,9 @@ def train_one(
     hit = next(((s, v, t) for s, v, t in out.ppl if v <= target), None)
     if hit is not None:
         out.hit_step, out.hit_wall_s = hit[0], hit[2]
+        holds = earlier_holds(c, run_id).holds  # none for a run recorded before the holds were saved
+        if holds:
+            out.hit_worker_s = cost_of(holds, lo=t0, hi=t0 + hit[2]).worker_s
     return out
 
 
@@ -248,16 +258,19 @@ def fit_step_time(outcomes: list[Outcome], sync_s: float):
     return model.fit()
 
 
-def project(o: Outcome, fit, local: int) -> float | None:
-    """Seconds to the target on a cluster: each step at ``W = ceil(B / local)`` workers, ``T(ceil(B / W), W)``."""
+def project(o: Outcome, fit, local: int) -> tuple[float, float] | None:
+    """Seconds and worker-seconds to the target on a cluster: each step at ``W = ceil(B / local)``
+    workers takes ``T(ceil(B / W), W)`` and costs ``W x T``."""
     if o.hit_step is None or fit is None:
         return None
-    total = 0.0
+    seconds = worker_s = 0.0
     for step in range(1, o.hit_step + 1):
         b = o.batch_at(step)
         w = math.ceil(b / local)
-        total += fit.step_time(math.ceil(b / w), w)
-    return total
+        t = fit.step_time(math.ceil(b / w), w)
+        seconds += t
+        worker_s += w * t
+    return seconds, worker_s
 
 
 def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> None:
@@ -359,20 +372,34 @@ def main(argv: list[str] | None = None) -> None:
         )
     fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s)
     for o in outcomes:
-        o.projected_s = project(o, fit, local)
+        o.projected_s, o.projected_worker_s = project(o, fit, local) or (None, None)
 
     rows = []
     for o in outcomes:
         if o.skipped:
-            rows.append((o.name, f"skipped ({o.skipped})", "-", "-", "-", "-", "-", "-"))
+            rows.append((o.name, f"skipped ({o.skipped})", "-", "-", "-", "-", "-", "-", "-", "-"))
             continue
         final = f"{o.ppl[-1][1]:.2f}" if o.ppl else "-"
         max_b = max(b for _, b in o.batch) if o.batch else "-"
         if o.hit_step is None:
-            rows.append((o.name, "not reached", "-", "-", "-", final, max_b, o.steps))
+            rows.append((o.name, "not reached", "-", "-", "-", "-", "-", final, max_b, o.steps))
             continue
         tokens = int(round(o.samples_at(o.hit_step) * context))
-        rows.append((o.name, o.hit_step, tokens, f"{o.hit_wall_s:.0f}", f"{o.projected_s:.2f}", final, max_b, o.steps))
+        worker_s = "-" if o.hit_worker_s is None else f"{o.hit_worker_s:.1f}"
+        rows.append(
+            (
+                o.name,
+                o.hit_step,
+                tokens,
+                f"{o.hit_wall_s:.0f}",
+                worker_s,
+                f"{o.projected_s:.2f}",
+                f"{o.projected_worker_s:.2f}",
+                final,
+                max_b,
+                o.steps,
+            )
+        )
     print(
         f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
         f"{a.target:g}; budget {a.epochs:g} epoch each; seed and data order the same for all"
@@ -385,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
                 "steps",
                 "tokens",
                 "wall s (here)",
+                "worker-s (here)",
                 "projected s (cluster)",
+                "projected worker-s (cluster)",
                 "final ppl",
                 "max B",
                 "steps run",
@@ -394,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"projection: {fit.describe() if fit else 'no step times'}; each step on W = ceil(B / {local}) "
-        f"workers of local batch ceil(B / W); gamma is the stated --sync-s (every run here had W = 1)"
+        f"workers of local batch ceil(B / W), W x T worker-seconds a step; gamma is the stated --sync-s (every run "
+        "here had W = 1); worker-s (here): what the run's groups held from its first step to the target"
     )
     by = {o.name: o for o in outcomes}
     fixed, ns, gp = by.get("fixed B0"), by.get("noise_scale"), by.get("goodput")
@@ -436,7 +466,21 @@ def main(argv: list[str] | None = None) -> None:
                 mlflow.log_metric(key, value)
         mlflow.log_artifact(png, "plots")
         mlflow.log_text(
-            table(rows, ("schedule", "steps", "tokens", "wall s", "projected s", "final ppl", "max B", "steps run")),
+            table(
+                rows,
+                (
+                    "schedule",
+                    "steps",
+                    "tokens",
+                    "wall s",
+                    "worker-s",
+                    "projected s",
+                    "projected worker-s",
+                    "final ppl",
+                    "max B",
+                    "steps run",
+                ),
+            ),
             "time_to_target.txt",
         )
     print(f"plot: {os.path.relpath(png, ROOT)} (and in MLflow {uri}, experiment bench-time-to-target)")

@@ -39,6 +39,7 @@ class FitResult:
     tracking_uri: str = ""
     experiment_id: str = ""
     checkpoint_dir: str = ""
+    worker_seconds: float = 0.0  # what the run's worker groups held (orchestrator/record/cost.py)
 
     @property
     def final(self) -> dict[str, float]:
@@ -157,4 +158,5 @@ def fit(
         tracking_uri=s.tracking_uri,
         experiment_id=s.experiment_id,
         checkpoint_dir=join(s.storage_path, s.train_run_name),
+        worker_seconds=s.worker_seconds,
     )

@@ -113,6 +113,11 @@ def _summary(s, cfg) -> str:
     ]
     if s.phases:
         lines += ["  " + line for line in format_table(s.phases).splitlines()]
+    if s.worker_seconds:  # what every worker group held, from its fit() call to its return
+        lines.append(
+            f"  cost           {s.worker_seconds:,.0f} worker-seconds"
+            + (f", {s.gpu_seconds:,.0f} GPU-seconds" if s.gpu_seconds else "")
+        )
     if s.resizes_called_off:
         lines.append(f"  resizes called off: {s.resizes_called_off} (training ended before the new group was ready)")
     if s.error:

@@ -4,7 +4,9 @@
 The stretches of constant B and W come from the logged step metrics (every step's ``train/loss``
 with when it ran; ``batch/global``, ``workers``, ``batch/samples`` where they change), the
 measured resizes from the artifact :data:`RESIZES_ARTIFACT`, which the driver rewrites at each
-measured resize (a killed driver loses nothing it measured).  See orchestrator/record/timeline.py.
+measured resize (a killed driver loses nothing it measured), and what each worker group held (the
+run's cost, orchestrator/record/cost.py) from :data:`HOLDS_ARTIFACT`, rewritten at each change of
+a hold and at the driver's end.  See orchestrator/record/timeline.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.record.cost import Holds
 from orchestrator.record.timeline import Timeline
 from trainers.link import metrics as M
 
 RESIZES_ARTIFACT = "timeline/resizes.json"
+HOLDS_ARTIFACT = "timeline/holds.json"
 
 
 def _value_at(points: list[tuple[int, float]], step: int) -> float | None:
@@ -37,22 +41,34 @@ def _series(client: Any, run_id: str, key: str) -> list[tuple[int, float, float]
     return [rows[s] for s in sorted(rows)]
 
 
+def _read_json(client: Any, run_id: str, artifact: str) -> Any:
+    """The JSON artifact of the run; None when it is not there."""
+    names = {f.path for f in client.list_artifacts(run_id, os.path.dirname(artifact))}
+    if artifact not in names:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        with open(client.download_artifacts(run_id, artifact, d)) as f:
+            return json.load(f)
+
+
 def earlier_resizes(client: Any, run_id: str) -> list[dict[str, Any]]:
     """The resizes the run's earlier drivers measured (``ResizeRecord.as_dict`` each); [] when
     there were none (or the artifact cannot be read: the timeline then lacks them, nothing else)."""
-    names = {f.path for f in client.list_artifacts(run_id, os.path.dirname(RESIZES_ARTIFACT))}
-    if RESIZES_ARTIFACT not in names:
-        return []
-    with tempfile.TemporaryDirectory() as d:
-        with open(client.download_artifacts(run_id, RESIZES_ARTIFACT, d)) as f:
-            resizes = json.load(f)
+    resizes = _read_json(client, run_id, RESIZES_ARTIFACT)
     return [r for r in resizes if isinstance(r, dict)] if isinstance(resizes, list) else []
+
+
+def earlier_holds(client: Any, run_id: str) -> Holds:
+    """What the run's earlier drivers' groups held (:meth:`Holds.as_dict`); none when the artifact
+    is not there (a run recorded before it was written: its cost counts the later drivers only)."""
+    return Holds.from_dict(_read_json(client, run_id, HOLDS_ARTIFACT))
 
 
 def earlier_timeline(client: Any, run_id: str) -> Timeline:
     """The timeline of what the run's earlier drivers trained and measured, marked so that the
     next step added is a new driver's (:meth:`Timeline.resume`)."""
     timeline = Timeline()
+    timeline.holds = earlier_holds(client, run_id)
     for r in earlier_resizes(client, run_id):
         timeline.add_resize(r)
     steps = _series(client, run_id, M.TRAIN_LOSS)
@@ -77,16 +93,25 @@ def earlier_timeline(client: Any, run_id: str) -> Timeline:
     return timeline
 
 
-def resize_saver(log_text: Callable[[str, str], None], warn: Callable[[str], None]) -> Callable[[list], None]:
-    """What the timeline listener calls with the run's resizes after each measured one: they are
-    written to :data:`RESIZES_ARTIFACT` (a store that does not take it now: a warning, the run goes on)."""
-
-    def save(resizes: list[dict[str, Any]]) -> None:
+def _saver(log_text: Callable[[str, str], None], warn: Callable[[str], None], artifact: str, what: str) -> Callable:
+    def save(value: Any) -> None:
         try:
-            log_text(json.dumps(resizes), RESIZES_ARTIFACT)
+            log_text(json.dumps(value), artifact)
         except Exception as e:  # noqa: BLE001 - only a later resume's timeline would miss it
             warn(
-                f"warning: the resizes were not saved to MLflow ({type(e).__name__}); a resume's timeline may lack them"
+                f"warning: the {what} were not saved to MLflow ({type(e).__name__}); a resume's timeline may lack them"
             )
 
     return save
+
+
+def resize_saver(log_text: Callable[[str, str], None], warn: Callable[[str], None]) -> Callable[[list], None]:
+    """What the timeline listener calls with the run's resizes after each measured one: they are
+    written to :data:`RESIZES_ARTIFACT` (a store that does not take it now: a warning, the run goes on)."""
+    return _saver(log_text, warn, RESIZES_ARTIFACT, "resizes")
+
+
+def holds_saver(log_text: Callable[[str, str], None], warn: Callable[[str], None]) -> Callable[[dict], None]:
+    """What the timeline listener calls with the run's holds (:meth:`Holds.as_dict`) after they
+    changed: written to :data:`HOLDS_ARTIFACT` (a store that does not take it now: a warning)."""
+    return _saver(log_text, warn, HOLDS_ARTIFACT, "worker groups' holds (the run's cost)")

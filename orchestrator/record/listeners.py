@@ -332,17 +332,37 @@ class ProgressListener(RunListener):
 
 class TimelineListener(RunListener):
     """The run's stretches of constant B and W and its resizes (orchestrator/record/timeline.py): the
-    summary table, and the timeline table and chart logged at the end of the run."""
+    summary table, and the timeline table and chart logged at the end of the run; and what each worker
+    group held (the timeline's ``holds``: its ``fit()`` thread writes the hold down, the group's
+    ``PhaseStart`` its workers), saved with ``on_holds`` after each change (a resume carries the cost)."""
 
-    def __init__(self, timeline: Timeline | None = None, on_resize: Callable[[list[dict]], None] | None = None) -> None:
+    def __init__(
+        self,
+        timeline: Timeline | None = None,
+        on_resize: Callable[[list[dict]], None] | None = None,
+        on_holds: Callable[[dict], None] | None = None,
+    ) -> None:
         self.timeline = timeline or Timeline()
         self.on_resize = on_resize  # given the run's resizes after each one measured (orchestrator/record/history.py)
+        self.on_holds = on_holds  # given the holds (Holds.as_dict) after they changed (orchestrator/record/history.py)
+        self.saved_holds = self.timeline.holds.version  # the version of the holds saved last
+
+    def save_holds(self, force: bool = False) -> None:
+        """Save the holds if they changed since the last save (once per change, whether the store took it)."""
+        holds = self.timeline.holds
+        if self.on_holds is not None and (force or holds.version != self.saved_holds):
+            self.saved_holds = holds.version
+            self.on_holds(holds.as_dict(time.time()))
 
     def on_records(self, records: list[Record]) -> None:
         self.timeline.add_records(records)
+        self.save_holds()
 
     def on_event(self, event: Event) -> None:
         match event:
+            case PhaseStart(phase=phase, workers=workers, entered=entered):
+                self.timeline.holds.started(phase, workers, entered)
+                self.save_holds()
             case ResizeMeasured(resize=r):
                 self.timeline.add_resize(r.as_dict())
                 if self.on_resize is not None:

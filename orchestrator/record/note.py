@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.config.schema import RootConfig
+from orchestrator.record.cost import Cost
 from trainers.link import metrics as M
 
 # the training metrics the overview leads with (MLflow lists system metrics above the others in its table)
@@ -39,11 +40,17 @@ def series_line(name: str, points: list[tuple[int, float]]) -> str | None:
 
 
 def describe(
-    cfg: RootConfig, history: dict[str, list[tuple[int, float]]], status: str, resizes: int = 0, resumes: int = 0
+    cfg: RootConfig,
+    history: dict[str, list[tuple[int, float]]],
+    status: str,
+    resizes: int = 0,
+    resumes: int = 0,
+    cost: Cost | None = None,
 ) -> str:
     """The description (Markdown): the model and data trained, epochs and steps, the final training
-    metrics, and the global batch B and workers W over the run (from every point MLflow holds, so a
-    resumed run's description covers its earlier drivers too)."""
+    metrics, the global batch B and workers W over the run (from every point MLflow holds, so a
+    resumed run's description covers its earlier drivers too), and what the run cost (``cost``:
+    every driver's worker groups, orchestrator/record/cost.py)."""
     steps = max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0)
     epoch = max(history.get(M.EPOCH, []), default=(0, 0.0))[1]
     planned = f"{cfg.train.epochs:g}"
@@ -72,4 +79,6 @@ def describe(
             f"- LR {min(v for _, v in lr):.4g} to {max(v for _, v in lr):.4g} ({cfg.optimizer.name}, "
             f"scaling rule {cfg.schedule.scaling_rule})"
         )
+    if cost is not None and cost.worker_s > 0:
+        lines.append(f"- cost: {cost.line()}")
     return "\n".join(lines).strip() + "\n"

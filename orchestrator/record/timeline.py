@@ -8,6 +8,9 @@ the end-of-run summary table (:func:`format_table`), the MLflow table artifact `
 Ray, no MLflow.  A resumed run's timeline covers the whole run: the earlier drivers' stretches
 and resizes are read back from MLflow (orchestrator/record/history.py) before this driver adds its own,
 and the time the run stood still between two drivers is not counted in any stretch's ``wall_s``.
+
+What the run cost (orchestrator/record/cost.py): the worker groups' holds, shared out over the
+stretches (``worker_s``, ``gpu_s`` of each row; :meth:`Timeline.cost` for the whole run).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import matplotlib
 import matplotlib.pyplot as plt
 
+from orchestrator.record.cost import Cost, Holds, cost_of, split
 from trainers.link import metrics as M
 from trainers.link.messages import Record
 
@@ -62,11 +66,14 @@ class Timeline:
         self.drains: list[dict[str, Any]] = []  # each drained node the run left (orchestrator/run/drains.py)
         self.t0: float | None = None  # the first step's time
         self.resumed = False  # the next step is the first a new driver of the run adds (:meth:`resume`)
+        self.holds = Holds()  # what each worker group held, and how long (orchestrator/record/cost.py)
 
     def resume(self) -> None:
         """What comes next is a new driver's (a resume): the time until its first new step is
-        not counted as training in the stretch it continues or opens."""
+        not counted as training in the stretch it continues or opens, and the earlier drivers'
+        groups held their resources until their last logged step at least."""
         self.resumed = bool(self.stretches)
+        self.holds.resume(self.stretches[-1].end if self.stretches else 0.0)
 
     def add_records(self, records: list[Record]) -> None:
         for step, metrics, *when in records:
@@ -78,7 +85,11 @@ class Timeline:
             t = float(when[0]) if when else (last.end if last else 0.0)
             b, w = int(metrics[M.BATCH_GLOBAL]), int(metrics[M.WORKERS])
             n = int(metrics.get(M.BATCH_SAMPLES, b))
-            resumed, self.resumed = self.resumed, False
+            # a new driver's first step (its checkpoint's records, which the killed driver had not
+            # written, come first, with the times they ran: they are the earlier driver's)
+            resumed = self.resumed and self.holds.is_new(t)
+            self.resumed = self.resumed and not resumed
+            self.holds.ran(t)
             if last is not None and (last.batch, last.workers) == (b, w):
                 if resumed:
                     last.paused_s += max(t - last.end, 0.0)
@@ -108,16 +119,32 @@ class Timeline:
         node's deadline."""
         self.drains.append(drain)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The stretches as plain rows (what ``RunSummary.phases`` and the summary table show)."""
-        return [{**asdict(s), "steps": s.steps, "wall_s": s.wall_s} for s in self.stretches]
+    def costs(self, now: float | None = None) -> list[Cost]:
+        """What each stretch cost: the groups' holds from the previous stretch's last step to its
+        own (the first stretch: from the run's start; the last: to its end; :func:`split`); a
+        hold still open counts until ``now``."""
+        return split(self.holds.snapshot(), [s.end for s in self.stretches], now)
 
-    def table(self) -> dict[str, list[Any]]:
+    def cost(self, now: float | None = None) -> Cost:
+        """What the whole run cost (every driver's groups; the sum of :meth:`costs`)."""
+        total = cost_of(self.holds.snapshot(), now=now)
+        return Cost(total.worker_s, total.gpu_s, len(self.stretches))
+
+    def rows(self, now: float | None = None) -> list[dict[str, Any]]:
+        """The stretches as plain rows (what ``RunSummary.phases`` and the summary table show),
+        with what each cost (``worker_s``, ``gpu_s``)."""
+        return [
+            {**asdict(s), "steps": s.steps, "wall_s": s.wall_s, "worker_s": c.worker_s, "gpu_s": c.gpu_s}
+            for s, c in zip(self.stretches, self.costs(now))
+        ]
+
+    def table(self, now: float | None = None) -> dict[str, list[Any]]:
         """The timeline as columns, one row per stretch and per resize in step order, times in
-        seconds from the first step: what MLflow's ``log_table`` stores as ``timeline.json``."""
+        seconds from the first step, each stretch's cost (``worker_s``, ``gpu_s``): what MLflow's
+        ``log_table`` stores as ``timeline.json``."""
         t0 = self.t0 or 0.0
         rows: list[dict[str, Any]] = []
-        for s in self.stretches:
+        for s, c in zip(self.stretches, self.costs(now)):
             rows.append(
                 {
                     "kind": "train",
@@ -131,6 +158,8 @@ class Timeline:
                     "mode": "",
                     "latency_s": None,
                     **{p: None for p in PARTS},
+                    "worker_s": c.worker_s,
+                    "gpu_s": c.gpu_s,
                 }
             )
         for r in self.resizes:
@@ -148,6 +177,8 @@ class Timeline:
                     "mode": r["mode"],
                     "latency_s": r.get("latency_s"),
                     **{p: r.get(p) for p in PARTS},
+                    "worker_s": None,
+                    "gpu_s": None,
                 }
             )
         for d in self.drains:
@@ -164,6 +195,8 @@ class Timeline:
                     "mode": d["mode"],
                     "latency_s": None,
                     **{p: None for p in PARTS},
+                    "worker_s": None,
+                    "gpu_s": None,
                 }
             )
         rows.sort(key=lambda row: row["first_step"])  # a resize at step s: after the stretch ending at s
@@ -171,8 +204,10 @@ class Timeline:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """The summary's phase table: one line per stretch of constant B and W."""
-    head = ["steps", "B", "W", "samples", "wall_s", "resize_latency_s"]
+    """The summary's phase table: one line per stretch of constant B and W, with what it cost
+    (``worker-s``; ``gpu-s`` where its workers held GPUs)."""
+    gpus = any(r.get("gpu_s") for r in rows)
+    head = ["steps", "B", "W", "samples", "wall_s", "worker-s", *(["gpu-s"] if gpus else []), "resize_latency_s"]
     body = [
         [
             f"{r['first_step']}-{r['last_step']}",
@@ -180,6 +215,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             str(r["workers"]),
             str(r["samples"]),
             f"{r['wall_s']:.1f}",
+            f"{r.get('worker_s', 0.0):.1f}",
+            *([f"{r.get('gpu_s', 0.0):.1f}"] if gpus else []),
             "" if r["resize_latency_s"] is None else f"{r['resize_latency_s']:.1f}",
         ]
         for r in rows

@@ -45,6 +45,7 @@ from ray.train.torch import TorchTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.config.schema import RootConfig
+from orchestrator.record.cost import GroupHold
 from orchestrator.record.events import (
     GroupRestarted,
     OverlapFellBack,
@@ -53,7 +54,7 @@ from orchestrator.record.events import (
     ResizeMeasured,
     ResizeRecord,
 )
-from orchestrator.record.listeners import ProgressListener, RunListener, TrackingListener
+from orchestrator.record.listeners import ProgressListener, RunListener, TimelineListener, TrackingListener
 from orchestrator.record.progress_bar import Progress
 from orchestrator.record.run_tracker import RunTracker
 from orchestrator.record.timeline import Timeline
@@ -97,20 +98,25 @@ TRACKING_STOP_WAIT_S = 60.0
 
 
 class _Phase:
-    """One ``fit()`` running in a thread."""
+    """One ``fit()`` running in a thread; ``hold`` writes down how long its group held its
+    resources (orchestrator/record/cost.py: the run's cost)."""
 
-    def __init__(self, idx: int, workers: int, trainer: Any):
+    def __init__(self, idx: int, workers: int, trainer: Any, hold: GroupHold | None = None):
         self.idx, self.workers = idx, workers
         self.box: dict[str, Any] = {}
         self.t_called, self.ended = 0.0, 0.0
 
         def fit() -> None:
             self.t_called = time.time()
+            if hold is not None:
+                hold.called(self.t_called)
             try:
                 self.box["result"] = trainer.fit()
             except BaseException as e:  # surfaced on the driver thread
                 self.box["error"] = e
             self.ended = time.time()
+            if hold is not None:
+                hold.returned(self.ended)
 
         self.thread = threading.Thread(target=fit, name=f"fit-phase{idx}", daemon=True)
 
@@ -599,7 +605,7 @@ class PhaseRunner:
     def start_phase(self, workers: int, idx: int, handover: bool) -> _Phase:
         """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
         trainer = self._trainer(workers, idx, handover)
-        ph = _Phase(idx, workers, trainer)
+        ph = _Phase(idx, workers, trainer, self.hold(idx, workers))
         train_id = ray_train_run_id(trainer)
         if train_id:  # a resume after this driver is killed drops the group's reservation by it
             self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
@@ -609,6 +615,11 @@ class PhaseRunner:
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
         ph.thread.start()
         return ph
+
+    def hold(self, idx: int, workers: int) -> GroupHold | None:
+        """Where phase ``idx``'s group writes down what it holds: the timeline's (None without one)."""
+        timeline = next((li.timeline for li in self.listeners if isinstance(li, TimelineListener)), None)
+        return timeline.holds.group(idx, workers, self.resources()) if timeline is not None else None
 
     def await_room(self, workers: int, timeout_s: float = 60.0) -> bool:
         """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a

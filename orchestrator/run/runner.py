@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
 from orchestrator.config.code import runtime_env
 from orchestrator.config.feasibility import autoscaler_max_resources, check_feasible
 from orchestrator.config.schema import ConfigError, RootConfig
 from orchestrator.config.uris import redact_text
-from orchestrator.record.history import earlier_timeline, resize_saver
+from orchestrator.record.cost import Cost
+from orchestrator.record.history import earlier_timeline, holds_saver, resize_saver
 from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.note import changes, describe
 from orchestrator.record.progress_bar import Progress, total_samples
@@ -93,6 +95,9 @@ class RunSummary:
     resizes_called_off: int = 0
     error: str | None = None  # why a FAILED run failed (one line)
     phases: list[dict[str, Any]] = field(default_factory=list)  # stretches of constant B and W (timeline.py)
+    # what the run cost (every driver's worker groups, from each fit() call to its return: record/cost.py)
+    worker_seconds: float = 0.0
+    gpu_seconds: float | None = None  # where the workers held GPUs
     model_uri: str | None = None  # the logged MLflow PyTorch model
     registered: str | None = None  # "name/version" when registered (--register)
     exit_code: int = 0
@@ -223,7 +228,11 @@ class _Driver:
         cfg, opts, tracker = self.cfg, self.opts, self.tracker
         start = read_start(tracker, self.t0, resumed=opts.resume_run_id is not None)
         progress = self.progress
-        self.timeline = TimelineListener(start.timeline, on_resize=resize_saver(tracker.log_text, progress.write))
+        self.timeline = TimelineListener(
+            start.timeline,
+            on_resize=resize_saver(tracker.log_text, progress.write),
+            on_holds=holds_saver(tracker.log_text, progress.write),
+        )
         wanted = opts.on_records is not None or opts.on_event is not None
         listeners = [RecordsCallback(opts.on_records, opts.on_event)] if wanted else []
         self.runner = runner = PhaseRunner(
@@ -265,6 +274,7 @@ class _Driver:
         lost = self.tracker.await_store()  # a server away at the end: wait for it, bounded
         if lost is not None:
             return self.runner.tracking_gone(lost)
+        self.timeline.timeline.holds.close_open(time.time())  # a group called off and not waited for
         self.tracker.log_timeline(self.timeline.timeline)
         if isinstance(end, (Finished, Stopped)):
             self._log_final_model()
@@ -323,7 +333,8 @@ class _Driver:
         said = ending(end, self.resume)
         if said.message is not None:
             self._record_failure(said)
-        _write_note(self.tracker, self.cfg, said.status, self.runner)
+        cost = self._record_cost(end)
+        _write_note(self.tracker, self.cfg, said.status, self.runner, cost)
         try:
             self.tracker.end(said.status)
         except Exception:  # noqa: BLE001 - the store is on the full disk, or gone: the message says so
@@ -333,6 +344,27 @@ class _Driver:
             if self.lock is not None:
                 self.lock.release()
         return self._summary(end, said)
+
+    def _record_cost(self, end: Outcome) -> Cost:
+        """What the run cost (orchestrator/record/cost.py), every driver's: the groups this driver
+        still holds end now; the holds saved (a resume carries them) and the totals logged as
+        ``cost/worker_seconds`` (``cost/gpu_seconds`` where workers held GPUs) at the last step."""
+        timeline = self.timeline.timeline
+        timeline.holds.close_open(time.time())
+        cost = timeline.cost()
+        if isinstance(end, TrackingGone) or self.tracker.writer.lost:  # nothing reaches the store now
+            return cost
+        try:
+            self.timeline.save_holds()
+            # as rows: a later driver that ends at the same step still logs its (larger) figure
+            step, ms = _logged_steps(self.tracker), int(time.time() * 1000)
+            rows = [Metric(M.COST_WORKER_SECONDS, cost.worker_s, ms, step)]
+            if cost.gpu_s:
+                rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
+            self.tracker.log_rows(rows)
+        except Exception:  # noqa: BLE001 - the run still ends with its status (a store on a full disk)
+            pass
+        return cost
 
     def _record_failure(self, said: Ending) -> None:
         """The end on the MLflow run: the tag ``elastic.failure`` and any traceback as an artifact."""
@@ -358,6 +390,9 @@ class _Driver:
             exit_code=said.exit_code,
             outcome=end,
         )
+        cost = timeline.cost()
+        summary.worker_seconds = cost.worker_s
+        summary.gpu_seconds = cost.gpu_s if any(h.gpus for h in timeline.holds.snapshot()) else None
         summary.model_uri, summary.registered = self.model
         if runner is not None:  # None only when the run ended before its runner existed
             summary.storage_path, summary.train_run_name = runner.names.storage_path, runner.names.train_run_name
@@ -415,7 +450,9 @@ def _tracking_gone(e: BaseException) -> bool:
     return isinstance(e, MlflowException) and unavailable(e)
 
 
-def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None) -> None:
+def _write_note(
+    tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None, cost: Cost | None = None
+) -> None:
     """The run's description in MLflow (orchestrator/record/note.py), rewritten by every driver of the run."""
 
     try:
@@ -429,6 +466,7 @@ def _write_note(tracker: RunTracker, cfg: RootConfig, status: str, runner: Phase
                     status,
                     resizes=resizes,
                     resumes=runner.names.resumes if runner is not None else 0,
+                    cost=cost,
                 )
             }
         )

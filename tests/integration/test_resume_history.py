@@ -1,6 +1,7 @@
 """A run that resized, its driver killed after a checkpoint, resumed: the summary table, the
 ``elastic.resizes`` tag and the timeline artifact cover the whole run (the resize before the kill
-and the stretch trained before it), not only the last driver's part."""
+and the stretch trained before it), not only the last driver's part; so does what the run cost
+(``cost/worker_seconds``, the table's ``worker-s``: the killed driver's groups counted too)."""
 
 from __future__ import annotations
 
@@ -91,10 +92,23 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     assert measured[0] == 45 and run.data.tags["elastic.resizes"] == str(len(measured)), run.data.tags
     # the summary table: the first driver's stretch at B 32 on 1 worker, then B 64 on 2 after the
     # resize (with its latency), to the planned last step
-    rows = re.findall(r"^\s+(\d+)-(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)[ \t]*([\d.]*)[ \t]*$", out.stdout, re.M)
+    # (steps, B, W, samples, wall_s, worker-s, resize_latency_s)
+    rows = re.findall(
+        r"^\s+(\d+)-(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)[ \t]*([\d.]*)[ \t]*$", out.stdout, re.M
+    )
     assert [tuple(map(int, r[:4])) for r in rows[:2]] == [(1, 45, 32, 1), (46, int(rows[1][1]), 64, 2)], out.stdout
-    assert rows[1][6], "the resize's latency is in the table"
+    assert rows[1][7], "the resize's latency is in the table"
     assert int(rows[-1][1]) == 45 + 29 * 23 and sum(int(r[4]) for r in rows) == 30 * 1438, out.stdout
+    # what the run cost, both drivers' groups: the stretches' worker-seconds sum to the run's, and each
+    # stretch's groups held at least its W workers for the time it trained (its wall less the resize)
+    cost = run.data.metrics["cost/worker_seconds"]
+    assert sum(float(r[6]) for r in rows) == pytest.approx(cost, abs=0.1 * len(rows)), out.stdout
+    for r in rows:
+        trained = float(r[5]) - float(r[7] or 0.0)
+        assert float(r[6]) >= int(r[3]) * trained - 0.2, (r, out.stdout)
+    said = re.search(r"^  cost +([\d,]+) worker-seconds$", out.stdout, re.M)
+    assert said and int(said.group(1).replace(",", "")) == round(cost), out.stdout
+    assert f"- cost: {said.group(1)} worker-seconds ({len(rows)} stretch" in run.data.tags["mlflow.note.content"]
     # the timeline artifact: the stretches and every resize, the first one's included
     import json
 
@@ -102,3 +116,4 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     assert [r["kind"] for r in rows[:3]] == ["train", "resize", "train"], table
     assert sorted(r["first_step"] for r in rows if r["kind"] == "resize") == measured
+    assert sum(r["worker_s"] for r in rows if r["kind"] == "train") == pytest.approx(cost)

@@ -58,3 +58,26 @@ def test_a_run_without_resizes_or_steps_reads_back_empty(tmp_path):
     tr = RunTracker(cfg)
     assert earlier_resizes(tr.client, tr.run_id) == [] and earlier_timeline(tr.client, tr.run_id).rows() == []
     assert RESIZES_ARTIFACT.startswith("timeline/")
+
+
+def test_a_killed_drivers_holds_come_back_with_its_timeline_and_its_open_group_ends_at_its_last_step(tmp_path):
+    """The run's cost carried across a resume (orchestrator/record/cost.py): what the killed driver's
+    groups held, saved at each change, read back; the group it was training with counts until its
+    last logged step."""
+    from orchestrator.record.cost import Holds
+    from orchestrator.record.history import holds_saver
+
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
+    killed = RunTracker(cfg)
+    killed.log_metrics([_rec(s, 32, 1, 100.0 + s) for s in range(1, 46)])
+    killed.log_metrics([_rec(46, 64, 2, 155.0), _rec(47, 64, 2, 156.0)])
+    holds = Holds()
+    holds.held(0, 1, 0.5, 0.0, 90.0)
+    holds.released(0, 147.0)
+    holds.held(1, 2, 0.5, 0.0, 148.0)
+    holds_saver(killed.log_text, print)(holds.as_dict(150.0))  # saved once phase 1 started
+    killed.flush()
+
+    tl = earlier_timeline(killed.client, killed.run_id)
+    assert [(h.phase, h.workers, h.start, h.end) for h in tl.holds.holds] == [(0, 1, 90.0, 147.0), (1, 2, 148.0, 156.0)]
+    assert tl.cost().worker_s == 57.0 + 2 * 8.0 and tl.holds.driver == 1

@@ -22,6 +22,7 @@ def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link()
             "steps": 50,
             "samples": 1600,
             "wall_s": 12.34,
+            "worker_s": 15.0,
             "resize_latency_s": None,
         },
         {
@@ -32,6 +33,7 @@ def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link()
             "steps": 30,
             "samples": 2160,
             "wall_s": 20.0,
+            "worker_s": 47.25,
             "resize_latency_s": 7.25,
         },
     ]
@@ -47,6 +49,7 @@ def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link()
         train_run_name="elastic-abc123",
         first_step_s=9.5,
         phases=phases,
+        worker_seconds=62.25,
         model_uri="models:/m-1",
         registered="digits/3",
     )
@@ -54,9 +57,10 @@ def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link()
     lines = text.splitlines()
     assert "run finished: 80 steps in 61.0 s (first step after 9.5 s)" in text
     head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["steps", "B", "W"])
-    assert lines[head].split() == ["steps", "B", "W", "samples", "wall_s", "resize_latency_s"]
-    assert lines[head + 2].split() == ["1-50", "32", "1", "1600", "12.3"]
-    assert lines[head + 3].split() == ["51-80", "72", "2", "2160", "20.0", "7.2"]
+    assert lines[head].split() == ["steps", "B", "W", "samples", "wall_s", "worker-s", "resize_latency_s"]
+    assert lines[head + 2].split() == ["1-50", "32", "1", "1600", "12.3", "15.0"]
+    assert lines[head + 3].split() == ["51-80", "72", "2", "2160", "20.0", "47.2", "7.2"]
+    assert "  cost           62 worker-seconds" in lines  # the run's, every worker group's
     assert "val/accuracy   0.9700" in text and "models:/m-1 (registered digits/3)" in text
     assert "/#/experiments/1/runs/abc123?workflowType=machine_learning" in text
 

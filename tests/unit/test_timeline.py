@@ -63,9 +63,9 @@ def test_the_table_artifact_puts_resizes_between_the_stretches_in_time_order():
 def test_the_summary_table_has_a_line_per_stretch(tmp_path):
     text = format_table(_timeline().rows())
     lines = text.splitlines()
-    assert lines[0].split() == ["steps", "B", "W", "samples", "wall_s", "resize_latency_s"]
-    assert lines[2].split() == ["1-10", "32", "1", "320", "9.0"]
-    assert lines[4].split() == ["21-25", "72", "2", "338", "15.0", "9.0"]
+    assert lines[0].split() == ["steps", "B", "W", "samples", "wall_s", "worker-s", "resize_latency_s"]
+    assert lines[2].split() == ["1-10", "32", "1", "320", "9.0", "0.0"]  # no holds written down: no cost
+    assert lines[4].split() == ["21-25", "72", "2", "338", "15.0", "0.0", "9.0"]
     assert plot(_timeline(), str(tmp_path / "t.png")) and (tmp_path / "t.png").stat().st_size > 0
     assert not plot(Timeline(), str(tmp_path / "empty.png"))
 

@@ -57,6 +57,10 @@ RESIZE_SKIPPED_COST_S = "resize/skipped_cost_s"
 GOODPUT_CURRENT = "goodput/current"
 GOODPUT_CHOSEN = "goodput/chosen"
 GOODPUT_B_NOISE = "goodput/b_noise"
+# what the run cost, at the driver's end (orchestrator/record/cost.py): its worker groups' worker-seconds
+# (and GPU-seconds where workers hold GPUs), from each group's fit() call to its return, every driver's
+COST_WORKER_SECONDS = "cost/worker_seconds"
+COST_GPU_SECONDS = "cost/gpu_seconds"
 
 
 def resize_part(part: str) -> str:
