@@ -1,0 +1,231 @@
+"""A real autoscaling Ray cluster on this machine, for bench/autoscale.py and tests/multinode/test_autoscaling.py.
+
+Ray's fake multi-node provider (``ray/autoscaler/_private/fake_multi_node/node_provider.py``): a head
+started with ``RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=FILE`` runs Ray's autoscaler
+(its ``monitor.py``), which launches worker nodes for what the cluster is asked for (pending tasks,
+placement groups, ``ray.autoscaler.sdk.request_resources``) and terminates nodes idle for
+``idle_timeout_minutes``; each node it launches is a raylet (and its processes) under the monitor.
+
+``ray.cluster_utils.AutoscalingCluster`` wraps the same, but its ``start()`` and ``shutdown()`` run
+``ray stop --force`` (every Ray on the machine) and it reads an ``example.yaml`` the wheel does not
+ship: here the whole config is written out, and the head and every node it launched are stopped by
+their processes (found by the cluster's own temp folder and port), never ``ray stop``.
+
+    head = FakeAutoscalingCluster(max_nodes=2).start()
+    env = head.driver_env()          # RAY_ADDRESS of the head (and the token auth it asks for)
+    ...
+    head.launched(), head.terminated()   # nodes the autoscaler launched / terminated (its log)
+    head.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import yaml
+
+HEAD_TYPE = "ray.head.default"
+WORKER_TYPE = "cpu_worker"
+OBJECT_STORE_BYTES = 100 * 1024 * 1024  # a node's object store (Ray's default is 30% of this machine's RAM a node)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def autoscaling_config(
+    gcs_port: int, max_nodes: int, cpus_per_node: float = 1, idle_timeout_minutes: float = 0.1
+) -> dict[str, Any]:
+    """The whole autoscaling config of a fake cluster: a head without CPUs and up to ``max_nodes``
+    worker nodes of ``cpus_per_node`` CPUs, launched on demand, removed after ``idle_timeout_minutes``
+    idle.  (The keys every autoscaling config carries are here, empty: the fake provider runs no
+    setup commands.)"""
+    return {
+        "cluster_name": f"fake-{gcs_port}",
+        "max_workers": max_nodes,
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": idle_timeout_minutes,
+        "provider": {
+            "type": "fake_multinode",
+            "gcs_address": f"127.0.0.1:{gcs_port}",  # else the nodes join port 6379
+            "use_node_id_as_ip": True,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+        },
+        "head_node_type": HEAD_TYPE,
+        "available_node_types": {
+            HEAD_TYPE: {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
+            WORKER_TYPE: {
+                "resources": {"CPU": cpus_per_node, "object_store_memory": OBJECT_STORE_BYTES},
+                "node_config": {},
+                "min_workers": 0,
+                "max_workers": max_nodes,
+            },
+        },
+        "auth": {"ssh_user": "ray"},
+        "docker": {},
+        "file_mounts": {},
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
+        "initialization_commands": [],
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+        "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+    }
+
+
+# monitor.log: "Adding 1 node(s) of type cpu_worker." / "Removing 1 nodes of type cpu_worker (idle)."
+_LAUNCHED = re.compile(r"Adding (\d+) node\(s\) of type " + WORKER_TYPE)
+_TERMINATED = re.compile(r"Removing (\d+) nodes of type " + WORKER_TYPE)
+
+
+class FakeAutoscalingCluster:
+    """A fake autoscaling head on 127.0.0.1 with its own port and temp folder (token auth on, as
+    ``ray start --head`` has it); :meth:`stop` ends its processes and its nodes' only."""
+
+    def __init__(self, max_nodes: int = 2, cpus_per_node: float = 1, idle_timeout_minutes: float = 0.1) -> None:
+        self.max_nodes, self.cpus_per_node, self.idle_timeout_minutes = max_nodes, cpus_per_node, idle_timeout_minutes
+        self.temp_dir = tempfile.mkdtemp(prefix="rayfake-", dir="/tmp")  # unix socket paths must stay short
+        self.port = free_port()
+        self.config_path = os.path.join(self.temp_dir, "autoscaling.yaml")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def driver_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a driver (or any Ray client) that joins this cluster."""
+        env = dict(os.environ, RAY_ADDRESS=self.address, RAY_AUTH_MODE="token", **extra)
+        env.pop("ELASTIC_KEEP_RAY", None)
+        return env
+
+    def start(self, timeout_s: float = 180) -> FakeAutoscalingCluster:
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(
+                autoscaling_config(self.port, self.max_nodes, self.cpus_per_node, self.idle_timeout_minutes), f
+            )
+        bindir = os.path.dirname(sys.executable)
+        env = dict(
+            os.environ,
+            PATH=f"{bindir}:{os.environ['PATH']}",
+            RAY_FAKE_CLUSTER="1",
+            AUTOSCALER_UPDATE_INTERVAL_S="1",
+            RAY_AUTH_MODE="token",
+        )
+        env.pop("RAY_ADDRESS", None)
+        cmd = [
+            os.path.join(bindir, "ray"),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={self.port}",
+            "--num-cpus=0",
+            f"--autoscaling-config={self.config_path}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={self.temp_dir}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            # own ports for the head's agents: another Ray on this machine cannot hold them
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+        ]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if out.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"ray start --head failed ({out.returncode}): {out.stdout}{out.stderr}")
+        return self
+
+    # -- what the autoscaler did ---------------------------------------------------------------
+
+    def monitor_log(self) -> str:
+        """The autoscaler's log so far (``monitor.log`` of the head's session)."""
+        path = os.path.join(self.temp_dir, "session_latest", "logs", "monitor.log")
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def launched(self) -> int:
+        """Worker nodes the autoscaler has launched so far."""
+        return sum(int(n) for n in _LAUNCHED.findall(self.monitor_log()))
+
+    def terminated(self) -> int:
+        """Worker nodes the autoscaler has terminated so far."""
+        return sum(int(n) for n in _TERMINATED.findall(self.monitor_log()))
+
+    def alive_worker_nodes(self, timeout_s: float = 120) -> int:
+        """Live worker nodes (with CPUs) now, asked from a process of its own (a test process may hold
+        another Ray)."""
+        code = "import ray; ray.init(); print(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU')))"
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=self.driver_env(), capture_output=True, text=True, timeout=timeout_s
+        )
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-2000:])
+        return int(out.stdout.split()[-1])
+
+    def wait_idle_removed(self, timeout_s: float = 180) -> bool:
+        """Wait until every launched node was terminated again (idle nodes removed); whether they were."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.launched() and self.terminated() >= self.launched():
+                return True
+            time.sleep(1)
+        return False
+
+    # -- stop --------------------------------------------------------------------------------------
+
+    def _pids(self) -> list[int]:
+        """This cluster's processes: those naming its temp folder or port, and everything they started
+        (the nodes the autoscaler launched are processes of its monitor)."""
+        port = re.compile(rf"(?<!\d):{self.port}(?!\d)")
+        found, parent = set(), {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().decode(errors="replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if self.temp_dir in cmd or port.search(cmd):
+                found.add(int(pid))
+        grew = True
+        while grew:
+            new = {p for p, pp in parent.items() if pp in found} - found
+            grew = bool(new)
+            found |= new
+        found.discard(os.getpid())
+        return sorted(found)
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = self._pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            if pids:
+                time.sleep(3)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
