@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAD_TYPE = "ray.head.default"
 WORKER_TYPE = "cpu_worker"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # a node's object store (Ray's default is 30% of this machine's RAM a node)
@@ -120,8 +121,12 @@ class FakeAutoscalingCluster:
                 autoscaling_config(self.port, self.max_nodes, self.cpus_per_node, self.idle_timeout_minutes), f
             )
         bindir = os.path.dirname(sys.executable)
+        # the project on the path of every process of the cluster (the run's monitor actor, its workers),
+        # as on a real cluster where it is installed on every node
+        path = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
         env = dict(
             os.environ,
+            PYTHONPATH=path,
             PATH=f"{bindir}:{os.environ['PATH']}",
             RAY_FAKE_CLUSTER="1",
             AUTOSCALER_UPDATE_INTERVAL_S="1",

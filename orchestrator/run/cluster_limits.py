@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 import yaml
 
 from orchestrator.config.feasibility import BOOTSTRAP_CONFIG, max_resources
@@ -82,13 +83,13 @@ def from_config(config: Mapping[str, Any], source: str) -> ClusterLimits | None:
     if not isinstance(config, Mapping) or not isinstance(config.get("available_node_types"), Mapping):
         return None
     provider = config.get("provider") or {}
-    head = config.get("head_node_type")
+    head, total = config.get("head_node_type"), config.get("max_workers")
     workers = [
-        spec.get("max_workers", config.get("max_workers", 0)) or 0
+        spec.get("max_workers", total or 0) or 0
         for name, spec in config["available_node_types"].items()
         if name != head and isinstance(spec, Mapping)
     ]
-    grows = provider.get("type") != "readonly" and (config.get("max_workers") or 0) > 0 and any(workers)
+    grows = provider.get("type") != "readonly" and any(workers) and (total is None or total > 0)
     return ClusterLimits(autoscaling=grows, max_resources=max_resources(config) if grows else None, source=source)
 
 
@@ -233,8 +234,6 @@ def _from_gcs() -> ClusterLimits | None:
 def read_limits(gcs_address: str | None = None) -> ClusterLimits:
     """The cluster's autoscaler limits (see the module docstring for where they are looked for).
     ``gcs_address``: this cluster's (default: the one this process joined)."""
-    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray
-
     if gcs_address is None and ray.is_initialized():
         gcs_address = ray.get_runtime_context().gcs_address
     tried: list[str] = []
