@@ -90,9 +90,13 @@ def autoscaling_config(
     }
 
 
-# monitor.log: "Adding 1 node(s) of type cpu_worker." / "Removing 1 nodes of type cpu_worker (idle)."
-_LAUNCHED = re.compile(r"Adding (\d+) node\(s\) of type " + WORKER_TYPE)
-_TERMINATED = re.compile(r"Removing (\d+) nodes of type " + WORKER_TYPE)
+# monitor.log, as each is decided: "StandardAutoscaler: Queue 1 new nodes for launch" (the launcher logs
+# "Launching 1 nodes, type ..." once the node is up) and "StandardAutoscaler: Terminating the node with id ID and
+# ip IP. (idle)"; its summaries ("Adding ...", "Removing ...") come later still
+_LAUNCHED = re.compile(r"StandardAutoscaler: Queue (\d+) new nodes for launch")
+_TERMINATED = re.compile(r"Terminating the node with id \S+ and ip \S+\. \((\w+)\)")
+# each line starts with its local time: "2026-11-27 05:59:49,512\tINFO ..."
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 
 
 class FakeAutoscalingCluster:
@@ -174,7 +178,22 @@ class FakeAutoscalingCluster:
 
     def terminated(self) -> int:
         """Worker nodes the autoscaler has terminated so far."""
-        return sum(int(n) for n in _TERMINATED.findall(self.monitor_log()))
+        return len(_TERMINATED.findall(self.monitor_log()))
+
+    def node_events(self) -> list[tuple[float, str, int]]:
+        """``(time, "launched" | "terminated", nodes)`` in the order the autoscaler logged them (``time``:
+        seconds since the epoch, as ``time.time()``)."""
+        out = []
+        for line in self.monitor_log().splitlines():
+            stamp = _STAMP.match(line)
+            if stamp is None:
+                continue
+            for kind, pattern in (("launched", _LAUNCHED), ("terminated", _TERMINATED)):
+                found = pattern.search(line)
+                if found:
+                    when = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) + int(stamp.group(2)) / 1000
+                    out.append((when, kind, int(found.group(1)) if kind == "launched" else 1))
+        return out
 
     def alive_worker_nodes(self, timeout_s: float = 120) -> int:
         """Live worker nodes (with CPUs) now, asked from a process of its own (a test process may hold
