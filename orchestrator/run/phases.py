@@ -89,6 +89,7 @@ from trainers.loop.trainer import train_loop_per_worker
 from trainers.policies.resize import WorkerCount
 
 POLL_S = 0.5
+SAY_WAIT_S = 5.0  # a wait for an autoscaler's nodes is said once it lasts this long
 NEVER_S = 1e9  # Ray Train's own look for capacity that came back: the driver does it (look_for_capacity)
 
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
@@ -659,10 +660,16 @@ class PhaseRunner:
         On a loaded machine the old group's processes take many seconds to go: hence a minute; on an
         autoscaling cluster that asked for the new group's nodes, up to ``scaling.node_wait_s``."""
 
-        deadline = time.time() + self.nodes.room_wait_s(timeout_s)  # an autoscaling cluster: the nodes asked for
+        wait_s = self.nodes.room_wait_s(timeout_s)  # an autoscaling cluster: for the nodes asked for
+        t0, said = time.time(), not self.nodes.active
         while not self.room_for(workers):
-            if time.time() > deadline:
+            if time.time() > t0 + wait_s:
                 return False  # start anyway: Ray starts what fits (or waits for it)
+            if not said and time.time() > t0 + SAY_WAIT_S:
+                self.progress.write(
+                    f"waiting for the autoscaler's nodes: room for {workers} workers (at most {wait_s:g} s)"
+                )
+                said = True
             self.pump()
             self.nodes.keep()
             time.sleep(0.05)
