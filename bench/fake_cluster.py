@@ -1,4 +1,4 @@
-"""A real autoscaling Ray cluster on this machine, for bench/autoscale.py and tests/multinode/test_autoscaling.py.
+"""A real autoscaling Ray cluster on this machine (bench/autoscale.py, tests/multinode/test_autoscaling_cluster.py).
 
 Ray's fake multi-node provider (``ray/autoscaler/_private/fake_multi_node/node_provider.py``): a head
 started with ``RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=FILE`` runs Ray's autoscaler

@@ -5,9 +5,8 @@ the run is always in one small state object, and :meth:`PhaseRunner.run` steps i
 terminal state, which it returns (the terminal states: orchestrator/run/outcome.py)::
 
     Starting -> Running <-> Overlapping          (a new group starts beside the old one)
-                   |  ^
-                   v  |  AwaitingNodes  (an autoscaling cluster: the old group trains on while
-                                         the new group's nodes come; orchestrator/run/autoscaling.py)
+                   |   +-> AwaitingNodes -+      (an autoscaling cluster: the old group trains on
+                   |                              while the new group's nodes come)
                    |             |
                    +-------------+-> CapacityLost | TrackingGone  (a poll of either: no room for
                    |             |                 min_workers, or no tracking server, for too long)

@@ -30,11 +30,11 @@ def cluster(s3_server):
     c.shutdown()  # stops every node it started (by their processes), never `ray stop`
 
 
-AUTOSCALING_MODULE = "test_autoscaling.py"
+AUTOSCALING_MODULE = "test_autoscaling_cluster.py"
 
 
 def pytest_collection_modifyitems(config, items):
-    """The autoscaling tests (tests/multinode/test_autoscaling.py) start a Ray head of their own, which
+    """The autoscaling tests (tests/multinode/test_autoscaling_cluster.py) start a Ray head of their own, which
     must never run beside the tier's ``cluster`` (session-scoped: alive from its first test to the
     session's end): they run first in the tier, whatever order the files were given in."""
     slots = [i for i, item in enumerate(items) if item.path.parent.name == "multinode"]
