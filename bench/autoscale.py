@@ -114,7 +114,8 @@ def measure(kind: str) -> dict[str, Any]:
         cfg = validated(run_config(tmp, kind))
         s = run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r), on_records=on_records)
         ended = time.time()
-        idle_removed = head.wait_idle_removed(timeout_s=60)
+        launched, alive = head.worker_nodes(wait_gone_s=60)  # the idle nodes removed (or still up after 60 s)
+        queued = [t for t, k, n in head.node_events() for _ in range(n) if k == "launched"]
         to2 = [r for r in s.resizes if r["to"] >= 2]
         reached = box["w2"] is not None and bool(to2)
         # a run stopped before W = 2 (RUN_LIMIT_S): the time it waited, a lower bound
@@ -124,9 +125,11 @@ def measure(kind: str) -> dict[str, Any]:
             "reached": reached,
             "to_w2_s": first_w2 - to2[0]["decided"] if to2 else float("nan"),
             "handovers": len(s.resizes),
-            "launched": head.launched(),
+            "launched": launched,
+            # > 0: the second node was asked for before the decision (the plan foresaw it)
+            "second_node_lead_s": to2[0]["decided"] - queued[1] if to2 and len(queued) > 1 else float("nan"),
             "terminated_while_training": sum(1 for t, k, _ in head.node_events() if k == "terminated" and t < ended),
-            "idle_removed": idle_removed,
+            "idle_removed": alive == 0,
             "launch_s": launch_times(head.monitor_log()),
         }
     finally:
@@ -172,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{r['to_w2_s']:.1f}" + ("" if r["reached"] else " (W=2 not reached)"),
                     r["handovers"],
                     r["launched"],
+                    f"{r['second_node_lead_s']:+.1f}",
                     r["terminated_while_training"],
                     "yes" if r["idle_removed"] else "no",
                 )
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                 "decision -> first step at W=2 (s)",
                 "handovers",
                 "nodes launched",
+                "2nd node queued before the decision (s)",
                 "removed while training",
                 "idle nodes removed at the end",
             ),

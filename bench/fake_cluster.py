@@ -14,7 +14,8 @@ their processes (found by the cluster's own temp folder and port), never ``ray s
     head = FakeAutoscalingCluster(max_nodes=2).start()
     env = head.driver_env()          # RAY_ADDRESS of the head (and the token auth it asks for)
     ...
-    head.launched(), head.terminated()   # nodes the autoscaler launched / terminated (its log)
+    head.node_events()               # (time, "launched" | "terminated", nodes), from the autoscaler's log
+    head.worker_nodes()              # (worker nodes that ever joined, alive now), from Ray's GCS
     head.stop()
 """
 
@@ -63,6 +64,7 @@ def autoscaling_config(
             "use_node_id_as_ip": True,
             "disable_node_updaters": True,
             "disable_launch_config_check": True,
+            "launch_multiple": True,  # n nodes for "launch n" (by default the fake provider makes one a call)
         },
         "head_node_type": HEAD_TYPE,
         "available_node_types": {
@@ -195,25 +197,35 @@ class FakeAutoscalingCluster:
                     out.append((when, kind, int(found.group(1)) if kind == "launched" else 1))
         return out
 
-    def alive_worker_nodes(self, timeout_s: float = 120) -> int:
-        """Live worker nodes (with CPUs) now, asked from a process of its own (a test process may hold
-        another Ray)."""
-        code = "import ray; ray.init(); print(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU')))"
+    def worker_nodes(self, wait_gone_s: float = 0.0) -> tuple[int, int]:
+        """``(ever, alive)``: the worker nodes that ever joined the cluster (Ray's GCS keeps the dead ones)
+        and those alive; with ``wait_gone_s``, once none is alive or after that long.  Asked from a
+        process of its own (a test process may hold another Ray)."""
+        code = (
+            "import sys, time, ray; ray.init(); end = time.time() + float(sys.argv[1])\n"
+            "while True:\n"
+            "    workers = [n for n in ray.nodes() if n['NodeID'] != ray.get_runtime_context().get_node_id()"
+            " and not n['Resources'].get('node:__internal_head__')]\n"
+            "    alive = sum(1 for n in workers if n['Alive'])\n"
+            "    if not alive or time.time() >= end: break\n"
+            "    time.sleep(1)\n"
+            "print(len({n['NodeID'] for n in workers}), alive)"
+        )
         out = subprocess.run(
-            [sys.executable, "-c", code], env=self.driver_env(), capture_output=True, text=True, timeout=timeout_s
+            [sys.executable, "-c", code, str(wait_gone_s)],
+            env=self.driver_env(),
+            capture_output=True,
+            text=True,
+            timeout=wait_gone_s + 120,
         )
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
-        return int(out.stdout.split()[-1])
+        ever, alive = out.stdout.split()[-2:]
+        return int(ever), int(alive)
 
     def wait_idle_removed(self, timeout_s: float = 180) -> bool:
-        """Wait until every launched node was terminated again (idle nodes removed); whether they were."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if self.launched() and self.terminated() >= self.launched():
-                return True
-            time.sleep(1)
-        return False
+        """Wait until no worker node is alive (the idle ones removed); whether none is."""
+        return self.worker_nodes(wait_gone_s=timeout_s)[1] == 0
 
     # -- stop --------------------------------------------------------------------------------------
 

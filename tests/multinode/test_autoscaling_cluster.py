@@ -69,13 +69,13 @@ def test_a_run_beyond_the_autoscalers_limits_is_refused_before_it_starts(autosca
         "error: scaling.max_workers x cpus_per_worker: 3 x 1 = 3 CPUs, but the cluster can ever have "
         "(autoscaler limits included) 2; lower scaling.max_workers to at most 2 or scaling.cpus_per_worker"
     ), err
-    assert not (tmp_path / "ray_runs").exists() and autoscaling.launched() == 0
+    assert not (tmp_path / "ray_runs").exists() and autoscaling.worker_nodes() == (0, 0)
 
 
 def test_a_growing_batch_gets_its_nodes_ahead_grows_once_and_lets_them_go(autoscaling, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    assert autoscaling.alive_worker_nodes() == 0 and autoscaling.launched() == 0, "only the head at first"
+    assert autoscaling.worker_nodes() == (0, 0), "only the head at first"
     out = _train(autoscaling, tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
@@ -102,4 +102,4 @@ def test_a_growing_batch_gets_its_nodes_ahead_grows_once_and_lets_them_go(autosc
 
     # the run withdrew its request at its end: its idle nodes are removed
     assert autoscaling.wait_idle_removed(timeout_s=180), autoscaling.node_events()
-    assert autoscaling.alive_worker_nodes() == 0 and autoscaling.launched() == 2
+    assert autoscaling.worker_nodes() == (2, 0), "two nodes ever joined, none is left"
