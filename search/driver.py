@@ -38,11 +38,12 @@ import optuna
 import ray
 
 from orchestrator.config.code import runtime_env
-from orchestrator.config.feasibility import autoscaler_max_resources, capacity
+from orchestrator.config.feasibility import capacity
 from orchestrator.config.preflight import check_data_files
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError, validate
 from orchestrator.config.uris import absolute_tracking_uri, redact_uri
+from orchestrator.run.cluster_limits import read_limits
 from orchestrator.run.runner import ensure_ray
 from search.capacity import Capacity, trial_needs
 from search.liveness import DEFAULT_HEARTBEAT_S, LOST_ERROR, DriverLife, StudyStore, request_key, requeue
@@ -221,7 +222,7 @@ class SearchDriver:
 
         # what the cluster can ever hold: an autoscaling cluster may start with no workers at all
 
-        self.slots.capacity = Capacity(capacity(ray.cluster_resources(), autoscaler_max_resources()))
+        self.slots.capacity = Capacity(capacity(ray.cluster_resources(), read_limits().max_resources))
         self.tracker = StudyTracker(
             self.targets.tracking_uri,
             self.targets.experiment,

@@ -7,14 +7,13 @@ keeps a run "pending" forever.  :func:`check_feasible` answers before the first 
 a pure function of the config and two resource dicts, so it is tested without Ray.
 
 What the cluster can *ever* have is the larger of what it has now (``ray.cluster_resources()``)
-and what its autoscaler may grow it to.  Ray shows no public API for the latter; the cluster
-launcher gives the head node its autoscaling config as ``~/ray_bootstrap_config.yaml`` (the
-``--autoscaling-config`` of ``ray start --head``), and :func:`autoscaler_max_resources` reads the
-node types' ``resources`` and ``max_workers`` from it.  Where there is none (a fixed cluster, a
-laptop, KubeRay, a driver off the head node) it returns ``None`` and the check uses the
-cluster's current totals; where a node type does not declare its resources (left for the
-autoscaler to detect) it also returns ``None``, and then nothing is refused for lack of capacity
-that the autoscaler might add.
+and what its autoscaler may grow it to.  Ray shows no public API for the latter: the driver reads
+it wherever the autoscaler keeps it (orchestrator/run/cluster_limits.py: Ray's cluster config in
+GCS, ``~/ray_bootstrap_config.yaml``, the head's ``--autoscaling-config``, a KubeRay RayCluster),
+and :func:`max_resources` turns an autoscaling config's node types (``resources``, ``max_workers``)
+into those limits.  Where none is known the check uses the cluster's current totals, except on a
+cluster whose autoscaler runs with limits nobody could read: then nothing is refused for lack of
+capacity the autoscaler might add (orchestrator/run/runner.py says which limits it assumed).
 """
 
 from __future__ import annotations
@@ -51,10 +50,11 @@ def check_feasible(
     """``None`` when the largest worker group of ``cfg`` fits what the cluster can ever have,
     else one line naming the field, what it needs, what the cluster can have, and the fix.
 
-    ``cluster_total``: ``ray.cluster_resources()``; ``autoscaler_max``: :func:`autoscaler_max_resources`
-    (``None`` = not autoscaling or not known).  The group needs ``max_workers x cpus_per_worker``
-    CPUs and, with ``use_gpu``, ``max_workers x gpus_per_worker`` GPUs (the elastic run asks for
-    its largest group; a smaller one may fit but never the requested size).
+    ``cluster_total``: ``ray.cluster_resources()``; ``autoscaler_max``: what the autoscaler may grow
+    the cluster to (orchestrator/run/cluster_limits.py; ``None`` = not autoscaling or not known).
+    The group needs ``max_workers x cpus_per_worker`` CPUs and, with ``use_gpu``, ``max_workers x
+    gpus_per_worker`` GPUs (the elastic run asks for its largest group; a smaller one may fit but
+    never the requested size).
     """
     s = cfg.scaling
     cap = capacity(cluster_total, autoscaler_max)

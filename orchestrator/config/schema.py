@@ -85,6 +85,21 @@ class ScalingConfig(Section):
         description="after a node is lost, how long the driver waits for room for "
         "scaling.min_workers before it ends the run FAILED (resume it later)",
     )
+    request_ahead: bool = Field(
+        default=True,
+        description="on an autoscaling cluster: ask the autoscaler (Ray's request_resources) for a group's "
+        "nodes before the group starts (at a resize's decision; for a batch that follows the epoch, a node's "
+        "launch time before it outgrows the group), keep the nodes a resize will use, start a group once "
+        "its nodes are up (at most node_wait_s), and withdraw the request when W shrinks and when the run "
+        "ends; false: the nodes come from what each group asks once it starts",
+    )
+    node_wait_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="on an autoscaling cluster with request_ahead: how long a new group waits for the "
+        "nodes asked for it before it starts with what is there (a node's launch time plus a margin: "
+        "cloud VMs take 1-5 min, Ray's fake local nodes 10-30 s)",
+    )
 
 
 class TrackingConfig(Section):

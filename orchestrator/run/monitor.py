@@ -113,7 +113,9 @@ class MonitorState:
     ``plan`` ask), None: never resize; ``overlap_resources``: the per-worker resources when
     overlapping resizes are allowed (None: always restart); ``available``: the cluster's free
     resources now (Ray's); ``only_if_pays``: ``scaling.resize_when: pays``; ``per_worker``: a
-    worker's resources, for :meth:`capacity_check` (None: capacity that comes back is not used)."""
+    worker's resources, for :meth:`capacity_check` (None: capacity that comes back is not used);
+    ``grow_room``: what an autoscaler can still add to the cluster, counted as room for a bigger
+    group's overlap (orchestrator/run/autoscaling.py; None: only the room there now)."""
 
     def __init__(
         self,
@@ -122,6 +124,7 @@ class MonitorState:
         available: Callable[[], dict[str, float]] | None = None,
         only_if_pays: bool = False,
         per_worker: dict[str, float] | None = None,
+        grow_room: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.messages = MessageBuffer()
         self.verdicts = Verdicts()
@@ -136,6 +139,7 @@ class MonitorState:
             self.costs,
             self.handovers,
             self.messages.add,
+            grow_room=grow_room,
         )
 
     # -- rank 0 of the running group -----------------------------------------------------

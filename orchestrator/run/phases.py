@@ -5,6 +5,8 @@ the run is always in one small state object, and :meth:`PhaseRunner.run` steps i
 terminal state, which it returns (the terminal states: orchestrator/run/outcome.py)::
 
     Starting -> Running <-> Overlapping          (a new group starts beside the old one)
+                   |   +-> AwaitingNodes -+      (an autoscaling cluster: the old group trains on
+                   |                              while the new group's nodes come)
                    |             |
                    +-------------+-> CapacityLost | TrackingGone  (a poll of either: no room for
                    |             |                 min_workers, or no tracking server, for too long)
@@ -58,6 +60,7 @@ from orchestrator.record.listeners import ProgressListener, RunListener, Timelin
 from orchestrator.record.progress_bar import Progress
 from orchestrator.record.run_tracker import RunTracker
 from orchestrator.record.timeline import Timeline
+from orchestrator.run.autoscaling import NodeSupply, NodeSupplyListener
 from orchestrator.run.drains import room_outside
 from orchestrator.run.failures import FailureNotice
 from orchestrator.run.monitor import Monitor, has_room
@@ -87,6 +90,7 @@ from trainers.loop.trainer import train_loop_per_worker
 from trainers.policies.resize import WorkerCount
 
 POLL_S = 0.5
+SAY_WAIT_S = 5.0  # a wait for an autoscaler's nodes is said once it lasts this long
 NEVER_S = 1e9  # Ray Train's own look for capacity that came back: the driver does it (look_for_capacity)
 
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
@@ -145,7 +149,9 @@ class Starting(RunState):
 
     def step(self, run: PhaseRunner) -> RunState | Outcome:
         run.make_monitor()
-        return Running(run.start_phase(run.initial_workers(), 0, handover=False))
+        workers = run.initial_workers()
+        run.await_first_nodes(workers)
+        return Running(run.start_phase(workers, 0, handover=False))
 
 
 @dataclass
@@ -165,7 +171,31 @@ class Running(RunState):
         run.look_for_drains(self.cur)
         want = run.take_overlap_wanted()
         if want is not None:
+            if run.nodes.active and not run.room_for(want):
+                return AwaitingNodes(self.cur, want)
             return Overlapping(self.cur, run.start_phase(want, self.cur.idx + 1, handover=True))
+        return self
+
+
+@dataclass
+class AwaitingNodes(RunState):
+    """An overlapping resize on an autoscaling cluster: the old group trains on while the nodes asked
+    for the new group come (orchestrator/run/autoscaling.py); the new group starts once the live
+    nodes have room for it (or after ``scaling.node_wait_s``, with what is there), never small on
+    the nodes already up only to grow by another restart."""
+
+    cur: _Phase
+    want: int
+    since: float = field(default_factory=time.monotonic)
+
+    def step(self, run: PhaseRunner) -> RunState | Outcome:
+        end = run.poll(self.cur)
+        if end is not None:
+            return end
+        if not self.cur.alive:  # the run ended before the nodes came
+            return PhaseEnded(self.cur)
+        if run.room_for(self.want) or time.monotonic() - self.since >= run.nodes.room_wait_s(0.0):
+            return Overlapping(self.cur, run.start_phase(self.want, self.cur.idx + 1, handover=True))
         return self
 
 
@@ -298,7 +328,9 @@ class MonitorLink:
         self.name, self.namespace = "", None
         self.judged_metrics = list(judged_metrics)  # values the driver judges (a pruned search trial)
 
-    def create(self, cfg: RootConfig, resources: dict[str, float]) -> None:
+    def create(
+        self, cfg: RootConfig, resources: dict[str, float], grow_room: Callable[[], dict[str, float]] | None = None
+    ) -> None:
 
         s = cfg.scaling
         self.namespace = ray.get_runtime_context().namespace
@@ -311,6 +343,7 @@ class MonitorLink:
             overlap_resources=overlap,
             only_if_pays=s.resize_when == "pays",
             per_worker=resources,
+            grow_room=grow_room,
         )
 
     def runtime(self, **fields: Any) -> Runtime:
@@ -458,13 +491,17 @@ class PhaseRunner:
         functions: dict[str, Callable[..., Any]] | None = None,
         poll_s: float = POLL_S,
         judged: Sequence[str] = (),
+        nodes: NodeSupply | None = None,
     ):
         self.cfg, self.tracker, self.start = cfg, tracker, start
         self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
         self.progress = progress
         tracking = TrackingListener(tracker)
         tracking.continue_from(start.tags)  # a resumed run's tags go on from what its earlier drivers set
-        self.listeners: list[RunListener] = [tracking, ProgressListener(progress), *listeners]
+        # an autoscaling cluster's nodes, asked ahead (inactive: nothing asked): its request is
+        # withdrawn with the listeners' close, however the run ends
+        supply = NodeSupplyListener(nodes or NodeSupply())
+        self.listeners: list[RunListener] = [tracking, ProgressListener(progress), *listeners, supply]
         self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
         self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path, start.resumes, start.ray_train_runs)
         self.link = MonitorLink(judged)
@@ -481,6 +518,11 @@ class PhaseRunner:
     def tracking(self) -> TrackingListener:
         """The listener that keeps the run's MLflow tags (the first one)."""
         return next(li for li in self.listeners if isinstance(li, TrackingListener))
+
+    @property
+    def nodes(self) -> NodeSupply:
+        """The run's requests to an autoscaling cluster and its waits for nodes (orchestrator/run/autoscaling.py)."""
+        return next(li.supply for li in self.listeners if isinstance(li, NodeSupplyListener))
 
     def resume(self) -> Resume:
         """How a person continues this run (the messages of the ends a resume cures)."""
@@ -613,6 +655,8 @@ class PhaseRunner:
         if not handover and self.link.actor is not None:  # a cold start: what a resize's new group costs here
             self.link.actor.starting.remote(idx, time.time())
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
+        if self.nodes.active and self.cfg.scaling.min_workers < workers:
+            refresh_nodes()  # an elastic group is sized on the nodes that came for it, not on a 20 s old view
         ph.thread.start()
         return ph
 
@@ -625,15 +669,39 @@ class PhaseRunner:
         """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a
         finished group's resources a moment after its ``fit()`` returns; started before that, an
         elastic group (``min_workers < max_workers``) would start with fewer workers than wanted.
-        On a loaded machine the old group's processes take many seconds to go: hence a minute."""
+        On a loaded machine the old group's processes take many seconds to go: hence a minute; on an
+        autoscaling cluster that asked for the new group's nodes, up to ``scaling.node_wait_s``."""
 
-        deadline = time.time() + timeout_s
-        while not has_room(ray.available_resources(), self.resources(), workers):
-            if time.time() > deadline:
+        wait_s = self.nodes.room_wait_s(timeout_s)  # an autoscaling cluster: for the nodes asked for
+        t0, said = time.time(), not self.nodes.active
+        while not self.room_for(workers):
+            if time.time() > t0 + wait_s:
                 return False  # start anyway: Ray starts what fits (or waits for it)
+            if not said and time.time() > t0 + SAY_WAIT_S:
+                self.progress.write(
+                    f"waiting for the autoscaler's nodes: room for {workers} workers (at most {wait_s:g} s)"
+                )
+                said = True
             self.pump()
+            self.nodes.keep()
             time.sleep(0.05)
         return True
+
+    def room_for(self, workers: int) -> bool:
+        """Whether the cluster's free resources hold ``workers`` workers now."""
+        return has_room(ray.available_resources(), self.resources(), workers)
+
+    def await_first_nodes(self, workers: int) -> None:
+        """An autoscaling cluster: ask for the first group's nodes and wait (at most
+        ``scaling.node_wait_s``) until they are up; how long they took is a node's launch time here."""
+        if not self.nodes.active:
+            return
+        self.nodes.starting(workers)
+        t0 = time.monotonic()
+        if self.room_for(workers):
+            return
+        if self.await_room(workers, 0.0):
+            self.nodes.launched_in(time.monotonic() - t0)
 
     def wait(self, ph: _Phase) -> None:
         while ph.alive:
@@ -643,7 +711,7 @@ class PhaseRunner:
     # -- the monitor -------------------------------------------------------------------------------
 
     def make_monitor(self) -> None:
-        self.link.create(self.cfg, self.resources())
+        self.link.create(self.cfg, self.resources(), grow_room=self.nodes.grow_room())
 
     def poll(self, ph: _Phase) -> Outcome | None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump.  The run's end
@@ -651,6 +719,7 @@ class PhaseRunner:
         or the tracking server no answer, for too long."""
         ph.thread.join(self.poll_s)
         self.pump()
+        self.nodes.keep()
         status = self.capacity.look(self.resources())
         if status is not None:
             self.progress.write(status)

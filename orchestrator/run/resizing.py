@@ -179,7 +179,9 @@ class ResizeCoordinator:
     the batch plan and ``plan`` ask), None: never resize; ``overlap``: the per-worker resources when
     overlapping resizes are allowed (None: always restart); ``per_worker``: a worker's resources,
     for :meth:`capacity_check` (None: capacity that comes back is not used); ``available``: the
-    cluster's free resources now; a decision starts in ``handover`` and is told through ``emit``."""
+    cluster's free resources now; a decision starts in ``handover`` and is told through ``emit``;
+    ``grow_room``: what an autoscaler can still add, counted with ``available`` when a bigger group's
+    overlap is judged (its nodes are asked for at the decision: orchestrator/run/autoscaling.py)."""
 
     def __init__(
         self,
@@ -190,8 +192,10 @@ class ResizeCoordinator:
         costs: ResizeCosts,
         handover: Handover,
         emit: Callable[[Event], None],
+        grow_room: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self._workers = workers
+        self._grow_room = grow_room
         self._overlap = overlap
         self._per_worker = per_worker
         self._available = available
@@ -216,14 +220,14 @@ class ResizeCoordinator:
                 self._latest = (int(step), int(metrics[M.BATCH_GLOBAL]))
                 break
 
-    def _mode(self, to: int, available: dict[str, float] | None = None) -> str:
+    def _mode(self, to: int, available: dict[str, float] | None = None, grow: bool = False) -> str:
         if self._overlap is None:
             return "restart"
-        return (
-            "overlap"
-            if has_room(self._available() if available is None else available, self._overlap, to)
-            else "restart"
-        )
+        room = self._available() if available is None else available
+        if grow and self._grow_room is not None:  # a bigger group's nodes can still be added
+            extra = self._grow_room()
+            room = {k: room.get(k, 0.0) + extra.get(k, 0.0) for k in {*room, *extra}}
+        return "overlap" if has_room(room, self._overlap, to) else "restart"
 
     def _begin(self, workers: int, to: int, mode: str, step: int) -> None:
         self.handover.begin(
@@ -255,7 +259,7 @@ class ResizeCoordinator:
         d = self._workers.decide(batch_size, workers)
         mode = ""
         if d:
-            mode = self._mode(d.workers)
+            mode = self._mode(d.workers, grow=d.workers > workers)
             econ = self.costs.economics(d.workers, workers, mode, remaining_samples, samples_per_s)
             if econ is not None and not econ.pays:
                 self._emit(
@@ -292,7 +296,7 @@ class ResizeCoordinator:
             return wc.decide_measured(batch_size, workers, inputs, remaining_samples, cost, lead)
 
         d, g = decide("overlap" if self._overlap is not None else "restart")
-        mode = self._mode(d.workers) if d else ""
+        mode = self._mode(d.workers, grow=d.workers > workers) if d else ""
         if d and mode == "restart" and self._overlap is not None:
             d, g = decide("restart")
             mode = "restart" if d else ""

@@ -15,6 +15,7 @@ See ``docs/architecture.md``.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
 from orchestrator.config.code import runtime_env
-from orchestrator.config.feasibility import autoscaler_max_resources, check_feasible
+from orchestrator.config.feasibility import check_feasible
 from orchestrator.config.schema import ConfigError, RootConfig
 from orchestrator.config.uris import redact_text
 from orchestrator.record.cost import Cost
@@ -35,6 +36,8 @@ from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.note import changes, describe
 from orchestrator.record.progress_bar import Progress, total_samples
 from orchestrator.record.run_tracker import RunTracker, TrackingLost, unavailable
+from orchestrator.run.autoscaling import NodeSupply
+from orchestrator.run.cluster_limits import ClusterLimits, read_limits
 from orchestrator.run.outcome import (
     TRACEBACK_ARTIFACT,
     DriverFailed,
@@ -161,9 +164,9 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     user's goes on up once the MLflow run is closed FAILED."""
     opts = RunOptions(**options)
     t0 = opts.t_invoked or time.time()
-    started_ray = _start_ray(cfg, opts.verbose)
+    started_ray, limits = _start_ray(cfg, opts.verbose)
     try:
-        driver = _Driver(cfg, opts, t0)  # the MLflow run exists from here: every way out closes it
+        driver = _Driver(cfg, opts, t0, limits)  # the MLflow run exists from here: every way out closes it
         try:
             driver.open()
             end = driver.close(driver.runner.run())
@@ -181,9 +184,10 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     return summary
 
 
-def _start_ray(cfg: RootConfig, verbose: bool) -> bool:
+def _start_ray(cfg: RootConfig, verbose: bool) -> tuple[bool, ClusterLimits]:
     """Start (or join) Ray while MLflow's store opens; refuse, before any MLflow run exists, a
-    run the cluster can never hold.  Whether this process started Ray."""
+    run the cluster can never hold.  Whether this process started Ray, and what the cluster's
+    autoscaler may grow it to (orchestrator/run/cluster_limits.py)."""
     # Import MLflow and open its store (a fresh SQLite file takes seconds of schema migrations)
     # while Ray starts; the run itself is created once Ray is up.
     warm = threading.Thread(target=_open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
@@ -191,11 +195,12 @@ def _start_ray(cfg: RootConfig, verbose: bool) -> bool:
 
     started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
     warm.join()
-    why = _infeasible(cfg)
+    limits = read_limits()
+    why = _infeasible(cfg, limits)
     if why:  # Ray Train would wait for these resources forever
         _stop_ray(started)
         raise ConfigError(why)
-    return started
+    return started, limits
 
 
 def _stop_ray(started: bool) -> None:
@@ -209,8 +214,9 @@ class _Driver:
     """This driver's part of one training run, from the creation (or reopening) of its MLflow run
     to its end: :meth:`open`, then the runner's loop, :meth:`close`, :meth:`end`."""
 
-    def __init__(self, cfg: RootConfig, opts: RunOptions, t0: float) -> None:
+    def __init__(self, cfg: RootConfig, opts: RunOptions, t0: float, limits: ClusterLimits | None = None) -> None:
         self.cfg, self.opts, self.t0 = cfg, opts, t0
+        self.limits = limits or ClusterLimits()
         self.progress = Progress(total_samples(cfg, opts.functions), enabled=opts.progress)
         # the tracking server's "does not answer" lines go under the bar, not through it
         self.tracker = RunTracker(
@@ -244,6 +250,7 @@ class _Driver:
             functions=opts.functions,
             poll_s=opts.poll_s,
             judged=opts.judged,
+            nodes=self._node_supply(),
         )
         names = runner.names
         if start.resumed:
@@ -263,6 +270,15 @@ class _Driver:
         write_run_info(names.folder, tracker.run_id, tracker.uri, cfg)
         if opts.on_start:
             opts.on_start(runner)
+
+    def _node_supply(self) -> NodeSupply:
+        """The run's requests to an autoscaling cluster (orchestrator/run/autoscaling.py); none for a
+        search's trial: the cluster keeps one request, which one trial's would replace another's."""
+        if self.opts.parent_run_id is not None:
+            return NodeSupply()
+        s = self.cfg.scaling
+        per_worker = {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if s.use_gpu else {})}
+        return NodeSupply(self.cfg, self.limits, per_worker)
 
     def close(self, end: Outcome) -> Outcome:
         """After training: what is left to record for ``end`` (the records held back, the timeline;
@@ -436,11 +452,20 @@ def _open_tracking_store(uri: str) -> None:
         pass
 
 
-def _infeasible(cfg: RootConfig) -> str | None:
+def _infeasible(cfg: RootConfig, limits: ClusterLimits) -> str | None:
     """What the cluster can never give this run (GPUs, workers x CPUs), counting what an
-    autoscaling cluster can grow to; None when it fits."""
-
-    return check_feasible(cfg, ray.cluster_resources(), autoscaler_max_resources())
+    autoscaling cluster can grow to; None when it fits.  An autoscaling cluster whose limits
+    cannot be read is not refused: one line says which limits the run assumes."""
+    s = cfg.scaling
+    largest = {
+        "CPU": s.max_workers * s.cpus_per_worker,
+        **({"GPU": s.max_workers * s.gpus_per_worker} if s.use_gpu else {}),
+    }
+    assumed = limits.assumed(largest)
+    if assumed is not None:
+        print(f"note: {assumed}", file=sys.stderr, flush=True)
+        return None
+    return check_feasible(cfg, ray.cluster_resources(), limits.max_resources)
 
 
 def _tracking_gone(e: BaseException) -> bool:

@@ -2,7 +2,7 @@
 benchmark fails CI instead of the next person who measures with it.
 
 One test per ``bench/*.py`` (found at collection time: a new benchmark is covered without
-editing this file; ``common.py`` and ``__init__.py`` are helpers).  Each runs as a subprocess
+editing this file; ``common.py``, ``fake_cluster.py`` and ``__init__.py`` are helpers).  Each runs as a subprocess
 that starts its own local Ray, exits 0, and prints its summary line(s) ``key=<number>`` with a
 finite number.  The figures of a quick run are not checked against any aim: on a small
 problem and a shared machine they only show that the benchmark still measures something.
@@ -25,12 +25,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-HELPERS = {"__init__", "common"}
+HELPERS = {"__init__", "common", "fake_cluster"}
 BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 
 # bench -> the summary keys it prints (a bench not listed here must end with at least one).
 SUMMARY = {
     "adaptive": ("steps_ratio", "samples_ratio"),
+    "autoscale": ("today_s", "ahead_s", "launch_s", "ratio"),
     "byo": ("map_ratio", "lm_ratio", "lm_plain_ratio"),
     "checkpoint": ("save_ratio", "restore_ratio"),
     "cpu": ("beside_worker",),
@@ -47,6 +48,7 @@ SUMMARY = {
 # The rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2
 # beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here).
 TIMEOUT_S = {
+    "autoscale": 720,
     "checkpoint": 120,
     "byo": 600,
     "gpu": 600,

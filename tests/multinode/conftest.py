@@ -28,3 +28,17 @@ def cluster(s3_server):
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": HEALTH})
     yield c
     c.shutdown()  # stops every node it started (by their processes), never `ray stop`
+
+
+AUTOSCALING_MODULE = "test_autoscaling_cluster.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The autoscaling tests (tests/multinode/test_autoscaling_cluster.py) start a Ray head of their own, which
+    must never run beside the tier's ``cluster`` (session-scoped: alive from its first test to the
+    session's end): they run first in the tier, whatever order the files were given in."""
+    slots = [i for i, item in enumerate(items) if item.path.parent.name == "multinode"]
+    tier = [items[i] for i in slots]
+    tier.sort(key=lambda item: item.path.name != AUTOSCALING_MODULE)  # stable: the rest keep their order
+    for i, item in zip(slots, tier):
+        items[i] = item

@@ -207,6 +207,9 @@ class BatchPolicy(ABC):
     name: ClassVar[str] = ""
     #: which entries of ``BatchStats`` this policy reads; the loop may skip measuring the others
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: B is a function of the epoch alone (what ``plan`` shows is the run; the driver asks ahead for
+    #: the nodes a later epoch's batch needs: trainers/policies/plan.py ``workers_ahead``)
+    by_epoch: ClassVar[bool] = False
 
     def __init__(self, cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None):
         self.cfg = cfg
@@ -268,6 +271,7 @@ class FixedBatch(BatchPolicy):
     """B stays ``batch.size``."""
 
     name = "fixed"
+    by_epoch = True
 
     def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
         return NoopDecision("fixed batch")
@@ -283,6 +287,7 @@ class ScheduleBatch(BatchPolicy):
     """
 
     name = "schedule"
+    by_epoch = True
 
     def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
         wanted = self._clamp(batch_at_epoch_for_schedule(self.cfg.schedule, self.cfg.size, epoch))
@@ -358,6 +363,7 @@ class RampBatch(BatchPolicy):
     to the training-set size; grow-only."""
 
     name = "ramp"
+    by_epoch = True
 
     def decide(self, step: int, epoch: float, current: int, stats: BatchStats) -> Decision:
         cfg = self.cfg
@@ -379,6 +385,7 @@ class SeesawBatch(BatchPolicy):
     the B in force).  Grow-only."""
 
     name = "seesaw"
+    by_epoch = True
 
     def __init__(self, cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None):
         super().__init__(cfg, dataset_size=dataset_size, schedule=schedule)

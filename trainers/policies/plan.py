@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from trainers.policies.batching import BatchStats
+from trainers.policies.batching import BatchStats, build_batch_policy
 from trainers.policies.decisions import NoopDecision, ResizeDecision
 from trainers.policies.noise import GradientNoiseScale
 from trainers.policies.policy_set import PolicySet, StepSettings
+from trainers.policies.resize import WorkerCount
 from trainers.policies.schedules import AutoDecision
 
-__all__ = ["Advanced", "BatchPlan", "NewBatch", "TrainState"]
+__all__ = ["Advanced", "BatchPlan", "NewBatch", "TrainState", "workers_ahead"]
 
 END_EPS = 1e-12  # a run ends at the first step boundary with epoch_float >= epochs - END_EPS
 
@@ -236,3 +237,22 @@ class BatchPlan:
         for name, part in self.components().items():
             if name in state:
                 part.load_state_dict(state[name])
+
+
+def workers_ahead(cfg: Any, epoch: float, batch: int, workers: int) -> int | None:
+    """The workers the plan of ``cfg`` (the driver's config: ``scaling`` included) needs at ``epoch``
+    for a run at global batch ``batch`` on ``workers`` now: what the batch policy gives then, asked of
+    the run's :class:`~trainers.policies.resize.WorkerCount` (never fewer than ``workers``: the
+    worker count of a batch only grows).  ``None`` where only the run can tell: a batch policy that
+    measures (noise scale, norm test, critical-batch warmup) or ``scaling.policy: goodput``.
+
+    The driver asks it with the epoch its run will have reached a node's launch time from now, so
+    the nodes a bigger group needs are on their way before the batch outgrows the group
+    (orchestrator/run/autoscaling.py)."""
+    policy = build_batch_policy(cfg.batch, schedule=cfg.schedule)  # fresh: its bookkeeping is not the run's
+    count = WorkerCount.from_config(cfg)
+    if not policy.by_epoch or count.measures:
+        return None
+    d = policy.decide(0, float(epoch), int(batch), BatchStats())
+    grown = count.decide(d.size if d else int(batch), int(workers))
+    return grown.workers if grown else int(workers)

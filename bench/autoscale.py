@@ -1,0 +1,218 @@
+"""A growing batch on a real autoscaling cluster here: asking the autoscaler ahead against today's path.
+
+The cluster is Ray's fake multi-node provider (bench/fake_cluster.py): a head without CPUs whose
+autoscaler launches 1-CPU worker nodes on demand (at most 2) and removes nodes idle for 6 s.  Each
+run is the quickstart (configs/quickstart.yaml) at 1 CPU per worker on a fresh cluster, long enough
+to get to W = 2 whichever way (it is stopped once a group of 2 has trained a few steps):
+
+* **today** (``scaling.request_ahead: false``): nothing asks for a resize's nodes before its group
+  starts: the driver waits up to 60 s for room nothing asked the autoscaler for, the group starts on
+  the node that is up (1 of 2), grows by a second restart at the driver's capacity check, and each
+  restart lets the old group's node go idle (removed, launched again);
+* **ahead** (the default): the new group's nodes are asked for at the decision (the noise-scale
+  batch is known only when it changes), kept through the handover, and the group starts once they
+  are up (orchestrator/run/autoscaling.py);
+* **ahead-schedule** (full form only): a batch that follows the epoch (``batch.policy: schedule``):
+  the plan foresees W = 2, and the node is asked for a node's launch time before the decision.
+
+Figures per run: the seconds from the decision to grow to the first step at W = 2, the nodes the
+autoscaler launched, the handovers it took, and a node's launch time here (the autoscaler's "Queue"
+to the node up, from its log).  Summary: ``today_s=``, ``ahead_s=`` (medians), ``launch_s=`` (a node's
+launch, median), ``nodes_today=``, ``nodes_ahead=`` (medians) and ``ratio=`` (ahead / today).  The aim:
+``ahead_s`` within a node's launch time + 10 s plus a group's start (~15 s on this machine).
+
+    .venv/bin/python bench/autoscale.py [--repeats 2] [--quick]
+
+``--quick`` (CI): one repeat, today and ahead only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from typing import Any
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+# The fake clusters ask for Ray's token (as `ray start --head` has it); Ray reads the mode once, when imported.
+os.environ["RAY_AUTH_MODE"] = "token"
+
+from bench.common import median, parse_args, scratch_dir, table  # noqa: E402
+from bench.fake_cluster import FakeAutoscalingCluster  # noqa: E402
+from orchestrator.config.prepare import validated  # noqa: E402
+from trainers.link import metrics as M  # noqa: E402
+from trainers.link.messages import Record  # noqa: E402
+
+RUN_LIMIT_S = 420  # a run that never gets to W = 2 is stopped (today's path took ~200 s in the issue)
+AFTER_W2_STEPS = 20  # steps a group of 2 trains before the run is stopped
+_UP = re.compile(r"^(\S+ \S+),(\d{3}).*NodeLauncher\d+: Launching (\d+) nodes")
+_QUEUED = re.compile(r"^(\S+ \S+),(\d{3}).*Queue (\d+) new nodes for launch")
+
+KINDS = {
+    "today": {"scaling": {"request_ahead": False}},
+    "ahead": {},
+    "ahead-schedule": {
+        "batch": {"policy": "schedule", "schedule": [[2, 128]]},  # W 1 -> 2 at epoch 2
+    },
+}
+
+
+def run_config(tmp: str, kind: str) -> dict[str, Any]:
+    with open(os.path.join(ROOT, "configs", "quickstart.yaml")) as f:
+        raw = yaml.safe_load(f)
+    raw["scaling"]["cpus_per_worker"] = 1
+    raw["train"]["epochs"] = 5000  # outlasts the measurement: the run is stopped once W = 2 trained
+    raw["checkpoint"]["storage_path"] = os.path.join(tmp, "ray_runs")
+    raw["tracking"] = {"uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "bench-autoscale"}
+    for section, values in KINDS[kind].items():
+        raw[section].update(values)
+    return raw
+
+
+def _stamp(date: str, ms: str) -> float:
+    return time.mktime(time.strptime(date, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+
+
+def launch_times(log: str) -> list[float]:
+    """Each node's launch here: from the autoscaler's decision ("Queue N new nodes") to the node up
+    (the launcher's "Launching N nodes", logged once the fake node's processes are up)."""
+    queued, up = [], []
+    for line in log.splitlines():
+        if m := _QUEUED.match(line):
+            queued += [_stamp(m.group(1), m.group(2))] * int(m.group(3))
+        elif m := _UP.match(line):
+            up += [_stamp(m.group(1), m.group(2))] * int(m.group(3))
+    return [u - q for q, u in zip(queued, up)]
+
+
+def measure(kind: str) -> dict[str, Any]:
+    """One run of ``kind`` on a fresh cluster; the driver is this process (joined as a user's driver
+    joins a cluster)."""
+    from orchestrator.run.runner import run_training
+
+    head = FakeAutoscalingCluster(max_nodes=2, cpus_per_node=1, idle_timeout_minutes=0.1).start()
+    saved = {"RAY_ADDRESS": os.environ.get("RAY_ADDRESS")}
+    os.environ["RAY_ADDRESS"] = head.address
+    tmp = scratch_dir()
+    box: dict[str, Any] = {"w2": None}
+    t0 = time.time()
+
+    def on_records(records: list[Record]) -> None:
+        for step, metrics, _t, *_ in records:
+            if metrics.get(M.WORKERS, 0) >= 2 and box["w2"] is None:
+                box["w2"] = step
+        w2 = box["w2"]
+        if (w2 is not None and records[-1][0] >= w2 + AFTER_W2_STEPS) or time.time() - t0 > RUN_LIMIT_S:
+            box["runner"].request_stop()
+
+    try:
+        cfg = validated(run_config(tmp, kind))
+        s = run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r), on_records=on_records)
+        ended = time.time()
+        launched, alive = head.worker_nodes(wait_gone_s=60)  # the idle nodes removed (or still up after 60 s)
+        queued = [t for t, k, n in head.node_events() for _ in range(n) if k == "launched"]
+        to2 = [r for r in s.resizes if r["to"] >= 2]
+        reached = box["w2"] is not None and bool(to2)
+        # a run stopped before W = 2 (RUN_LIMIT_S): the time it waited, a lower bound
+        first_w2 = to2[-1]["time"] + to2[-1]["latency_s"] if reached else ended
+        return {
+            "kind": kind,
+            "reached": reached,
+            "to_w2_s": first_w2 - to2[0]["decided"] if to2 else float("nan"),
+            "handovers": len(s.resizes),
+            "launched": launched,
+            # > 0: the second node was asked for before the decision (the plan foresaw it)
+            "second_node_lead_s": to2[0]["decided"] - queued[1] if to2 and len(queued) > 1 else float("nan"),
+            "terminated_while_training": sum(1 for t, k, _ in head.node_events() if k == "terminated" and t < ended),
+            "idle_removed": alive == 0,
+            "launch_s": launch_times(head.monitor_log()),
+        }
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        head.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, of: " + ", ".join(KINDS))
+    a = parse_args(ap, quick={"repeats": 1, "kinds": "today,ahead"}, argv=argv)
+    kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or a.repeats < 1:
+        print(
+            f"--kinds: unknown {bad}; expected {', '.join(KINDS)}" if bad else "--repeats: at least 1", file=sys.stderr
+        )
+        sys.exit(2)
+    os.environ.pop("ELASTIC_KEEP_RAY", None)  # each run's driver leaves its cluster when it ends
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    for i in range(a.repeats):  # interleaved, so drift on a shared machine hits every kind
+        for kind in kinds:
+            r = measure(kind)
+            runs[kind].append(r)
+            print(
+                f"repeat {i + 1}, {kind}: decision -> first step at W=2 {r['to_w2_s']:.1f} s"
+                f"{'' if r['reached'] else ' (not reached: stopped)'}, "
+                f"{r['launched']} nodes launched, {r['handovers']} handovers",
+                flush=True,
+            )
+    rows = []
+    for kind, rs in runs.items():
+        for i, r in enumerate(rs):
+            rows.append(
+                (
+                    kind,
+                    f"{i + 1}",
+                    f"{r['to_w2_s']:.1f}" + ("" if r["reached"] else " (W=2 not reached)"),
+                    r["handovers"],
+                    r["launched"],
+                    f"{r['second_node_lead_s']:+.1f}",
+                    r["terminated_while_training"],
+                    "yes" if r["idle_removed"] else "no",
+                )
+            )
+    print()
+    print(
+        table(
+            rows,
+            (
+                "path",
+                "repeat",
+                "decision -> first step at W=2 (s)",
+                "handovers",
+                "nodes launched",
+                "2nd node queued before the decision (s)",
+                "removed while training",
+                "idle nodes removed at the end",
+            ),
+        )
+    )
+    launches = [x for rs in runs.values() for r in rs for x in r["launch_s"]]
+    launch = median(launches)
+
+    def med(kind: str, key: str) -> float:
+        return median([r[key] for r in runs.get(kind, [])]) if runs.get(kind) else float("nan")
+
+    today, ahead = med("today", "to_w2_s"), med("ahead", "to_w2_s")
+    print(
+        f"\nfake multi-node autoscaler, nodes of 1 CPU (at most 2), idle_timeout 0.1 min, update every 1 s; "
+        f"a node's launch here (queued -> up): median {launch:.1f} s over {len(launches)}"
+    )
+    print(
+        f"today_s={today:.1f} ahead_s={ahead:.1f} launch_s={launch:.1f} "
+        f"nodes_today={med('today', 'launched'):g} nodes_ahead={med('ahead', 'launched'):g}"
+    )
+    print(f"ratio={ahead / today:.3f} (decision to the first step at W=2, ahead / today)")
+
+
+if __name__ == "__main__":
+    main()
