@@ -57,7 +57,7 @@ KINDS = {
     "today": {"scaling": {"request_ahead": False}},
     "ahead": {},
     "ahead-schedule": {
-        "batch": {"policy": "schedule", "schedule": [[2, 128]]},  # W 1 -> 2 at epoch 2
+        "batch": {"policy": "schedule", "schedule": [[200, 128]]},  # W 1 -> 2 at epoch 200 (~30 s in here)
     },
 }
 

@@ -202,14 +202,14 @@ class FakeAutoscalingCluster:
         and those alive; with ``wait_gone_s``, once none is alive or after that long.  Asked from a
         process of its own (a test process may hold another Ray)."""
         code = (
-            "import sys, time, ray; ray.init(); end = time.time() + float(sys.argv[1])\n"
+            "import sys, time, ray; ray.init(log_to_driver=False); end = time.time() + float(sys.argv[1])\n"
             "while True:\n"
             "    workers = [n for n in ray.nodes() if n['NodeID'] != ray.get_runtime_context().get_node_id()"
             " and not n['Resources'].get('node:__internal_head__')]\n"
             "    alive = sum(1 for n in workers if n['Alive'])\n"
             "    if not alive or time.time() >= end: break\n"
             "    time.sleep(1)\n"
-            "print(len({n['NodeID'] for n in workers}), alive)"
+            "print('NODES', len({n['NodeID'] for n in workers}), alive)"
         )
         out = subprocess.run(
             [sys.executable, "-c", code, str(wait_gone_s)],
@@ -220,7 +220,8 @@ class FakeAutoscalingCluster:
         )
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
-        ever, alive = out.stdout.split()[-2:]
+        # the line it printed (the autoscaler's events may reach this driver's output too)
+        ever, alive = next(ln.split()[1:3] for ln in out.stdout.splitlines() if ln.startswith("NODES "))
         return int(ever), int(alive)
 
     def wait_idle_removed(self, timeout_s: float = 180) -> bool:
