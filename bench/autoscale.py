@@ -103,6 +103,7 @@ def measure(kind: str) -> dict[str, Any]:
     t0 = time.time()
 
     def on_records(records: list[Record]) -> None:
+        box["trained"] = time.time()  # the run trains until its last records
         for step, metrics, _t, *_ in records:
             if metrics.get(M.WORKERS, 0) >= 2 and box["w2"] is None:
                 box["w2"] = step
@@ -128,7 +129,9 @@ def measure(kind: str) -> dict[str, Any]:
             "launched": launched,
             # > 0: the second node was asked for before the decision (the plan foresaw it)
             "second_node_lead_s": to2[0]["decided"] - queued[1] if to2 and len(queued) > 1 else float("nan"),
-            "terminated_while_training": sum(1 for t, k, _ in head.node_events() if k == "terminated" and t < ended),
+            "terminated_while_training": sum(
+                1 for t, k, _ in head.node_events() if k == "terminated" and t < box.get("trained", ended)
+            ),
             "idle_removed": alive == 0,
             "launch_s": launch_times(head.monitor_log()),
         }

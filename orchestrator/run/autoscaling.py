@@ -12,10 +12,14 @@ What :class:`NodeSupply` does instead (``scaling.request_ahead``, on by default)
 * **The request.**  ``ray.autoscaler.sdk.request_resources(bundles=[worker] * n)`` (Ray's public API) is
   a floor on the cluster's size: the autoscaler launches nodes until ``n`` workers' bundles fit the
   cluster's total resources and removes none that the floor needs, used or idle.  Each call
-  *replaces* the previous one, and the cluster has one such slot (Ray Train's AutoscalingCoordinator
-  writes it too, for elastic groups, every 20 s and whenever its requests change), so the driver
-  always sends its whole need (:class:`NodeNeed`), again every :data:`RESEND_S` while a change is
-  under way, and withdraws it (``bundles=[]``) when the run ends, however it ends.
+  *replaces* the previous one, and the cluster has one such slot, which Ray Train's
+  AutoscalingCoordinator writes too (every group's controller registers its group with it; it sends
+  the groups' needs every 20 s and whenever a controller starts or ends), so the driver always sends
+  its whole need (:class:`NodeNeed`), again every :data:`RESEND_S` while a change is under way, and
+  withdraws it (``bundles=[]``) when the run ends, however it ends.  Between the coordinator's write and
+  the driver's next one (at most :data:`RESEND_S`) the floor is the groups' alone: an idle node the
+  run asked for ahead is removed if the autoscaler looks just then and the node has been idle past
+  its timeout, so the run asks ahead by at most half the idle timeout.
 * **The need.**  The group in force; from a decided resize on, its new group too (``overlap``: both
   at once; ``restart``: the new group alone, which takes over the old group's nodes); from the
   handover on, the new group alone: a smaller one leaves nodes idle, which the autoscaler removes.
@@ -59,7 +63,10 @@ from trainers.policies.plan import workers_ahead
 
 log = logging.getLogger(__name__)
 
-RESEND_S = 2.0  # while a change is under way: Ray Train's coordinator may have replaced the request
+# While a change is under way the need goes out again this often: Ray Train's AutoscalingCoordinator
+# writes the same slot (every 20 s, and whenever a group's controller starts or ends) with its own
+# groups' needs only, and a node the floor no longer covers is removed once idle past the timeout.
+RESEND_S = 0.5
 LAUNCH_GUESS_S = 120.0  # a node's launch time until one is measured here (cloud VMs: 1-5 min)
 LEAD_MARGIN_S = 10.0  # asked this much earlier than a node's launch time
 PACE_WINDOW_S = 60.0  # the run's pace (epochs per second) over its records of this last stretch
@@ -277,9 +284,12 @@ class NodeSupply:
 
     def lead_s(self) -> float:
         """How long before it needs them the run asks for a bigger group's nodes: a node's launch
-        time as measured here (or :data:`LAUNCH_GUESS_S`), and :data:`LEAD_MARGIN_S`."""
+        time as measured here (or :data:`LAUNCH_GUESS_S`), and :data:`LEAD_MARGIN_S`; but not more
+        than half the autoscaler's idle timeout, so a node that came early is not idle past it
+        (the floor keeps it, but Ray Train's coordinator replaces the floor now and then)."""
         launch = self.launch_s if self.launch_s is not None else LAUNCH_GUESS_S
-        return launch + LEAD_MARGIN_S
+        idle = self.limits.idle_timeout_s
+        return min(launch + LEAD_MARGIN_S, idle / 2) if idle else launch + LEAD_MARGIN_S
 
     def launched_in(self, seconds: float) -> None:
         """The nodes asked for took ``seconds`` to come (the first group's, at the run's start)."""

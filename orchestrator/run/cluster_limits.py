@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 STATUS_KEY = "__autoscaling_status"  # ray_constants.DEBUG_AUTOSCALING_STATUS: the v1 autoscaler's status
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+DEFAULT_IDLE_TIMEOUT_MINUTES = 5  # the default of Ray's cluster launcher (ray/autoscaler/aws/defaults.yaml)
 _READONLY_TYPE = re.compile(r"^node_[0-9a-f]+$")  # ray.autoscaler._private.util.format_readonly_node_type
 _MONITOR = ("autoscaler/_private/monitor.py", "autoscaler/v2/monitor.py")
 
@@ -59,12 +60,14 @@ class ClusterLimits:
 
     ``autoscaling``: an autoscaler may add nodes; ``max_resources``: the most of each resource the
     cluster can grow to (None: not known, or not autoscaling); ``source``: where the limits were read
-    (or what showed an autoscaler runs); ``tried``: the places asked that gave nothing."""
+    (or what showed an autoscaler runs); ``tried``: the places asked that gave nothing;
+    ``idle_timeout_s``: how long a node may stay idle before the autoscaler removes it (None: not known)."""
 
     autoscaling: bool = False
     max_resources: dict[str, float] | None = None
     source: str = ""
     tried: tuple[str, ...] = field(default_factory=tuple)
+    idle_timeout_s: float | None = None
 
     def assumed(self, need: Mapping[str, float]) -> str | None:
         """One line for a run on a cluster that autoscales to limits nobody could read: what the run
@@ -90,7 +93,13 @@ def from_config(config: Mapping[str, Any], source: str) -> ClusterLimits | None:
         if name != head and isinstance(spec, Mapping)
     ]
     grows = provider.get("type") != "readonly" and any(workers) and (total is None or total > 0)
-    return ClusterLimits(autoscaling=grows, max_resources=max_resources(config) if grows else None, source=source)
+    idle = config.get("idle_timeout_minutes", DEFAULT_IDLE_TIMEOUT_MINUTES)
+    return ClusterLimits(
+        autoscaling=grows,
+        max_resources=max_resources(config) if grows else None,
+        source=source,
+        idle_timeout_s=float(idle) * 60 if isinstance(idle, (int, float)) and grows else None,
+    )
 
 
 def read_yaml(path: str) -> Mapping[str, Any] | None:

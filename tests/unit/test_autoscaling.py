@@ -164,6 +164,17 @@ def test_the_plan_asks_ahead_for_a_batch_that_follows_the_epoch(tmp_path):
     assert sent[-1] == 2 and supply.foreseen == 0
 
 
+def test_the_lead_is_a_launch_time_and_a_margin_within_half_the_idle_timeout(tmp_path):
+    supply, _, _ = _supply(tmp_path)
+    assert supply.lead_s() == 130.0  # nothing measured: a cloud node's guess
+    supply.launched_in(20.0)
+    assert supply.lead_s() == 30.0
+    short = ClusterLimits(autoscaling=True, max_resources={"CPU": 4.0}, idle_timeout_s=6.0)
+    supply, _, _ = _supply(tmp_path, limits=short)
+    supply.launched_in(20.0)
+    assert supply.lead_s() == 3.0  # a node asked for earlier would idle past the timeout
+
+
 def test_workers_ahead_only_where_the_plan_knows(tmp_path):
     def cfg(**batch):
         return make_config(

@@ -17,6 +17,7 @@ _FROM_MONITOR = CL._from_monitor  # the real reader (tests replace the module's 
 
 FAKE = {  # bench/fake_cluster.py's shape: a head without CPUs, up to 2 nodes of 1 CPU
     "max_workers": 2,
+    "idle_timeout_minutes": 0.1,
     "provider": {"type": "fake_multinode"},
     "head_node_type": "ray.head.default",
     "available_node_types": {
@@ -28,7 +29,8 @@ FAKE = {  # bench/fake_cluster.py's shape: a head without CPUs, up to 2 nodes of
 
 def test_an_autoscaling_config_gives_its_limits_and_a_fixed_one_none():
     got = from_config(FAKE, "FILE")
-    assert got == ClusterLimits(autoscaling=True, max_resources={"CPU": 2.0}, source="FILE")
+    assert got == ClusterLimits(autoscaling=True, max_resources={"CPU": 2.0}, source="FILE", idle_timeout_s=6.0)
+    assert from_config({k: v for k, v in FAKE.items() if k != "idle_timeout_minutes"}, "F").idle_timeout_s == 300
     fixed = {**FAKE, "max_workers": 0}
     assert from_config(fixed, "FILE") == ClusterLimits(autoscaling=False, source="FILE")
     readonly = {**FAKE, "provider": {"type": "readonly"}}
@@ -36,7 +38,7 @@ def test_an_autoscaling_config_gives_its_limits_and_a_fixed_one_none():
     assert from_config({"cluster_name": "x"}, "FILE") is None  # not an autoscaling config
     # a node type that leaves its resources to detection: it autoscales, to limits not known
     vague = {**FAKE, "available_node_types": {**FAKE["available_node_types"], "cpu_worker": {"max_workers": 2}}}
-    assert from_config(vague, "FILE") == ClusterLimits(autoscaling=True, max_resources=None, source="FILE")
+    assert from_config(vague, "FILE") == ClusterLimits(autoscaling=True, source="FILE", idle_timeout_s=6.0)
 
 
 def _monitor(gcs: str, config: str | None) -> list[str]:
