@@ -126,6 +126,10 @@ def measure(kind: str) -> dict[str, Any]:
             "reached": reached,
             "to_w2_s": first_w2 - to2[0]["decided"] if to2 else float("nan"),
             "handovers": len(s.resizes),
+            # the last resize's pause: old group's teardown, new group's start (fit() to its loop), loop setup
+            "parts": tuple(to2[-1].get(k, float("nan")) for k in ("teardown_s", "start_s", "setup_s"))
+            if reached
+            else (float("nan"),) * 3,
             "launched": launched,
             # > 0: the second node was asked for before the decision (the plan foresaw it)
             "second_node_lead_s": to2[0]["decided"] - queued[1] if to2 and len(queued) > 1 else float("nan"),
@@ -176,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
                     kind,
                     f"{i + 1}",
                     f"{r['to_w2_s']:.1f}" + ("" if r["reached"] else " (W=2 not reached)"),
+                    " / ".join(f"{x:.1f}" for x in r["parts"]),
                     r["handovers"],
                     r["launched"],
                     f"{r['second_node_lead_s']:+.1f}",
@@ -191,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                 "path",
                 "repeat",
                 "decision -> first step at W=2 (s)",
+                "last restart: teardown / start / setup (s)",
                 "handovers",
                 "nodes launched",
                 "2nd node queued before the decision (s)",
