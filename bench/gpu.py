@@ -29,7 +29,7 @@ Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95
 
     python bench/gpu.py [--models resnet18,resnet50] [--batch 256] [--steps 600] [--slice 3]
         [--rows plain,ray,orchestrator] [--device cuda|cpu] [--precision bf16] [--no-channels-last]
-        [--data device|host] [--compile] [--augment random_crop,hflip] [--size 8192] [--quick]
+        [--data device|host] [--compile] [--augment random_crop,hflip] [--size 8192] [--profile DIR] [--quick]
 
 ``--rows plain`` alone times the plain loop in this process instead (``--rounds`` rounds of
 ``--warmup`` + ``--steps`` steps, the median; ``--data host`` measures pinned host data copied
@@ -39,10 +39,12 @@ each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import pickle
 import resource
+import shutil
 import signal
 import statistics
 import sys
@@ -419,11 +421,23 @@ def _child(kind: str, setup: Setup, root: str, steps: int, out: str) -> list[str
     ]
 
 
+PROFILED_STEPS = 20
+
+
+def profile_name(setup: Setup) -> str:
+    """The file ``--profile`` writes for ``setup``'s orchestrator row."""
+    variant = ("-compile" if setup.compile else "") + ("-augment" if setup.augment else "")
+    return f"profile-{setup.model}-b{setup.batch}{variant}.txt"
+
+
 def measure_sliced(
-    setup: Setup, root: str, tmp: str, rows: list[str], steps: int, slice_s: float
+    setup: Setup, root: str, tmp: str, rows: list[str], steps: int, slice_s: float, profile: str | None = None
 ) -> dict[str, list[Measurement]]:
     """Each row of ``rows`` ("ray", "orchestrator") time-sliced against its own plain loop;
-    the plain loop's measurement pools its slices beside every row."""
+    the plain loop's measurement pools its slices beside every row.  ``profile`` (a folder): the
+    orchestrator's rank 0 records :data:`PROFILED_STEPS` steps near its end with the torch profiler
+    (``trainers/accel/profile.py``) and the table lands there as :func:`profile_name`; those
+    steps are left out of its rate."""
     from bench.overhead import orchestrator_cmd, paired, step_gaps
     from orchestrator.config.schema import to_yaml, validate
     from trainers.link import metrics as M
@@ -445,9 +459,21 @@ def measure_sliced(
         else:
             cmd = _child(row, setup, root, steps, a_out)
             started = lambda: os.path.exists(a_out + ".started")  # noqa: E731
-        run = sliced_after_start(
-            cmd, _child("plain", setup, root, 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"), started
-        )
+        profiled_from = 0
+        if profile and row == "orchestrator":  # the worker inherits this environment (a local Ray)
+            profiled_from = max(1, steps - PROFILED_STEPS - 5)
+            os.environ.update(
+                ELB_PROFILE_DIR=os.path.join(tmp, "profile"),
+                ELB_PROFILE_SKIP=str(profiled_from),
+                ELB_PROFILE_STEPS=str(PROFILED_STEPS),
+            )
+        try:
+            run = sliced_after_start(
+                cmd, _child("plain", setup, root, 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"), started
+            )
+        finally:
+            for k in ("ELB_PROFILE_DIR", "ELB_PROFILE_SKIP", "ELB_PROFILE_STEPS"):
+                os.environ.pop(k, None)
         with TreePeakRSS(run.a.pid) as rss:
             run.run(ROW_LABELS[row])
         if row == "orchestrator":
@@ -458,6 +484,15 @@ def measure_sliced(
             run_id = client.search_runs([exp.experiment_id], max_results=1)[0].info.run_id
             hist = sorted(client.get_metric_history(run_id, M.TRAIN_LOSS), key=lambda m: m.step)
             a_times = [m.timestamp / 1000 for m in hist]
+            if profiled_from:  # the profiled steps (and those after them) are not timed
+                a_times = a_times[:profiled_from]
+                got_profile = sorted(glob.glob(os.path.join(tmp, "profile", "profile-*.txt")))
+                if got_profile:
+                    os.makedirs(profile, exist_ok=True)
+                    shutil.copy(got_profile[0], os.path.join(profile, profile_name(setup)))
+                    print(f"  profile: {os.path.join(profile, profile_name(setup))}", file=sys.stderr, flush=True)
+                else:
+                    print("  profile: the worker wrote none", file=sys.stderr, flush=True)
             a_peak = (
                 max((m.value for m in client.get_metric_history(run_id, M.MEMORY_PEAK)), default=0)
                 if cuda
@@ -598,6 +633,12 @@ def main(argv: list[str] | None = None) -> None:
         help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, "
         "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)",
     )
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="a folder: the orchestrator row's worker writes a torch-profiler table of "
+        f"{PROFILED_STEPS} steps near its end there (those steps are not timed)",
+    )
     ap.add_argument("--child", choices=("plain", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-setup", help=argparse.SUPPRESS)
     ap.add_argument("--child-data", help=argparse.SUPPRESS)
@@ -663,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
             threads=a.threads,
         )
         if sliced:
-            results = measure_sliced(setup, root, os.path.join(tmp, model), sliced, steps, a.slice)
+            results = measure_sliced(setup, root, os.path.join(tmp, model), sliced, steps, a.slice, a.profile or None)
         else:
             results = run_rounds(setup, root, a.warmup, steps, a.rounds)
         print(f"\n{model}:")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from trainers.accel.device import clean_state_dict, load_clean_state_dict
+from trainers.accel.profile import profiler_from_env
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
 from trainers.link.failure import ended_by_user_error, report_user_error
@@ -432,6 +433,7 @@ class Trainer:
             overlap_to = need.workers
         if self.goodput is not None:
             self.goodput.restart()  # this group's first steps are left out of the step times
+        profiler = profiler_from_env(self.group.rank, self.runtime.phase, self.group.device.type == "cuda")
         while not self.plan.done:
             # This step's global batch: rank 0's policies decide, every rank follows.
             change = self.plan.next_batch(agree=self.group.agree_int)
@@ -457,6 +459,8 @@ class Trainer:
                 if not self.rollback.recover(self, e.step, e.value):
                     raise
                 continue
+            if profiler is not None:  # ELB_PROFILE_DIR (bench/gpu.py --profile)
+                profiler.step()
             done = self.plan.done
             flush = (
                 self.report.due(self.state.step)
