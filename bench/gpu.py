@@ -469,7 +469,12 @@ def measure_sliced(
             )
         try:
             run = sliced_after_start(
-                cmd, _child("plain", setup, root, 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"), started
+                cmd,
+                _child("plain", setup, root, 0, b_out),
+                slice_s,
+                os.path.join(tmp, f"{row}.log"),
+                started,
+                b_started=lambda: os.path.exists(b_out + ".started"),
             )
         finally:
             for k in ("ELB_PROFILE_DIR", "ELB_PROFILE_SKIP", "ELB_PROFILE_STEPS"):
@@ -534,20 +539,37 @@ def mlflow_has_steps(db: str) -> bool:
 
 
 def sliced_after_start(
-    a: list[str], b: list[str], slice_s: float, log: str, started: Callable[[], bool], limit_s: float = 900.0
+    a: list[str],
+    b: list[str],
+    slice_s: float,
+    log: str,
+    started: Callable[[], bool],
+    limit_s: float = 900.0,
+    b_started: Callable[[], bool] | None = None,
 ):
     """``bench/overhead.py``'s :class:`Slices`, with the loop under test running alone until
     ``started()`` (its first step): Ray's own start has wall-clock timeouts (30 s for a raylet to
     register) that a stopped process tree misses on a busy machine, and no slice before the
-    first step is measured anyway."""
-    from bench.overhead import Slices
+    first step is measured anyway.  Then, with ``b_started``, the reference runs alone until its
+    own first step (its CUDA context, data and cuDNN autotuning: seconds on a GPU, during which a
+    fast loop under test would otherwise finish its steps with no slice to pair)."""
+    from bench.overhead import Slices, send, tree
+
+    def wait(until: Callable[[], bool], proc) -> None:
+        deadline = time.time() + limit_s
+        while not until() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
 
     class AfterStart(Slices):
         def run(self, desc: str = "") -> Slices:
             os.kill(self.b.pid, signal.SIGSTOP)
-            deadline = time.time() + limit_s
-            while not started() and self.a.poll() is None and time.time() < deadline:
-                time.sleep(0.2)
+            wait(started, self.a)
+            if b_started is not None and self.a.poll() is None:
+                send(tree(self.a.pid), signal.SIGSTOP)
+                send([self.b.pid], signal.SIGCONT)
+                wait(b_started, self.b)
+                send([self.b.pid], signal.SIGSTOP)
+                send(tree(self.a.pid), signal.SIGCONT)
             return super().run(desc)
 
     return AfterStart(a, b, slice_s, log)

@@ -1,16 +1,26 @@
-"""The checks of the GPU path on a lent GPU machine, in one call (issue 35): each stage a process of
-its own with a time limit, all of them under one budget, their figures written to ``--out`` as
-they come (a call cut short still brings back what ran).
+r"""The checks of the GPU path on a lent GPU machine, in one call, every stage under one budget.
+
+Each stage is a process of its own with a time limit; the figures go to ``--out`` as they come (a
+call cut short still brings back what ran):
 
   smoke      every import, CUDA, a local Ray, ten steps of the quickstart (stops the call if it fails)
+  resnet18   bench/gpu.py --models resnet18 --batch 256, a torch-profiler table of the orchestrator's worker
+  resnet50   bench/gpu.py --models resnet50 --batch 256 (fewer steps), with its profile
   tests      the GPU-relevant tests (tests/unit/test_gpu_path.py runs on CUDA there; precision,
              device data, fast path, the bench's own parts)
-  resnet18   bench/gpu.py --models resnet18 --batch 256, a torch-profiler table of the orchestrator's worker
   adaptive   configs/gpu_quickstart.yaml (ResNet-18, B 256 -> 2048 by the noise scale, W=1):
              what B_simple it measures, the throughput at each B
-  resnet50   bench/gpu.py --models resnet50 --batch 256 (fewer steps), with its profile
   augment    resnet18 with --augment random_crop,hflip (plain and orchestrator rows)
   compile    resnet18 with --compile (plain and orchestrator rows)
+
+Measured on one H200 (2026-11-27, docs/benchmarks.md "On a GPU"): a bench stage takes ~3 min
+(each orchestrator row ~50 s to its first step there), smoke ~70 s, tests ~40 s, adaptive ~80 s.
+The call that ran it (Ray, MLflow and their needs travel as one archive of CPython 3.12 wheels,
+unpacked: ``.whl/site312.tar.xz``, 46 MB; docs/benchmarks.md says how it was built)::
+
+    mkdir -p /tmp/site && tar -xJf .whl/site312.tar.xz -C /tmp/site && python3 -m compileall -q -j 0 /tmp/site;
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0;
+    python3 bench/gpu_checks.py --out $OUT --budget 480 2>&1 | grep -v "slices \["
 
     python bench/gpu_checks.py [--out DIR] [--budget 420] [--only smoke,tests,...] [--quick]
 
@@ -30,7 +40,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-STAGES = ("smoke", "tests", "resnet18", "adaptive", "resnet50", "augment", "compile")
+STAGES = ("smoke", "resnet18", "resnet50", "tests", "adaptive", "augment", "compile")
 GPU_TESTS = (
     "tests/unit/test_gpu_path.py",
     "tests/unit/test_precision.py",
@@ -163,6 +173,20 @@ def main(argv: list[str] | None = None) -> int:
             b.note("smoke failed: stopping")
             return 3
 
+    def bench(name: str, model: str, steps: int, extra: list[str], limit: float) -> None:
+        # 1 s slices: a ResNet-18 step takes ~10 ms on an H100-class GPU, the orchestrator's run ~10 s
+        sized = [] if q else ["--steps", str(steps), "--slice", "1"]
+        cmd = [py, "bench/gpu.py", "--models", model, "--batch", "256", *sized, *extra, *dev]
+        rc, text = b.run(name, cmd + ["--profile", a.out], limit, env)
+        for ln in figures(text):
+            b.note("  " + ln)
+
+    if "resnet18" in stages:
+        bench("resnet18", "resnet18" if not q else "cnn", 2000, [], 300)
+
+    if "resnet50" in stages:
+        bench("resnet50", "resnet50" if not q else "cnn", 400, [], 240)
+
     if "tests" in stages:
         tenv = {**env, "ELB_TEST_DEVICE": "cpu"} if q else env
         cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *GPU_TESTS]
@@ -173,17 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         for ln in text.splitlines():
             if ln.startswith(("FAILED", "ERROR")):
                 b.note("  " + ln[:300])
-
-    def bench(name: str, model: str, steps: int, extra: list[str], limit: float) -> None:
-        # 1 s slices: a ResNet-18 step takes ~10 ms on an H100-class GPU, the orchestrator's run ~10 s
-        sized = [] if q else ["--steps", str(steps), "--slice", "1"]
-        cmd = [py, "bench/gpu.py", "--models", model, "--batch", "256", *sized, *extra, *dev]
-        rc, text = b.run(name, cmd + ["--profile", a.out], limit, env)
-        for ln in figures(text):
-            b.note("  " + ln)
-
-    if "resnet18" in stages:
-        bench("resnet18", "resnet18" if not q else "cnn", 1000, [], 150)
 
     if "adaptive" in stages:
         db = f"{work}/adaptive.db"
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [py, "-m", "orchestrator", "train", "configs/gpu_quickstart.yaml", "--no-progress"]
         rc, text = b.run("adaptive", cmd + [x for s in sets for x in ("--set", s)], 200, env)
         for ln in text.splitlines():
-            if "batch" in ln and "->" in ln or "FINISHED" in ln:
+            if "batch" in ln and "->" in ln or "run finished" in ln:
                 b.note("  " + ln.strip()[:200])
         if os.path.exists(db):
             try:
@@ -218,8 +231,6 @@ def main(argv: list[str] | None = None) -> int:
             for ln in summary.splitlines():
                 b.note("  " + ln)
 
-    if "resnet50" in stages:
-        bench("resnet50", "resnet50" if not q else "cnn", 300, [], 170)
     rows = ["--rows", "plain,orchestrator"]
     if "augment" in stages:
         bench("augment", "resnet18" if not q else "cnn", 800, rows + ["--augment", "random_crop,hflip"], 120)

@@ -56,3 +56,25 @@ def test_the_cifar_files_load_as_cifar10_and_the_orchestrator_config_matches_the
     assert cfg.train.epochs * 40 == pytest.approx(10 * 8)
     step, n = gpu.plain_step(setup, root)
     assert n == 40 and np.isfinite(step(np.arange(8), 0))
+
+
+def test_gpu_checks_keeps_the_bench_figures_and_not_the_progress_redraws():
+    from bench.gpu_checks import figures
+
+    text = (
+        "device: NVIDIA H200; B=256\n"
+        "plain loop in a bare Ray Train worker: 1 slices [00:00]\r"
+        "plain loop in a bare Ray Train worker: 9 slices [00:08]\r"
+        "  plain loop in a bare Ray Train worker: 0.949 of the plain loop (19 pairs)\n"
+        "noise\n"
+        "tuned plain PyTorch loop               22000  1.000\n"
+        "ratio_ray=0.949\n"
+        "ratio=0.93\n"
+    )
+    assert figures(text) == [
+        "device: NVIDIA H200; B=256",
+        "plain loop in a bare Ray Train worker: 0.949 of the plain loop (19 pairs)",
+        "tuned plain PyTorch loop               22000  1.000",
+        "ratio_ray=0.949",
+        "ratio=0.93",
+    ]
