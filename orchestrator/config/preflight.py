@@ -378,6 +378,25 @@ def check_combine(cfg: RootConfig) -> None:
         )
 
 
+def check_adversarial(cfg: RootConfig) -> None:
+    """``train.adversarial`` (trainers/loop/adversarial.py) perturbs the model's input along its
+    gradient: the text LM's input is token ids, which have none, so it is refused there (the
+    embeddings are not perturbed instead: that would be another method than the paper's)."""
+    a = cfg.train.adversarial
+    if a.method == "none":
+        return
+    if cfg.data.name == "text" or cfg.model.name in ("gpt", "lstm"):
+        raise ConfigError(
+            f"train.adversarial.method: {a.method} perturbs the model input along its gradient, and the "
+            f"language model's input is token ids (no gradient); set train.adversarial.method: none"
+        )
+    if a.epsilon == 0:
+        raise ConfigError(
+            f"train.adversarial.epsilon: 0 perturbs nothing (method {a.method} would only train twice on "
+            "each batch); give epsilon > 0 (e.g. 0.03), or train.adversarial.method: none"
+        )
+
+
 COMBINATIONS: tuple[Callable[[RootConfig], None], ...] = (
     # within a section, in the sections' order
     _choice,
@@ -395,6 +414,7 @@ COMBINATIONS: tuple[Callable[[RootConfig], None], ...] = (
     check_fast_path,
     _goodput_needs_mean,
     check_combine,
+    check_adversarial,
 )
 """Every rule between fields, in the order a user fixes them (a section's own first)."""
 

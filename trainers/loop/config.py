@@ -18,6 +18,7 @@ from trainers.accel.device import CompileConfig
 from trainers.accel.precision import PrecisionConfig
 from trainers.combine.methods import CombineConfig
 from trainers.data.datasets import DataConfig
+from trainers.loop.adversarial import AdversarialConfig
 from trainers.loop.checkpoint import CheckpointConfig
 from trainers.policies.batching import BatchConfig
 from trainers.policies.optim import OptimizerConfig
@@ -47,6 +48,10 @@ class TrainConfig(PrecisionConfig, CompileConfig):
         "the learning rate and go on (trainers/loop/rollback.py)",
     )
     max_rollbacks: int = Field(default=3, ge=0, description="rollbacks at most (on_nonfinite: rollback); then stop")
+    adversarial: AdversarialConfig = Field(
+        default_factory=AdversarialConfig,
+        description="adversarial training: none, sync (two passes) or conadv (trainers/loop/adversarial.py)",
+    )
 
 
 class LoopConfig(Section):

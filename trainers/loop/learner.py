@@ -20,6 +20,7 @@ from trainers.accel.precision import Precision
 from trainers.combine.methods import Combination
 from trainers.data.pipeline import input_pipeline
 from trainers.link import metrics as M
+from trainers.loop.adversarial import Adversary, Perturbations
 from trainers.loop.config import LoopConfig
 from trainers.loop.group import Group
 from trainers.policies.noise import GradientNoiseScale, NoiseProbe
@@ -87,6 +88,13 @@ class Learner:
             else cfg.data.loader.model_copy(update={"pin_memory": True}),
         )
         self.opt = build_optimizer(base, cfg.optimizer)
+        # train.adversarial (trainers/loop/adversarial.py): sync and conadv perturb the inputs
+        adv = cfg.train.adversarial
+        self.adversary = (
+            Adversary(adv, base, self.loss_fn, self.prec.autocast, self.inputs, group.device)
+            if adv.method != "none"
+            else None
+        )
         self.skipped = False  # the last step was skipped (fp16: inf/NaN gradients)
         self._reduced: list[float] = []  # the last backward's all-reduced loss sum and noise sums
 
@@ -97,12 +105,13 @@ class Learner:
 
     # -- one optimizer step ---------------------------------------------------------------------
 
-    def backward(self, batch: StepBatch, epoch: int) -> float:
+    def backward(self, batch: StepBatch, epoch: int, deltas: Perturbations | None = None) -> float:
         """This rank's micro-batches of the global batch forward and backward, then one all-reduce
         of the loss sum (with the noise statistics riding along).  Returns the global batch's mean
-        loss, the same on every rank; nothing has touched the weights yet."""
+        loss, the same on every rank; nothing has touched the weights yet.  ``deltas``: the
+        adversarial perturbations of this rank's micro-batches (the clean loss is returned)."""
         bsz = len(batch.ids)
-        loss_sum = self.accumulate(batch, epoch)
+        loss_sum = self.accumulate(batch, epoch, deltas)
         self.prec.unscale(self.opt)  # fp16: from here on .grad holds the true gradient
         small = self.noise.finish(bsz, batch.mine_len, self.prec.grad_factor()) if self.noise is not None else None
         reduced = loss_sum.reshape(1) if small is None else torch.cat([loss_sum.reshape(1), small])
@@ -122,10 +131,12 @@ class Learner:
         if self.noise is not None and not self.skipped:
             self.noise.update(self._reduced[1:], bsz)
 
-    def accumulate(self, batch: StepBatch, epoch: int) -> torch.Tensor:
+    def accumulate(self, batch: StepBatch, epoch: int, deltas: Perturbations | None = None) -> torch.Tensor:
         """Gradients of this rank's micro-batches of the global batch, one by one (DDP all-reduces
         only after the last), each per-sample loss summed and scaled by ``W / B`` (DDP averages
-        over W: the result is the global batch's mean gradient).  Returns this rank's loss sum (float64)."""
+        over W: the result is the global batch's mean gradient).  With ``deltas`` (adversarial
+        training) each micro-batch goes through the model with its perturbed copy as one batch and
+        both losses count (trainers/loop/adversarial.py).  Returns this rank's clean loss sum (float64)."""
         bsz, micros = len(batch.ids), batch.micro
         if not self.model.training:
             self.model.train()
@@ -146,9 +157,17 @@ class Learner:
                 x, y = to_device(x, device), to_device(y, device)
                 if self.inputs is not None:  # augmentation: a function of (seed, epoch, sample id)
                     x = self.inputs(x, batch.micro_ids[i], epoch)
-                with self.prec.autocast():
-                    loss = summed_loss(self.loss_fn, self.model(x), y)  # an fp32 sum
-                self.prec.backward(loss * scale)
+                if deltas is None:
+                    with self.prec.autocast():
+                        loss = summed_loss(self.loss_fn, self.model(x), y)  # an fp32 sum
+                    self.prec.backward(loss * scale)
+                else:  # clean and perturbed as one batch of 2b: g = grad(clean) + grad(adversarial)
+                    b = batch_len(x)
+                    with self.prec.autocast():
+                        out = self.model(torch.cat([x, x + deltas[i]]))
+                        loss = summed_loss(self.loss_fn, out[:b], y)
+                        adv = summed_loss(self.loss_fn, out[b:], y)
+                    self.prec.backward((loss + adv) * scale)
             loss_sum = loss_sum + loss.detach().double()
             if self.noise is not None:
                 self.noise.after_micro_batch(bsz, len(batch.micro_ids[i]), self.prec.grad_factor())

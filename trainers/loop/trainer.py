@@ -55,7 +55,7 @@ from trainers.policies.batching import BatchStats
 from trainers.policies.goodput import StepTimeFeed
 from trainers.policies.plan import BatchPlan, TrainState
 from trainers.policies.policy_set import PolicySet
-from trainers.workload.build import Functions, StepBatch, build_workload, perplexity
+from trainers.workload.build import Functions, StepBatch, TensorBatches, build_workload, perplexity
 
 __all__ = ["LoopConfig", "NonFiniteLoss", "Runtime", "Trainer", "train_loop_per_worker"]
 
@@ -171,6 +171,8 @@ class Trainer:
         states.update(learner.combine.states())
         if self.goodput is not None:  # the measured step times: a resumed run decides with them
             states["goodput"] = self.goodput
+        if learner.adversary is not None and learner.adversary.concurrent:  # conadv: stale weights, next deltas
+            states["adversarial"] = learner.adversary
         states["reporter"] = PendingRecords(self.report.channel)
         states["rollback"] = self.rollback
         return states
@@ -240,7 +242,13 @@ class Trainer:
             batch = self.learner.batches.batch(np.asarray(batch))
         step = self.state.step + 1
         s = self.plan.step_settings(len(batch.ids), self.rollback.lr_factor)  # lr x 0.5 per rollback
-        loss = self.learner.backward(batch, self.state.epoch)
+        adv, deltas = self.learner.adversary, None
+        if adv is not None:  # train.adversarial: this batch's perturbations; conadv starts the next batch's
+            deltas = adv.for_step(batch, self.state.epoch)
+            adv.start_next(lambda: self.peek_next(batch))
+        loss = self.learner.backward(batch, self.state.epoch, deltas)
+        if adv is not None:
+            adv.join()
         if not math.isfinite(loss):  # the same on every rank, and before the weights move
             raise NonFiniteLoss(step, loss)
         self.plan.policies.apply(self.learner.opt, s, first=step == 1)  # LR, MF, momentum correction
@@ -248,6 +256,17 @@ class Trainer:
         if self.samples is not None:
             self.samples.write(self.state.epoch, step, batch.mine)
         return loss
+
+    def peek_next(self, batch: StepBatch) -> tuple[StepBatch, int] | None:
+        """The global batch the data order gives after ``batch`` at the batch in force, and its
+        epoch (conadv perturbs it ahead); None where the order is not known ahead (a DataLoader's)."""
+        batches = self.learner.batches
+        if not isinstance(batches, TensorBatches):
+            return None
+        epoch, cursor = self.state.epoch, self.state.cursor + len(batch.ids)
+        if cursor >= self.plan.n:
+            epoch, cursor = epoch + 1, 0
+        return batches.next(epoch, cursor, self.plan.batch), epoch
 
     def advance(self) -> tuple[bool, dict[str, float]]:
         """One optimizer step on the next global batch of the data order, the plan advanced, the

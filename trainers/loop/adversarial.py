@@ -1,0 +1,196 @@
+"""Adversarial learning for large batches: ConAdv (Liu et al., "Concurrent Adversarial Learning
+for Large-Batch Training", ICLR 2022, arXiv 2106.00221) and its two-pass baseline.
+
+``train.adversarial.method``:
+
+* ``none``: plain training.
+* ``sync`` (the paper's DisAdv, two sequential passes): the perturbation of batch t is computed
+  with the current weights w_t, then the weight gradient on the perturbed batch.
+* ``conadv``: the perturbation of batch t+1 is computed with the weights of step t (stale by one,
+  tau = 1), so that it and the weight gradient of batch t do not depend on each other and run
+  side by side (a second CUDA stream on a GPU; on the CPU one after the other, see below).
+
+The formulas (x a sample's model input after the input pipeline: augmentation, normalisation;
+l the per-sample training loss; eps = ``epsilon``, K = ``steps``, alpha = eps / K):
+
+    delta_0     = 0
+    delta_{k+1} = clip_[-eps, eps]( delta_k + alpha * sign( grad_x l(w_s; x + delta_k, y) ) )
+    x_hat       = x + delta_K                 (K = 1: FGSM, x + eps * sign(grad_x l(w_s; x, y)))
+
+with w_s = w_t for ``sync`` and w_s = w_{t-1} for ``conadv`` (the perturbation is an L-infinity
+ball projection of signed input-gradient steps, in the units of the model's input).  The weights
+are updated on the clean and the adversarial loss together, as the paper's ConAdv update does:
+
+    g_t = (1/B) sum_i [ grad_w l(w_t; x_i, y_i) + grad_w l(w_t; x_hat_i, y_i) ]
+
+(both terms normalised by the global batch B as every gradient here is; the clean and the
+perturbed samples go through the model as one batch of 2b per micro-batch).  ``train/loss`` stays
+the clean loss, comparable with ``method: none``.
+
+The perturbation pass runs on a snapshot of the weights and buffers through
+``torch.func.functional_call``: the model's BatchNorm statistics and the optimizer never see it, and
+the input gradient accumulates nothing into ``.grad``.  ``conadv`` keeps the snapshot of w_t (the
+stale weights) and the perturbation it computed for the next batch; both go in the checkpoint
+(``adversarial``), so a resume is exact.  The next batch is known ahead for the built-in in-memory
+sets (the data order is a function of epoch and position); where it is not (a map-style
+DataLoader, a batch size that changed, a rollback), the perturbation of batch t is computed at step
+t from the stale snapshot w_{t-1}: the same formula, only not overlapped.
+
+On the CPU a second thread does not pay: PyTorch's intra-op pool already uses every core for each
+pass, and two passes in two threads took longer than one after the other (measured on the bench
+host, see ``bench/large_batch.py --table conadv``); the CPU runs the two in sequence.
+
+A model whose input is not floating point (token ids: the text LM) has no input gradient; the
+config check refuses it (``orchestrator/config/preflight.py``) and this module raises the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import ConfigDict, Field
+from torch.func import functional_call
+
+from trainers.section import Section
+from trainers.workload.build import LossFn, StepBatch, summed_loss, to_device
+
+
+class AdversarialConfig(Section):
+    """``train.adversarial``: adversarial training against the sharp minima of large batches."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["none", "sync", "conadv"] = Field(
+        default="none",
+        description="none; sync: perturb batch t with the current weights, then train on it (two "
+        "sequential passes); conadv: perturb batch t+1 with the weights of step t, beside batch t's "
+        "weight gradient (Liu et al. 2022); the weights train on the clean + perturbed loss",
+    )
+    epsilon: float = Field(
+        default=0.03, ge=0, description="L-infinity radius of the perturbation, in the model input's units"
+    )
+    steps: int = Field(default=1, ge=1, description="signed gradient steps of eps/steps each (1 = FGSM)")
+
+
+Perturbations = list[torch.Tensor]  # one per micro-batch of this rank
+
+
+def perturbation(
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    loss_fn: LossFn,
+    x: torch.Tensor,
+    y: Any,
+    epsilon: float,
+    steps: int,
+    autocast: Callable[[], Any],
+) -> torch.Tensor:
+    """delta_K of the module docstring for one micro-batch, with the weights and buffers ``state``."""
+    if not x.is_floating_point():
+        raise TypeError(
+            f"train.adversarial: the model input is {x.dtype}, which has no gradient (token ids?); "
+            "set train.adversarial.method: none"
+        )
+    alpha = epsilon / steps
+    delta = torch.zeros_like(x)
+    for _ in range(steps):
+        delta.requires_grad_(True)
+        with autocast():
+            loss = summed_loss(loss_fn, functional_call(model, state, (x + delta,)), y)
+        (g,) = torch.autograd.grad(loss, delta)
+        delta = (delta.detach() + alpha * g.sign()).clamp_(-epsilon, epsilon)
+    return delta.detach()
+
+
+class Adversary:
+    """A step's perturbations (``for_step``), the pending one for the next batch, the stale weights."""
+
+    def __init__(
+        self,
+        cfg: AdversarialConfig,
+        model: torch.nn.Module,
+        loss_fn: LossFn,
+        autocast: Callable[[], Any],
+        inputs: Callable[..., Any] | None,
+        device: torch.device,
+    ) -> None:
+        self.cfg, self.model, self.loss_fn, self.autocast = cfg, model, loss_fn, autocast
+        self.inputs, self.device = inputs, device
+        self.concurrent = cfg.method == "conadv"
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and self.concurrent else None
+        self.stale: dict[str, torch.Tensor] | None = None  # conadv: the weights and buffers of the last step
+        self.pending: tuple[np.ndarray, Perturbations] | None = None  # conadv: next batch's ids, its deltas
+        self.on_perturb: Callable[[dict[str, torch.Tensor], np.ndarray], None] | None = None  # tests
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """The model's weights and buffers now, copied (the model moves on; the snapshot does not)."""
+        named = [*self.model.named_parameters(), *self.model.named_buffers()]
+        return {n: t.detach().clone() for n, t in named}
+
+    def _inputs(self, batch: StepBatch, epoch: int) -> Iterator[tuple[torch.Tensor, Any]]:
+        for i, (x, y) in enumerate(batch.micro):
+            x, y = to_device(x, self.device), to_device(y, self.device)
+            if self.inputs is not None:
+                x = self.inputs(x, batch.micro_ids[i], epoch)
+            yield x, y
+
+    def compute(self, state: dict[str, torch.Tensor], batch: StepBatch, epoch: int) -> Perturbations:
+        """This rank's perturbations of ``batch`` with the weights ``state``."""
+        if self.on_perturb is not None:
+            self.on_perturb(state, batch.ids)
+        c = self.cfg
+        return [
+            perturbation(self.model, state, self.loss_fn, x, y, c.epsilon, c.steps, self.autocast)
+            for x, y in self._inputs(batch, epoch)
+        ]
+
+    def for_step(self, batch: StepBatch, epoch: int) -> Perturbations:
+        """The perturbations that step t trains ``batch`` (batch t) with: sync computes them now with
+        w_t; conadv takes the ones computed at step t-1 with w_{t-1} (or computes them now from the
+        stale snapshot w_{t-1}; at the first step there is none older than w_t)."""
+        if not self.concurrent:
+            return self.compute(self.snapshot(), batch, epoch)
+        pending, self.pending = self.pending, None
+        if pending is not None and np.array_equal(pending[0], batch.ids):
+            return pending[1]
+        return self.compute(self.stale if self.stale is not None else self.snapshot(), batch, epoch)
+
+    def start_next(self, peek: Callable[[], tuple[StepBatch, int] | None]) -> None:
+        """conadv, before step t's weight gradient: snapshot w_t (the next step's stale weights) and
+        perturb batch t+1 with it, on the side stream on a GPU (joined by :meth:`join`)."""
+        if not self.concurrent:
+            return
+        self.stale = self.snapshot()
+        ahead = peek()
+        if ahead is None:
+            return
+        nxt, epoch = ahead
+        if self.stream is None:
+            self.pending = (nxt.ids, self.compute(self.stale, nxt, epoch))
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the snapshot is taken
+        with torch.cuda.stream(self.stream):
+            self.pending = (nxt.ids, self.compute(self.stale, nxt, epoch))
+
+    def join(self) -> None:
+        """The side stream's work done before the weights move (the snapshot was copied, but the
+        next step reads the perturbations)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    # -- checkpoint ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        pending = None if self.pending is None else {"ids": self.pending[0].tolist(), "deltas": self.pending[1]}
+        return {"stale": self.stale, "pending": pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        stale = state.get("stale")
+        self.stale = None if stale is None else {k: v.to(self.device) for k, v in stale.items()}
+        p = state.get("pending")
+        self.pending = (
+            None if p is None else (np.asarray(p["ids"], dtype=np.int64), [d.to(self.device) for d in p["deltas"]])
+        )
