@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.config.schema import ConfigError
 from orchestrator.config.preflight import check_combinations
-from orchestrator.config.schema import RootConfig
+from orchestrator.config.schema import ConfigError, RootConfig
 from trainers.link.runtime import Runtime
 from trainers.loop.adversarial import perturbation
 from trainers.loop.config import LoopConfig
