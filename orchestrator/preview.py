@@ -91,6 +91,24 @@ def adaptive_notes(cfg: RootConfig) -> list[str]:
     return notes
 
 
+def adversarial_note(cfg: RootConfig) -> str | None:
+    """What ``train.adversarial`` adds to each step (trainers/loop/adversarial.py); None without it."""
+    a = cfg.train.adversarial
+    if a.method == "none":
+        return None
+    when = (
+        "batch t+1's perturbation with the weights of step t (ConAdv, stale by one), beside batch t's "
+        "weight gradient (a second CUDA stream on a GPU)"
+        if a.method == "conadv"
+        else "batch t's perturbation with the weights of step t, then the weight gradient (two sequential passes)"
+    )
+    return (
+        f"adversarial: {a.method}, epsilon {a.epsilon:g}, {a.steps} signed input-gradient step(s): {when}; "
+        "the weights train on the clean + perturbed loss (2x the samples through the model per step); "
+        "the LR, batch and worker columns are unchanged"
+    )
+
+
 def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
     """Rows at step 1, every ``every`` steps (0 = none), each epoch end, each batch change and the last step."""
     plan = BatchPlan.from_config(cfg, dataset_size=train_size(cfg))
@@ -120,7 +138,11 @@ def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
             )
             if s.weight_decay is not None:
                 rows[-1][WD_COLUMN] = s.weight_decay
-    return Plan(rows=rows, notes=adaptive_notes(cfg), total_steps=plan.state.step)
+    notes = adaptive_notes(cfg)
+    adversarial = adversarial_note(cfg)
+    if adversarial is not None:
+        notes.append(adversarial)
+    return Plan(rows=rows, notes=notes, total_steps=plan.state.step)
 
 
 def to_csv(plan: Plan) -> str:

@@ -14,6 +14,8 @@ import torch
 
 from orchestrator.config.preflight import check_combinations
 from orchestrator.config.schema import ConfigError, RootConfig
+from orchestrator.preview import make_plan
+from search.space import SpaceError, parse_space
 from trainers.link.runtime import Runtime
 from trainers.loop.adversarial import perturbation
 from trainers.loop.config import LoopConfig
@@ -173,3 +175,29 @@ def test_config_refuses_token_ids_a_zero_epsilon_and_unknown_methods():
         check_combinations(_root(adversarial={"method": "conadv", "epsilon": 0}))
     with pytest.raises(ValueError, match="adversarial.method"):
         _root(adversarial={"method": "disadv"})
+
+
+def test_search_explores_the_method_and_plan_names_it():
+    space = parse_space(
+        {
+            "base": {k: dict(v) for k, v in CNN.items()},
+            "objective": {"metric": "val/accuracy", "direction": "maximize"},
+            "params": {
+                "train.adversarial.method": {"choices": ["none", "sync", "conadv"]},
+                "train.adversarial.epsilon": {"low": 0.01, "high": 0.1, "when": "train.adversarial.method != none"},
+            },
+        }
+    )
+    cfg = space.config({"train.adversarial.method": "conadv", "train.adversarial.epsilon": 0.05})
+    assert (cfg.train.adversarial.method, cfg.train.adversarial.epsilon) == ("conadv", 0.05)
+    with pytest.raises(SpaceError, match="train.adversarial.method"):
+        parse_space(
+            {
+                "base": {k: dict(v) for k, v in CNN.items()},
+                "objective": {"metric": "val/accuracy", "direction": "maximize"},
+                "params": {"train.adversarial.method": {"choices": ["none", "disadv"]}},
+            }
+        )
+    notes = make_plan(cfg).notes
+    assert any(n.startswith("adversarial: conadv, epsilon 0.05") for n in notes), notes
+    assert not any(n.startswith("adversarial") for n in make_plan(_root()).notes)
