@@ -437,6 +437,73 @@ def combination(args: argparse.Namespace, seeds: list[int]) -> float:
     return 100 * (acc[("adasum", 4)] - acc[("mean (per-step averaging)", 4)])
 
 
+# --------------------------------------------------------------------------- ConAdv (a separate table)
+
+
+def conadv_config(args: argparse.Namespace, seed: int, batch: int, method: str) -> LoopConfig:
+    """The ConAdv table's task: a harder synthetic image set (3x16x16 inputs labelled by a random
+    teacher; the digits MLP shows no large-batch gap), the built-in CNN with BatchNorm, SGD with
+    linear LR scaling from B0 = 32, gradual warmup and cosine decay; validated only at the end."""
+    raw: dict[str, Any] = {
+        "data": {"name": "synthetic", "shape": [3, 16, 16], "size": args.adv_size},
+        "model": {"name": "cnn", "norm": "batch", "hidden": args.adv_hidden},
+        "optimizer": {"name": "sgd", "lr": args.adv_lr, "mf": 0.9, "base_batch_size": 32, "weight_decay": 5e-4},
+        "batch": {"size": batch, "max_local_batch": batch},
+        "schedule": {"scaling_rule": "linear", "warmup": "gradual", "warmup_epochs": args.adv_epochs / 6},
+        "train": {
+            "epochs": args.adv_epochs,
+            "seed": seed,
+            "eval_every": 10**9,  # validate at the end only: the step times are the steps'
+            "adversarial": {"method": method, "epsilon": args.adv_epsilon},
+        },
+    }
+    return LoopConfig.model_validate(raw)
+
+
+def conadv_run(cfg: LoopConfig) -> tuple[float, float, int]:
+    """One run through the worker loop itself (``Trainer`` on this CPU, one worker): the final
+    validation accuracy, the median step time (s) and the steps."""
+    from trainers.link.runtime import Runtime  # noqa: PLC0415 - the ConAdv table alone runs the worker loop
+    from trainers.loop.trainer import Trainer  # noqa: PLC0415 - the ConAdv table alone runs the worker loop
+
+    t = Trainer(cfg, Runtime(), rank=0, world=1, device=torch.device("cpu"))
+    times, metrics = [], {}
+    while not t.plan.done:
+        t0 = time.perf_counter()
+        _, metrics = t.advance()
+        times.append(time.perf_counter() - t0)
+    t.close()
+    return metrics["val/accuracy"], statistics.median(times[:-1] or times), len(times)
+
+
+def conadv_table(args: argparse.Namespace, seeds: list[int]) -> float:
+    """none vs sync (two passes) vs ConAdv (stale by one) at a large B, and B0-scale reference."""
+    big, small = args.adv_batch, 64
+    print(
+        f"\n## ConAdv (Liu et al. 2022): synthetic 3x16x16 ({args.adv_size} samples, random-teacher labels), "
+        f"CNN+BatchNorm hidden {args.adv_hidden}, {args.adv_epochs:g} epochs, SGD lr {args.adv_lr} at B0 = 32 "
+        f"(linear scaling, gradual warmup, cosine), epsilon {args.adv_epsilon}; through the worker loop "
+        f"(Trainer, 1 CPU worker, {torch.get_num_threads()} torch threads); val accuracy % over {len(seeds)} seed(s)"
+    )
+    print(f"| {'setting':28} | {'val acc %':>12} | {'step ms (median)':>16} | {'steps':>5} |")
+    print(f"|{'-' * 30}|{'-' * 14}|{'-' * 18}|{'-' * 7}|")
+    acc: dict[str, float] = {}
+    for name, b, method in [
+        (f"B = {small}, none", small, "none"),
+        (f"B = {big}, none", big, "none"),
+        (f"B = {big}, sync (two passes)", big, "sync"),
+        (f"B = {big}, conadv", big, "conadv"),
+    ]:
+        runs = [conadv_run(conadv_config(args, seed, b, method)) for seed in seeds]
+        RUNS[0] += len(runs)
+        accs = [100 * r[0] for r in runs]
+        spread = f" ± {statistics.stdev(accs):.1f}" if len(accs) > 1 else ""
+        ms = 1000 * statistics.fmean(r[1] for r in runs)
+        acc[name] = statistics.fmean(accs)
+        print(f"| {name:28} | {statistics.fmean(accs):5.1f}{spread:7} | {ms:16.1f} | {runs[0][2]:5d} |")
+    return acc[f"B = {big}, conadv"] - acc[f"B = {big}, none"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -450,14 +517,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tang-batch", type=int, default=128, help="the Tang table's fixed global batch")
     p.add_argument("--comb-batch", type=int, default=256, help="the combination table's global batch")
     p.add_argument("--norm-test-eta", type=float, default=0.5, help="eta of the local norm test")
-    p.add_argument("--tables", default="goyal,tang,combine", help="which tables, comma-separated")
+    p.add_argument("--tables", default="goyal,tang,combine", help="which tables, comma-separated (also: conadv)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--adv-batch", type=int, default=None, help="ConAdv table: the large B (default 1024; quick 512)")
+    p.add_argument("--adv-epochs", type=float, default=None, help="ConAdv table: epochs (default 30; quick 4)")
+    p.add_argument(
+        "--adv-size", type=int, default=None, help="ConAdv table: synthetic samples (default 8192; quick 2048)"
+    )
+    p.add_argument("--adv-hidden", type=int, default=16, help="ConAdv table: CNN width")
+    p.add_argument("--adv-lr", type=float, default=0.05, help="ConAdv table: LR at B0 = 32")
+    p.add_argument("--adv-epsilon", type=float, default=0.05, help="ConAdv table: perturbation radius")
     args = p.parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds or (1 if quick else 3)
     args.epochs = args.epochs or (6 if quick else 24)
     args.hidden = args.hidden or (32 if quick else 64)
     args.warmup_epochs = args.warmup_epochs or (1.5 if quick else 4)
+    args.adv_batch = args.adv_batch or (512 if quick else 1024)
+    args.adv_epochs = args.adv_epochs or (4 if quick else 30)
+    args.adv_size = args.adv_size or (2048 if quick else 8192)
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))
@@ -474,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["tang_loss_gap_w4"] = tang(args, seeds)
     if "combine" in tables:
         summary["adasum_minus_mean_points_w4"] = combination(args, seeds)
+    if "conadv" in tables:  # not in the default --tables: --tables conadv
+        summary["conadv_minus_none_points"] = conadv_table(args, seeds)
     print()
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))  # nan where a row diverged
     print(f"runs={RUNS[0]} wall_s={time.time() - t0:.1f}")
