@@ -99,6 +99,11 @@ CASES = [
         {"combine": {"method": "adasum"}},
         "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum",
     ),
+    (
+        preflight.check_adversarial,
+        {"train": {"adversarial": {"method": "conadv", "epsilon": 0}}},
+        "train.adversarial.epsilon: 0 perturbs nothing",
+    ),
 ]
 
 

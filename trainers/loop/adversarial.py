@@ -151,8 +151,10 @@ class Adversary:
         """The perturbations that step t trains ``batch`` (batch t) with: sync computes them now with
         w_t; conadv takes the ones computed at step t-1 with w_{t-1} (or computes them now from the
         stale snapshot w_{t-1}; at the first step there is none older than w_t)."""
-        if not self.concurrent:
-            return self.compute(self.snapshot(), batch, epoch)
+        if not self.concurrent:  # the live weights (nothing moves them before the backward), copied buffers
+            live = {n: p.detach() for n, p in self.model.named_parameters()}
+            live.update((n, t.detach().clone()) for n, t in self.model.named_buffers())
+            return self.compute(live, batch, epoch)
         pending, self.pending = self.pending, None
         if pending is not None and np.array_equal(pending[0], batch.ids):
             return pending[1]
