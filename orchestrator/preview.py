@@ -104,7 +104,9 @@ def adversarial_note(cfg: RootConfig) -> str | None:
     )
     return (
         f"adversarial: {a.method}, epsilon {a.epsilon:g}, {a.steps} signed input-gradient step(s): {when}; "
-        "the weights train on the clean + perturbed loss (2x the samples through the model per step); "
+        f"the weights train on {a.clean_weight:g} x the clean + {1 - a.clean_weight:g} x the perturbed loss "
+        f"({'1x' if a.clean_weight == 0 else '2x'} the samples through the model per step, "
+        "plus the input-gradient pass); "
         "the LR, batch and worker columns are unchanged"
     )
 

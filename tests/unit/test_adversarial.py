@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from orchestrator.config.preflight import check_combinations
 from orchestrator.config.schema import ConfigError, RootConfig
@@ -33,7 +34,7 @@ CNN = {
 
 def _raw(method: str, **train) -> dict:
     raw = {k: dict(v) for k, v in CNN.items()}
-    raw["train"].update(adversarial={"method": method, "epsilon": 0.1}, **train)
+    raw["train"].update({"adversarial": {"method": method, "epsilon": 0.1}, **train})
     return raw
 
 
@@ -115,24 +116,32 @@ def test_the_perturbation_of_step_t_uses_the_weights_of_t_for_sync_and_t_minus_1
         assert torch.equal(w_seen, trained[k - lag][0]), (method, k)
 
 
-def test_conadv_perturbs_the_next_batch_ahead_and_trains_on_the_clean_plus_perturbed_loss():
+def test_conadv_perturbs_the_next_batch_ahead_and_the_weights_train_on_the_clean_weight_mix():
     t = _trainer(_raw("conadv"))
     t.advance()
     pending = t.learner.adversary.pending
     nxt = t.learner.batches.next(t.state.epoch, t.state.cursor, t.plan.batch)
     assert pending is not None and np.array_equal(pending[0], nxt.ids)
     assert all(d.abs().max() == pytest.approx(0.1) for d in pending[1])
-    # a step with zero perturbations is the clean loss counted twice: the same as plain training at 2x the LR
+    # g = c grad(clean) + (1 - c) grad(perturbed): with zero perturbations, plain training's gradient
+    batch = t.learner.batches.next(0, 0, 32)
     plain = _trainer(_raw("none"))
-    twice = _trainer(_raw("sync"))
-    twice.learner.adversary.cfg = twice.learner.adversary.cfg.model_copy(update={"epsilon": 0.0})
-    plain.learner.opt.param_groups[0]["lr"] = 0.0
-    batch = plain.learner.batches.next(0, 0, 32)
-    l_plain = plain.learner.backward(batch, 0)
-    l_twice = twice.learner.backward(batch, 0, twice.learner.adversary.for_step(batch, 0))
-    assert l_plain == pytest.approx(l_twice)
-    for p, q in zip(plain.learner.params, twice.learner.params, strict=True):
-        torch.testing.assert_close(2 * p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    zero = _trainer(_raw("sync"))
+    zero.learner.adversary.cfg = zero.learner.adversary.cfg.model_copy(update={"epsilon": 0.0})
+    assert plain.learner.backward(batch, 0) == pytest.approx(
+        zero.learner.backward(batch, 0, zero.learner.adversary.for_step(batch, 0))
+    )
+    for p, q in zip(plain.learner.params, zero.learner.params, strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    # c = 0: the gradient of the perturbed batch alone
+    only = _trainer(_raw("sync", adversarial={"method": "sync", "epsilon": 0.1, "clean_weight": 0.0}))
+    deltas = only.learner.adversary.for_step(batch, 0)
+    only.learner.backward(batch, 0, deltas)
+    plain.learner.opt.zero_grad()
+    for (x, y), d in zip(batch.micro, deltas, strict=True):
+        F.cross_entropy(plain.learner.model(x + d), y, reduction="sum").div(32).backward()
+    for p, q in zip(plain.learner.params, only.learner.params, strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- resume

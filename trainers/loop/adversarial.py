@@ -19,13 +19,17 @@ l the per-sample training loss; eps = ``epsilon``, K = ``steps``, alpha = eps / 
 
 with w_s = w_t for ``sync`` and w_s = w_{t-1} for ``conadv`` (the perturbation is an L-infinity
 ball projection of signed input-gradient steps, in the units of the model's input).  The weights
-are updated on the clean and the adversarial loss together, as the paper's ConAdv update does:
+are updated on a mix of the clean and the adversarial loss, c = ``clean_weight``:
 
-    g_t = (1/B) sum_i [ grad_w l(w_t; x_i, y_i) + grad_w l(w_t; x_hat_i, y_i) ]
+    g_t = (1/B) sum_i [ c * grad_w l(w_t; x_i, y_i) + (1 - c) * grad_w l(w_t; x_hat_i, y_i) ]
 
-(both terms normalised by the global batch B as every gradient here is; the clean and the
-perturbed samples go through the model as one batch of 2b per micro-batch).  ``train/loss`` stays
-the clean loss, comparable with ``method: none``.
+The paper trains on both the clean and the adversarial examples (as AdvProp does); the default
+c = 1/2 is their mean, which keeps the gradient at the scale the LR was tuned for (their plain sum
+is 2x this gradient: the same as c = 1/2 at twice the LR); c = 0 trains on the adversarial
+examples only (then the clean forward is skipped and ``train/loss`` is the adversarial loss).  Both
+terms are normalised by the global batch B as every gradient here is; with c > 0 the clean and
+the perturbed samples go through the model as one batch of 2b per micro-batch, and ``train/loss``
+stays the clean loss, comparable with ``method: none``.
 
 The perturbation pass runs on a snapshot of the weights and buffers through
 ``torch.func.functional_call``: the model's BatchNorm statistics and the optimizer never see it, and
@@ -67,12 +71,19 @@ class AdversarialConfig(Section):
         default="none",
         description="none; sync: perturb batch t with the current weights, then train on it (two "
         "sequential passes); conadv: perturb batch t+1 with the weights of step t, beside batch t's "
-        "weight gradient (Liu et al. 2022); the weights train on the clean + perturbed loss",
+        "weight gradient (Liu et al. 2022); the weights train on a mix of the clean and perturbed "
+        "losses (clean_weight)",
     )
     epsilon: float = Field(
         default=0.03, ge=0, description="L-infinity radius of the perturbation, in the model input's units"
     )
     steps: int = Field(default=1, ge=1, description="signed gradient steps of eps/steps each (1 = FGSM)")
+    clean_weight: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="c in g = c grad(clean loss) + (1 - c) grad(perturbed loss); 0 trains on the perturbed batch only",
+    )
 
 
 Perturbations = list[torch.Tensor]  # one per micro-batch of this rank

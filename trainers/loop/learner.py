@@ -136,7 +136,8 @@ class Learner:
         only after the last), each per-sample loss summed and scaled by ``W / B`` (DDP averages
         over W: the result is the global batch's mean gradient).  With ``deltas`` (adversarial
         training) each micro-batch goes through the model with its perturbed copy as one batch and
-        both losses count (trainers/loop/adversarial.py).  Returns this rank's clean loss sum (float64)."""
+        the mix of both losses counts (trainers/loop/adversarial.py).  Returns this rank's clean loss sum (float64;
+        the perturbed one's where ``clean_weight`` is 0)."""
         bsz, micros = len(batch.ids), batch.micro
         if not self.model.training:
             self.model.train()
@@ -161,13 +162,18 @@ class Learner:
                     with self.prec.autocast():
                         loss = summed_loss(self.loss_fn, self.model(x), y)  # an fp32 sum
                     self.prec.backward(loss * scale)
-                else:  # clean and perturbed as one batch of 2b: g = grad(clean) + grad(adversarial)
-                    b = batch_len(x)
+                else:  # g = c grad(clean) + (1 - c) grad(perturbed): one batch of 2b (c = 0: the perturbed only)
+                    c = self.adversary.cfg.clean_weight
                     with self.prec.autocast():
-                        out = self.model(torch.cat([x, x + deltas[i]]))
-                        loss = summed_loss(self.loss_fn, out[:b], y)
-                        adv = summed_loss(self.loss_fn, out[b:], y)
-                    self.prec.backward((loss + adv) * scale)
+                        if c == 0:
+                            loss = summed_loss(self.loss_fn, self.model(x + deltas[i]), y)
+                            total = loss
+                        else:
+                            b = batch_len(x)
+                            out = self.model(torch.cat([x, x + deltas[i]]))
+                            loss = summed_loss(self.loss_fn, out[:b], y)
+                            total = c * loss + (1 - c) * summed_loss(self.loss_fn, out[b:], y)
+                    self.prec.backward(total * scale)
             loss_sum = loss_sum + loss.detach().double()
             if self.noise is not None:
                 self.noise.after_micro_batch(bsz, len(batch.micro_ids[i]), self.prec.grad_factor())
