@@ -210,3 +210,19 @@ def test_search_explores_the_method_and_plan_names_it():
     notes = make_plan(cfg).notes
     assert any(n.startswith("adversarial: conadv, epsilon 0.05") for n in notes), notes
     assert not any(n.startswith("adversarial") for n in make_plan(_root()).notes)
+
+
+def test_the_bench_table_runs_none_sync_and_conadv_through_the_loop(capsys):
+    from bench.large_batch import main  # noqa: PLC0415 - the bench module only for this test
+
+    argv = ["--tables", "conadv", "--seeds", "1", "--adv-epochs", "1", "--adv-size", "320", "--adv-batch", "128"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| B = ")]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "B = 64, none",
+        "B = 128, none",
+        "B = 128, sync (two passes)",
+        "B = 128, conadv",
+    ]
+    assert "conadv_minus_none_points=" in out
