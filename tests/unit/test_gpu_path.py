@@ -149,3 +149,17 @@ def test_inductor_compiled_model_matches_eager_and_saves_clean_keys():
     torch.testing.assert_close(compiled(x), eager(x), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(compiled(x[:5]), eager(x[:5]), rtol=1e-3, atol=1e-3)  # another size: dynamic
     assert set(unwrap_model(compiled).state_dict()) == set(eager.state_dict())
+
+
+def test_conadv_on_a_side_stream_matches_conadv_in_sequence():
+    """ConAdv's next-batch perturbation on a second CUDA stream gives the weights the same steps in
+    sequence give (the join orders the streams)."""
+    raw = _with(CNN, train={"epochs": 1, "seed": 1, "adversarial": {"method": "conadv", "epsilon": 0.05}})
+    side, seq = _trainer(raw, DEVICE), _trainer(raw, DEVICE)
+    assert (side.learner.adversary.stream is not None) == (DEVICE == "cuda")
+    seq.learner.adversary.stream = None
+    for t in (side, seq):
+        for _ in range(4):
+            t.advance()
+    for p, q in zip(side.learner.params, seq.learner.params, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)

@@ -40,9 +40,13 @@ sets (the data order is a function of epoch and position); where it is not (a ma
 DataLoader, a batch size that changed, a rollback), the perturbation of batch t is computed at step
 t from the stale snapshot w_{t-1}: the same formula, only not overlapped.
 
-On the CPU a second thread does not pay: PyTorch's intra-op pool already uses every core for each
-pass, and two passes in two threads took longer than one after the other (measured on the bench
-host, see ``bench/large_batch.py --table conadv``); the CPU runs the two in sequence.
+On the CPU the two parts run one after the other.  A second thread did not pay where it was
+measured (2 shared cores, load average ~7; the bench CNN at B = 512, median of 12): in sequence with
+one torch thread 276 ms per step's pair of parts, in two Python threads 443 ms (one torch thread
+each) or 521 ms (two); and a thread would need its own copy of the module, since
+``functional_call`` swaps the module's parameters in place while it runs.  The CUDA side stream
+has no such problem: one host thread launches both parts, in a fixed order, so the RNG use is the
+same as in sequence.
 
 A model whose input is not floating point (token ids: the text LM) has no input gradient; the
 config check refuses it (``orchestrator/config/preflight.py``) and this module raises the same.
