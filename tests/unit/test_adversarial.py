@@ -122,7 +122,13 @@ def test_conadv_perturbs_the_next_batch_ahead_and_the_weights_train_on_the_clean
     pending = t.learner.adversary.pending
     nxt = t.learner.batches.next(t.state.epoch, t.state.cursor, t.plan.batch)
     assert pending is not None and np.array_equal(pending[0], nxt.ids)
-    assert all(d.abs().max() == pytest.approx(0.1) for d in pending[1])
+    assert all(d.abs().max() == pytest.approx(0.1) for d in pending[2])
+    # another rank's slices of the same global batch (a checkpoint rank 0 wrote): not used there
+    other = t.learner.batches.next(t.state.epoch, t.state.cursor, t.plan.batch)
+    other.micro_ids = [m[::-1].copy() for m in other.micro_ids]
+    seen, _ = _record(t)
+    t.learner.adversary.for_step(other, t.state.epoch)
+    assert len(seen) == 1 and t.learner.adversary.pending is None  # recomputed from the stale weights
     # g = c grad(clean) + (1 - c) grad(perturbed): with zero perturbations, plain training's gradient
     batch = t.learner.batches.next(0, 0, 32)
     plain = _trainer(_raw("none"))

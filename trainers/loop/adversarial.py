@@ -137,7 +137,8 @@ class Adversary:
         self.concurrent = cfg.method == "conadv"
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and self.concurrent else None
         self.stale: dict[str, torch.Tensor] | None = None  # conadv: the weights and buffers of the last step
-        self.pending: tuple[np.ndarray, Perturbations] | None = None  # conadv: next batch's ids, its deltas
+        # conadv: the next batch's global ids, this rank's micro-batch ids, their perturbations
+        self.pending: tuple[np.ndarray, list[np.ndarray], Perturbations] | None = None
         self.on_perturb: Callable[[dict[str, torch.Tensor], np.ndarray], None] | None = None  # tests
 
     def snapshot(self) -> dict[str, torch.Tensor]:
@@ -171,8 +172,8 @@ class Adversary:
             live.update((n, t.detach().clone()) for n, t in self.model.named_buffers())
             return self.compute(live, batch, epoch)
         pending, self.pending = self.pending, None
-        if pending is not None and np.array_equal(pending[0], batch.ids):
-            return pending[1]
+        if pending is not None and _same_slices(pending[0], pending[1], batch):
+            return pending[2]
         return self.compute(self.stale if self.stale is not None else self.snapshot(), batch, epoch)
 
     def start_next(self, peek: Callable[[], tuple[StepBatch, int] | None]) -> None:
@@ -186,11 +187,11 @@ class Adversary:
             return
         nxt, epoch = ahead
         if self.stream is None:
-            self.pending = (nxt.ids, self.compute(self.stale, nxt, epoch))
+            self.pending = (nxt.ids, nxt.micro_ids, self.compute(self.stale, nxt, epoch))
             return
         self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the snapshot is taken
         with torch.cuda.stream(self.stream):
-            self.pending = (nxt.ids, self.compute(self.stale, nxt, epoch))
+            self.pending = (nxt.ids, nxt.micro_ids, self.compute(self.stale, nxt, epoch))
 
     def join(self) -> None:
         """The side stream's work done before the weights move (the snapshot was copied, but the
@@ -201,7 +202,13 @@ class Adversary:
     # -- checkpoint ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        pending = None if self.pending is None else {"ids": self.pending[0].tolist(), "deltas": self.pending[1]}
+        """Rank 0 writes it: another rank (or a group of another size, whose slices differ) finds
+        the pending perturbations are not of its slices and computes its own from ``stale``, the
+        same on every rank."""
+        if self.pending is None:
+            return {"stale": self.stale, "pending": None}
+        ids, micro_ids, deltas = self.pending
+        pending = {"ids": ids.tolist(), "micro_ids": [m.tolist() for m in micro_ids], "deltas": deltas}
         return {"stale": self.stale, "pending": pending}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,5 +216,20 @@ class Adversary:
         self.stale = None if stale is None else {k: v.to(self.device) for k, v in stale.items()}
         p = state.get("pending")
         self.pending = (
-            None if p is None else (np.asarray(p["ids"], dtype=np.int64), [d.to(self.device) for d in p["deltas"]])
+            None
+            if p is None
+            else (
+                np.asarray(p["ids"], dtype=np.int64),
+                [np.asarray(m, dtype=np.int64) for m in p["micro_ids"]],
+                [d.to(self.device) for d in p["deltas"]],
+            )
         )
+
+
+def _same_slices(ids: np.ndarray, micro_ids: list[np.ndarray], batch: StepBatch) -> bool:
+    """The pending perturbations are of ``batch`` and of this rank's micro-batches of it."""
+    return (
+        np.array_equal(ids, batch.ids)
+        and len(micro_ids) == len(batch.micro_ids)
+        and all(np.array_equal(a, b) for a, b in zip(micro_ids, batch.micro_ids, strict=True))
+    )
