@@ -461,20 +461,39 @@ def conadv_config(args: argparse.Namespace, seed: int, batch: int, method: str) 
     return LoopConfig.model_validate(raw)
 
 
-def conadv_run(cfg: LoopConfig) -> tuple[float, float, int]:
-    """One run through the worker loop itself (``Trainer`` on this CPU, one worker): the final
-    validation accuracy, the median step time (s) and the steps."""
+def _loop_trainer(cfg: LoopConfig) -> Any:
     from trainers.link.runtime import Runtime  # noqa: PLC0415 - the ConAdv table alone runs the worker loop
     from trainers.loop.trainer import Trainer  # noqa: PLC0415 - the ConAdv table alone runs the worker loop
 
-    t = Trainer(cfg, Runtime(), rank=0, world=1, device=torch.device("cpu"))
-    times, metrics = [], {}
+    return Trainer(cfg, Runtime(), rank=0, world=1, device=torch.device("cpu"))
+
+
+def conadv_run(cfg: LoopConfig) -> tuple[float, int]:
+    """One run through the worker loop itself (``Trainer`` on this CPU, one worker): the final
+    validation accuracy and the steps."""
+    t = _loop_trainer(cfg)
+    metrics: dict[str, float] = {}
     while not t.plan.done:
-        t0 = time.perf_counter()
         _, metrics = t.advance()
-        times.append(time.perf_counter() - t0)
     t.close()
-    return metrics["val/accuracy"], statistics.median(times[:-1] or times), len(times)
+    return metrics["val/accuracy"], t.state.step
+
+
+def conadv_step_ms(cfgs: dict[str, LoopConfig], steps: int) -> dict[str, float]:
+    """Median step time (ms) of each config, its steps interleaved with the others' (a shared
+    machine's load then weighs on each alike), after one step each."""
+    trainers = {name: _loop_trainer(cfg) for name, cfg in cfgs.items()}
+    times: dict[str, list[float]] = {name: [] for name in cfgs}
+    for t in trainers.values():
+        t.advance()
+    for _ in range(steps):
+        for name, t in trainers.items():
+            t0 = time.perf_counter()
+            t.advance()
+            times[name].append(time.perf_counter() - t0)
+    for t in trainers.values():
+        t.close()
+    return {name: 1000 * statistics.median(ts) for name, ts in times.items()}
 
 
 def conadv_table(args: argparse.Namespace, seeds: list[int]) -> float:
@@ -488,20 +507,22 @@ def conadv_table(args: argparse.Namespace, seeds: list[int]) -> float:
     )
     print(f"| {'setting':28} | {'val acc %':>12} | {'step ms (median)':>16} | {'steps':>5} |")
     print(f"|{'-' * 30}|{'-' * 14}|{'-' * 18}|{'-' * 7}|")
-    acc: dict[str, float] = {}
-    for name, b, method in [
+    rows = [
         (f"B = {small}, none", small, "none"),
         (f"B = {big}, none", big, "none"),
         (f"B = {big}, sync (two passes)", big, "sync"),
         (f"B = {big}, conadv", big, "conadv"),
-    ]:
+    ]
+    ms = conadv_step_ms({name: conadv_config(args, 0, b, method) for name, b, method in rows}, args.adv_time_steps)
+    acc: dict[str, float] = {}
+    for name, b, method in rows:
         runs = [conadv_run(conadv_config(args, seed, b, method)) for seed in seeds]
         RUNS[0] += len(runs)
         accs = [100 * r[0] for r in runs]
         spread = f" ± {statistics.stdev(accs):.1f}" if len(accs) > 1 else ""
-        ms = 1000 * statistics.fmean(r[1] for r in runs)
         acc[name] = statistics.fmean(accs)
-        print(f"| {name:28} | {statistics.fmean(accs):5.1f}{spread:7} | {ms:16.1f} | {runs[0][2]:5d} |")
+        print(f"| {name:28} | {acc[name]:5.1f}{spread:7} | {ms[name]:16.1f} | {runs[0][1]:5d} |")
+    print(f"(step times: medians of {args.adv_time_steps} steps, the four settings' steps interleaved)")
     return acc[f"B = {big}, conadv"] - acc[f"B = {big}, none"]
 
 
@@ -528,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--adv-hidden", type=int, default=16, help="ConAdv table: CNN width")
     p.add_argument("--adv-lr", type=float, default=0.025, help="ConAdv table: LR at B0 = 32")
     p.add_argument("--adv-epsilon", type=float, default=0.05, help="ConAdv table: perturbation radius")
+    p.add_argument("--adv-time-steps", type=int, default=None, help="ConAdv table: timed steps (default 20; quick 5)")
     args = p.parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds or (1 if quick else 3)
@@ -537,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     args.adv_batch = args.adv_batch or (512 if quick else 1024)
     args.adv_epochs = args.adv_epochs or (4 if quick else 20)
     args.adv_size = args.adv_size or (2048 if quick else 8192)
+    args.adv_time_steps = args.adv_time_steps or (5 if quick else 20)
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))

@@ -221,7 +221,20 @@ def test_search_explores_the_method_and_plan_names_it():
 def test_the_bench_table_runs_none_sync_and_conadv_through_the_loop(capsys):
     from bench.large_batch import main  # noqa: PLC0415 - the bench module only for this test
 
-    argv = ["--tables", "conadv", "--seeds", "1", "--adv-epochs", "1", "--adv-size", "320", "--adv-batch", "128"]
+    argv = [
+        "--tables",
+        "conadv",
+        "--seeds",
+        "1",
+        "--adv-epochs",
+        "1",
+        "--adv-size",
+        "320",
+        "--adv-batch",
+        "128",
+        "--adv-time-steps",
+        "1",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| B = ")]
