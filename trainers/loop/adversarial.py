@@ -23,6 +23,9 @@ are updated on a mix of the clean and the adversarial loss, c = ``clean_weight``
 
     g_t = (1/B) sum_i [ c * grad_w l(w_t; x_i, y_i) + (1 - c) * grad_w l(w_t; x_hat_i, y_i) ]
 
+Source caveat: the paper's own text could not be read where this was written (only its abstract
+and summaries); the signed-gradient L-inf step, tau = 1 and the clean + adversarial update follow
+the paper as recalled, not a quotation, and ``clean_weight`` lets either reading be run.
 The paper trains on both the clean and the adversarial examples (as AdvProp does); the default
 c = 1/2 is their mean, which keeps the gradient at the scale the LR was tuned for (their plain sum
 is 2x this gradient: the same as c = 1/2 at twice the LR); c = 0 trains on the adversarial
