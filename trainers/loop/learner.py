@@ -87,6 +87,7 @@ class Learner:
             else cfg.data.loader.model_copy(update={"pin_memory": True}),
         )
         self.opt = build_optimizer(base, cfg.optimizer)
+        self.combine.use_optimizer(self.opt)  # dmsgd / decentlam read its LR and momentum
         self.skipped = False  # the last step was skipped (fp16: inf/NaN gradients)
         self._reduced: list[float] = []  # the last backward's all-reduced loss sum and noise sums
 
