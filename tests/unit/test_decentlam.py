@@ -88,8 +88,8 @@ def test_momentum_amplifies_dmsgd_bias_but_not_decentlams(topo):
     assert dm[0] < dm[1] < dm[2] and dm[2] > 4 * dm[0]  # ~ lr / (1 - beta)
     assert dl == pytest.approx([dl[0]] * 3, rel=1e-6)  # the momentum is out of the bias
     assert dl[2] < dm[2] / 1.5  # at the paper's beta = 0.9 DecentLaM is nearer (x1.9 exponential, x3.8 ring)
-    # a larger LR (the linear scaling rule at a larger batch) grows both, DmSGD's by 1/(1-beta) more
-    assert _fixed_point_bias(dmsgd_step, 0.9, 2 * lr, topo) > 1.8 * dm[2]
+    # a larger LR (the linear scaling rule at a larger batch) grows the bias further
+    assert _fixed_point_bias(dmsgd_step, 0.9, 2 * lr, topo) > 1.4 * dm[2]
 
 
 def test_combination_wiring_and_the_one_worker_refusal():
