@@ -118,3 +118,25 @@ def test_a_search_space_may_choose_decentlam():
     )
     cfg = space.config({"combine.method": "decentlam", "combine.topology": "ring"})
     assert (cfg.combine.method, cfg.combine.graph) == ("decentlam", "ring")
+
+
+def test_a_resize_starts_every_worker_from_the_average():
+    """A checkpoint of 4 workers restored into a group of another size: parameters, momentum and
+    floating buffers are the saved rows' average (here one process, so W = 1 != 4)."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    d = Decentralized("decentlam", "ring", 2)
+    d.model, d.optimizer = model, opt
+    n_params = sum(p.numel() for p in model.parameters())  # 3 + 2 (BatchNorm's weight and bias)
+    n = 2 * n_params + 2  # parameters, momentum, running mean and var
+    rows = torch.arange(4 * n, dtype=torch.float64).reshape(4, n)
+    d.load_state_dict(
+        {"method": "decentlam", "topology": "ring", "world": 4, "steps": 7, "bytes_sent": 9, "ranks": rows}
+    )
+    mean = rows.mean(0)
+    got = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
+    torch.testing.assert_close(got, mean[:n_params])
+    mom = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]).double()
+    torch.testing.assert_close(mom, mean[n_params : 2 * n_params])
+    torch.testing.assert_close(model[1].running_var.double(), mean[-1:])
+    assert (d.steps, d.bytes_sent) == (7, 9)
