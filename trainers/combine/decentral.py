@@ -1,6 +1,8 @@
-"""Decentralized momentum SGD: ``combine.method: dmsgd`` and ``decentlam`` (Yuan, Chen, Huang, Zhang,
-Pan, Xu, Yin, "DecentLaM: Decentralized Momentum SGD for Large-batch Deep Training", ICCV 2021,
-arXiv 2104.11981).
+"""Decentralized momentum SGD, ``combine.method: dmsgd`` and ``decentlam``: each worker its own
+parameters, mixed with its graph neighbours' every step.
+
+Yuan, Chen, Huang, Zhang, Pan, Xu, Yin, "DecentLaM: Decentralized Momentum SGD for Large-batch Deep
+Training", ICCV 2021, arXiv 2104.11981.
 
 Every worker i keeps its own parameters ``x_i`` and momentum ``m_i`` and talks only to its
 neighbours.  ``g_i^k`` is worker i's gradient at its own ``x_i^k`` (on its slice of the global
