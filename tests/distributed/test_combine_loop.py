@@ -2,7 +2,8 @@
 groups (no Ray): one Adasum step equals the hand computation from the workers' slice gradients;
 local SGD with H = 1 and no momentum is per-step averaging (the mean method) exactly; local SGD
 with H = 2 syncs every second step, leaves the ranks apart in between and identical after, and
-its local norm test grows the batch at a check step."""
+its local norm test grows the batch at a check step; decentlam keeps the ranks apart and a
+checkpoint of every rank resumes each exactly."""
 
 import copy
 
