@@ -324,13 +324,16 @@ class Decentralized:
         else:
             rows = [flat]
         stacked = torch.stack(rows)
+        dtype = self._params()[0].dtype
         if final:
             stacked[:] = stacked.mean(0)
-            _unflat(stacked[rank].to(self._params()[0].dtype), self._state_tensors())
-        self._gathered = stacked if rank == 0 else None
+            _unflat(stacked[rank].to(dtype), self._state_tensors())
+        # kept in the parameters' dtype (the float64 round trip is exact): W x 2P (+ buffers) values
+        self._gathered = stacked.to(dtype) if rank == 0 else None
 
     def state_dict(self) -> dict[str, Any]:
-        """Rank 0's, after :meth:`gather`: the counters and ``ranks`` (one float64 row per rank)."""
+        """Rank 0's, after :meth:`gather`: the counters and ``ranks`` (one row per rank, the parameters'
+        dtype: parameters, then momentum, then floating buffers)."""
         return {
             "method": self.method,
             "topology": self.topology,
