@@ -12,7 +12,15 @@
    batch, and local SGD (Stich 2019; Lau et al. 2024) with H = 1, 4, 16, with and without the
    norm-test batch, against per-step averaging: validation accuracy, steps, samples, bytes each
    worker contributes to its collectives, and syncs.
-4. **ConAdv** (Liu et al. 2022; ``--tables conadv``, not in the default set): at a large B, plain
+4. **Decentralized momentum SGD** (``--tables decentlam``; Yuan et al. 2021, DecentLaM): PmSGD
+   (``combine.method: mean``) vs DmSGD vs DecentLaM at a small and a large global batch on 8
+   simulated workers on a ring, on a synthetic teacher task (digits does not show the large-batch
+   loss), with each worker's slice of one permutation (``iid``, the product's data order) and with
+   label-sorted shards (the heterogeneous split where the inconsistency bias is large): the
+   average model's validation accuracy, the final consensus distance, the bytes one worker sends
+   per step (a ring all-reduce's ``2 (W-1)/W P`` for PmSGD, ``|neighbours| P`` otherwise).  The
+   workers are rows of one tensor stepped by ``trainers/combine/decentral.py``'s own recursions.
+5. **ConAdv** (Liu et al. 2022; ``--tables conadv``, not in the default set): at a large B, plain
    training vs adversarial training with the perturbation from the current weights (``sync``, two
    sequential passes) and from the weights of the previous step (``conadv``), with a B = 64
    reference: validation accuracy and step time, through the worker loop itself (``Trainer``, one
@@ -534,6 +542,133 @@ def conadv_table(args: argparse.Namespace, seeds: list[int]) -> float:
     return acc[f"B = {big}, conadv"] - acc[f"B = {big}, none"]
 
 
+# --------------------------------------------------------------------------- table 4: decentralized momentum SGD
+
+
+def _teacher_task(seed: int, n_train: int, n_val: int, dim: int = 32, classes: int = 10) -> tuple[torch.Tensor, ...]:
+    """A synthetic task harder than digits: inputs N(0, I), labels the argmax of a random two-layer
+    teacher (tanh, width 128) plus label noise; a fixed epoch budget with few steps shows the
+    large-batch loss."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(n_train + n_val, dim, generator=g)
+    w1, w2 = torch.randn(dim, 128, generator=g) / dim**0.5, torch.randn(128, classes, generator=g)
+    logits = torch.tanh(x @ w1) @ w2
+    y = (logits + 0.3 * torch.randn(logits.shape, generator=g)).argmax(1)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def _mlp(flat: torch.Tensor, x: torch.Tensor, dim: int, hidden: int, classes: int) -> torch.Tensor:
+    """A one-hidden-layer ReLU MLP's logits as a function of its flat parameter vector."""
+    a = dim * hidden
+    w1, b1 = flat[:a].view(dim, hidden), flat[a : a + hidden]
+    w2 = flat[a + hidden : a + hidden + hidden * classes].view(hidden, classes)
+    return torch.relu(x @ w1 + b1) @ w2 + flat[a + hidden + hidden * classes :]
+
+
+def _mlp_loss(
+    flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int, hidden: int, classes: int
+) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(_mlp(flat, x, dim, hidden, classes), y)  # vmap-able over workers
+
+
+def decentral_run(
+    method: str, batch: int, workers: int, data: str, epochs: float, lr0: float, seed: int, topology: str = "ring"
+) -> dict[str, float]:
+    """W workers simulated as rows of one tensor (``torch.func.vmap`` of each worker's gradient on its
+    local batch), stepped by the product's recursions (``trainers/combine/decentral.py``
+    ``dmsgd_step`` / ``decentlam_step``; ``mean``: PmSGD, every worker the mean gradient).  LR
+    ``lr0 * B / 128`` (linear scaling) after a one-epoch linear warmup, momentum 0.9.  ``data``:
+    ``iid`` (each worker its slice of one permutation per epoch, the product's data order) or
+    ``shards`` (the training set sorted by label, worker i drawing only from shard i: the
+    heterogeneous split under which the paper's inconsistency bias is large)."""
+    from torch.func import grad, vmap  # noqa: PLC0415 - only this table uses torch.func
+
+    from trainers.combine.decentral import (  # noqa: PLC0415 - keeps the other tables' imports as they were
+        allreduce_bytes,
+        consensus_distance,
+        decentlam_step,
+        dmsgd_step,
+        mixing_matrix,
+        neighbour_offsets,
+    )
+
+    dim, hidden, classes, n_train = 32, 64, 10, 8192
+    xt, yt, xv, yv = _teacher_task(seed, n_train, 2048, dim, classes)
+    torch.manual_seed(seed)
+    p1, p2 = torch.randn(dim * hidden) * (2 / dim) ** 0.5, torch.randn(hidden * classes) * (1 / hidden) ** 0.5
+    x0 = torch.cat([p1, torch.zeros(hidden), p2, torch.zeros(classes)])
+    P = x0.numel()
+    x = x0.repeat(workers, 1)  # the same initial weights on every worker, as in the product
+    m = torch.zeros_like(x)
+    mix = mixing_matrix(topology, workers).float()
+    per = batch // workers
+    gfun = vmap(grad(_mlp_loss), in_dims=(0, 0, 0, None, None, None))
+    g = torch.Generator().manual_seed(seed)
+    if data == "shards":
+        order = yt.argsort()
+        shards = order.view(workers, -1)
+    steps_per_epoch = n_train // batch
+    total = int(epochs * steps_per_epoch)
+    warm = steps_per_epoch
+    lr_peak = lr0 * batch / 128
+    step, distances = 0, []
+    while step < total:
+        if data == "iid":
+            perm = torch.randperm(n_train, generator=g)
+            epoch_ids = [perm[i * batch : (i + 1) * batch].view(workers, per) for i in range(steps_per_epoch)]
+        else:
+            inner = torch.stack([s[torch.randperm(s.numel(), generator=g)] for s in shards])
+            epoch_ids = [inner[:, i * per : (i + 1) * per] for i in range(steps_per_epoch)]
+        for ids in epoch_ids:
+            if step >= total:
+                break
+            lr = lr_peak * min(1.0, (step + 1) / warm)
+            grads = gfun(x, xt[ids], yt[ids], dim, hidden, classes)
+            if method == "mean":
+                grads = grads.mean(0, keepdim=True).expand_as(grads)
+                m = 0.9 * m + grads
+                x = x - lr * m
+            else:
+                x, m = (decentlam_step if method == "decentlam" else dmsgd_step)(x, m, grads, lr, 0.9, mix)
+            step += 1
+            if not torch.isfinite(x).all():
+                break
+        distances.append(consensus_distance(x))
+    logits = _mlp(x.mean(0), xv, dim, hidden, classes)  # the workers' average model
+    acc = float((logits.argmax(1) == yv).float().mean()) if torch.isfinite(logits).all() else float("nan")
+    sent = allreduce_bytes(P, 4, workers) if method == "mean" else len(neighbour_offsets(topology, workers)) * P * 4
+    return {"acc": acc, "consensus": distances[-1], "max_consensus": max(distances), "bytes": sent, "steps": step}
+
+
+def decentlam_table(args: argparse.Namespace, seeds: list[int]) -> float:
+    """Table 4: PmSGD (combine.method mean) vs DmSGD vs DecentLaM at a small and a large global
+    batch on W simulated workers: the average model's validation accuracy, the final consensus
+    distance, the bytes one worker sends per step.  Returns DecentLaM's minus DmSGD's accuracy
+    (points) at the large batch on label-sorted shards."""
+    W, epochs = 8, args.dl_epochs
+    print(
+        f"\n4. Decentralized momentum SGD (Yuan et al. 2021), W={W} simulated workers, ring, synthetic "
+        f"teacher task (8192 samples, 10 classes), MLP 32-64-10, {epochs:g} epochs, LR {args.dl_lr:g} x B/128"
+    )
+    print(f"{'data':7} {'B':>5} {'method':10} {'val acc %':>14} {'consensus':>10} {'bytes/step':>11}")
+    acc: dict[tuple[str, int, str], float] = {}
+    for data in ("iid", "shards"):
+        for batch in args.dl_batches:
+            for method in ("mean", "dmsgd", "decentlam"):
+                rs = [decentral_run(method, batch, W, data, epochs, args.dl_lr, s) for s in seeds]
+                accs = [100 * r["acc"] for r in rs]
+                acc[(data, batch, method)] = statistics.fmean(accs)
+                spread = f"+-{statistics.pstdev(accs):.1f}" if len(accs) > 1 else ""
+                RUNS[0] += len(rs)
+                consensus = statistics.fmean(r["consensus"] for r in rs)
+                print(
+                    f"{data:7} {batch:5d} {'PmSGD' if method == 'mean' else method:10} "
+                    f"{acc[(data, batch, method)]:8.1f}{spread:>6} {consensus:10.2e} {rs[0]['bytes']:11d}"
+                )
+    big = max(args.dl_batches)
+    return acc[("shards", big, "decentlam")] - acc[("shards", big, "dmsgd")]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -547,7 +682,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tang-batch", type=int, default=128, help="the Tang table's fixed global batch")
     p.add_argument("--comb-batch", type=int, default=256, help="the combination table's global batch")
     p.add_argument("--norm-test-eta", type=float, default=0.5, help="eta of the local norm test")
-    p.add_argument("--tables", default="goyal,tang,combine", help="which tables, comma-separated (also: conadv)")
+    p.add_argument(
+        "--tables", default="goyal,tang,combine", help="which tables, comma-separated (also: decentlam, conadv)"
+    )
+    p.add_argument("--dl-batches", type=int, nargs=2, default=[128, 2048], help="decentlam table: small and large B")
+    p.add_argument("--dl-lr", type=float, default=0.05, help="decentlam table: LR at B = 128")
+    p.add_argument("--dl-epochs", type=float, default=None, help="decentlam table: epochs (default 20; quick 4)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--adv-batch", type=int, default=None, help="ConAdv table: the large B (default 1024; quick 512)")
     p.add_argument("--adv-epochs", type=float, default=None, help="ConAdv table: epochs (default 20; quick 4)")
@@ -568,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     args.adv_epochs = args.adv_epochs or (4 if quick else 20)
     args.adv_size = args.adv_size or (2048 if quick else 8192)
     args.adv_time_steps = args.adv_time_steps or (5 if quick else 20)
+    args.dl_epochs = args.dl_epochs or (4 if quick else 20)
     if args.threads:
         torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))
@@ -586,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["adasum_minus_mean_points_w4"] = combination(args, seeds)
     if "conadv" in tables:  # not in the default --tables: --tables conadv
         summary["conadv_minus_none_points"] = conadv_table(args, seeds)
+    if "decentlam" in tables:
+        summary["decentlam_minus_dmsgd_points_shards_large_b"] = decentlam_table(args, seeds)
     print()
     print(" ".join(f"{k}={v:.3f}" for k, v in summary.items()))  # nan where a row diverged
     print(f"runs={RUNS[0]} wall_s={time.time() - t0:.1f}")

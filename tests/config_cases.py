@@ -109,7 +109,7 @@ CASES = {
     "unknown_combine": (
         None,
         ["combine.method=sum"],
-        "combine.method: unknown 'sum'; expected one of mean, adasum, local_sgd",
+        "combine.method: unknown 'sum'; expected one of mean, adasum, local_sgd, dmsgd, decentlam",
     ),
     "local_steps_zero": (
         None,
@@ -135,6 +135,26 @@ CASES = {
         None,
         ["combine.method=local_sgd", "combine.local_steps=4", "batch.policy=noise_scale"],
         "batch.policy: 'noise_scale' cannot be used with combine.method local_sgd",
+    ),
+    "decentlam_one_worker": (
+        None,
+        ["combine.method=decentlam"],
+        "scaling.min_workers: 1; combine.method decentlam needs at least 2 workers",
+    ),
+    "dmsgd_adam": (
+        None,
+        ["combine.method=dmsgd", "scaling.min_workers=2", "optimizer.name=adam"],
+        "optimizer.name: 'adam' cannot be used with combine.method dmsgd",
+    ),
+    "topology_without_decentral": (
+        None,
+        ["combine.topology=ring"],
+        "combine.topology: only used by combine.method dmsgd or decentlam",
+    ),
+    "decentlam_bad_topology": (
+        None,
+        ["combine.method=decentlam", "scaling.min_workers=2", "combine.topology=star"],
+        "combine.topology: unknown 'star'; expected one of ring, exponential",
     ),
 }
 

@@ -199,6 +199,16 @@ def _local_sgd_fields(cfg: RootConfig) -> None:
         )
 
 
+def _topology_field(cfg: RootConfig) -> None:
+    """``combine.topology`` is the decentralized methods' (dmsgd, decentlam) graph."""
+    c = cfg.combine
+    if c.topology is not None and c.method not in ("dmsgd", "decentlam"):
+        raise ConfigError(
+            f"combine.topology: only used by combine.method dmsgd or decentlam, but method is "
+            f"{c.method!r}; remove topology or set combine.method: decentlam"
+        )
+
+
 def _worker_range(cfg: RootConfig) -> None:
     s = cfg.scaling
     if s.min_workers > s.max_workers:
@@ -326,6 +336,14 @@ def check_combine(cfg: RootConfig) -> None:
         has a local form).
       * ``batch.policy: norm_test`` decides only at syncs: ``batch.check_every`` must be a
         multiple of ``combine.local_steps``, and it needs ``scaling.max_workers >= 2``.
+    dmsgd / decentlam (each worker its own parameters, mixed with its graph neighbours):
+      * ``scaling.min_workers >= 2``: at W = 1 there is no graph.  The result depends on W and on
+        the graph (W = 3 and W = 4 give different models); a resize re-forms the graph and starts
+        every worker from the saved workers' average.
+      * ``optimizer.name: sgd``: the recursions are heavy-ball momentum SGD's (DecentLaM's
+        correction rides on ``.grad`` into PyTorch's SGD step).
+      * ``batch.policy: fixed`` and a ``scaling_rule`` other than ``adascale``: the noise probe
+        and AdaScale read DDP's mean all-reduce, which these methods do not run.
     fp16 (any method but mean): a step fp16's scaler skips would still be combined (adasum) or
     counted toward a sync (local_sgd).
     """
@@ -371,6 +389,28 @@ def check_combine(cfg: RootConfig) -> None:
                     f"batch.check_every: {cfg.batch.check_every} is not a multiple of "
                     f"combine.local_steps {c.H}; the local norm test runs at syncs only"
                 )
+    elif c.method in ("dmsgd", "decentlam"):
+        if s.min_workers < 2:
+            raise ConfigError(
+                f"scaling.min_workers: {s.min_workers}; combine.method {c.method} needs at least 2 "
+                "workers (each mixes its parameters with its neighbours'); set scaling.min_workers: 2 "
+                "(and max_workers >= 2) or combine.method: mean"
+            )
+        if cfg.optimizer.name != "sgd":
+            raise ConfigError(
+                f"optimizer.name: {cfg.optimizer.name!r} cannot be used with combine.method {c.method} "
+                "(its recursion is heavy-ball momentum SGD); set optimizer.name: sgd"
+            )
+        if policy != "fixed":
+            raise ConfigError(
+                f"batch.policy: {policy!r} cannot be used with combine.method {c.method} (the noise "
+                "probe reads DDP's mean all-reduce, which it does not run); set batch.policy: fixed"
+            )
+        if rule == "adascale":
+            raise ConfigError(
+                f"schedule.scaling_rule: 'adascale' cannot be used with combine.method {c.method} (it "
+                "needs the per-step combined gradient); choose linear, sqrt or none"
+            )
     if cfg.train.precision == "fp16" and c.method != "mean":
         raise ConfigError(
             f"train.precision: fp16 cannot be used with combine.method {c.method}; "
@@ -405,6 +445,7 @@ COMBINATIONS: tuple[Callable[[RootConfig], None], ...] = (
     _batch_policy_fields,
     _warmup_and_decay,
     _local_sgd_fields,
+    _topology_field,
     _worker_range,
     # across sections
     _within_training,

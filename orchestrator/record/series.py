@@ -27,6 +27,8 @@ PIECEWISE = {
     M.EPOCH: 1e-12,
 }
 PIECEWISE.update({M.COMBINE_SYNCS: 0.0, M.COMBINE_BYTES_SENT: 0.0, M.COMBINE_BYTES_SAVED: 0.0})  # change at syncs
+# dmsgd / decentlam: constant per step for a fixed W and model (the consensus distance keeps every step)
+PIECEWISE.update({M.COMBINE_BYTES_PER_STEP: 0.0, M.COMBINE_ALLREDUCE_BYTES_PER_STEP: 0.0})
 # Of those, the step functions (a value kept for a stretch, then a jump): a jump's first point is
 # logged at once, not held, so every step up to what the driver acks can be read back exactly after
 # the driver dies (a resumed run's timeline: orchestrator/record/history.py).

@@ -2,7 +2,8 @@
 groups (no Ray): one Adasum step equals the hand computation from the workers' slice gradients;
 local SGD with H = 1 and no momentum is per-step averaging (the mean method) exactly; local SGD
 with H = 2 syncs every second step, leaves the ranks apart in between and identical after, and
-its local norm test grows the batch at a check step."""
+its local norm test grows the batch at a check step; decentlam keeps the ranks apart and a
+checkpoint of every rank resumes each exactly."""
 
 import copy
 
@@ -109,3 +110,55 @@ def test_local_sgd_syncs_every_h_steps_and_grows_the_batch_by_its_norm_test():
     # a small eta asks for a bigger batch: the policy grows B at the check step after the sync
     assert got["suggested"] is not None and got["suggested"] > 24
     assert got["decision"] is not None and got["decision"].old == 24
+
+
+def _decentral_worker(rank: int, world: int, out: dict, cfg: dict) -> None:
+    """decentlam through the real Trainer: two steps, a checkpoint of every rank (through the
+    checkpoint manager's payload and a weights-only load), a fresh Trainer restored from it, then one
+    more step on both: bitwise the same; then the run's end, which sets every worker to the average."""
+    import io  # noqa: PLC0415 - only this worker
+
+    import torch.distributed as dist  # noqa: PLC0415 - only this worker
+
+    t = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
+    for s in range(2):
+        t.train_step(IDS + 24 * s)
+        t.state.step += 1
+    metrics = t.learner.combine.metrics()
+    t.learner.combine.before_save(t.learner.model, t.learner.opt, t.state.step)
+    payload = [None]
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save(t.checkpoints.state_dict(), buf)
+        payload = [buf.getvalue()]
+    dist.broadcast_object_list(payload, src=0)
+    fresh = Trainer(LoopConfig.model_validate(cfg), Runtime(), rank=rank, world=world, device=torch.device("cpu"))
+    fresh.checkpoints.load_state_dict(torch.load(io.BytesIO(payload[0]), weights_only=True))
+    for tr in (t, fresh):
+        tr.train_step(IDS + 48)
+    params = torch.cat([p.detach().reshape(-1) for p in t.learner.params])
+    t.learner.combine.before_save(t.learner.model, t.learner.opt, t.state.step, final=True)  # the run's end
+    out[rank] = {
+        "metrics": metrics,
+        "params": params,
+        "resumed": torch.cat([p.detach().reshape(-1) for p in fresh.learner.params]),
+        "final": torch.cat([p.detach().reshape(-1) for p in t.learner.params]),
+        "P": sum(p.numel() for p in t.learner.params),
+    }
+
+
+def test_decentlam_in_the_loop_keeps_ranks_apart_and_resumes_every_rank_exactly():
+    cfg = _cfg(
+        combine={"method": "decentlam", "topology": "ring"},
+        optimizer={"mf": 0.9},
+    )
+    res = spawn_gloo(_decentral_worker, 2, cfg)
+    assert not torch.equal(res[0]["params"], res[1]["params"])  # each worker its own parameters
+    for r in (0, 1):
+        torch.testing.assert_close(res[r]["resumed"], res[r]["params"], rtol=0, atol=0)
+        m = res[r]["metrics"]
+        assert m["combine/bytes_per_step"] == 4 * res[r]["P"]  # W = 2: one neighbour
+        assert m["combine/allreduce_bytes_per_step"] == 4 * res[r]["P"]  # 2 (W-1)/W = 1
+        assert m["combine/consensus_distance"] > 0
+        # the run's end: every worker the average, so the final model (rank 0's) is the average
+        torch.testing.assert_close(res[r]["final"], (res[0]["params"] + res[1]["params"]) / 2)

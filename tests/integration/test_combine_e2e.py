@@ -1,5 +1,5 @@
-"""On a real local Ray (W = 2 workers of 0.5 CPU): combine.method adasum and local_sgd train to
-the end and log what they did, and a local-SGD run resumed from its epoch-end checkpoint (taken
+"""On a real local Ray (W = 2 workers of 0.5 CPU): combine.method adasum, decentlam and local_sgd
+train to the end and log what they did, and a local-SGD run resumed from its epoch-end checkpoint (taken
 at a sync step) continues exactly: the same final weights, the same samples in the same steps, nothing
 trained twice, as the uninterrupted run."""
 
@@ -52,6 +52,29 @@ def test_adasum_run_finishes_and_logs(ray_cluster, tmp_path):
     assert {v for _, v in metric_series(uri, s.run_id, "workers")} == {2.0}
     assert {v for _, v in metric_series(uri, s.run_id, "lr")} == {0.05}  # no scaling by W
     assert metric_series(uri, s.run_id, "val/accuracy")[-1][1] > 0.5
+
+
+def test_decentlam_run_finishes_logs_its_graph_and_saves_every_rank(ray_cluster, tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = make_config(
+        tmp_path,
+        uri,
+        scaling=W2,
+        combine={"method": "decentlam", "topology": "ring"},
+        optimizer={"lr": 0.05, "base_batch_size": 50},
+        train={"epochs": 1, "log_every": 5},
+    )
+    s = run_training(cfg, progress=False)
+    assert s.status == "FINISHED" and s.steps == 29
+    assert _params(uri, s.run_id)["combine.method"] == "decentlam"
+    loss = [v for _, v in metric_series(uri, s.run_id, "train/loss")]
+    assert np.mean(loss[-5:]) < np.mean(loss[:5])
+    sent = metric_series(uri, s.run_id, "combine/bytes_per_step")
+    assert sent[-1][1] == metric_series(uri, s.run_id, "combine/allreduce_bytes_per_step")[-1][1] > 0  # W = 2
+    assert max(v for _, v in metric_series(uri, s.run_id, "combine/consensus_distance")) > 0
+    final = _state(_ckpts(os.path.join(s.storage_path, s.train_run_name))[-1])["combine"]
+    assert final["world"] == 2 and final["ranks"].shape[0] == 2
+    torch.testing.assert_close(final["ranks"][0], final["ranks"][1])  # the run's end: both the average
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ averages the workers' running statistics where DDP keeps rank 0's, so only the w
 
 import pytest
 
-from bench.large_batch import config, train
+from bench.large_batch import config, decentral_run, train
 
 STEPS = 0.05  # epochs: 1438 * 0.05 / 64 -> 2 steps at B = 64
 
@@ -54,3 +54,13 @@ def test_local_sgd_h1_is_per_step_averaging(runs):
 def test_adasum_of_one_worker_is_sgd(runs):
     assert runs["ada1"].train_loss == pytest.approx(runs["mean1"].train_loss, rel=1e-5)
     assert runs["ada1"].bytes_sent == runs["mean1"].bytes_sent
+
+
+def test_decentral_table_runs_each_method_on_simulated_workers():
+    """Table 4's run (a quarter epoch at B = 1024 over 4 workers): finite, the bytes of each method."""
+    rs = {m: decentral_run(m, 1024, 4, "shards", 0.25, 0.05, seed=0) for m in ("mean", "dmsgd", "decentlam")}
+    P = 32 * 64 + 64 + 64 * 10 + 10
+    assert rs["mean"]["bytes"] == 2 * 3 * P * 4 // 4 and rs["mean"]["consensus"] == 0.0
+    assert rs["dmsgd"]["bytes"] == rs["decentlam"]["bytes"] == 2 * P * 4  # ring: two neighbours
+    for r in rs.values():
+        assert r["steps"] == 2 and 0.0 <= r["acc"] <= 1.0

@@ -53,6 +53,11 @@ CASES = [
         "combine.local_steps: required by combine.method local_sgd",
     ),
     (
+        preflight._topology_field,
+        {"combine": {"topology": "ring"}},
+        "combine.topology: only used by combine.method dmsgd or decentlam",
+    ),
+    (
         preflight._worker_range,
         {"scaling": {"min_workers": 3, "max_workers": 2}},
         "scaling.min_workers: 3 is above scaling.max_workers 2; lower min_workers or raise max_workers",

@@ -125,6 +125,7 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field
 
+from trainers.combine.decentral import DECENTRAL_METHODS, Decentralized
 from trainers.link import metrics as M
 from trainers.policies.batching import BatchPolicy, BatchStats
 from trainers.policies.decisions import BatchDecision, NoopDecision
@@ -136,6 +137,7 @@ __all__ = [
     "Combination",
     "CombineConfig",
     "CombineMethod",
+    "Decentralized",
     "LocalSGD",
     "SyncResult",
     "adasum_allreduce",
@@ -145,8 +147,9 @@ __all__ = [
     "local_variance",
 ]
 
-CombineMethod = Literal["mean", "adasum", "local_sgd"]
-COMBINE_METHODS: tuple[str, ...] = ("mean", "adasum", "local_sgd")
+CombineMethod = Literal["mean", "adasum", "local_sgd", "dmsgd", "decentlam"]
+COMBINE_METHODS: tuple[str, ...] = ("mean", "adasum", "local_sgd", "dmsgd", "decentlam")
+Topology = Literal["ring", "exponential"]
 
 
 # --------------------------------------------------------------------------- config
@@ -157,7 +160,11 @@ class CombineConfig(Section):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: CombineMethod = Field(default="mean", description="mean (DDP average), adasum, or local_sgd")
+    method: CombineMethod = Field(
+        default="mean",
+        description="mean (DDP average), adasum, local_sgd, or the decentralized dmsgd / decentlam "
+        "(each worker its own parameters, mixed with its graph neighbours every step)",
+    )
     local_steps: int | None = Field(
         default=None, ge=1, description="local_sgd: H, steps between parameter averages (H=1 averages every step)"
     )
@@ -166,6 +173,17 @@ class CombineConfig(Section):
         description="local_sgd: also average the optimizer's "
         "per-parameter state (momentum buffers) at a sync; unset = true",
     )
+
+    topology: Topology | None = Field(
+        default=None,
+        description="dmsgd/decentlam: the workers' graph, ring (i +/- 1) or exponential "
+        "(i +/- 2^k); unset = exponential",
+    )
+
+    @property
+    def graph(self) -> str:
+        """The decentralized methods' topology (``exponential`` when unset)."""
+        return self.topology or "exponential"
 
     @property
     def H(self) -> int:
@@ -530,6 +548,13 @@ class Combination:
     deferred to sync steps (:meth:`should_checkpoint`), and a save at any other step (the run's
     end, a resize's hand-over) first syncs (:meth:`before_save`).  Validation between syncs scores
     the average model (:meth:`evaluating`).
+
+    ``dmsgd`` / ``decentlam`` (``trainers/combine/decentral.py``): no DDP; the loss keeps the
+    ``W / B`` scale; each worker keeps its own parameters and exchanges them with its graph
+    neighbours every step, DecentLaM in :meth:`before_step` (a correction added to ``.grad``), DmSGD in
+    :meth:`after_step` (the stepped parameters mixed); :meth:`before_save` gathers every rank's
+    state for rank 0's checkpoint; validation scores the average model; :meth:`metrics` adds the
+    bytes per step and the consensus distance.
     """
 
     def __init__(
@@ -549,6 +574,7 @@ class Combination:
             else None
         )
         self.adasum: AdasumCombiner | None = None
+        self.decentral = Decentralized(cfg.method, cfg.graph, world) if cfg.method in DECENTRAL_METHODS else None
 
     @property
     def uses_ddp(self) -> bool:
@@ -559,6 +585,13 @@ class Combination:
         """Give the (unwrapped) model once it is on its device."""
         if self.method == "adasum":
             self.adasum = AdasumCombiner(model.parameters(), buffers=model.buffers())
+        if self.decentral is not None:
+            self.decentral.model = model
+
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Give the optimizer once it is built (the decentralized methods read its LR and momentum)."""
+        if self.decentral is not None:
+            self.decentral.optimizer = optimizer
 
     def loss_scale(self, batch_size: int, local_count: int) -> float:
         """The factor on each per-sample loss sum: ``W / B`` (mean, adasum), ``1 / b_i`` (local_sgd)."""
@@ -570,12 +603,17 @@ class Combination:
         """Right before ``optimizer.step()``: Adasum's collective."""
         if self.adasum is not None:
             self.adasum.combine(local_count=local_count, loss_scale=self.loss_scale(batch_size, local_count))
+        if self.decentral is not None:
+            self.decentral.before_step()
 
     def after_step(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, local_count: int
     ) -> SyncResult | None:
         """Right after ``optimizer.step()``, before ``zero_grad`` (``step``: steps done, this one
-        included): local SGD's sync when one is due."""
+        included): local SGD's sync when one is due; DmSGD's neighbour mixing."""
+        if self.decentral is not None:
+            self.decentral.after_step()
+            return None
         if self.local is None or not self.local.should_sync(step):
             return None
         return self.local.sync(model, optimizer, step, local_count=local_count, norm_test=step % self.check_every == 0)
@@ -589,9 +627,15 @@ class Combination:
     def should_checkpoint(self, due: bool, step: int) -> bool:
         return self.local.checkpoint_now(due, step) if self.local is not None else due
 
-    def before_save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    def before_save(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, final: bool = False
+    ) -> None:
         """Make the state rank 0 saves every rank's: local_sgd syncs when the last sync was not at
-        ``step`` (the run's end, a resize), or averages the per-worker optimizer state."""
+        ``step`` (the run's end, a resize), or averages the per-worker optimizer state; dmsgd /
+        decentlam gather every rank's state (``final``, the run's end: the workers' average first)."""
+        if self.decentral is not None:
+            self.decentral.gather(final=final)
+            return
         if self.local is None:
             return
         if self.local.last_sync_step != step:
@@ -600,11 +644,24 @@ class Combination:
             self.local.average_optimizer_state(model, optimizer)
 
     def evaluating(self, model: torch.nn.Module, step: int) -> contextlib.AbstractContextManager[None]:
+        if self.decentral is not None:
+            return self.decentral.averaged()
         return self.local.averaged(model, step) if self.local is not None else contextlib.nullcontext()
 
     def metrics(self) -> dict[str, float]:
+        """Collective under dmsgd / decentlam (the consensus distance): every rank calls it each step."""
+        d = self.decentral
+        if d is not None:
+            return {
+                M.COMBINE_BYTES_PER_STEP: float(d.bytes_per_step),
+                M.COMBINE_ALLREDUCE_BYTES_PER_STEP: float(d.allreduce_bytes_per_step),
+                M.COMBINE_BYTES_SENT: float(d.bytes_sent),
+                M.COMBINE_CONSENSUS_DISTANCE: d.consensus(),
+            }
         return self.local.metrics() if self.local is not None else {}
 
     def states(self) -> dict[str, Any]:
         """The checkpoint components this method adds (``combine``: local SGD's counters)."""
+        if self.decentral is not None:
+            return {"combine": self.decentral}
         return {"combine": self.local} if self.local is not None else {}

@@ -39,6 +39,9 @@ THROUGHPUT_TOKENS = "throughput/tokens_per_s"
 COMBINE_SYNCS = "combine/syncs"  # parameter averages so far
 COMBINE_BYTES_SENT = "combine/bytes_sent"  # payload this rank contributed to them
 COMBINE_BYTES_SAVED = "combine/bytes_saved"  # per-step gradient averaging's payload minus bytes_sent
+COMBINE_BYTES_PER_STEP = "combine/bytes_per_step"  # dmsgd/decentlam: sent by this worker to its neighbours, last step
+COMBINE_ALLREDUCE_BYTES_PER_STEP = "combine/allreduce_bytes_per_step"  # a ring all-reduce of the same parameters
+COMBINE_CONSENSUS_DISTANCE = "combine/consensus_distance"  # (1/W) sum_i |x_i - mean x|^2 over the workers
 
 # -- logged by the driver ------------------------------------------------------------------------
 RESTARTS = "restarts"

@@ -95,6 +95,7 @@ class Learner:
             if adv.method != "none"
             else None
         )
+        self.combine.use_optimizer(self.opt)  # dmsgd / decentlam read its LR and momentum
         self.skipped = False  # the last step was skipped (fp16: inf/NaN gradients)
         self._reduced: list[float] = []  # the last backward's all-reduced loss sum and noise sums
 

@@ -202,7 +202,9 @@ class Trainer:
         Returns the checkpoint's path (its name where nothing was written).  A storage that is full
         (or read-only) raises :class:`StorageFull` on every rank (:meth:`run` ends the group)."""
         self.state.finished = finished
-        self.learner.combine.before_save(unwrap(self.learner.model), self.learner.opt, self.state.step)
+        self.learner.combine.before_save(
+            unwrap(self.learner.model), self.learner.opt, self.state.step, final=finished
+        )  # local_sgd: a sync; dmsgd/decentlam: every rank's state to rank 0
         full: StorageFull | None = None
         try:
             path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
