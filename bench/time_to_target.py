@@ -1,6 +1,7 @@
 """Steps, tokens, wall time and worker-seconds to a target validation perplexity on the language model, one
-run per batch schedule (same config, seed and data order), each through the product's own driver
-(``run_training``, what ``fit()`` runs) on a local Ray, each trained until it reaches the target.
+run per batch schedule (same config, seed and data order), each trained until it reaches the target.
+
+Each run goes through the product's own driver (``run_training``, what ``fit()`` runs) on a local Ray.
 
 The product's promise: a batch that grows during training reaches a given quality sooner, without
 hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the config's
