@@ -342,6 +342,7 @@ def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.2), sharey=True)
     for o in outcomes:
@@ -364,6 +365,7 @@ def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> Non
         ax.axhline(target, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel(xl)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # the minor ticks' labels overlap
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation perplexity")
     axes[0].set_yscale("log")
