@@ -244,10 +244,10 @@ def reused_run(uris: list[str], name: str) -> tuple[str, str, int] | None:
     return uri, run.info.run_id, steps
 
 
-def train_to_target(raw: dict, overrides: list[str], uri: str, target: float) -> tuple[str, int]:
+def train_to_target(raw: dict, overrides: list[str], uri: str, target: float) -> tuple[str, int, str | None]:
     """Train ``raw`` through the product's driver until a validation reaches ``target`` (the driver
     asks the run to stop: it ends within a push or so of that validation) or its ``train.epochs``
-    (the cap): (MLflow run id, steps run)."""
+    (the cap): (MLflow run id, steps run, why it failed or None)."""
     from orchestrator.config.prepare import prepare
     from orchestrator.run.ray_env import quiet_libraries
     from orchestrator.run.runner import run_training
@@ -262,9 +262,7 @@ def train_to_target(raw: dict, overrides: list[str], uri: str, target: float) ->
             runner[0].request_stop()
 
     s = run_training(cfg, progress=False, on_start=runner.append, on_records=on_records)
-    if s.status != "FINISHED":
-        raise RuntimeError(f"run {s.run_id} ended {s.status}: {s.error}")
-    return s.run_id, s.steps
+    return s.run_id, s.steps, None if s.status == "FINISHED" else f"ended {s.status}: {s.error}"
 
 
 def train_one(
@@ -291,7 +289,10 @@ def train_one(
     if old is not None:
         uri, out.run_id, out.steps = old
     else:
-        out.run_id, out.steps = train_to_target(raw, [*common, f"tracking.run_name={run_name(name)}"], uri, target)
+        overrides = [*common, f"tracking.run_name={run_name(name)}"]
+        out.run_id, out.steps, failed = train_to_target(raw, overrides, uri, target)
+        if failed:  # a diverged run, say: its curve up to there is still read
+            print(f"{name}: {failed}", file=sys.stderr, flush=True)
     run_id = out.run_id
     c = MlflowClient(uri)
     loss = history(c, run_id, "train/loss")
