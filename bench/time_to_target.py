@@ -1,5 +1,7 @@
 """Steps, tokens, wall time and worker-seconds to a target validation perplexity on the language model, one
-run per batch schedule (same config, seed and data), each through the product's own ``fit()`` on a local Ray.
+run per batch schedule (same config, seed and data order), each trained until it reaches the target.
+
+Each run goes through the product's own driver (``run_training``, what ``fit()`` runs) on a local Ray.
 
 The product's promise: a batch that grows during training reaches a given quality sooner, without
 hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the config's
@@ -7,29 +9,42 @@ hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the c
 
     fixed B0        batch.policy fixed at B0
     fixed 8*B0      batch.policy fixed at 8*B0 (LR by the scaling rule)
-    ramp            Megatron/OLMo linear ramp B0 -> 8*B0 over the first half of the budget
+    ramp            Megatron/OLMo linear ramp B0 -> 8*B0 over the first half of the horizon
     cbs_warmup      batch warmup from the measured critical batch (Merrill et al. 2025), doubling
-    seesaw          step schedule's cuts at 1/4, 1/2, 3/4 of the budget: LR x 1/sqrt(2), B x 2 (Meterez et al. 2025)
+    seesaw          step schedule's cuts at 1/4, 1/2, 3/4 of the horizon: LR x 1/sqrt(2), B x 2 (Meterez et al. 2025)
     noise_scale     B follows c * B_simple (McCandlish et al. 2018), the config's limits
     goodput         scaling.policy goodput (Pollux) choosing B from B0 to the cap (batch.policy fixed, max_size set)
 
-Every run trains for the same budget (``--epochs``, in samples); the time to the target is where
-``val/perplexity`` first reaches ``--target``.  Wall time on this machine is noisy (shared cores);
-steps and tokens are the robust figures.  The projection to a cluster fits Pollux's step-time model
-``T(b, W) = alpha + beta * b + gamma * (W - 1)`` (``trainers/policies/goodput.py`` StepTimeModel)
-to the step times measured here (all at W = 1, so ``gamma`` is the stated ``--sync-s``) and replays
-each schedule's batch sequence on ``W = ceil(B / cluster_local_batch)`` workers.  Worker-seconds: here,
-what the run's worker groups held (orchestrator/record/cost.py, the run's ``timeline/holds.json``) from
-its first step to the target; on the cluster, each replayed step's ``W x T``: a schedule that reaches
-the target in fewer steps by adding workers saves wall time, not necessarily worker-seconds.
+**To the target, under a stated cap.**  Each run trains until a validation reaches ``--target`` (the
+driver asks the run to stop there: ``request_stop`` from its records callback), or until the cap.  Fixed
+B0 runs first under ``--epochs``; the others' cap is ``--cap-factor`` (4) x fixed B0's samples to the
+target, or ``--epochs`` when fixed B0 did not run or did not reach it.  "Not reached" means not within
+that cap.  The schedules whose plan needs a horizon (ramp over its first half, seesaw's cuts) take the cap
+as their horizon.
 
-    .venv/bin/python bench/time_to_target.py [--config configs/lm_adaptive.yaml] [--target 9] [--epochs 0.06]
-    .venv/bin/python bench/time_to_target.py --reuse --target 14     # the same runs read at another target
+**The crossing, read fairly.**  Every schedule validates every ``--eval-samples`` samples
+(``train.eval_every_samples``), so all are read at the same resolution in tokens whatever their
+batch; the crossing is interpolated in log-perplexity between the two validations around it, and
+steps, tokens, wall time and worker-seconds are read at that interpolated point.  Wall time on this
+machine is noisy (shared cores) and includes the validations; steps and tokens are the robust figures.
 
-Summary lines: ``steps_ratio=`` and ``tokens_ratio=`` (noise_scale to the target / fixed B0's) and
-``goodput_wall_ratio=`` (goodput's projected wall / the best other schedule's; nan when skipped or
-not reached).  A plot of perplexity against steps, tokens and wall time is saved under ``--out``
-and logged to the bench's own MLflow run.
+**The cluster projection** fits Pollux's step-time model ``T(b, W) = alpha + beta * b + gamma * (W - 1)``
+(``trainers/policies/goodput.py`` StepTimeModel) to the step times measured here (all at W = 1, so
+``gamma`` is the stated ``--sync-s``) and replays each schedule's batch sequence up to the crossing on
+``W = ceil(B / cluster_local_batch)`` workers.  Worker-seconds: here, what the run's worker groups held
+(orchestrator/record/cost.py, the run's ``timeline/holds.json``) from its first step to the crossing; on
+the cluster, each replayed step's ``W x T``: a schedule that reaches the target in fewer steps by adding
+workers saves wall time, not necessarily worker-seconds.
+
+    .venv/bin/python bench/time_to_target.py                # configs/lm_growing.yaml (1.9M GPT, B0 = 4), target 6
+    .venv/bin/python bench/time_to_target.py --quick        # configs/lm_adaptive.yaml (0.1M GPT, B0 = 2), target 30
+    .venv/bin/python bench/time_to_target.py --reuse --target 7     # the same runs read at a looser target
+
+Summary lines: ``steps_ratio=`` and ``tokens_ratio=`` (noise_scale to the target / fixed B0's),
+``goodput_wall_ratio=`` (goodput's projected wall / the best other schedule's) and ``cost_ratio=``
+(noise_scale's projected worker-seconds / fixed B0's); nan when skipped or not reached.  A plot of
+perplexity against steps, tokens, wall time and worker-seconds is saved under ``--out`` and logged to
+the bench's own MLflow run.
 """
 
 from __future__ import annotations
@@ -50,6 +65,17 @@ from trainers.errors import one_line  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE_KEYS = ("noise_scale_factor", "check_every", "min_growth", "round_to", "ema", "max_size", "cbs_window")
+PPL = "val/perplexity"
+
+
+@dataclass
+class Hit:
+    """Where a run crossed the target, interpolated in log-perplexity between two validations."""
+
+    step: float
+    samples: float
+    wall_s: float  # since the run's first step
+    worker_s: float | None = None  # held from the first step to the crossing (here)
 
 
 @dataclass
@@ -63,10 +89,10 @@ class Outcome:
     batch: list[tuple[int, int]] = field(default_factory=list)  # (first step, B) of each constant stretch
     samples: list[tuple[int, float]] = field(default_factory=list)  # (step, samples seen)
     step_times: dict[int, list[float]] = field(default_factory=dict)  # B -> measured seconds per step (W = 1)
+    holds: list = field(default_factory=list)  # the run's worker holds (orchestrator/record/cost.py)
+    t0: float = 0.0  # the first step's time
     steps: int = 0
-    hit_step: int | None = None
-    hit_wall_s: float | None = None
-    hit_worker_s: float | None = None  # worker-seconds held from the first step to the target (here)
+    hit: Hit | None = None
     projected_s: float | None = None
     projected_worker_s: float | None = None  # sum of W x T over the replayed steps (the cluster)
 
@@ -81,9 +107,32 @@ class Outcome:
                 b = size
         return b
 
+    def worker_s_at(self, wall_s: float) -> float | None:
+        """Worker-seconds the run's groups held from its first step to ``wall_s`` after it."""
+        from orchestrator.record.cost import cost_of
+
+        return cost_of(self.holds, lo=self.t0, hi=self.t0 + wall_s).worker_s if self.holds else None
+
+
+def crossing(points: list[tuple[float, float, float, float]], target: float) -> tuple[float, float, float] | None:
+    """The first crossing of ``target`` by ``points`` ((step, ppl, samples, wall s) of each validation,
+    in order), interpolated linearly in log-perplexity between the validation before it and the first
+    at or under the target: (step, samples, wall s).  A first validation already at the target is the
+    crossing itself; None: never reached."""
+    for k, (step, ppl, samples, wall) in enumerate(points):
+        if ppl > target:
+            continue
+        if k == 0:
+            return step, samples, wall
+        s0, p0, n0, w0 = points[k - 1]
+        f = (math.log(p0) - math.log(target)) / (math.log(p0) - math.log(ppl))
+        return s0 + f * (step - s0), n0 + f * (samples - n0), w0 + f * (wall - w0)
+    return None
+
 
 def base_values(config: str) -> dict:
     from orchestrator.config.prepare import load, load_config
+    from trainers.workload.build import train_size
 
     cfg = load_config(config, [])
     raw = load(config)
@@ -92,37 +141,32 @@ def base_values(config: str) -> dict:
         "context": cfg.data.context,
         "raw": raw,
         "batch": cfg.batch,
-        "eval_every": cfg.train.eval_every,
+        "eval_samples": cfg.train.eval_every_samples or max(1, cfg.train.eval_every) * cfg.optimizer.base_batch_size,
         "mlb": cfg.batch.max_local_batch,
+        "train_size": train_size(cfg),
     }
 
 
-def schedules(base: dict, epochs: float, factor: int) -> list[tuple[str, dict]]:
+def schedules(base: dict, horizon: float, factor: int) -> list[tuple[str, dict]]:
     """(name, sections replacing the config's) for every schedule: the ``batch`` section is rebuilt from
-    the config's B0, ``max_local_batch`` and (adaptive policies) its noise-scale limits."""
+    the config's B0, ``max_local_batch`` and (adaptive policies) its noise-scale limits; ``horizon``
+    (epochs): the cap, where the ramp and seesaw place their plans."""
     b0, bc = base["b0"], base["batch"]
     big = factor * b0
     cap = bc.max_size or big
     mlb = max(base["mlb"], b0)
     adaptive = {k: getattr(bc, k) for k in NOISE_KEYS if k != "max_size"} | {"max_size": cap}
     adaptive.pop("cbs_window")
-    every = max(1, base["eval_every"])
     cuts = int(round(math.log2(factor)))
-    milestones = [round(epochs * (i + 1) / (cuts + 1), 6) for i in range(cuts)]
+    milestones = [round(horizon * (i + 1) / (cuts + 1), 6) for i in range(cuts)]
 
     def batch(**kw) -> dict:
         return {"batch": {"size": b0, "max_local_batch": mlb, **kw}}
 
     return [
         ("fixed B0", batch(policy="fixed")),
-        (
-            f"fixed {factor}*B0",
-            {
-                "batch": {"size": big, "max_local_batch": mlb, "policy": "fixed"},
-                "train": {"eval_every": max(1, every // factor)},
-            },
-        ),
-        ("ramp", batch(policy="ramp", ramp_to=big, ramp_epochs=epochs / 2, round_to=b0, max_size=big)),
+        (f"fixed {factor}*B0", {"batch": {"size": big, "max_local_batch": mlb, "policy": "fixed"}}),
+        ("ramp", batch(policy="ramp", ramp_to=big, ramp_epochs=round(horizon / 2, 6), round_to=b0, max_size=big)),
         (
             "cbs_warmup",
             batch(
@@ -200,14 +244,33 @@ def reused_run(uris: list[str], name: str) -> tuple[str, str, int] | None:
     return uri, run.info.run_id, steps
 
 
+def train_to_target(raw: dict, overrides: list[str], uri: str, target: float) -> tuple[str, int, str | None]:
+    """Train ``raw`` through the product's driver until a validation reaches ``target`` (the driver
+    asks the run to stop: it ends within a push or so of that validation) or its ``train.epochs``
+    (the cap): (MLflow run id, steps run, why it failed or None)."""
+    from orchestrator.config.prepare import prepare
+    from orchestrator.run.ray_env import quiet_libraries
+    from orchestrator.run.runner import run_training
+
+    quiet_libraries(False)
+    cfg = prepare(raw, overrides, tracking_uri=uri)
+    runner: list = []
+
+    def on_records(records: list) -> None:
+        reached = any(m.get(PPL, math.inf) <= target for _, m, *_ in records)
+        if reached and runner:
+            runner[0].request_stop()
+
+    s = run_training(cfg, progress=False, on_start=runner.append, on_records=on_records)
+    return s.run_id, s.steps, None if s.status == "FINISHED" else f"ended {s.status}: {s.error}"
+
+
 def train_one(
     name: str, raw: dict, common: list[str], uri: str, target: float, reuse: list[str] | None = None
 ) -> Outcome:
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.api import fit
     from orchestrator.config.prepare import ConfigError, load_config
-    from orchestrator.record.cost import cost_of
     from orchestrator.record.history import earlier_holds
 
     out = Outcome(name)
@@ -226,25 +289,26 @@ def train_one(
     if old is not None:
         uri, out.run_id, out.steps = old
     else:
-        r = fit(raw, overrides=[*common, f"tracking.run_name={run_name(name)}"], tracking_uri=uri, progress=False)
-        out.run_id, out.steps = r.run_id, r.steps
+        overrides = [*common, f"tracking.run_name={run_name(name)}"]
+        out.run_id, out.steps, failed = train_to_target(raw, overrides, uri, target)
+        if failed:  # a diverged run, say: its curve up to there is still read
+            print(f"{name}: {failed}", file=sys.stderr, flush=True)
     run_id = out.run_id
     c = MlflowClient(uri)
     loss = history(c, run_id, "train/loss")
-    t0 = loss[0].timestamp / 1000 if loss else c.get_run(run_id).info.start_time / 1000
-    out.ppl = [(m.step, m.value, m.timestamp / 1000 - t0) for m in history(c, run_id, "val/perplexity")]
+    out.t0 = t0 = loss[0].timestamp / 1000 if loss else c.get_run(run_id).info.start_time / 1000
+    out.ppl = [(m.step, m.value, m.timestamp / 1000 - t0) for m in history(c, run_id, PPL)]
     out.batch = [(m.step, int(m.value)) for m in history(c, run_id, "batch/global")]
     out.samples = [(0, 0.0)] + [(m.step, m.value) for m in history(c, run_id, "samples_seen")]
     for m in history(c, run_id, "throughput/samples_per_s"):
         if m.value > 0 and m.step > 10:  # the first pushes carry the group's start-up
             b = out.batch_at(m.step)
             out.step_times.setdefault(b, []).append(b / m.value)
-    hit = next(((s, v, t) for s, v, t in out.ppl if v <= target), None)
+    out.holds = list(earlier_holds(c, run_id).holds)  # none for a run recorded before the holds were saved
+    hit = crossing([(s, v, out.samples_at(s), t) for s, v, t in out.ppl], target)
     if hit is not None:
-        out.hit_step, out.hit_wall_s = hit[0], hit[2]
-        holds = earlier_holds(c, run_id).holds  # none for a run recorded before the holds were saved
-        if holds:
-            out.hit_worker_s = cost_of(holds, lo=t0, hi=t0 + hit[2]).worker_s
+        out.hit = Hit(*hit)
+        out.hit.worker_s = out.worker_s_at(out.hit.wall_s)
     return out
 
 
@@ -259,15 +323,16 @@ def fit_step_time(outcomes: list[Outcome], sync_s: float):
 
 
 def project(o: Outcome, fit, local: int) -> tuple[float, float] | None:
-    """Seconds and worker-seconds to the target on a cluster: each step at ``W = ceil(B / local)``
-    workers takes ``T(ceil(B / W), W)`` and costs ``W x T``."""
-    if o.hit_step is None or fit is None:
+    """Seconds and worker-seconds to the crossing on a cluster: each step at ``W = ceil(B / local)``
+    workers takes ``T(ceil(B / W), W)`` and costs ``W x T`` (the crossing's last step counted in part)."""
+    if o.hit is None or fit is None:
         return None
     seconds = worker_s = 0.0
-    for step in range(1, o.hit_step + 1):
+    for step in range(1, math.ceil(o.hit.step) + 1):
+        part = min(1.0, o.hit.step - (step - 1))
         b = o.batch_at(step)
         w = math.ceil(b / local)
-        t = fit.step_time(math.ceil(b / w), w)
+        t = fit.step_time(math.ceil(b / w), w) * part
         seconds += t
         worker_s += w * t
     return seconds, worker_s
@@ -278,8 +343,9 @@ def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2), sharey=True)
     for o in outcomes:
         if not o.ppl:
             continue
@@ -288,10 +354,19 @@ def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> Non
         axes[0].plot(s, v, label=o.name)
         axes[1].plot([o.samples_at(x) * context for x in s], v, label=o.name)
         axes[2].plot([p[2] for p in o.ppl], v, label=o.name)
-    for ax, xl in zip(axes, ("optimizer steps", "tokens", "wall s since the first step (this machine)")):
+        if o.holds:
+            axes[3].plot([o.worker_s_at(p[2]) for p in o.ppl], v, label=o.name)
+    labels = (
+        "optimizer steps",
+        "tokens",
+        "wall s since the first step (this machine)",
+        "worker-s held since the first step (this machine)",
+    )
+    for ax, xl in zip(axes, labels):
         ax.axhline(target, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel(xl)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # the minor ticks' labels overlap
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation perplexity")
     axes[0].set_yscale("log")
@@ -306,11 +381,66 @@ def ratio(x: float | None, y: float | None) -> float:
     return x / y if x is not None and y else float("nan")
 
 
+HEADER = (
+    "schedule",
+    "steps",
+    "tokens",
+    "wall s (here)",
+    "worker-s (here)",
+    "projected s (cluster)",
+    "projected worker-s (cluster)",
+    "final ppl",
+    "max B",
+    "steps run",
+)
+
+
+def row(o: Outcome, context: int) -> tuple:
+    if o.skipped:
+        return (o.name, f"skipped ({o.skipped})", *["-"] * (len(HEADER) - 2))
+    final = f"{o.ppl[-1][1]:.2f}" if o.ppl else "-"
+    max_b = max(b for _, b in o.batch) if o.batch else "-"
+    if o.hit is None:
+        return (o.name, "not reached", "-", "-", "-", "-", "-", final, max_b, o.steps)
+    h = o.hit
+    return (
+        o.name,
+        f"{h.step:.0f}",
+        f"{h.samples * context:.0f}",
+        f"{h.wall_s:.0f}",
+        "-" if h.worker_s is None else f"{h.worker_s:.1f}",
+        "-" if o.projected_s is None else f"{o.projected_s:.2f}",
+        "-" if o.projected_worker_s is None else f"{o.projected_worker_s:.2f}",
+        final,
+        max_b,
+        o.steps,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "lm_adaptive.yaml"))
-    ap.add_argument("--target", type=float, default=9.0, help="validation perplexity to reach")
-    ap.add_argument("--epochs", type=float, default=0.06, help="the budget of every run, in epochs of samples")
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "lm_growing.yaml"))
+    ap.add_argument("--target", type=float, default=6.0, help="validation perplexity to reach")
+    ap.add_argument(
+        "--epochs",
+        type=float,
+        default=1.0,
+        help="fixed B0's cap, in epochs of samples (and every schedule's when fixed B0 did not run or reach "
+        "the target)",
+    )
+    ap.add_argument(
+        "--cap-factor",
+        type=float,
+        default=4.0,
+        help="the other schedules' cap (and the ramp's and seesaw's horizon): this x fixed B0's samples to the target",
+    )
+    ap.add_argument(
+        "--eval-samples",
+        type=int,
+        default=0,
+        help="validate every N samples, every schedule (default: the config's train.eval_every_samples, "
+        "else train.eval_every x B0)",
+    )
     ap.add_argument("--factor", type=int, default=8, help="the large fixed batch and the growth cap, x B0")
     ap.add_argument("--only", default="", help="comma-separated schedule names to run (default: all)")
     ap.add_argument(
@@ -331,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
         "--reuse",
         action="store_true",
         help="report from the newest finished run of each schedule in --out's store (no training; "
-        "another --target is read off the same curves)",
+        "a looser --target is read off the same curves)",
     )
     ap.add_argument(
         "--part",
@@ -340,87 +470,69 @@ def main(argv: list[str] | None = None) -> None:
         "--only; then one --reuse reports them all)",
     )
     ap.add_argument("--set", dest="sets", action="append", default=[], help="more --set items for every run")
-    a = parse_args(ap, quick={"epochs": 0.004, "target": 30.0, "only": "fixed B0,noise_scale,goodput"}, argv=argv)
+    a = parse_args(
+        ap,
+        quick={
+            "config": os.path.join(ROOT, "configs", "lm_adaptive.yaml"),
+            "epochs": 0.02,
+            "target": 30.0,
+            "only": "fixed B0,noise_scale,goodput",
+        },
+        argv=argv,
+    )
     os.environ["ELASTIC_KEEP_RAY"] = "1"
     os.makedirs(a.out, exist_ok=True)
     uri = f"sqlite:///{os.path.abspath(a.out)}/mlflow{'-' + a.part if a.part else ''}.db"
     base = base_values(a.config)
-    b0, context = base["b0"], base["context"]
+    b0, context, size = base["b0"], base["context"], base["train_size"]
+    eval_samples = a.eval_samples or base["eval_samples"]
     local = a.cluster_local_batch or b0
     runs_dir = os.path.join(scratch_dir("elastic-ttt-"), "ray_runs")
     common = [
-        f"train.epochs={a.epochs}",
         f"checkpoint.storage_path={runs_dir}",
         "checkpoint.every_steps=0",
         "tracking.experiment=bench-time-to-target",
+        "train.eval_every=0",
+        f"train.eval_every_samples={eval_samples}",
         *a.sets,
     ]
     wanted = [s.strip() for s in a.only.split(",") if s.strip()]
-    outcomes = []
+    outcomes: list[Outcome] = []
     t_bench = time.time()
-    for name, sections in schedules(base, a.epochs, a.factor):
+    cap, cap_note = a.epochs, f"--epochs {a.epochs:g} (fixed B0 not run or not at the target)"
+    for k, (name, _) in enumerate(schedules(base, cap, a.factor)):
         if wanted and name not in wanted:
             continue
+        sections = schedules(base, cap, a.factor)[k][1]  # the horizon as it stands now
+        epochs = a.epochs if name == "fixed B0" else cap
         o = train_one(
-            name, with_sections(base["raw"], sections), common, uri, a.target, stores(a.out) if a.reuse else None
+            name,
+            with_sections(base["raw"], sections),
+            [f"train.epochs={epochs:.6g}", *common],
+            uri,
+            a.target,
+            stores(a.out) if a.reuse else None,
         )
         outcomes.append(o)
+        if name == "fixed B0" and o.hit is not None:
+            cap = round(a.cap_factor * o.hit.samples / size, 6)
+            cap_note = f"{a.cap_factor:g} x fixed B0's {o.hit.samples:.0f} samples to the target"
+        reached = f"target at step {o.hit.step:.0f}" if o.hit else "target not reached"
         print(
-            f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else f"{o.steps} steps, target at step {o.hit_step}"),
+            f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else f"{o.steps} steps, {reached}"),
             file=sys.stderr,
             flush=True,
         )
     fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s)
     for o in outcomes:
         o.projected_s, o.projected_worker_s = project(o, fit, local) or (None, None)
-
-    rows = []
-    for o in outcomes:
-        if o.skipped:
-            rows.append((o.name, f"skipped ({o.skipped})", "-", "-", "-", "-", "-", "-", "-", "-"))
-            continue
-        final = f"{o.ppl[-1][1]:.2f}" if o.ppl else "-"
-        max_b = max(b for _, b in o.batch) if o.batch else "-"
-        if o.hit_step is None:
-            rows.append((o.name, "not reached", "-", "-", "-", "-", "-", final, max_b, o.steps))
-            continue
-        tokens = int(round(o.samples_at(o.hit_step) * context))
-        worker_s = "-" if o.hit_worker_s is None else f"{o.hit_worker_s:.1f}"
-        rows.append(
-            (
-                o.name,
-                o.hit_step,
-                tokens,
-                f"{o.hit_wall_s:.0f}",
-                worker_s,
-                f"{o.projected_s:.2f}",
-                f"{o.projected_worker_s:.2f}",
-                final,
-                max_b,
-                o.steps,
-            )
-        )
+    rows = [row(o, context) for o in outcomes]
     print(
         f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
-        f"{a.target:g}; budget {a.epochs:g} epoch each; seed and data order the same for all"
+        f"{a.target:g}, read between validations every {eval_samples} samples; cap and horizon "
+        f"{cap:g} epoch ({cap * size:.0f} samples: {cap_note}); seed and data order the same for all"
     )
-    print(
-        table(
-            rows,
-            (
-                "schedule",
-                "steps",
-                "tokens",
-                "wall s (here)",
-                "worker-s (here)",
-                "projected s (cluster)",
-                "projected worker-s (cluster)",
-                "final ppl",
-                "max B",
-                "steps run",
-            ),
-        )
-    )
+    print(table(rows, HEADER))
     print(
         f"projection: {fit.describe() if fit else 'no step times'}; each step on W = ceil(B / {local}) "
         f"workers of local batch ceil(B / W), W x T worker-seconds a step; gamma is the stated --sync-s (every run "
@@ -429,13 +541,21 @@ def main(argv: list[str] | None = None) -> None:
     by = {o.name: o for o in outcomes}
     fixed, ns, gp = by.get("fixed B0"), by.get("noise_scale"), by.get("goodput")
 
-    def tokens_at(o: Outcome | None) -> float | None:
-        return o.samples_at(o.hit_step) * context if o is not None and o.hit_step is not None else None
+    def at(o: Outcome | None, what: str) -> float | None:
+        if o is None or o.hit is None:
+            return None
+        return {
+            "steps": o.hit.step,
+            "tokens": o.hit.samples * context,
+            "projected_s": o.projected_s,
+            "projected_worker_s": o.projected_worker_s,
+        }[what]
 
     others = [o.projected_s for o in outcomes if o.name != "goodput" and o.projected_s is not None]
-    steps_ratio = ratio(ns.hit_step if ns else None, fixed.hit_step if fixed else None)
-    tokens_ratio = ratio(tokens_at(ns), tokens_at(fixed))
-    goodput_ratio = ratio(gp.projected_s if gp else None, min(others) if others else None)
+    steps_ratio = ratio(at(ns, "steps"), at(fixed, "steps"))
+    tokens_ratio = ratio(at(ns, "tokens"), at(fixed, "tokens"))
+    goodput_ratio = ratio(at(gp, "projected_s"), min(others) if others else None)
+    cost_ratio = ratio(at(ns, "projected_worker_s"), at(fixed, "projected_worker_s"))
     if gp is not None and gp.skipped:
         print(f"goodput: skipped ({gp.skipped})")
 
@@ -451,6 +571,8 @@ def main(argv: list[str] | None = None) -> None:
                 "config": os.path.relpath(a.config, ROOT),
                 "target": a.target,
                 "epochs": a.epochs,
+                "cap_epochs": cap,
+                "eval_every_samples": eval_samples,
                 "b0": b0,
                 "cluster_local_batch": local,
                 "sync_s": a.sync_s,
@@ -460,31 +582,18 @@ def main(argv: list[str] | None = None) -> None:
             ("steps_ratio", steps_ratio),
             ("tokens_ratio", tokens_ratio),
             ("goodput_wall_ratio", goodput_ratio),
+            ("cost_ratio", cost_ratio),
             ("bench_wall_s", time.time() - t_bench),
         ):
             if math.isfinite(value):
                 mlflow.log_metric(key, value)
         mlflow.log_artifact(png, "plots")
-        mlflow.log_text(
-            table(
-                rows,
-                (
-                    "schedule",
-                    "steps",
-                    "tokens",
-                    "wall s",
-                    "worker-s",
-                    "projected s",
-                    "projected worker-s",
-                    "final ppl",
-                    "max B",
-                    "steps run",
-                ),
-            ),
-            "time_to_target.txt",
-        )
+        mlflow.log_text(table(rows, HEADER), "time_to_target.txt")
     print(f"plot: {os.path.relpath(png, ROOT)} (and in MLflow {uri}, experiment bench-time-to-target)")
-    print(f"steps_ratio={steps_ratio:.3f} tokens_ratio={tokens_ratio:.3f} goodput_wall_ratio={goodput_ratio:.3f}")
+    print(
+        f"steps_ratio={steps_ratio:.3f} tokens_ratio={tokens_ratio:.3f} goodput_wall_ratio={goodput_ratio:.3f} "
+        f"cost_ratio={cost_ratio:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ SUMMARY = {
     "resize": ("ratio", "overlap_pause_s", "restart_ratio"),
     "scale": ("cold_start_s", "projected_speedup_64", "strong_speedup_64", "recovery_s_64"),
     "search": ("steps_ratio", "gap_points"),
-    "time_to_target": ("steps_ratio", "tokens_ratio", "goodput_wall_ratio"),
+    "time_to_target": ("steps_ratio", "tokens_ratio", "goodput_wall_ratio", "cost_ratio"),
 }
 # The rest start Ray Train worker groups (about 15 s each here; byo starts 4 (about 4 min alone here), gpu 2
 # beside time-sliced loops; scale spawns gloo groups of 1-3 processes, then 2 cold starts: ~100 s alone here).

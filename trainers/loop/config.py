@@ -33,7 +33,15 @@ class TrainConfig(PrecisionConfig, CompileConfig):
     model_config = ConfigDict(extra="forbid")
 
     epochs: float = Field(default=5, gt=0, description="may be fractional")
-    eval_every: int = Field(default=0, ge=0, description="validate every N steps; 0 = at each epoch end")
+    eval_every: int = Field(
+        default=0, ge=0, description="validate every N steps; 0 (and eval_every_samples 0) = at each epoch end"
+    )
+    eval_every_samples: int = Field(
+        default=0,
+        ge=0,
+        description="also validate at the step whose samples seen pass a multiple of N (runs whose batch "
+        "grows are then read at the same resolution in samples); 0 = off",
+    )
     seed: int = Field(default=0, description="the run's seed: data order and split, initial weights, augmentation")
     log_every: int = Field(default=10, gt=0, description="fewest steps between pushes of metrics to the driver")
     push_every_s: float = Field(
@@ -67,3 +75,16 @@ class LoopConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     combine: CombineConfig = Field(default_factory=CombineConfig)
+
+
+def eval_due(train: TrainConfig, step: int, samples_seen: int, trained: int, epoch_ended: bool) -> bool:
+    """Whether the step just taken (``step``, ``trained`` samples of it, ``samples_seen`` after it)
+    validates: every ``eval_every`` steps; at the step whose samples seen pass a multiple of
+    ``eval_every_samples`` (one pass however many multiples a large batch passes); at an epoch's end
+    when neither is set."""
+    every, every_samples = train.eval_every, train.eval_every_samples
+    if every > 0 and step % every == 0:
+        return True
+    if every_samples > 0 and trained > 0 and samples_seen // every_samples > (samples_seen - trained) // every_samples:
+        return True
+    return every == 0 and every_samples == 0 and epoch_ended

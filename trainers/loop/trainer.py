@@ -45,7 +45,7 @@ from trainers.link.messages import (
 )
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
-from trainers.loop.config import LoopConfig
+from trainers.loop.config import LoopConfig, eval_due
 from trainers.loop.group import Group, node_id
 from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
@@ -289,7 +289,7 @@ class Trainer:
         if moved.warmup_end is not None:
             end = moved.warmup_end
             self.report.emit(AutoWarmupEnd(step=self.state.step, peak_lr=end.peak_lr, reason=end.reason))
-        if self.should_eval(moved.epoch_ended) or self.plan.done:
+        if self.should_eval(moved.epoch_ended, trained) or self.plan.done:
             with self.report.aside(), self.learner.combine.evaluating(unwrap(self.learner.model), self.state.step):
                 metrics.update(self.evaluate())
         self.report.count(trained)
@@ -338,9 +338,10 @@ class Trainer:
 
     # -- predicates and questions -------------------------------------------------------------------
 
-    def should_eval(self, epoch_ended: bool) -> bool:
-        every = self.cfg.train.eval_every
-        return (every > 0 and self.state.step % every == 0) or (every == 0 and epoch_ended)
+    def should_eval(self, epoch_ended: bool, trained: int = 0) -> bool:
+        """Validate now: every ``eval_every`` steps, at the step (of ``trained`` samples) whose samples
+        seen pass a multiple of ``eval_every_samples``, or at an epoch's end when neither is set."""
+        return eval_due(self.cfg.train, self.state.step, self.state.samples_seen, trained, epoch_ended)
 
     def should_checkpoint(self, epoch_ended: bool) -> bool:
         every = self.cfg.checkpoint.every_steps
