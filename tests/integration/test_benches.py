@@ -2,7 +2,8 @@
 benchmark fails CI instead of the next person who measures with it.
 
 One test per ``bench/*.py`` (found at collection time: a new benchmark is covered without
-editing this file; ``common.py``, ``fake_cluster.py`` and ``__init__.py`` are helpers).  Each runs as a subprocess
+editing this file; ``common.py``, ``fake_cluster.py``, ``gpu_checks.py`` and ``__init__.py`` are not benches).
+Each runs as a subprocess
 that starts its own local Ray, exits 0, and prints its summary line(s) ``key=<number>`` with a
 finite number.  The figures of a quick run are not checked against any aim: on a small
 problem and a shared machine they only show that the benchmark still measures something.
@@ -25,7 +26,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-HELPERS = {"__init__", "common", "fake_cluster"}
+# gpu_checks runs the others (gpu.py, whose quick form is here, the train CLI, the GPU tests) in one call on a
+# lent GPU machine; its --quick re-runs all of it on CPU (~6 min) and is left to whoever changes it.
+HELPERS = {"__init__", "common", "fake_cluster", "gpu_checks"}
 BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 
 # bench -> the summary keys it prints (a bench not listed here must end with at least one).
