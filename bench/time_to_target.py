@@ -28,10 +28,14 @@ batch; the crossing is interpolated in log-perplexity between the two validation
 steps, tokens, wall time and worker-seconds are read at that interpolated point.  Wall time on this
 machine is noisy (shared cores) and includes the validations; steps and tokens are the robust figures.
 
-**The cluster projection** fits Pollux's step-time model ``T(b, W) = alpha + beta * b + gamma * (W - 1)``
-(``trainers/policies/goodput.py`` StepTimeModel) to the step times measured here (all at W = 1, so
-``gamma`` is the stated ``--sync-s``) and replays each schedule's batch sequence up to the crossing on
-``W = ceil(B / cluster_local_batch)`` workers.  Worker-seconds: here, what the run's worker groups held
+**The cluster projection** fits Pollux's step-time model ``T(b, W) = alpha + beta * b``
+(``trainers/policies/goodput.py`` StepTimeModel) to the step times measured here (all at W = 1), adds
+the synchronisation of ``W`` workers, and replays each schedule's batch sequence up to the crossing on
+``W = ceil(B / cluster_local_batch)`` workers.  The synchronisation: by default a ring all-reduce of
+the model's gradient (``bench/scale.py``'s model, ``2 (W-1)/W x S / bandwidth + 2 (W-1) x latency``)
+on ``--bandwidth-gbps``/``--latency-us`` (100 Gb/s, 5 us a hop: a GPU cluster's network;
+``bench/scale.py`` measures this machine's gloo); or, with ``--sync-s``, Pollux's linear
+``gamma x (W - 1)``.  Worker-seconds: here, what the run's worker groups held
 (orchestrator/record/cost.py, the run's ``timeline/holds.json``) from its first step to the crossing; on
 the cluster, each replayed step's ``W x T``: a schedule that reaches the target in fewer steps by adding
 workers saves wall time, not necessarily worker-seconds.
@@ -39,6 +43,7 @@ workers saves wall time, not necessarily worker-seconds.
     .venv/bin/python bench/time_to_target.py                # configs/lm_growing.yaml (1.9M GPT, B0 = 4), target 6
     .venv/bin/python bench/time_to_target.py --quick        # configs/lm_adaptive.yaml (0.1M GPT, B0 = 2), target 30
     .venv/bin/python bench/time_to_target.py --reuse --target 7     # the same runs read at a looser target
+    .venv/bin/python bench/time_to_target.py --reuse --bandwidth-gbps 25 --cluster-local-batch 32   # another cluster
 
 Summary lines: ``steps_ratio=`` and ``tokens_ratio=`` (noise_scale to the target / fixed B0's),
 ``goodput_wall_ratio=`` (goodput's projected wall / the best other schedule's) and ``cost_ratio=``
@@ -137,6 +142,7 @@ def base_values(config: str) -> dict:
     cfg = load_config(config, [])
     raw = load(config)
     return {
+        "grad_bytes": grad_bytes(cfg),
         "b0": cfg.optimizer.base_batch_size,
         "context": cfg.data.context,
         "raw": raw,
@@ -145,6 +151,17 @@ def base_values(config: str) -> dict:
         "mlb": cfg.batch.max_local_batch,
         "train_size": train_size(cfg),
     }
+
+
+def grad_bytes(cfg) -> int:
+    """Bytes of the config's model's trainable parameters in fp32: what a step's all-reduce moves."""
+    import torch
+
+    from trainers.workload.build import build_workload
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_workload(cfg).model
+    return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
 
 
 def schedules(base: dict, horizon: float, factor: int) -> list[tuple[str, dict]]:
@@ -322,9 +339,11 @@ def fit_step_time(outcomes: list[Outcome], sync_s: float):
     return model.fit()
 
 
-def project(o: Outcome, fit, local: int) -> tuple[float, float] | None:
+def project(o: Outcome, fit, local: int, sync=None) -> tuple[float, float] | None:
     """Seconds and worker-seconds to the crossing on a cluster: each step at ``W = ceil(B / local)``
-    workers takes ``T(ceil(B / W), W)`` and costs ``W x T`` (the crossing's last step counted in part)."""
+    workers takes ``T(ceil(B / W), W) + sync(W)`` and costs ``W x`` that (the crossing's last step
+    counted in part); ``sync``: seconds a step's synchronisation of W workers takes (None: only the
+    fit's own ``gamma (W - 1)``)."""
     if o.hit is None or fit is None:
         return None
     seconds = worker_s = 0.0
@@ -332,10 +351,28 @@ def project(o: Outcome, fit, local: int) -> tuple[float, float] | None:
         part = min(1.0, o.hit.step - (step - 1))
         b = o.batch_at(step)
         w = math.ceil(b / local)
-        t = fit.step_time(math.ceil(b / w), w) * part
+        t = (fit.step_time(math.ceil(b / w), w) + (sync(w) if sync else 0.0)) * part
         seconds += t
         worker_s += w * t
     return seconds, worker_s
+
+
+def cluster_sync(a: argparse.Namespace, nbytes: int):
+    """(seconds a step's synchronisation of W workers takes, or None with ``--sync-s``: the fit's own
+    linear term; the sentence that says which)."""
+    if a.sync_s is not None:
+        return None, f"gamma = --sync-s {a.sync_s:g} s per extra worker"
+    from bench.scale import Network, ring_allreduce_s
+
+    net = Network("cluster", a.bandwidth_gbps * 1e9, a.latency_us * 1e-6)
+
+    def sync(w: int) -> float:
+        return ring_allreduce_s(w, nbytes, net)
+
+    return sync, (
+        f"plus a ring all-reduce of the {nbytes / 1e6:.2f} MB gradient at {a.bandwidth_gbps:g} Gb/s, "
+        f"{a.latency_us:g} us a hop ({sync(2) * 1e3:.2f} ms at W = 2, {sync(64) * 1e3:.2f} ms at W = 64)"
+    )
 
 
 def plot(outcomes: list[Outcome], context: int, target: float, path: str) -> None:
@@ -446,10 +483,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--sync-s",
         type=float,
-        default=1e-4,
-        help="gamma, seconds per extra worker of a step on the cluster (not measurable at W = 1 here): "
-        "a ring all-reduce's 2 hops of 5 us plus a ~0.3 MB gradient at 100 Gb/s, rounded up",
+        default=None,
+        help="Pollux's linear sync term instead of the ring all-reduce: gamma, seconds per extra worker of a step",
     )
+    ap.add_argument(
+        "--bandwidth-gbps", type=float, default=100.0, help="the cluster's link, Gb/s (the ring all-reduce's)"
+    )
+    ap.add_argument("--latency-us", type=float, default=5.0, help="the cluster's latency per ring hop, us")
     ap.add_argument(
         "--cluster-local-batch",
         type=int,
@@ -477,6 +517,7 @@ def main(argv: list[str] | None = None) -> None:
             "epochs": 0.02,
             "target": 30.0,
             "only": "fixed B0,noise_scale,goodput",
+            "out": os.path.join(ROOT, "bench_out", "time_to_target_quick"),
         },
         argv=argv,
     )
@@ -523,9 +564,10 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
             flush=True,
         )
-    fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s)
+    fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s or 0.0)
+    sync, sync_note = cluster_sync(a, base["grad_bytes"])
     for o in outcomes:
-        o.projected_s, o.projected_worker_s = project(o, fit, local) or (None, None)
+        o.projected_s, o.projected_worker_s = project(o, fit, local, sync) or (None, None)
     rows = [row(o, context) for o in outcomes]
     print(
         f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
@@ -535,8 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows, HEADER))
     print(
         f"projection: {fit.describe() if fit else 'no step times'}; each step on W = ceil(B / {local}) "
-        f"workers of local batch ceil(B / W), W x T worker-seconds a step; gamma is the stated --sync-s (every run "
-        "here had W = 1); worker-s (here): what the run's groups held from its first step to the target"
+        f"workers of local batch ceil(B / W), {sync_note} (every run here had W = 1), W x that worker-seconds "
+        "a step; worker-s (here): what the run's groups held from its first step to the target"
     )
     by = {o.name: o for o in outcomes}
     fixed, ns, gp = by.get("fixed B0"), by.get("noise_scale"), by.get("goodput")
@@ -575,7 +617,9 @@ def main(argv: list[str] | None = None) -> None:
                 "eval_every_samples": eval_samples,
                 "b0": b0,
                 "cluster_local_batch": local,
-                "sync_s": a.sync_s,
+                "sync_s": a.sync_s if a.sync_s is not None else "ring",
+                "bandwidth_gbps": a.bandwidth_gbps,
+                "latency_us": a.latency_us,
             }
         )
         for key, value in (

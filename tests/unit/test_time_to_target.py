@@ -3,12 +3,13 @@ log-perplexity between two validations, the schedules' horizons placed at the ca
 counting the crossing's last step in part; and ``train.eval_every_samples``, which validates every
 schedule at the same resolution in samples whatever its batch."""
 
+import argparse
 import math
 import os
 
 import pytest
 
-from bench.time_to_target import Hit, Outcome, base_values, crossing, project, schedules
+from bench.time_to_target import Hit, Outcome, base_values, cluster_sync, crossing, project, schedules
 from orchestrator.config.prepare import load_config
 from trainers.loop.config import TrainConfig, eval_due
 
@@ -54,6 +55,33 @@ def test_projection_counts_the_last_step_in_part():
     assert seconds == pytest.approx(3.5)  # steps 1, 2 (B 2: W 1), 3 and half of 4 (B 8: W 4)
     assert worker_s == pytest.approx(1 + 1 + 4 + 2)
     assert project(Outcome("y"), Fit(), local=2) is None
+
+
+def test_projection_adds_each_steps_synchronisation_of_its_workers():
+    class Fit:
+        def step_time(self, b, w):
+            return 1.0
+
+    o = Outcome("x", batch=[(1, 2), (3, 8)], hit=Hit(step=4, samples=0, wall_s=0))
+    seconds, worker_s = project(o, Fit(), local=2, sync=lambda w: 0.5 * (w - 1))
+    assert seconds == pytest.approx(1 + 1 + 2.5 + 2.5)  # W = 4 on steps 3 and 4: 1.5 s of sync each
+    assert worker_s == pytest.approx(1 + 1 + 4 * 2.5 * 2)
+
+
+def test_cluster_sync_is_a_ring_all_reduce_of_the_gradient_or_the_stated_gamma():
+    a = argparse.Namespace(sync_s=None, bandwidth_gbps=100.0, latency_us=5.0)
+    sync, note = cluster_sync(a, 10_000_000)
+    # W = 2: half the 80 Mbit each way (0.8 ms at 100 Gb/s) + 2 hops of 5 us; W = 1: nothing
+    assert sync(1) == 0.0 and sync(2) == pytest.approx(0.8e-3 + 10e-6)
+    assert sync(64) == pytest.approx(2 * 63 / 64 * 0.8e-3 + 2 * 63 * 5e-6)
+    assert "10.00 MB" in note and "100 Gb/s" in note
+    sync, note = cluster_sync(argparse.Namespace(sync_s=0.002, bandwidth_gbps=100.0, latency_us=5.0), 10)
+    assert sync is None and "0.002" in note
+
+
+def test_base_values_count_the_gradient_bytes_of_the_configs_model():
+    base = base_values(os.path.join(CONFIGS, "lm_growing.yaml"))
+    assert 1.8e6 * 4 < base["grad_bytes"] < 2.1e6 * 4  # the 1.9M-parameter GPT in fp32
 
 
 @pytest.mark.parametrize(
