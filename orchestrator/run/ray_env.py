@@ -57,12 +57,14 @@ def quiet_ray_env(verbose: bool) -> None:
 
 
 def quiet_libraries(verbose: bool) -> None:
-    """Library chatter (MLflow's INFO lines: its database setup, its system-metrics monitor; alembic's
-    migrations; Ray's INFO lines) only when asked (``verbose``): the CLI and ``fit()`` call it."""
+    """Library chatter (MLflow's INFO lines: its database setup, its system-metrics monitor; its
+    progress bars when the driver reads a run's artifacts back on resume; alembic's migrations; Ray's
+    INFO lines) only when asked (``verbose``): the CLI and ``fit()`` call it."""
     if verbose:
         return
     # MLflow sets its loggers' level from this when it is imported (if after this call)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # read at each download
     for name in ("mlflow", "alembic", "ray"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
