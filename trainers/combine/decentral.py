@@ -178,6 +178,19 @@ def neighbour_mix(flat: torch.Tensor, offsets: Sequence[int], group: Any = None)
     return total / (len(offsets) + 1)
 
 
+@contextlib.contextmanager
+def restored(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Within the block ``tensors`` may be overwritten (the workers' average put in place for a
+    validation); their values are copied back when it ends, however it ends."""
+    saved = [t.detach().clone() for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved):
+                t.copy_(s)
+
+
 def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
@@ -284,19 +297,14 @@ class Decentralized:
     def averaged(self) -> Iterator[None]:
         """Validation scores the workers' average (parameters and floating buffers), each rank's own restored after."""
         tensors = [p.data for p in self._params()] + self._buffers()
-        saved = [t.detach().clone() for t in tensors]
         _, world = _world()
-        with torch.no_grad():
-            flat = _flat(tensors).double()
-            if world > 1:
-                dist.all_reduce(flat)
-            _unflat((flat / world).to(saved[0].dtype), tensors)
-        try:
-            yield
-        finally:
+        with restored(tensors):
             with torch.no_grad():
-                for t, s in zip(tensors, saved):
-                    t.copy_(s)
+                flat = _flat(tensors).double()
+                if world > 1:
+                    dist.all_reduce(flat)
+                _unflat((flat / world).to(tensors[0].dtype), tensors)
+            yield
 
     # -- checkpoint
 

@@ -125,7 +125,7 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field
 
-from trainers.combine.decentral import DECENTRAL_METHODS, Decentralized
+from trainers.combine.decentral import DECENTRAL_METHODS, Decentralized, restored
 from trainers.link import metrics as M
 from trainers.policies.batching import BatchPolicy, BatchStats
 from trainers.policies.decisions import BatchDecision, NoopDecision
@@ -441,15 +441,10 @@ class LocalSGD:
             yield
             return
         tensors = [p.data for p in model.parameters()] + [b for b in model.buffers() if b.is_floating_point()]
-        saved = [t.detach().clone() for t in tensors]
-        with torch.no_grad():
-            self._average(tensors, world, group)
-        try:
-            yield
-        finally:
+        with restored(tensors):
             with torch.no_grad():
-                for t, s in zip(tensors, saved):
-                    t.copy_(s)
+                self._average(tensors, world, group)
+            yield
 
     @staticmethod
     def _average(tensors: list[torch.Tensor], world: int, group: Any) -> int:
