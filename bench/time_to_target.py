@@ -357,6 +357,34 @@ def project(o: Outcome, fit, local: int, sync=None) -> tuple[float, float] | Non
     return seconds, worker_s
 
 
+def stated_step_time(text: str, sync_s: float):
+    """``--step-time ALPHA,BETA`` as a step-time fit (``gamma``: ``sync_s``); exit 2 on a bad value."""
+    from trainers.policies.goodput import StepTimeFit
+
+    try:
+        alpha, beta = (float(x) for x in text.split(","))
+    except ValueError:
+        alpha = beta = math.nan
+    if not (math.isfinite(alpha) and math.isfinite(beta) and alpha >= 0 and beta >= 0 and alpha + beta > 0):
+        print(f"--step-time: give two finite seconds >= 0, ALPHA,BETA (got {text!r})", file=sys.stderr)
+        raise SystemExit(2)
+    return StepTimeFit(alpha, beta, sync_s, points=0, fixed=("stated with --step-time",))
+
+
+def break_even(o: Outcome, ref: Outcome, ratio_aim: float) -> float | None:
+    """The smallest ``alpha / beta`` (a step's fixed time, in samples' compute) at which ``o``'s
+    worker-seconds to the target on one worker (local batch = B, no sync) are at most ``ratio_aim``
+    x ``ref``'s: ``(S_o r + N_o) <= aim (S_r r + N_r)`` with S steps and N samples to the target.
+    None when either did not reach it; inf when no ratio is enough."""
+    if o.hit is None or ref.hit is None:
+        return None
+    gap = ratio_aim * ref.hit.step - o.hit.step
+    need = o.hit.samples - ratio_aim * ref.hit.samples
+    if need <= 0:
+        return 0.0
+    return need / gap if gap > 0 else math.inf
+
+
 def cluster_sync(a: argparse.Namespace, nbytes: int):
     """(seconds a step's synchronisation of W workers takes, or None with ``--sync-s``: the fit's own
     linear term; the sentence that says which)."""
@@ -491,6 +519,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--latency-us", type=float, default=5.0, help="the cluster's latency per ring hop, us")
     ap.add_argument(
+        "--step-time",
+        default="",
+        metavar="ALPHA,BETA",
+        help="project on a stated device instead of the fit to this machine's steps: T(b) = ALPHA + BETA x b s",
+    )
+    ap.add_argument(
         "--cluster-local-batch",
         type=int,
         default=0,
@@ -565,6 +599,8 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s or 0.0)
+    if a.step_time:
+        fit = stated_step_time(a.step_time, a.sync_s or 0.0)
     sync, sync_note = cluster_sync(a, base["grad_bytes"])
     for o in outcomes:
         o.projected_s, o.projected_worker_s = project(o, fit, local, sync) or (None, None)
@@ -593,6 +629,14 @@ def main(argv: list[str] | None = None) -> None:
             "projected_worker_s": o.projected_worker_s,
         }[what]
 
+    if fixed is not None and ns is not None and fit is not None:
+        r = break_even(ns, fixed, 0.8)
+        here = fit.alpha / max(fit.beta, 1e-12)
+        if r is not None:
+            print(
+                f"cost: noise_scale's worker-seconds to the target on one worker (local batch = B) are <= 0.8x fixed "
+                f"B0's when alpha / beta >= {r:.2f} samples (this step-time model: {here:.2f})"
+            )
     others = [o.projected_s for o in outcomes if o.name != "goodput" and o.projected_s is not None]
     steps_ratio = ratio(at(ns, "steps"), at(fixed, "steps"))
     tokens_ratio = ratio(at(ns, "tokens"), at(fixed, "tokens"))

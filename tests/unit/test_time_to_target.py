@@ -100,3 +100,28 @@ def test_base_values_count_the_gradient_bytes_of_the_configs_model():
 def test_eval_every_samples(every, every_samples, step, seen, trained, ended, due):
     train = TrainConfig(eval_every=every, eval_every_samples=every_samples)
     assert eval_due(train, step, seen, trained, ended) is due
+
+
+def test_break_even_is_the_fixed_step_time_at_which_the_cost_aim_is_met():
+    from bench.time_to_target import break_even
+
+    fixed = Outcome("f", hit=Hit(step=2590, samples=10359, wall_s=0))
+    ns = Outcome("n", hit=Hit(step=886, samples=10897, wall_s=0))
+    r = break_even(ns, fixed, 0.8)
+    # (886 r + 10897) = 0.8 (2590 r + 10359) at the break-even: the cost ratio there is 0.8
+    assert (886 * r + 10897) / (2590 * r + 10359) == pytest.approx(0.8)
+    assert break_even(Outcome("n", hit=Hit(step=100, samples=5000, wall_s=0)), fixed, 0.8) == 0.0
+    assert break_even(Outcome("n", hit=Hit(step=2590, samples=10897, wall_s=0)), fixed, 0.8) == math.inf
+    assert break_even(Outcome("n"), fixed, 0.8) is None
+
+
+def test_a_stated_step_time_replaces_the_fit_and_bad_ones_exit_2(capsys):
+    from bench.time_to_target import stated_step_time
+
+    fit = stated_step_time("0.05,0.001", 0.0)
+    assert fit.step_time(10, 1) == pytest.approx(0.06)
+    for bad in ("0.05", "a,b", "nan,1", "-1,0.1", "0,0"):
+        with pytest.raises(SystemExit) as e:
+            stated_step_time(bad, 0.0)
+        assert e.value.code == 2
+        assert "--step-time" in capsys.readouterr().err
