@@ -19,8 +19,10 @@ hand-tuning.  Schedules, all from the same base learning rate tuned at B0 (the c
 driver asks the run to stop there: ``request_stop`` from its records callback), or until the cap.  Fixed
 B0 runs first under ``--epochs``; the others' cap is ``--cap-factor`` (4) x fixed B0's samples to the
 target, or ``--epochs`` when fixed B0 did not run or did not reach it.  "Not reached" means not within
-that cap.  The schedules whose plan needs a horizon (ramp over its first half, seesaw's cuts) take the cap
-as their horizon.
+that cap.  The schedules whose plan needs a horizon (ramp over its first half, seesaw's cuts at 1/4,
+1/2, 3/4) take ``--horizon-factor`` (1) x fixed B0's samples to the target: the length a user who
+knew fixed B0's run would plan (with the cap as horizon, Seesaw's first cut fell where fixed B0 had
+already reached the target, and Seesaw was fixed B0 until then).
 
 **The crossing, read fairly.**  Every schedule validates every ``--eval-samples`` samples
 (``train.eval_every_samples``), so all are read at the same resolution in tokens whatever their
@@ -167,7 +169,7 @@ def grad_bytes(cfg) -> int:
 def schedules(base: dict, horizon: float, factor: int) -> list[tuple[str, dict]]:
     """(name, sections replacing the config's) for every schedule: the ``batch`` section is rebuilt from
     the config's B0, ``max_local_batch`` and (adaptive policies) its noise-scale limits; ``horizon``
-    (epochs): the cap, where the ramp and seesaw place their plans."""
+    (epochs): where the ramp and seesaw place their plans."""
     b0, bc = base["b0"], base["batch"]
     big = factor * b0
     cap = bc.max_size or big
@@ -497,7 +499,13 @@ def main(argv: list[str] | None = None) -> None:
         "--cap-factor",
         type=float,
         default=4.0,
-        help="the other schedules' cap (and the ramp's and seesaw's horizon): this x fixed B0's samples to the target",
+        help="the other schedules' cap: this x fixed B0's samples to the target",
+    )
+    ap.add_argument(
+        "--horizon-factor",
+        type=float,
+        default=1.0,
+        help="the ramp's and seesaw's horizon: this x fixed B0's samples to the target",
     )
     ap.add_argument(
         "--eval-samples",
@@ -575,10 +583,11 @@ def main(argv: list[str] | None = None) -> None:
     outcomes: list[Outcome] = []
     t_bench = time.time()
     cap, cap_note = a.epochs, f"--epochs {a.epochs:g} (fixed B0 not run or not at the target)"
-    for k, (name, _) in enumerate(schedules(base, cap, a.factor)):
+    horizon = cap
+    for k, (name, _) in enumerate(schedules(base, horizon, a.factor)):
         if wanted and name not in wanted:
             continue
-        sections = schedules(base, cap, a.factor)[k][1]  # the horizon as it stands now
+        sections = schedules(base, horizon, a.factor)[k][1]  # the horizon as it stands now
         epochs = a.epochs if name == "fixed B0" else cap
         o = train_one(
             name,
@@ -592,6 +601,7 @@ def main(argv: list[str] | None = None) -> None:
         if name == "fixed B0" and o.hit is not None:
             cap = round(a.cap_factor * o.hit.samples / size, 6)
             cap_note = f"{a.cap_factor:g} x fixed B0's {o.hit.samples:.0f} samples to the target"
+            horizon = round(a.horizon_factor * o.hit.samples / size, 6)
         reached = f"target at step {o.hit.step:.0f}" if o.hit else "target not reached"
         print(
             f"{name}: " + (f"skipped ({o.skipped})" if o.skipped else f"{o.steps} steps, {reached}"),
@@ -607,8 +617,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [row(o, context) for o in outcomes]
     print(
         f"{os.path.relpath(a.config, ROOT)}: B0={b0} sequences of {context} tokens; target val perplexity "
-        f"{a.target:g}, read between validations every {eval_samples} samples; cap and horizon "
-        f"{cap:g} epoch ({cap * size:.0f} samples: {cap_note}); seed and data order the same for all"
+        f"{a.target:g}, read between validations every {eval_samples} samples; cap {cap:g} epoch "
+        f"({cap * size:.0f} samples: {cap_note}); ramp's and seesaw's horizon {horizon:g} epoch "
+        f"({horizon * size:.0f} samples); seed and data order the same for all"
     )
     print(table(rows, HEADER))
     print(
@@ -658,6 +669,7 @@ def main(argv: list[str] | None = None) -> None:
                 "target": a.target,
                 "epochs": a.epochs,
                 "cap_epochs": cap,
+                "horizon_epochs": horizon,
                 "eval_every_samples": eval_samples,
                 "b0": b0,
                 "cluster_local_batch": local,
