@@ -359,6 +359,23 @@ def project(o: Outcome, fit, local: int, sync=None) -> tuple[float, float] | Non
     return seconds, worker_s
 
 
+def check_numbers(a: argparse.Namespace) -> None:
+    """One line naming the option and exit 2 for a number the bench cannot use."""
+    rules = (
+        ("--target", a.target, 0.0, False),
+        ("--epochs", a.epochs, 0.0, False),
+        ("--cap-factor", a.cap_factor, 0.0, False),
+        ("--horizon-factor", a.horizon_factor, 0.0, False),
+        ("--bandwidth-gbps", a.bandwidth_gbps, 0.0, False),
+        ("--latency-us", a.latency_us, 0.0, True),
+        ("--sync-s", 0.0 if a.sync_s is None else a.sync_s, 0.0, True),
+    )
+    for name, value, low, zero_ok in rules:
+        if not math.isfinite(value) or value < low or (value == low and not zero_ok):
+            print(f"{name}: give a finite number {'>=' if zero_ok else '>'} {low:g} (got {value})", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def stated_step_time(text: str, sync_s: float):
     """``--step-time ALPHA,BETA`` as a step-time fit (``gamma``: ``sync_s``); exit 2 on a bad value."""
     from trainers.policies.goodput import StepTimeFit
@@ -563,6 +580,8 @@ def main(argv: list[str] | None = None) -> None:
         },
         argv=argv,
     )
+    check_numbers(a)  # before any run: a bad value must not cost an hour of training first
+    stated = stated_step_time(a.step_time, a.sync_s or 0.0) if a.step_time else None
     os.environ["ELASTIC_KEEP_RAY"] = "1"
     os.makedirs(a.out, exist_ok=True)
     uri = f"sqlite:///{os.path.abspath(a.out)}/mlflow{'-' + a.part if a.part else ''}.db"
@@ -608,9 +627,7 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
             flush=True,
         )
-    fit = fit_step_time([o for o in outcomes if not o.skipped], a.sync_s or 0.0)
-    if a.step_time:
-        fit = stated_step_time(a.step_time, a.sync_s or 0.0)
+    fit = stated or fit_step_time([o for o in outcomes if not o.skipped], a.sync_s or 0.0)
     sync, sync_note = cluster_sync(a, base["grad_bytes"])
     for o in outcomes:
         o.projected_s, o.projected_worker_s = project(o, fit, local, sync) or (None, None)

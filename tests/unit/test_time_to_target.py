@@ -125,3 +125,25 @@ def test_a_stated_step_time_replaces_the_fit_and_bad_ones_exit_2(capsys):
             stated_step_time(bad, 0.0)
         assert e.value.code == 2
         assert "--step-time" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--bandwidth-gbps", "0"],
+        ["--latency-us", "-1"],
+        ["--sync-s", "nan"],
+        ["--horizon-factor", "inf"],
+        ["--target", "0"],
+        ["--step-time", "x"],
+    ],
+)
+def test_bad_numbers_exit_2_before_any_run(argv, capsys, monkeypatch):
+    import bench.time_to_target as ttt
+
+    monkeypatch.setattr(ttt, "train_one", lambda *a, **k: pytest.fail("trained before the check"))
+    with pytest.raises(SystemExit) as e:
+        ttt.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(argv[0])
