@@ -661,9 +661,10 @@ def main(argv: list[str] | None = None) -> None:
         r = break_even(ns, fixed, 0.8)
         here = fit.alpha / max(fit.beta, 1e-12)
         if r is not None:
+            when = f"when alpha / beta >= {r:.2f} samples" if math.isfinite(r) else "at no alpha / beta"
             print(
                 f"cost: noise_scale's worker-seconds to the target on one worker (local batch = B) are <= 0.8x fixed "
-                f"B0's when alpha / beta >= {r:.2f} samples (this step-time model: {here:.2f})"
+                f"B0's {when} (this step-time model: {here:.2f})"
             )
     others = [o.projected_s for o in outcomes if o.name != "goodput" and o.projected_s is not None]
     steps_ratio = ratio(at(ns, "steps"), at(fixed, "steps"))
