@@ -12,6 +12,10 @@ call cut short still brings back what ran):
              what B_simple it measures, the throughput at each B
   augment    resnet18 with --augment random_crop,hflip (plain and orchestrator rows)
   compile    resnet18 with --compile (plain and orchestrator rows)
+  lm_target  bench/time_to_target.py --only "fixed B0,noise_scale" on the GPU (configs/lm_growing.yaml, the
+             1.9M GPT to validation perplexity 6): the wall ratio on a device whose step is not per-sample
+             compute, and the fitted T(b) = alpha + beta b there (the cost aim's break-even is alpha/beta >=
+             2.2 samples; a 2-core CPU gives 0.2).  Not in the default order: ``--only lm_target`` (~3-4 min)
 
 Measured on one H200 (2026-11-27, docs/benchmarks.md "On a GPU"): a bench stage takes ~3 min
 (each orchestrator row ~50 s to its first step there), smoke ~70 s, tests ~40 s, adaptive ~80 s.
@@ -40,7 +44,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-STAGES = ("smoke", "resnet18", "resnet50", "tests", "adaptive", "augment", "compile")
+STAGES = ("smoke", "resnet18", "resnet50", "tests", "adaptive", "augment", "compile", "lm_target")
+DEFAULT = STAGES[:-1]  # lm_target on request
 GPU_TESTS = (
     "tests/unit/test_gpu_path.py",
     "tests/unit/test_precision.py",
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out/gpu_checks")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for every stage together")
-    ap.add_argument("--only", default=",".join(STAGES), help="comma-separated stages: " + ", ".join(STAGES))
+    ap.add_argument("--only", default=",".join(DEFAULT), help="comma-separated stages: " + ", ".join(STAGES))
     ap.add_argument("--quick", action="store_true", help="toy sizes on the CPU: a check of this script")
     a = ap.parse_args(argv)
     stages = [s.strip() for s in a.only.split(",") if s.strip()]
@@ -236,6 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         bench("augment", "resnet18" if not q else "cnn", 800, rows + ["--augment", "random_crop,hflip"], 120)
     if "compile" in stages:
         bench("compile", "resnet18" if not q else "cnn", 1000, rows + ["--compile"], 200)
+    if "lm_target" in stages:
+        out = os.path.join(a.out, "lm_target")
+        cmd = [py, "bench/time_to_target.py", "--only", "fixed B0,noise_scale", "--out", out]
+        if q:
+            cmd += ["--quick"]
+        else:
+            sets = ["scaling.use_gpu=true", "scaling.gpus_per_worker=1", "scaling.cpus_per_worker=4"]
+            cmd += [x for s in sets for x in ("--set", s)]
+        rc, text = b.run("lm_target", cmd, 300, env)
+        keys = ("schedule", "-----", "fixed B0", "noise_scale", "projection:", "cost:", "steps_ratio=")
+        for ln in text.splitlines():
+            if ln.startswith(keys):
+                b.note("  " + ln[:400])
     b.note("gpu_checks: done")
     return 0
 

@@ -4,7 +4,7 @@ gradient scaler skipping an overflowed step, device-side augmentation and normal
 matching the CPU's, the host->device prefetcher, the noise-scale statistics on the device, and a
 ``torch.compile``d model (inductor) against the eager one.
 
-Skipped without CUDA (this project's CI has no GPU; ``bench/gpu_checks.sh`` runs them on a lent
+Skipped without CUDA (this project's CI has no GPU; ``bench/gpu_checks.py`` runs them on a lent
 GPU machine).  ``ELB_TEST_DEVICE=cpu`` runs them on the CPU instead, to check the tests
 themselves where no GPU is at hand (fp16 then uses the same scaler on CPU)."""
 
@@ -28,7 +28,7 @@ from trainers.workload.models import ModelConfig, build_model
 
 DEVICE = os.environ.get("ELB_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(
-    DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_checks.sh runs these)"
+    DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_checks.py runs these)"
 )
 
 CNN = {
