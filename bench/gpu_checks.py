@@ -20,7 +20,7 @@ call cut short still brings back what ran):
 Measured on one H200 (2026-11-27, docs/benchmarks.md "On a GPU"): a bench stage takes ~3 min
 (each orchestrator row ~50 s to its first step there), smoke ~70 s, tests ~40 s, adaptive ~80 s.
 The call that ran it (Ray, MLflow and their needs travel as one archive of CPython 3.12 wheels,
-unpacked: ``.whl/site312.tar.xz``, 46 MB; docs/benchmarks.md says how it was built)::
+unpacked: ``.whl/site312.tar.xz``, 44-46 MB, built by ``scripts/pack_device_site.py`` in ~1 min)::
 
     mkdir -p /tmp/site && tar -xJf .whl/site312.tar.xz -C /tmp/site && python3 -m compileall -q -j 0 /tmp/site;
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0;
