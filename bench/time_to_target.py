@@ -138,32 +138,26 @@ def crossing(points: list[tuple[float, float, float, float]], target: float) -> 
 
 
 def base_values(config: str) -> dict:
+    import torch
+
     from orchestrator.config.prepare import load, load_config
-    from trainers.workload.build import train_size
+    from trainers.workload.build import build_workload
 
     cfg = load_config(config, [])
     raw = load(config)
+    torch.manual_seed(cfg.train.seed)
+    work = build_workload(cfg)  # once: the data's size and the model's gradient
     return {
-        "grad_bytes": grad_bytes(cfg),
+        # what a step's all-reduce moves: the trainable parameters in fp32
+        "grad_bytes": sum(p.numel() * 4 for p in work.model.parameters() if p.requires_grad),
         "b0": cfg.optimizer.base_batch_size,
         "context": cfg.data.context,
         "raw": raw,
         "batch": cfg.batch,
         "eval_samples": cfg.train.eval_every_samples or max(1, cfg.train.eval_every) * cfg.optimizer.base_batch_size,
         "mlb": cfg.batch.max_local_batch,
-        "train_size": train_size(cfg),
+        "train_size": work.num_train,
     }
-
-
-def grad_bytes(cfg) -> int:
-    """Bytes of the config's model's trainable parameters in fp32: what a step's all-reduce moves."""
-    import torch
-
-    from trainers.workload.build import build_workload
-
-    torch.manual_seed(cfg.train.seed)
-    model = build_workload(cfg).model
-    return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
 
 
 def schedules(base: dict, horizon: float, factor: int) -> list[tuple[str, dict]]:
