@@ -371,6 +371,9 @@ class EventBook:
         self.diverged: msg.Diverged | None = None  # the run stopped on a non-finite loss
         self.starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
         self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
+        self.spawned: dict[int, float] = {}  # phase -> when its rank 0's process was started
+        self.built: dict[int, float] = {}  # phase -> when its rank 0 had built data and model
+        self.fit_called: dict[int, float] = {}  # phase -> when this driver called its fit()
         self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
         self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
         self.user_errors: list[WorkloadFailed] = []  # the user's code raised on a worker (trainers/link/failure.py)
@@ -395,6 +398,9 @@ class EventBook:
         elif isinstance(ev, PhaseStart):
             self.starts[ev.phase] = self.starts.get(ev.phase, 0) + 1
             self.entered.setdefault(ev.phase, ev.entered)
+            self.built.setdefault(ev.phase, ev.built)
+            if ev.spawned:
+                self.spawned.setdefault(ev.phase, ev.spawned)
             if self.starts[ev.phase] > 1:  # the same phase started again: Ray Train restarted the group
                 self.restarts += 1
                 return [GroupRestarted(step=ev.step, workers=ev.workers, restarts=self.restarts)]
@@ -422,6 +428,36 @@ class EventBook:
     def first_step_s(self) -> float | None:
         """Seconds from the run's start to its first optimizer step."""
         return next((ev.time - self.t_start for ev in self.events if isinstance(ev, FirstStep)), None)
+
+    def start_parts(self, launched: float | None = None, ray_up: float | None = None) -> dict[str, float]:
+        """Where the time from the driver's start to its first step went (seconds, in order; empty
+        before a first step): ``launch_s`` the command's Python, imports and config checks (when
+        ``launched``, the moment training was called, is known); ``ray_s`` Ray started or joined (when
+        ``ray_up`` is known); ``driver_s`` the driver's own work until its first ``fit()`` call (MLflow
+        run, monitor); ``group_s`` Ray Train's controller, the placement group and rank 0's process
+        started; ``worker_s`` that process until it entered the loop (Python, Ray's and torch's
+        imports, the process group, the loop's module); ``build_s`` data and model built; ``step_s``
+        the checkpoint restored and the first step.  The parts sum to ``first_step_s``."""
+        first = next((ev for ev in self.events if isinstance(ev, FirstStep)), None)
+        if first is None or first.phase not in self.fit_called or first.phase not in self.entered:
+            return {}
+        phase = first.phase
+        called, entered = self.fit_called[phase], self.entered[phase]
+        spawned = min(max(self.spawned.get(phase, called), called), entered)
+        built = min(max(self.built.get(phase, entered), entered), first.time)
+        marks, parts, last = (("launch_s", launched), ("ray_s", ray_up)), {}, self.t_start
+        for name, t in marks:
+            if t is not None:
+                t = min(max(t, last), called)
+                parts[name], last = t - last, t
+        parts.update(
+            driver_s=called - last,
+            group_s=spawned - called,
+            worker_s=entered - spawned,
+            build_s=built - entered,
+            step_s=first.time - built,
+        )
+        return parts
 
     def ended_since(self, seen: int) -> bool:
         """Whether a group said it ended (stopped, finished, diverged) after the first ``seen`` events."""
@@ -657,6 +693,7 @@ class PhaseRunner:
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
         if self.nodes.active and self.cfg.scaling.min_workers < workers:
             refresh_nodes()  # an elastic group is sized on the nodes that came for it, not on a 20 s old view
+        self.book.fit_called.setdefault(idx, time.time())
         ph.thread.start()
         return ph
 

@@ -94,6 +94,7 @@ class RunSummary:
     storage_path: str = ""
     train_run_name: str = ""
     first_step_s: float | None = None
+    start: dict[str, float] = field(default_factory=dict)  # where first_step_s went (EventBook.start_parts)
     resizes: list[dict[str, Any]] = field(default_factory=list)
     resizes_called_off: int = 0
     error: str | None = None  # why a FAILED run failed (one line)
@@ -163,10 +164,14 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     Ctrl-C or SIGTERM raises :class:`RunInterrupted` with the summary, and an error that is not the
     user's goes on up once the MLflow run is closed FAILED."""
     opts = RunOptions(**options)
-    t0 = opts.t_invoked or time.time()
+    launched = time.time()
+    t0 = opts.t_invoked or launched
     started_ray, limits = _start_ray(cfg, opts.verbose)
+    ray_up = time.time()
     try:
-        driver = _Driver(cfg, opts, t0, limits)  # the MLflow run exists from here: every way out closes it
+        driver = _Driver(
+            cfg, opts, t0, limits, (launched, ray_up)
+        )  # the MLflow run exists from here: every way out closes it
         try:
             driver.open()
             end = driver.close(driver.runner.run())
@@ -214,8 +219,16 @@ class _Driver:
     """This driver's part of one training run, from the creation (or reopening) of its MLflow run
     to its end: :meth:`open`, then the runner's loop, :meth:`close`, :meth:`end`."""
 
-    def __init__(self, cfg: RootConfig, opts: RunOptions, t0: float, limits: ClusterLimits | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RootConfig,
+        opts: RunOptions,
+        t0: float,
+        limits: ClusterLimits | None = None,
+        marks: tuple[float, float] | None = None,
+    ) -> None:
         self.cfg, self.opts, self.t0 = cfg, opts, t0
+        self.marks = marks or (None, None)  # when training was called, when Ray was up (RunSummary.start)
         self.limits = limits or ClusterLimits()
         self.progress = Progress(total_samples(cfg, opts.functions), enabled=opts.progress)
         # the tracking server's "does not answer" lines go under the bar, not through it
@@ -413,6 +426,7 @@ class _Driver:
         if runner is not None:  # None only when the run ended before its runner existed
             summary.storage_path, summary.train_run_name = runner.names.storage_path, runner.names.train_run_name
             summary.first_step_s = runner.book.first_step_s()
+            summary.start = runner.book.start_parts(*self.marks)
             summary.resizes = timeline.resizes  # every driver's
             summary.resizes_called_off = runner.tracking.called_off  # every driver's
         return summary

@@ -39,7 +39,7 @@ SUMMARY = {
     "checkpoint": ("save_ratio", "restore_ratio"),
     "cpu": ("beside_worker",),
     "gpu": ("plain_samples_per_s", "ratio_ray", "ratio"),
-    "group_start": ("fit_s",),
+    "group_start": ("first_step_ratio", "fit_s"),
     "large_batch": ("runs", "wall_s"),
     "overhead": ("ratio",),
     "recovery": ("cold_start_s", "resume_s", "grow_s", "ratio", "lost_pause_s", "drained_pause_s", "drain_ratio"),

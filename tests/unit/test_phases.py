@@ -503,3 +503,34 @@ def test_the_same_user_error_again_is_fatal_and_stops_the_group(tmp_path, monkey
 
     runner, _, _ = _runner(tmp_path, monkeypatch, {0: group}, "restart")
     assert runner.run() == UserCodeFailed(transient) and len(runner.book.user_errors) == 2
+
+
+def test_the_book_says_where_the_time_to_the_first_step_went():
+    """RunSummary.start: the parts from the driver's start to the first step sum to first_step_s,
+    in order; a rank 0 that does not know its process's start counts it in the worker's part;
+    no first step, no parts."""
+    from orchestrator.run.phases import EventBook
+    from trainers.link import messages as msg
+
+    book = EventBook(t_start=100.0)
+    assert book.start_parts(101.0, 103.0) == {}
+    book.fit_called[0] = 104.0
+    start = dict(phase=0, workers=1, step=0, resumed=False, threads=1, entered=109.0, built=110.5)
+    book.observe(msg.PhaseStart(**start, spawned=106.0))
+    book.observe(msg.FirstStep(step=1, phase=0, time=111.0))
+    parts = book.start_parts(101.0, 103.0)
+    assert parts == {
+        "launch_s": 1.0,
+        "ray_s": 2.0,
+        "driver_s": 1.0,
+        "group_s": 2.0,
+        "worker_s": 3.0,
+        "build_s": 1.5,
+        "step_s": 0.5,
+    }
+    assert sum(parts.values()) == book.first_step_s() == 11.0
+    unknown = EventBook(t_start=100.0)
+    unknown.fit_called[0] = 104.0
+    unknown.observe(msg.PhaseStart(**start))  # spawned unknown (0.0)
+    unknown.observe(msg.FirstStep(step=1, phase=0, time=111.0))
+    assert unknown.start_parts() == {"driver_s": 4.0, "group_s": 0.0, "worker_s": 5.0, "build_s": 1.5, "step_s": 0.5}

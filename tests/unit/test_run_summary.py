@@ -48,6 +48,7 @@ def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link()
         storage_path="/x",
         train_run_name="elastic-abc123",
         first_step_s=9.5,
+        start={"launch_s": 2.0, "ray_s": 0.5, "driver_s": 0.25, "group_s": 3.0, "worker_s": 2.5, "build_s": 1.0},
         phases=phases,
         worker_seconds=62.25,
         model_uri="models:/m-1",
@@ -56,6 +57,10 @@ def test_the_summary_prints_the_phase_table_the_metrics_the_model_and_the_link()
     text = _summary(s, SimpleNamespace(tracking=SimpleNamespace(experiment="quickstart")))
     lines = text.splitlines()
     assert "run finished: 80 steps in 61.0 s (first step after 9.5 s)" in text
+    assert (
+        "  to the first step: command 2.0 s, Ray up 0.5 s, driver 0.2 s, Ray Train group 3.0 s, worker start 2.5 s, "
+        "build 1.0 s" in lines
+    )  # where the 9.5 s went (EventBook.start_parts), each part named
     head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["steps", "B", "W"])
     assert lines[head].split() == ["steps", "B", "W", "samples", "wall_s", "worker-s", "resize_latency_s"]
     assert lines[head + 2].split() == ["1-50", "32", "1", "1600", "12.3", "15.0"]

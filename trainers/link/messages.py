@@ -58,6 +58,7 @@ class PhaseStart(Event):
     threads: int
     entered: float  # when rank 0 entered ``train_loop_per_worker``
     built: float  # when the trainer (data, model, process group) was built
+    spawned: float = 0.0  # when rank 0's process was started (0: not known)
     nodes: tuple[str, ...] = ()  # each rank's Ray node id (which ranks a drained node holds: run/drains.py)
 
 

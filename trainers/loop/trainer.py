@@ -46,7 +46,7 @@ from trainers.link.messages import (
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig, eval_due
-from trainers.loop.group import Group, node_id
+from trainers.loop.group import Group, node_id, process_started
 from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
 from trainers.loop.rollback import RollbackPolicy
@@ -442,6 +442,7 @@ class Trainer:
                 threads=torch.get_num_threads(),
                 entered=self.entered if self.entered is not None else built,
                 built=built,
+                spawned=process_started(),
                 nodes=nodes,
             )
         )
