@@ -10,6 +10,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 import psutil
@@ -183,18 +184,43 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_and_report(cfg, **kwargs) -> int:
     """Run, print the summary; the exit status is the run's end's (orchestrator/run/outcome.py): 0
     FINISHED, 1 FAILED, 130 stopped by Ctrl-C or SIGTERM (``ray job stop``): then the run ended
-    KILLED, its message says how to continue it."""
-    from orchestrator.run.ray_env import terminate_as_interrupt  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from orchestrator.run.runner import RunInterrupted, run_training  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    KILLED, its message says how to continue it.
 
+    The input is checked by now: Ray starts (or is joined) while a thread loads the driver's modules
+    (MLflow, Ray Train) and opens the tracking store; Ray's start is mostly waiting on its processes."""
+    from orchestrator.config.code import runtime_env  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.run.ray_env import ensure_ray, quiet_ray_env, stop_ray, terminate_as_interrupt  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+    verbose = kwargs.get("verbose", False)
+    quiet_ray_env(verbose)  # before the thread imports Ray
+    launched = time.time()
+    loading = threading.Thread(target=_load_driver, args=(cfg.tracking.resolved_uri(),), daemon=True)
+    loading.start()
+    started = handed = False
     try:
         with terminate_as_interrupt():
-            summary = run_training(cfg, **kwargs)
-    except RunInterrupted as e:
-        print(_summary(e.summary, cfg), file=sys.stderr)
-        return e.summary.exit_code
+            started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
+            loading.join()
+            from orchestrator.run.runner import RunInterrupted, run_training  # noqa: PLC0415 - loaded beside Ray's start (_load_driver)
+
+            handed = True  # the run stops the Ray started here, however it ends
+            try:
+                summary = run_training(cfg, own_ray=started, t_launched=launched, **kwargs)
+            except RunInterrupted as e:
+                print(_summary(e.summary, cfg), file=sys.stderr)
+                return e.summary.exit_code
+    finally:
+        if started and not handed:  # Ctrl-C while Ray started
+            stop_ray()
     print(_summary(summary, cfg))
     return summary.exit_code
+
+
+def _load_driver(tracking_uri: str) -> None:
+    """Import the driver's modules and open the tracking store (a new SQLite file's migrations)."""
+    from orchestrator.run.runner import open_tracking_store  # noqa: PLC0415 - the point of this thread
+
+    open_tracking_store(tracking_uri)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

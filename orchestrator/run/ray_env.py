@@ -17,6 +17,8 @@ from typing import Any
 from orchestrator.run.reservations import PLACEMENT_WAIT_S
 from trainers.errors import first_line
 
+CONTROLLER_POLL_S = 0.5  # Ray Train's controller's poll of its workers (its default: 2 s)
+
 _term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
 
 
@@ -130,6 +132,14 @@ def _token_auth() -> None:
         del os.environ["RAY_AUTH_MODE"]
 
 
+def stop_ray() -> None:
+    """Shut down the Ray this process started (not when ``ELASTIC_KEEP_RAY`` says to keep it: the tests' shared one)."""
+    if not os.environ.get("ELASTIC_KEEP_RAY"):
+        import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+        ray.shutdown()
+
+
 WORKER_POOL_ALARM = "PYTHON worker processes have been started on node"
 """Ray's warning that a node starts more worker processes at once than it has CPUs: a head without
 CPUs (the driver's node) raises it for the driver-side actors of a search's parallel trials (each
@@ -186,6 +196,10 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
     # cluster holds: its 60 s default is the pause a lost node costs when the restarted group was
     # first sized from a view of the cluster from before the loss (orchestrator/run/reservations.py)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(PLACEMENT_WAIT_S))
+    # Ray Train's controller looks at its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by
+    # default): a group that ended (a resize's checkpoint, the planned end, a stop) is seen that much
+    # later, at every phase end; a poll is one small call to each worker
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(CONTROLLER_POLL_S))
     address = os.environ.get("RAY_ADDRESS")
     if address:
         with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below

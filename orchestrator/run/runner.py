@@ -14,7 +14,6 @@ See ``docs/architecture.md``.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -53,7 +52,7 @@ from orchestrator.run.outcome import (
     ending,
 )
 from orchestrator.run.phases import POLL_S, PhaseRunner, RunStart
-from orchestrator.run.ray_env import ensure_ray, quiet_ray_env
+from orchestrator.run.ray_env import ensure_ray, quiet_ray_env, stop_ray
 from orchestrator.run.reservations import release
 from orchestrator.run.run_info import RUN_INFO, DriverLock, find_run, write_run_info
 from trainers.link import metrics as M
@@ -120,6 +119,8 @@ class RunOptions:
     on_records: Callable[[list], None] | None = None  # given each batch of step records
     on_event: Callable[[Any], None] | None = None  # given each event, the workers' and the driver's
     t_invoked: float | None = None  # when the command was invoked (the wall time counts from it)
+    own_ray: bool = False  # the caller started Ray for this run (cli.py, while the driver loaded): stop it at the end
+    t_launched: float | None = None  # when the caller began starting Ray for this run (RunSummary.start)
     resume_run_id: str | None = None  # continue this MLflow run from its newest checkpoint
     driver_lock: DriverLock | None = None  # the run's driver lock, held already (cli.cmd_resume)
     functions: dict[str, Callable[..., Any]] | None = None  # factories sent by value (fit())
@@ -164,9 +165,9 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     Ctrl-C or SIGTERM raises :class:`RunInterrupted` with the summary, and an error that is not the
     user's goes on up once the MLflow run is closed FAILED."""
     opts = RunOptions(**options)
-    launched = time.time()
+    launched = opts.t_launched or time.time()
     t0 = opts.t_invoked or launched
-    started_ray, limits = _start_ray(cfg, opts.verbose)
+    started_ray, limits = _start_ray(cfg, opts.verbose, opts.own_ray)
     ray_up = time.time()
     try:
         driver = _Driver(
@@ -189,16 +190,16 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     return summary
 
 
-def _start_ray(cfg: RootConfig, verbose: bool) -> tuple[bool, ClusterLimits]:
+def _start_ray(cfg: RootConfig, verbose: bool, own: bool = False) -> tuple[bool, ClusterLimits]:
     """Start (or join) Ray while MLflow's store opens; refuse, before any MLflow run exists, a
-    run the cluster can never hold.  Whether this process started Ray, and what the cluster's
-    autoscaler may grow it to (orchestrator/run/cluster_limits.py)."""
+    run the cluster can never hold.  Whether this process started Ray (``own``: its caller did,
+    for this run), and what the cluster's autoscaler may grow it to (orchestrator/run/cluster_limits.py)."""
     # Import MLflow and open its store (a fresh SQLite file takes seconds of schema migrations)
     # while Ray starts; the run itself is created once Ray is up.
-    warm = threading.Thread(target=_open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
+    warm = threading.Thread(target=open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
     warm.start()
 
-    started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
+    started = ensure_ray(verbose, runtime_env=runtime_env(cfg)) or own
     warm.join()
     limits = read_limits()
     why = _infeasible(cfg, limits)
@@ -209,10 +210,8 @@ def _start_ray(cfg: RootConfig, verbose: bool) -> tuple[bool, ClusterLimits]:
 
 
 def _stop_ray(started: bool) -> None:
-    if started and not os.environ.get("ELASTIC_KEEP_RAY"):
-        import ray  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
-
-        ray.shutdown()
+    if started:
+        stop_ray()
 
 
 class _Driver:
@@ -454,7 +453,7 @@ def _logged_steps(tracker: RunTracker) -> int:
     return max((s for s, _ in tracker.series.history.get(M.TRAIN_LOSS, [])), default=0)
 
 
-def _open_tracking_store(uri: str) -> None:
+def open_tracking_store(uri: str) -> None:
     """Import MLflow and, for a database store, create or migrate its schema (a server is not
     called here: one that does not answer would be retried twice as long)."""
     try:

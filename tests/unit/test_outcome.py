@@ -201,10 +201,25 @@ def test_the_cli_exits_with_the_status_of_the_runs_end(monkeypatch, capsys):
             error=ending(end, RUN).message,
         )
 
-    cfg = SimpleNamespace(tracking=SimpleNamespace(experiment="e"))
+    import orchestrator.cli as cli
+    import orchestrator.config.code as code_module
+    import orchestrator.run.ray_env as ray_env
+
+    # Ray is started (here: said to be) while the driver loads; the run is told it owns that Ray
+    monkeypatch.setattr(ray_env, "ensure_ray", lambda verbose, runtime_env=None: True)
+    monkeypatch.setattr(code_module, "runtime_env", lambda cfg: None)
+    monkeypatch.setattr(cli, "_load_driver", lambda uri: None)
+    cfg = SimpleNamespace(tracking=SimpleNamespace(experiment="e", resolved_uri=lambda: "sqlite:///m.db"))
+    handed = []
     for end, status, code in ((Finished(), "FINISHED", 0), (CapacityLost("lost capacity"), "FAILED", 1)):
-        monkeypatch.setattr(runner, "run_training", lambda cfg, **kw: summary(end, status, code))
+
+        def run(cfg, **kw):
+            handed.append(kw["own_ray"])
+            return summary(end, status, code)
+
+        monkeypatch.setattr(runner, "run_training", run)
         assert _train_and_report(cfg) == code
+    assert handed == [True, True]
     assert "error          lost capacity" in capsys.readouterr().out
 
     def interrupted(cfg, **kw):
