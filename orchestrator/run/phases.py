@@ -33,6 +33,7 @@ does with records and events (MLflow, the progress bar) is up to listeners
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -61,7 +62,7 @@ from orchestrator.record.progress_bar import Progress
 from orchestrator.record.run_tracker import RunTracker
 from orchestrator.record.timeline import Timeline
 from orchestrator.run.autoscaling import NodeSupply, NodeSupplyListener
-from orchestrator.run.drains import room_outside
+from orchestrator.run.drains import DrainWatch, room_outside
 from orchestrator.run.failures import FailureNotice
 from orchestrator.run.monitor import Monitor, has_room
 from orchestrator.run.nodes import CapacityWatch
@@ -78,6 +79,7 @@ from orchestrator.run.outcome import (
     UserCodeFailed,
     is_fatal,
 )
+from orchestrator.run.ray_env import on_own_local_ray
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
 from trainers.link import messages as msg
@@ -543,11 +545,17 @@ class PhaseRunner:
         self.link = MonitorLink(judged)
         self.book = EventBook(restarts=start.restarts, t_start=start.t0)
         self.resize_book = ResizeBook()
+        # On a local Ray this process started (one node, the driver's) no node comes, goes or is
+        # drained: the looks at the nodes (every 2 s), at the drains (every second) and for capacity
+        # that came back cost the loop's cores for nothing, so each is made once
+        once = on_own_local_ray()
         self.capacity = CapacityWatch(
             cfg.scaling.min_workers,
             cfg.scaling.capacity_timeout_s,
-            grow_every_s=cfg.scaling.capacity_check_s,
+            every_s=math.inf if once else 2.0,
+            grow_every_s=math.inf if once else cfg.scaling.capacity_check_s,
             on_change=refresh_nodes,
+            drains=DrainWatch(every_s=math.inf) if once else None,
         )
 
     @property

@@ -19,6 +19,7 @@ from trainers.errors import first_line
 
 CONTROLLER_POLL_S = 0.5  # Ray Train's controller's poll of its workers (its default: 2 s)
 
+_started_local = False  # this process started a local Ray (ensure_ray): one node, this machine's
 _term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
 
 
@@ -132,6 +133,14 @@ def _token_auth() -> None:
         del os.environ["RAY_AUTH_MODE"]
 
 
+def on_own_local_ray() -> bool:
+    """Whether the Ray this process uses is a local one it started itself: one node (this machine's,
+    the driver's), which no autoscaler grows, no provider drains and no other node's loss shrinks."""
+    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+
+    return _started_local and ray.is_initialized()
+
+
 def stop_ray() -> None:
     """Shut down the Ray this process started (not when ``ELASTIC_KEEP_RAY`` says to keep it: the tests' shared one)."""
     if not os.environ.get("ELASTIC_KEEP_RAY"):
@@ -221,6 +230,8 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
         _token_auth()
         with _single_machine_ray():
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        global _started_local
+        _started_local = True
     if _term_as_interrupt and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
     if not verbose:
