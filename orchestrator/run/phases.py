@@ -103,6 +103,19 @@ STOP_WAIT_S = 2.0
 TRACKING_STOP_WAIT_S = 60.0
 
 
+class GroupTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer`` without the Ray Data part it starts for every group even when
+    it is given no datasets (as here: the data order is ours): a ``DatasetManager`` actor, one more
+    process that imports Ray Data at each group start and stays beside the loop.  Where Ray names
+    its callbacks otherwise, nothing is left out."""
+
+    def _create_default_callbacks(self) -> list:
+        callbacks = super()._create_default_callbacks()
+        if self.datasets:
+            return callbacks
+        return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+
+
 class _Phase:
     """One ``fit()`` running in a thread; ``hold`` writes down how long its group held its
     resources (orchestrator/record/cost.py: the run's cost)."""
@@ -667,7 +680,7 @@ class PhaseRunner:
         payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
         if self.functions:
             payload["functions"] = dict(self.functions)  # cloudpickled by Ray
-        return TorchTrainer(
+        return GroupTrainer(
             train_loop_per_worker,
             train_loop_config=payload,
             scaling_config=ScalingConfig(

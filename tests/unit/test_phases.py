@@ -534,3 +534,27 @@ def test_the_book_says_where_the_time_to_the_first_step_went():
     unknown.observe(msg.PhaseStart(**start))  # spawned unknown (0.0)
     unknown.observe(msg.FirstStep(step=1, phase=0, time=111.0))
     assert unknown.start_parts() == {"driver_s": 4.0, "group_s": 0.0, "worker_s": 5.0, "build_s": 1.5, "step_s": 0.5}
+
+
+def test_a_group_starts_without_ray_datas_manager_unless_given_datasets():
+    """Ray Train starts a DatasetManager actor (a process importing Ray Data) for every group, with
+    datasets or not; the driver's groups get no datasets (the data order is ours): none is started.
+    Its other parts (the process group's setup, the placement group's cleaner, ...) all stay."""
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from orchestrator.run.phases import GroupTrainer
+
+    def names(trainer) -> list[str]:
+        return [type(c).__name__ for c in trainer._create_default_callbacks()]
+
+    scaling = ScalingConfig(num_workers=1)
+    ours, ray_train = (
+        names(GroupTrainer(lambda c: None, scaling_config=scaling)),
+        names(TorchTrainer(lambda c: None, scaling_config=scaling)),
+    )
+    assert "DatasetsCallback" in ray_train  # what Ray Train does: if this fails, Ray no longer starts it
+    assert ours == [n for n in ray_train if n != "DatasetsCallback"]
+    assert {"BackendSetupCallback", "PlacementGroupCleanerCallback"} <= set(ours)
+    with_data = GroupTrainer(lambda c: None, scaling_config=scaling, datasets={"train": [1, 2]})
+    assert names(with_data) == ray_train
