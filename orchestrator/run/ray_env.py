@@ -19,7 +19,7 @@ from trainers.errors import first_line
 
 CONTROLLER_POLL_S = 0.5  # Ray Train's controller's poll of its workers (its default: 2 s)
 
-_started_local = False  # this process started a local Ray (ensure_ray): one node, this machine's
+_local_address = ""  # the GCS address of the local Ray this process started last (ensure_ray): one node
 _term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
 
 
@@ -138,7 +138,7 @@ def on_own_local_ray() -> bool:
     the driver's), which no autoscaler grows, no provider drains and no other node's loss shrinks."""
     import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
-    return _started_local and ray.is_initialized()
+    return bool(_local_address) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _local_address
 
 
 def stop_ray() -> None:
@@ -230,8 +230,8 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
         _token_auth()
         with _single_machine_ray():
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
-        global _started_local
-        _started_local = True
+        global _local_address
+        _local_address = ray.get_runtime_context().gcs_address
     if _term_as_interrupt and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
     if not verbose:

@@ -81,3 +81,35 @@ def test_what_ray_pushes_to_the_driver_is_one_line_a_message_and_a_users_print_i
         [],
     ]
     assert first_line_only(show).first_line_only
+
+
+def test_only_the_local_ray_this_process_started_counts_as_its_own(monkeypatch):
+    """On its own local Ray (one node) the driver looks at nodes and drains once; a Ray it joined,
+    or another Ray started after its own, is looked at as a cluster."""
+    import math
+    from types import SimpleNamespace
+
+    import ray
+
+    from orchestrator.run import ray_env
+    from orchestrator.run.drains import DrainWatch
+
+    address = {"now": "127.0.0.1:6100"}
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address=address["now"]))
+    monkeypatch.setattr(ray_env, "_local_address", "")
+    assert not ray_env.on_own_local_ray()  # joined (RAY_ADDRESS): never started here
+    monkeypatch.setattr(ray_env, "_local_address", "127.0.0.1:6100")
+    assert ray_env.on_own_local_ray()
+    address["now"] = "10.0.0.5:6379"  # a cluster joined after the local one was shut down
+    assert not ray_env.on_own_local_ray()
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    address["now"] = "127.0.0.1:6100"
+    assert not ray_env.on_own_local_ray()
+
+    clock, looks = [0.0], []
+    once = DrainWatch(every_s=math.inf, source=lambda: looks.append(1) or {}, clock=lambda: clock[0])
+    for t in (0.0, 5.0, 3600.0):
+        clock[0] = t
+        once.look()
+    assert looks == [1]  # the local Ray's drains: looked at once
