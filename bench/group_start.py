@@ -7,7 +7,8 @@ controller actor, a placement group, W worker processes that import torch, the g
 their teardown.  Nothing of this project runs here.  Rows:
 
   ray.init        a local Ray started and stopped by this process (as the CLI does), no work
-  fit W=n         one ``fit()`` on the Ray already up, ``n`` workers of 0.5 CPU, no-op train function
+  fit W=n         one ``fit()`` on the Ray already up, ``n`` workers of 0.5 CPU, no-op train function;
+                  beside it the same with the driver's ``GroupTrainer`` (no Ray Data actor)
   imports         a fresh Python importing what a worker imports: Ray Train's torch part alone, and
                   with the loop's module (``trainers.loop.trainer``) after it: the difference is ours
   bare script     ``python`` of a script that imports Ray Train, joins the Ray already up and calls
@@ -137,14 +138,17 @@ def time_ray_init() -> float:
     return time.perf_counter() - t
 
 
-def time_fit(workers: int, storage: str, i: int) -> float:
+def time_fit(workers: int, storage: str, i: int, ours: bool = False) -> float:
+    """One no-op ``fit()``: Ray Train's ``TorchTrainer``, or (``ours``) the driver's ``GroupTrainer``."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    trainer = TorchTrainer(
+    from orchestrator.run.phases import GroupTrainer
+
+    trainer = (GroupTrainer if ours else TorchTrainer)(
         noop,
         scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
-        run_config=RunConfig(storage_path=storage, name=f"noop-w{workers}-{i}"),
+        run_config=RunConfig(storage_path=storage, name=f"noop-w{workers}-{i}{'-ours' if ours else ''}"),
     )
     t = time.perf_counter()
     trainer.fit()
@@ -181,10 +185,14 @@ def main() -> None:
     try:
         storage = scratch_dir()
         time_fit(1, storage, -1)  # the first fit imports Ray Train's modules in this process: not counted
-        fits = {}
-        for w in counts:
-            fits[w] = [time_fit(w, storage, i) for i in range(args.repeats)]
+        fits, ours = {}, {}
+        for w in counts:  # interleaved: Ray Train's trainer and the driver's see the same machine
+            pairs = [(time_fit(w, storage, i), time_fit(w, storage, i, ours=True)) for i in range(args.repeats)]
+            fits[w], ours[w] = [p[0] for p in pairs], [p[1] for p in pairs]
             rows.append((f"fit W={w} (0.5 CPU each)", args.repeats, f"{median(fits[w]):.1f}", f"{min(fits[w]):.1f}"))
+            rows.append(
+                (f"  the driver's GroupTrainer, W={w}", args.repeats, f"{median(ours[w]):.1f}", f"{min(ours[w]):.1f}")
+            )
         open_tracking_store(f"sqlite:///{storage}/mlflow.db")  # a new store's migrations: not counted
         bare, quick = [], []
         for _ in range(args.repeats):  # interleaved: both see the same machine
