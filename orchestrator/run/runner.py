@@ -170,9 +170,8 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     started_ray, limits = _start_ray(cfg, opts.verbose, opts.own_ray)
     ray_up = time.time()
     try:
-        driver = _Driver(
-            cfg, opts, t0, limits, (launched, ray_up)
-        )  # the MLflow run exists from here: every way out closes it
+        # the MLflow run exists from here: every way out closes it
+        driver = _Driver(cfg, opts, t0, limits, (launched, ray_up))
         try:
             driver.open()
             end = driver.close(driver.runner.run())
