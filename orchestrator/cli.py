@@ -13,16 +13,16 @@ import sys
 import threading
 import time
 
-import psutil
-
 from orchestrator.config import command
+from orchestrator.config.code import runtime_env
 from orchestrator.config.flags import OneLineParser, number, set_without_equals
 from orchestrator.config.prepare import prepare
 from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.config.uris import redact_text, redact_uri
 from orchestrator.record.ui import open_hint
 from orchestrator.run.outcome import EXIT_INTERRUPTED
-from orchestrator.run.ray_env import quiet_libraries
+from orchestrator.run.ray_env import ensure_ray, quiet_libraries, quiet_ray_env, stop_ray, terminate_as_interrupt
+from trainers.link.messages import process_started
 from trainers.loop.storage import join
 
 EXIT_BAD_INPUT = 2  # a run's own exit statuses: orchestrator/run/outcome.py
@@ -161,10 +161,7 @@ def _summary(s, cfg) -> str:
 def invoked() -> float:
     """When this command was invoked: its process's start (Python's own start and imports count),
     or now where the system does not say."""
-    try:
-        return psutil.Process().create_time()
-    except (psutil.Error, OSError):
-        return time.time()
+    return process_started() or time.time()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -188,9 +185,6 @@ def _train_and_report(cfg, **kwargs) -> int:
 
     The input is checked by now: Ray starts (or is joined) while a thread loads the driver's modules
     (MLflow, Ray Train) and opens the tracking store; Ray's start is mostly waiting on its processes."""
-    from orchestrator.config.code import runtime_env  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from orchestrator.run.ray_env import ensure_ray, quiet_ray_env, stop_ray, terminate_as_interrupt  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-
     verbose = kwargs.get("verbose", False)
     quiet_ray_env(verbose)  # before the thread imports Ray
     launched = time.time()

@@ -181,7 +181,8 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
             end = driver.failed(e)
         summary = driver.end(end)
     finally:
-        _stop_ray(started_ray)
+        if started_ray:
+            stop_ray()
     if isinstance(end, Interrupted):
         raise RunInterrupted(summary) from None
     if isinstance(end, (RayTrainFailed, DriverFailed)):  # recorded on the run; its traceback for the caller
@@ -203,14 +204,10 @@ def _start_ray(cfg: RootConfig, verbose: bool, own: bool = False) -> tuple[bool,
     limits = read_limits()
     why = _infeasible(cfg, limits)
     if why:  # Ray Train would wait for these resources forever
-        _stop_ray(started)
+        if started:
+            stop_ray()
         raise ConfigError(why)
     return started, limits
-
-
-def _stop_ray(started: bool) -> None:
-    if started:
-        stop_ray()
 
 
 class _Driver:

@@ -202,12 +202,10 @@ def test_the_cli_exits_with_the_status_of_the_runs_end(monkeypatch, capsys):
         )
 
     import orchestrator.cli as cli
-    import orchestrator.config.code as code_module
-    import orchestrator.run.ray_env as ray_env
 
     # Ray is started (here: said to be) while the driver loads; the run is told it owns that Ray
-    monkeypatch.setattr(ray_env, "ensure_ray", lambda verbose, runtime_env=None: True)
-    monkeypatch.setattr(code_module, "runtime_env", lambda cfg: None)
+    monkeypatch.setattr(cli, "ensure_ray", lambda verbose, runtime_env=None: True)
+    monkeypatch.setattr(cli, "runtime_env", lambda cfg: None)
     monkeypatch.setattr(cli, "_load_driver", lambda uri: None)
     cfg = SimpleNamespace(tracking=SimpleNamespace(experiment="e", resolved_uri=lambda: "sqlite:///m.db"))
     handed = []

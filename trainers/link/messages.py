@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+import psutil
+
 Record = tuple[int, dict[str, float], float]  # (step, metrics, wall time the step ended)
 ResizeMode = Literal["", "overlap", "restart"]  # "": keep the group
 
@@ -43,6 +45,15 @@ class Event:
 
     kind: ClassVar[str] = "event"
     time: float = field(default_factory=time.time)
+
+
+def process_started() -> float:
+    """When this process was started (wall time; 0.0 where the system does not say): a group's rank 0
+    for :class:`PhaseStart`, the CLI for the time a command was invoked."""
+    try:
+        return psutil.Process().create_time()
+    except (psutil.Error, OSError):
+        return 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

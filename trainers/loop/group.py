@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import psutil
 import torch
 import torch.distributed as dist
 
@@ -74,14 +73,6 @@ class Group:
         if self.world > 1:
             dist.broadcast(t, src=0)
         return float(t.item())
-
-
-def process_started() -> float:
-    """When this process was started (wall time; 0.0 where the system does not say)."""
-    try:
-        return psutil.Process().create_time()
-    except (psutil.Error, OSError):
-        return 0.0
 
 
 def node_id() -> str:

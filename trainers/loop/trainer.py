@@ -42,11 +42,12 @@ from trainers.link.messages import (
     ResizeCheckpoint,
     Stopped,
     StorageFailed,
+    process_started,
 )
 from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig, eval_due
-from trainers.loop.group import Group, node_id, process_started
+from trainers.loop.group import Group, node_id
 from trainers.loop.learner import Learner, unwrap
 from trainers.loop.report import Reporter
 from trainers.loop.rollback import RollbackPolicy
