@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.schema import ConfigError
+from trainers import catalog
 from trainers.accel.precision import check_precision
 from trainers.errors import one_line
 
@@ -58,9 +59,10 @@ def _choice(cfg: RootConfig) -> None:
                 f"{section}.factory: give either {section}.name ({s.name!r}) or {section}.factory "
                 f"({s.factory!r}), not both; remove one of them"
             )
-        if section == "data" and s.val_split == "test" and s.name != "cifar10":
+        if section == "data" and s.val_split == "test" and (s.builtin is None or s.builtin.test_samples is None):
+            with_test_set = ", ".join(catalog.dataset_names(lambda d: d.test_samples is not None))
             raise ConfigError(
-                f"data.val_split: test needs a dataset with an official test set (cifar10), "
+                f"data.val_split: test needs a dataset with an official test set ({with_test_set}), "
                 f"not {s.factory or s.name!r}; set data.val_split: fraction"
             )
 
@@ -270,12 +272,17 @@ def _sync_bn(cfg: RootConfig) -> None:
         )
 
 
+def _token_data(cfg: RootConfig) -> bool:
+    """Whether the data are a built-in set of token ids (a language model's inputs)."""
+    d = cfg.data
+    return d.factory is None and d.builtin is not None and d.builtin.inputs == "tokens"
+
+
 def check_fast_path(cfg: RootConfig) -> None:
     """The GPU fast path's options against the resources (``trainers/accel/``): fp16 and data on the
     accelerator need GPUs; channels_last and augmentation need an image model and image inputs
     (known here for built-in data and models; a factory's model is checked once built, by
     ``trainers.accel.device.to_channels_last`` on the worker)."""
-    from trainers.accel.device import NON_IMAGE_MODELS  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
     from trainers.data.datasets import dataset_info  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     d, m, use_gpu = cfg.data, cfg.model, cfg.scaling.use_gpu
@@ -288,13 +295,16 @@ def check_fast_path(cfg: RootConfig) -> None:
             "data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true; "
             "set data.device: host to train on CPUs"
         )
-    if m.channels_last and m.name in NON_IMAGE_MODELS:
+    if m.channels_last and m.builtin is not None and not m.builtin.image:
         raise ConfigError(
             f"model.channels_last: {m.name} has no Conv2d layer (not a 4-D image model); set "
-            "model.channels_last: false, or use cnn/resnet18/resnet50"
+            f"model.channels_last: false, or use {'/'.join(catalog.model_names(lambda b: b.image))}"
         )
-    shape = list(dataset_info(d).shape) if d.in_memory else [d.context] if d.name == "text" else None
-    if shape is None:
+    if d.in_memory:
+        shape = list(dataset_info(d).shape)
+    elif _token_data(cfg):
+        shape = [d.context]
+    else:
         return
     if m.channels_last and len(shape) != 3:
         raise ConfigError(
@@ -425,7 +435,7 @@ def check_adversarial(cfg: RootConfig) -> None:
     a = cfg.train.adversarial
     if a.method == "none":
         return
-    if cfg.data.name == "text" or cfg.model.name in ("gpt", "lstm"):
+    if _token_data(cfg) or cfg.model.language_model:
         raise ConfigError(
             f"train.adversarial.method: {a.method} perturbs the model input along its gradient, and the "
             f"language model's input is token ids (no gradient); set train.adversarial.method: none"
@@ -495,8 +505,19 @@ def _optimizer(*names: str) -> Callable[[RootConfig], bool]:
     return lambda c: c.optimizer.name in names
 
 
+def _model(*names: str) -> Callable[[RootConfig], bool]:
+    return lambda c: c.model.name in names
+
+
 def _dataset(*names: str) -> Callable[[RootConfig], bool]:
     return lambda c: c.data.name in names
+
+
+_HIDDEN_MODELS = catalog.model_names(lambda m: m.uses_hidden)
+_RESIDUAL_MODELS = catalog.model_names(lambda m: m.residual)
+_LANGUAGE_MODELS = catalog.model_names(lambda m: m.language_model)
+_ROOT_DATASETS = catalog.dataset_names(lambda d: d.needs_root)
+_GENERATED_DATASETS = catalog.dataset_names(lambda d: d.generated)
 
 
 _ADAPTIVE = ("noise_scale", "norm_test")
@@ -595,11 +616,11 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
         "optimizer.name is adam, adamw or lamb",
         "optimizer.name: adamw",
     ),
-    # model (trainers/workload/models.py: MODELS)
-    Needs("model.hidden", lambda c: c.model.name in ("mlp", "cnn"), "model.name is mlp or cnn", "model.name: cnn"),
+    # model (trainers/catalog.py: what each built-in model reads; trainers/workload/models.py: MODELS)
+    Needs("model.hidden", _model(*_HIDDEN_MODELS), f"model.name is {' or '.join(_HIDDEN_MODELS)}", "model.name: cnn"),
     Needs(
         "model.zero_init_residual",
-        lambda c: c.model.name.startswith("resnet") and c.model.norm == "batch",
+        lambda c: c.model.name in _RESIDUAL_MODELS and c.model.norm == "batch",
         "model.name is a resnet with model.norm: batch",
         "model.name: resnet18 and model.norm: batch",
     ),
@@ -608,7 +629,8 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
     Needs(
         "model.params",
         lambda c: c.model.factory is not None or c.model.language_model,
-        "model.factory is given or model.name is gpt or lstm (the built-in image models take no params)",
+        f"model.factory is given or model.name is {' or '.join(_LANGUAGE_MODELS)} (the built-in image models "
+        "take no params)",
         "model.factory: package.module:function",
     ),
     Needs(
@@ -618,9 +640,19 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
         "data.factory: package.module:function",
     ),
     # data (trainers/data/datasets.py: the loaders)
-    Needs("data.root", _dataset("cifar10"), "data.name is cifar10 (the others need no files)", "data.name: cifar10"),
+    Needs(
+        "data.root",
+        _dataset(*_ROOT_DATASETS),
+        f"data.name is {' or '.join(_ROOT_DATASETS)} (the others need no files)",
+        "data.name: cifar10",
+    ),
     *(
-        Needs(f"data.{f}", _dataset("synthetic"), "data.name is synthetic", "data.name: synthetic")
+        Needs(
+            f"data.{f}",
+            _dataset(*_GENERATED_DATASETS),
+            f"data.name is {' or '.join(_GENERATED_DATASETS)}",
+            "data.name: synthetic",
+        )
         for f in ("size", "shape", "num_classes")
     ),
     Needs(
@@ -670,19 +702,26 @@ def check_ignored(cfg: RootConfig) -> None:
 
 # --------------------------------------------------------------------------- samples vs batch
 
-DATASET_SIZES = {"digits": 1797, "cifar10": 50000}
-"""Samples of the fixed datasets (scikit-learn's digits; CIFAR-10's training batches)."""
+
+def known_size(cfg: RootConfig) -> int | None:
+    """The samples of a built-in training set before the validation split, known without loading
+    it (``trainers.catalog``; a generated set's: ``data.size``); None for a factory's or a text's."""
+    d = cfg.data
+    if d.factory is not None or d.builtin is None:
+        return None
+    return d.size if d.builtin.generated else d.builtin.train_samples
 
 
 def train_samples(cfg: RootConfig) -> tuple[int, str]:
     """The training samples after the validation split, as ``trainers.data.datasets.load_data`` cuts them,
-    and how that number comes about (for messages)."""
-    d = cfg.data
-    n = d.size if d.name == "synthetic" else DATASET_SIZES[d.name]
+    and how that number comes about (for messages); for a dataset of :func:`known_size`."""
+    d, n = cfg.data, known_size(cfg)
+    if n is None:
+        raise ValueError(f"the training set of {d.factory or d.name!r} is known only once loaded")
     if d.val_split == "test":
         return n, f"{d.name} {n}, validated on its test set (data.val_split: test)"
     n_val = max(1, int(round(n * d.val_fraction)))
-    total = "data.size" if d.name == "synthetic" else d.name
+    total = "data.size" if d.builtin is not None and d.builtin.generated else d.name
     return n - n_val, f"{total} {n} minus {n_val} held out by data.val_fraction {d.val_fraction:g}"
 
 
@@ -710,7 +749,10 @@ def check_samples(cfg: RootConfig) -> None:
 # --------------------------------------------------------------------------- model input
 
 
-SMALL_MODELS = ("mlp", "cnn")  # built and run on the CPU in milliseconds
+def _check_device(cfg: RootConfig) -> str:
+    """Where the config checks build a built-in model: the CPU for a small one (milliseconds), else
+    PyTorch's ``meta`` device (shapes only)."""
+    return "cpu" if cfg.model.builtin is not None and cfg.model.builtin.small else "meta"
 
 
 def check_model_input(cfg: RootConfig) -> None:
@@ -725,16 +767,17 @@ def check_model_input(cfg: RootConfig) -> None:
 
     info = dataset_info(cfg.data)
     try:
-        with torch.device("cpu" if cfg.model.name in SMALL_MODELS else "meta"), torch.no_grad():
+        with torch.device(_check_device(cfg)), torch.no_grad():
             model = build_model(info, cfg.model.model_copy(update={"sync_bn": False})).eval()
             out = model(torch.zeros((2, *info.shape)))
         if tuple(out.shape) != (2, info.num_classes):
             raise RuntimeError(f"output shape {tuple(out.shape)}, expected (2, {info.num_classes})")
     except Exception as e:  # noqa: BLE001 - any failure here is a shape the model cannot take
-        field = "data.shape" if cfg.data.name == "synthetic" else "model.name"
+        generated = cfg.data.builtin is not None and cfg.data.builtin.generated
+        field = "data.shape" if generated else "model.name"
         hint = (
             "cnn and resnet* take [channels, height, width], e.g. [1, 8, 8]; mlp takes any shape"
-            if cfg.model.name != "mlp"
+            if cfg.model.builtin is None or cfg.model.builtin.inputs != "any"
             else "give a shape of positive sizes"
         )
         raise ConfigError(
@@ -752,10 +795,10 @@ def check_config(cfg: RootConfig, ignored: bool = True, model_input: bool = True
     check_combinations(cfg)
     if ignored:
         check_ignored(cfg)
-    builtin_data = cfg.data.factory is None and (cfg.data.name == "synthetic" or cfg.data.name in DATASET_SIZES)
+    builtin_data = known_size(cfg) is not None
     if builtin_data:  # a factory's or a text corpus's size is checked by the workload probe
         check_samples(cfg)
-    if model_input and builtin_data and cfg.model.factory is None and cfg.model.name in MODELS_IN_MEMORY:
+    if model_input and builtin_data and cfg.model.factory is None and not cfg.model.language_model:
         check_model_input(cfg)
 
 
@@ -795,9 +838,9 @@ def single_sample_facts(cfg: RootConfig, report: Any = None) -> tuple[int | None
     built on the CPU (small models) or PyTorch's ``meta`` device (shapes only)."""
     if report is not None:
         return report.train_size, tuple(report.single_sample_layers)
-    if cfg.model.norm != "batch" or cfg.model.factory is not None or cfg.model.name not in MODELS_IN_MEMORY:
+    if cfg.model.norm != "batch" or cfg.model.factory is not None or cfg.model.language_model:
         return None, ()
-    if cfg.data.factory is not None or (cfg.data.name != "synthetic" and cfg.data.name not in DATASET_SIZES):
+    if known_size(cfg) is None:
         return None, ()
     import torch  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
@@ -806,14 +849,10 @@ def single_sample_facts(cfg: RootConfig, report: Any = None) -> tuple[int | None
     from trainers.workload.models import build_model  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
 
     info = dataset_info(cfg.data)
-    device = "cpu" if cfg.model.name in SMALL_MODELS else "meta"
-    with torch.device(device):
+    with torch.device(_check_device(cfg)):
         model = build_model(info, cfg.model.model_copy(update={"sync_bn": False}))
         layers = single_sample_layers(model, torch.zeros((1, *info.shape)))
     return train_samples(cfg)[0], tuple(layers)
-
-
-MODELS_IN_MEMORY = ("mlp", "cnn", "resnet18", "resnet50")  # the built-in models of the in-memory image sets
 
 
 def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]) -> None:

@@ -37,7 +37,6 @@ __all__ = [
     "CompileConfig",
     "DataDeviceConfig",
     "LayoutConfig",
-    "NON_IMAGE_MODELS",
     "clean_state_dict",
     "compile_model",
     "load_clean_state_dict",
@@ -79,11 +78,6 @@ class CompileConfig(Section):
         description="train.compile: torch.compile's backend (inductor: generated kernels; "
         "aot_eager/eager: graph capture only, to debug or test)",
     )
-
-
-#: built-in models without a Conv2d layer (``model.channels_last`` would change nothing; the driver's
-#: config check refuses it: ``orchestrator/config/preflight.py`` ``check_fast_path``)
-NON_IMAGE_MODELS = ("mlp", "gpt", "lstm")
 
 
 # --------------------------------------------------------------------------- model

@@ -16,12 +16,10 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from trainers import catalog
 from trainers.accel.device import DataDeviceConfig
 from trainers.data.augment import AugmentConfig
 from trainers.data.sampler import LoaderConfig
-
-DATASETS = ("digits", "synthetic", "cifar10")
-IN_MEMORY = DATASETS  # held as tensors and indexed directly; every other source goes through a DataLoader
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -32,7 +30,7 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["digits", "synthetic", "cifar10", "text"] | None = Field(
+    name: Literal[catalog.DATASET_NAMES] | None = Field(
         default=None, description="a built-in dataset (default digits when no factory is given)"
     )
     factory: str | None = Field(
@@ -70,22 +68,27 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     def _default_name(self) -> DataConfig:
         # name and factory both given, data.val_split against the dataset: orchestrator/config/preflight.py
         if self.name is None and self.factory is None:
-            self.name = "digits"
+            self.name = catalog.DEFAULT_DATASET
         return self
+
+    @property
+    def builtin(self) -> catalog.BuiltinDataset | None:
+        """The built-in dataset ``name`` names (None: a factory's data)."""
+        return None if self.name is None else catalog.BUILTIN_DATASETS[self.name]
 
     @property
     def in_memory(self) -> bool:
         """Whether the training set is held as tensors (the fast indexing path)."""
-        return self.factory is None and self.name in IN_MEMORY
+        return self.factory is None and self.builtin is not None and self.builtin.in_memory
 
     def check_available(self) -> None:
         """Raise ``ValueError`` if the data cannot be loaded (called before Ray starts)."""
-        if self.name == "text" and self.path and not os.path.isfile(os.path.expanduser(self.path)):
+        if self.name == catalog.TEXT.name and self.path and not os.path.isfile(os.path.expanduser(self.path)):
             raise ValueError(
                 f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
                 "unset for the corpus of Python's own standard library"
             )
-        if self.name == "cifar10":
+        if self.name == catalog.CIFAR10.name:
             if not self.root:
                 raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")
             folder = os.path.join(os.path.expanduser(self.root), "cifar-10-batches-py")
@@ -104,12 +107,11 @@ class DatasetInfo:
 
 
 def dataset_info(cfg: DataConfig) -> DatasetInfo:
-    """Input shape and classes of a built-in in-memory dataset."""
-    if cfg.name == "digits":
-        return DatasetInfo((1, 8, 8), 10)
-    if cfg.name == "cifar10":
-        return DatasetInfo((3, 32, 32), 10)
-    return DatasetInfo(tuple(cfg.shape), cfg.num_classes)
+    """Input shape and classes of a built-in in-memory dataset (a generated one's: the config's)."""
+    entry = cfg.builtin
+    if entry is None or entry.shape is None or entry.num_classes is None:
+        return DatasetInfo(tuple(cfg.shape), cfg.num_classes)
+    return DatasetInfo(entry.shape, entry.num_classes)
 
 
 @dataclass
@@ -137,7 +139,7 @@ class InMemoryData:
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits (1797 8x8 images, 0..16, and their labels), read from the CSV file
+    """scikit-learn's digits (8x8 images, 0..16, and their labels), read from the CSV file
     it ships, without importing scikit-learn (1.2 s of a worker's start here); its own loader
     where the file is not found."""
 
@@ -208,9 +210,9 @@ def load_data(cfg: DataConfig, split_seed: int, raw: bool = False) -> InMemoryDa
     ``raw``: CIFAR-10's inputs stay uint8 pixels, with the mean/std to normalise each batch by
     (what the worker loop asks for: 4x less memory, augmentation on raw pixels); the other sets
     are float already and come the same either way."""
-    if cfg.name == "digits":
+    if cfg.name == catalog.DIGITS.name:
         x, y = _load_digits()
-    elif cfg.name == "synthetic":
+    elif cfg.name == catalog.SYNTHETIC.name:
         x, y = _load_synthetic(cfg)
     else:
         x, y = _load_cifar10(cfg, raw=raw)

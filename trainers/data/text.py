@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainers import catalog
+
 VOCAB_SIZE = 256
 
 # Large, long-lived pure-Python modules of the standard library (none deprecated for removal).
@@ -135,7 +137,7 @@ def _describe(sources: Sequence[Path]) -> list[dict]:
 def default_cache_dir() -> Path:
     """``$ELASTIC_CACHE_DIR/text`` or ``~/.cache/elastic-large-batch/text``."""
     base = os.environ.get("ELASTIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "elastic-large-batch")
-    return Path(base) / "text"
+    return Path(base) / catalog.TEXT.name
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

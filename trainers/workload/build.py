@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainers import catalog
 from trainers.data.datasets import DataConfig, InMemoryData, dataset_info, load_data
 from trainers.data.order import epoch_permutation, global_batch
 from trainers.data.sampler import LoaderConfig, RankLoader, fetch, rank_micro_batches
@@ -107,7 +108,7 @@ def data_factory(
     """
     if data.factory is not None:
         return _spec("data", data.factory, functions), dict(data.params)
-    if data.name == "text":
+    if data.name == catalog.TEXT.name:
         from trainers.data.text import load_text  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         return load_text, {"path": data.path, "context": data.context, "val_fraction": data.val_fraction}
@@ -134,14 +135,17 @@ def model_factory(
         from trainers.workload.lm_models import LM_MODELS  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
 
         params = dict(model.params)
-        if model.name == "gpt":
+        if model.builtin is not None and model.builtin.uses_context:
             params.setdefault("context", data.context)
         return LM_MODELS[str(model.name)], params
     if not data.in_memory:
+        image_sets = ", ".join(catalog.dataset_names(lambda d: d.in_memory))
+        language_models = "/".join(catalog.model_names(lambda m: m.language_model))
+        token_sets = "/".join(catalog.dataset_names(lambda d: d.inputs == "tokens"))
         raise FactoryError(
-            f"model.name: {model.name!r} needs a built-in image dataset (digits, synthetic, "
-            f"cifar10); with data.{'factory' if data.factory else 'name'} give model.factory "
-            "(or gpt/lstm for text)"
+            f"model.name: {model.name!r} needs a built-in image dataset ({image_sets}); with "
+            f"data.{'factory' if data.factory else 'name'} give model.factory "
+            f"(or {language_models} for {token_sets})"
         )
     info = dataset_info(data)
     return (lambda: build_named_model(info, model)), {}

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainers import catalog
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: ``softmax(q k^T / sqrt(d_head) + causal mask) v``."""
@@ -146,4 +148,4 @@ def lstm(d_embed: int = 64, hidden: int = 256, n_layer: int = 2, vocab_size: int
     return LSTMLM(d_embed=d_embed, hidden=hidden, n_layer=n_layer, vocab_size=vocab_size, dropout=dropout)
 
 
-LM_MODELS = {"gpt": gpt, "lstm": lstm}
+LM_MODELS = {catalog.GPT.name: gpt, catalog.LSTM.name: lstm}

@@ -16,6 +16,7 @@ import torch
 from pydantic import ConfigDict, Field, model_validator
 from torch import nn
 
+from trainers import catalog
 from trainers.accel.device import LayoutConfig
 from trainers.data.datasets import DatasetInfo
 
@@ -27,7 +28,7 @@ class ModelConfig(LayoutConfig):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["mlp", "cnn", "resnet18", "resnet50", "gpt", "lstm"] | None = Field(
+    name: Literal[catalog.MODEL_NAMES] | None = Field(
         default=None, description="a built-in model (default cnn when no factory is given)"
     )
     factory: str | None = Field(
@@ -53,19 +54,21 @@ class ModelConfig(LayoutConfig):
     def _default_name(self) -> ModelConfig:
         # name and factory both given: orchestrator/config/preflight.py
         if self.name is None and self.factory is None:
-            self.name = "cnn"
+            self.name = catalog.DEFAULT_MODEL
         return self
 
     @property
+    def builtin(self) -> catalog.BuiltinModel | None:
+        """The built-in model ``name`` names (None: a factory's model)."""
+        return None if self.name is None else catalog.BUILTIN_MODELS[self.name]
+
+    @property
     def language_model(self) -> bool:
-        return self.name in LM_NAMES
+        return self.builtin is not None and self.builtin.language_model
 
     def loss_name(self) -> str:
         """The loss this section names (its default depends on the model)."""
         return self.loss or ("token_cross_entropy" if self.language_model else "cross_entropy")
-
-
-LM_NAMES = ("gpt", "lstm")
 
 
 def norm_layer(kind: Norm, channels: int) -> nn.Module:
@@ -135,11 +138,12 @@ def _resnet(depth: int) -> Callable[[DatasetInfo, ModelConfig], nn.Module]:
 
 
 MODELS: dict[str, Callable[[DatasetInfo, ModelConfig], nn.Module]] = {
-    "mlp": _mlp,
-    "cnn": SmallCNN,
-    "resnet18": _resnet(18),
-    "resnet50": _resnet(50),
+    catalog.MLP.name: _mlp,
+    catalog.CNN.name: SmallCNN,
+    catalog.RESNET18.name: _resnet(18),
+    catalog.RESNET50.name: _resnet(50),
 }
+"""The builders of the built-in models that are not language models (those: ``lm_models.LM_MODELS``)."""
 
 
 def build_model(info: DatasetInfo, cfg: ModelConfig) -> nn.Module:
