@@ -388,6 +388,23 @@ def test_a_single_sample_trains_through_guarded_batchnorm_with_running_statistic
     assert not torch.equal(m[1].running_mean, stats)
 
 
+def test_the_guard_hooks_its_layers_only_for_a_forward_of_one_sample():
+    """A batch of several samples runs through layers without hooks (PyTorch's fast call path);
+    during a one-sample forward the layers carry the guard, after it they do not."""
+    from trainers.workload.batchnorm import guard_single_samples
+
+    m = guard_single_samples(_bn_mlp().train())
+    seen: list[int] = []
+    m[2].register_forward_pre_hook(lambda mod, args: seen.append(len(m[1]._forward_pre_hooks)))
+    m(torch.randn(8, 4))
+    m(torch.randn(1, 4))
+    assert seen == [0, 1]
+    assert not m[1]._forward_pre_hooks and not m[1]._forward_hooks
+    bn = guard_single_samples(nn.BatchNorm1d(4).train())  # the model is the layer itself
+    bn(torch.randn(1, 4)).sum().backward()
+    assert bn.training
+
+
 def test_the_workers_model_is_guarded_and_a_model_to_log_is_not():
     from trainers.workload.build import build_workload
 

@@ -56,15 +56,54 @@ def _post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         module.train(True)
 
 
+def _holds_one_sample(args: tuple[Any, ...]) -> bool:
+    """Whether a model's input may hold a single sample: a tensor whose first (batch) dimension is
+    1, or an input that is not one tensor (a tuple, a dict: checked layer by layer)."""
+    x = args[0] if len(args) == 1 else None
+    return not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] == 1
+
+
+class _Guard:
+    """The hooks of :func:`guard_single_samples`.  A layer can see one value per channel only in a
+    forward of one sample (the built-in models, and the models a factory returns, keep the batch as
+    their input's first dimension), so the model itself carries one cheap check and the per-layer
+    hooks exist only during such a forward: the training step of every other batch runs without
+    them (a hook on a layer takes PyTorch's slower call path, ~25 us a step on a small CNN)."""
+
+    def __init__(self, model: nn.Module, layers: list[nn.Module]) -> None:
+        self.model, self.layers = model, layers
+        self.handles: list[Any] = []
+
+    def arm(self, model: nn.Module, args: tuple[Any, ...]) -> None:
+        if not (model.training and _holds_one_sample(args)):
+            return
+        for m in self.layers:
+            if m is model:  # the model is the layer itself: its hooks would start with the next call
+                _pre(m, args)
+            else:
+                self.handles += [m.register_forward_pre_hook(_pre), m.register_forward_hook(_post)]
+
+    def disarm(self, model: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        _post(model, args, output)
+
+
 def guard_single_samples(model: nn.Module) -> nn.Module:
     """Let every batch-statistics layer of ``model`` that tracks running statistics take an input of
     one value per channel in training mode, with its running statistics for that forward (see the
     module docstring).  Idempotent; returns ``model``."""
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and not getattr(m, _GUARDED, False):
-            m.register_forward_pre_hook(_pre)
-            m.register_forward_hook(_post)
-            setattr(m, _GUARDED, True)
+    if getattr(model, _GUARDED, False):
+        return model
+    layers = [
+        m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+    if layers:
+        guard = _Guard(model, layers)
+        model.register_forward_pre_hook(guard.arm)
+        model.register_forward_hook(guard.disarm)
+    setattr(model, _GUARDED, True)
     return model
 
 
