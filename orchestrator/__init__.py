@@ -9,7 +9,7 @@ __all__ = ["FitResult", "fit"]
 
 def __getattr__(name: str) -> Any:  # lazy: importing orchestrator.config.schema stays light
     if name in __all__:
-        from orchestrator import api  # noqa: PLC0415 - light path: `import orchestrator` stays light until fit is used
+        from orchestrator import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

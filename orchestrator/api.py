@@ -116,13 +116,13 @@ def fit(
     if resume is not None:
         if config is not None:
             raise ConfigError("config: give either a config or resume=RUN (which uses the run's own config)")
-        from orchestrator.run.run_info import find_run  # noqa: PLC0415 - only a resume reads a run's folder
+        from orchestrator.run.run_info import find_run  # only a resume reads a run's folder
 
         resume_id, uri, raw = find_run(resume, tracking_uri)
         raw.setdefault("tracking", {})["uri"] = uri
         for section, fn in (("model", model_fn), ("data", data_fn)):
             if fn is not None:
-                from trainers.workload.factory import qualified_name  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+                from trainers.workload.factory import qualified_name
 
                 recorded = (raw.get(section) or {}).get("factory") or ""
                 if qualified_name(fn) is None or recorded.startswith("python:"):
@@ -143,7 +143,7 @@ def fit(
                 _record(section, fn, raw, functions)
         cfg = prepare(raw, overrides, functions=functions or None, tracking_uri=tracking_uri)
 
-    from orchestrator.run.runner import run_training  # noqa: PLC0415 - light path: fit() checks its input before it imports Ray or MLflow
+    from orchestrator.run.runner import run_training
 
     s = run_training(
         cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id, functions=functions or None

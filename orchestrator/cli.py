@@ -124,7 +124,7 @@ def start_line(parts: dict[str, float]) -> str:
 
 
 def _summary(s, cfg) -> str:
-    from orchestrator.record.timeline import format_table  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.record.timeline import format_table
 
     lines = [
         "",
@@ -196,7 +196,7 @@ def _train_and_report(cfg, **kwargs) -> int:
         with terminate_as_interrupt():
             started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
             loading.join()
-            from orchestrator.run.runner import RunInterrupted, run_training  # noqa: PLC0415 - loaded beside Ray's start (_load_driver)
+            from orchestrator.run.runner import RunInterrupted, run_training
 
             handed = True  # the run stops the Ray started here, however it ends
             try:
@@ -222,7 +222,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     no checkpoint or MLflow run, so a checkpoint folder or tracking store that ``train`` could not
     use is no reason to refuse a preview (one may plan on a laptop for a cluster's paths)."""
     cfg = prepare(args.config, args.overrides, environment=False)
-    from orchestrator.preview import make_plan, plot, to_csv, to_table  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.preview import make_plan, plot, to_csv, to_table
 
     plan = make_plan(cfg, every=args.every)
     if args.format == "csv":
@@ -239,10 +239,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     t_invoked = invoked()
-    from orchestrator.run.run_info import DriverLock, check_resumable, find_run, run_folder  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.run.run_info import DriverLock, check_resumable, find_run, run_folder
 
     run_id, uri, raw = find_run(args.run, args.tracking_uri)
-    from orchestrator.api import resume_hint  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.api import resume_hint
 
     hint = resume_hint(run_id, raw)  # functions sent by value from Python: resume there
     if hint:
@@ -272,7 +272,7 @@ def _local_store_path(uri: str) -> str | None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from orchestrator.record import ui  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.record import ui
 
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     local = _local_store_path(uri)
@@ -283,7 +283,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         )
     try:
         runs = ui.recent_runs(uri, args.experiment, args.run)
-    except Exception as e:  # noqa: BLE001 - a bad run id or an unreachable store: one line
+    except Exception as e:  # a bad run id or an unreachable store: one line
         shown = redact_uri(uri)
         what = f"--run: no run {args.run!r} in {shown}" if args.run else f"--tracking-uri: cannot read {shown}"
         raise ConfigError(f"{what} ({type(e).__name__}); check the id and the tracking URI") from None

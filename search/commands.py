@@ -23,9 +23,9 @@ EXIT_BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from search.liveness import DEFAULT_HEARTBEAT_S, GRACE_BEATS  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from search.space import DEFAULT_TRIALS  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from search.study_storage import DEFAULT_STORAGE  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.liveness import DEFAULT_HEARTBEAT_S, GRACE_BEATS
+    from search.space import DEFAULT_TRIALS
+    from search.study_storage import DEFAULT_STORAGE
 
     p = OneLineParser(
         prog="python -m search",
@@ -127,19 +127,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from search.space import load_space  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.space import load_space
 
     name = args.study_name if args.study_name is not None else os.path.splitext(os.path.basename(args.space))[0]
     if not name.strip():
         raise ConfigError("--study-name: empty; give a name")
-    from search.study_storage import check_storage  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.study_storage import check_storage
 
     check_storage(args.storage)  # the right kind of string, before anything starts
     # the space, and its base through the pipeline every entry point uses (orchestrator/config/prepare.py),
     # environment included: SpaceError / ConfigError before anything starts
     space = load_space(args.space, environment=True, tracking_uri=args.tracking_uri)
 
-    from search.driver import SearchOptions, run_search  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.driver import SearchOptions, run_search
 
     opts = SearchOptions(
         trials=args.trials,
@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         heartbeat_s=args.heartbeat,
     )
-    from orchestrator.run.ray_env import terminate_as_interrupt  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.run.ray_env import terminate_as_interrupt
 
     try:
         with terminate_as_interrupt():  # ray job stop: SIGTERM first; stop as Ctrl-C does, cleanly
@@ -170,8 +170,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_summary(s, storage_arg: str) -> str:
-    from orchestrator.record.ui import open_hint  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from search.study_tracking import trial_values  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from orchestrator.record.ui import open_hint
+    from search.study_tracking import trial_values
 
     c, p, f = s.count("COMPLETE"), s.count("PRUNED"), s.count("FAIL")
     lines = [
@@ -222,12 +222,12 @@ def seconds_to_target(uri: str | None, run_id: str | None, metric: str, target: 
     if not uri or not run_id or "***" in uri:  # a redacted URI cannot be opened again
         return None
     try:
-        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+        from mlflow.tracking import MlflowClient
 
         c = MlflowClient(uri)
         start = c.get_run(run_id).info.start_time
         points = sorted(c.get_metric_history(run_id, metric), key=lambda m: m.step)
-    except Exception:  # noqa: BLE001 - the figure is optional; the table is shown without it
+    except Exception:  # the figure is optional; the table is shown without it
         return None
     for m in points:
         if (m.value <= target) if direction == "minimize" else (m.value >= target):
@@ -238,7 +238,7 @@ def seconds_to_target(uri: str | None, run_id: str | None, metric: str, target: 
 def to_target(study, target: float) -> dict[int, tuple[int, float | None]]:
     """Trial number -> (base steps of work, seconds) to reach ``target`` of the first objective, for the
     trials that reached it (``search.view.work_to_target``; seconds from the trial's MLflow run)."""
-    from search.view import work_to_target  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.view import work_to_target
 
     metric = (study.user_attrs.get("objectives") or ["value"])[0]
     direction = study.directions[0].name.lower()
@@ -256,8 +256,8 @@ def to_target(study, target: float) -> dict[int, tuple[int, float | None]]:
 
 
 def trials_table(study, reached: dict[int, tuple[int, float | None]] | None = None) -> str:
-    from search.liveness import RETRY_ATTR  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from search.study_tracking import trial_values  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.liveness import RETRY_ATTR
+    from search.study_tracking import trial_values
 
     rows = []
     retried = {
@@ -286,11 +286,11 @@ def trials_table(study, reached: dict[int, tuple[int, float | None]] | None = No
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    import optuna  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import optuna
 
-    from search.study import best_config_yaml, load_existing_study  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from search.study_storage import describe_storage  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from search.study_tracking import best_trials  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from search.study import best_config_yaml, load_existing_study
+    from search.study_storage import describe_storage
+    from search.study_tracking import best_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_existing_study(args.name, args.storage)
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             return cmd_show(args)
     except ConfigError as e:
-        from orchestrator.config.uris import redact_text  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+        from orchestrator.config.uris import redact_text
 
         print(f"error: {redact_text(str(e))}", file=sys.stderr)  # a message may quote a URI given
         return EXIT_BAD_INPUT

@@ -266,8 +266,6 @@ class SearchDriver:
         if self.tracker is not None:
             self._close_parent(status, wall_s)
         if started_ray and not os.environ.get("ELASTIC_KEEP_RAY"):
-            import ray  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
-
             ray.shutdown()
 
     def _summary(self, wall_s: float) -> SearchSummary:

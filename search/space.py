@@ -41,6 +41,7 @@ legw`` needs ``scaling_rule: sqrt``) are left to the trials, which record FAIL w
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 import os
@@ -111,8 +112,6 @@ def config_field(path: str, allow_section: bool = False) -> FieldInfo | None:
         fields = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in fields:
-            import difflib  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
-
             close = difflib.get_close_matches(part, list(fields), n=1)
             guess = f"did you mean {'.'.join([*parts[:i], close[0]])}? " if close else ""
             raise ValueError(f"unknown config field; {guess}{where} has: {', '.join(fields)}")

@@ -30,7 +30,7 @@ class ProgressBar:
         self.bar: Any = None
         self._last: tuple[Any, ...] = ()
         if enabled:
-            from tqdm import tqdm  # noqa: PLC0415 - only a search with a bar imports tqdm
+            from tqdm import tqdm  # only a search with a bar imports tqdm
 
             self.bar = tqdm(
                 total=total,

@@ -35,7 +35,7 @@ def describe_storage(storage: str) -> str:
     if not is_rdb_url(storage):
         return os.path.abspath(os.path.expanduser(storage))
     try:
-        from sqlalchemy.engine import make_url  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
+        from sqlalchemy.engine import make_url
 
         return make_url(storage).render_as_string(hide_password=True)
     except Exception:
@@ -76,7 +76,7 @@ def check_storage(storage: str) -> None:
                 f"--storage: {shown!r} is {what} (an MLflow tracking URI goes to --tracking-uri); {example}"
             )
         try:
-            from sqlalchemy.engine import make_url  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
+            from sqlalchemy.engine import make_url
 
             url = make_url(storage)
         except Exception:
@@ -117,7 +117,7 @@ def open_storage(storage: str, heartbeat_s: int | None = None) -> BaseStorage:
     if is_rdb_url(storage):
         kw = {}
         if heartbeat_s is not None:
-            from search.liveness import GRACE_BEATS, StaleCollector  # noqa: PLC0415 - imported where used: a nested branch that only some searches take
+            from search.liveness import GRACE_BEATS, StaleCollector
 
             kw = dict(
                 heartbeat_interval=int(heartbeat_s),

@@ -107,7 +107,7 @@ def _batch_sizes(cfg: RootConfig) -> None:
 def _batch_policy_fields(cfg: RootConfig) -> None:
     """``batch.schedule`` with the schedule policy only; ``ramp_to`` and ``ramp_epochs`` with the ramp
     only, the ramp growing B in whole ``round_to`` steps up to at most ``max_size``."""
-    from trainers.policies.batching import round_up  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.policies.batching import round_up
 
     b = cfg.batch
     if b.policy == "schedule" and not b.schedule:
@@ -283,7 +283,7 @@ def check_fast_path(cfg: RootConfig) -> None:
     accelerator need GPUs; channels_last and augmentation need an image model and image inputs
     (known here for built-in data and models; a factory's model is checked once built, by
     ``trainers.accel.device.to_channels_last`` on the worker)."""
-    from trainers.data.datasets import dataset_info  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.data.datasets import dataset_info
 
     d, m, use_gpu = cfg.data, cfg.model, cfg.scaling.use_gpu
     try:  # the precision's own rule, which the worker also applies to the device it got
@@ -760,10 +760,10 @@ def check_model_input(cfg: RootConfig) -> None:
     (milliseconds); the others on PyTorch's ``meta`` device, which checks the shapes without
     allocating weights or computing anything but costs ~1.5 s of imports on its first use (a
     resnet50's real weights would cost more)."""
-    import torch  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import torch
 
-    from trainers.data.datasets import dataset_info  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from trainers.workload.models import build_model  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.data.datasets import dataset_info
+    from trainers.workload.models import build_model
 
     info = dataset_info(cfg.data)
     try:
@@ -772,7 +772,7 @@ def check_model_input(cfg: RootConfig) -> None:
             out = model(torch.zeros((2, *info.shape)))
         if tuple(out.shape) != (2, info.num_classes):
             raise RuntimeError(f"output shape {tuple(out.shape)}, expected (2, {info.num_classes})")
-    except Exception as e:  # noqa: BLE001 - any failure here is a shape the model cannot take
+    except Exception as e:  # any failure here is a shape the model cannot take
         generated = cfg.data.builtin is not None and cfg.data.builtin.generated
         field = "data.shape" if generated else "model.name"
         hint = (
@@ -819,8 +819,8 @@ def check_workload(cfg: RootConfig, functions: Mapping[str, Callable[..., Any]] 
     the global batch.  Returns the probe's report (``trainers.workload.factory.ProbeReport``: its
     BatchNorm warning, the training set's size, the layers that cannot train on one sample), or
     None for an all built-in workload; a failure is a ConfigError."""
-    from trainers.workload.build import probe_config  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from trainers.workload.factory import FactoryError  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.workload.build import probe_config
+    from trainers.workload.factory import FactoryError
 
     try:
         return probe_config(cfg, functions)
@@ -842,11 +842,11 @@ def single_sample_facts(cfg: RootConfig, report: Any = None) -> tuple[int | None
         return None, ()
     if known_size(cfg) is None:
         return None, ()
-    import torch  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import torch
 
-    from trainers.data.datasets import dataset_info  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from trainers.workload.batchnorm import single_sample_layers  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from trainers.workload.models import build_model  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.data.datasets import dataset_info
+    from trainers.workload.batchnorm import single_sample_layers
+    from trainers.workload.models import build_model
 
     info = dataset_info(cfg.data)
     with torch.device(_check_device(cfg)):
@@ -869,9 +869,9 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
     every such tail of an adaptive batch."""
     if not layers or n is None:
         return
-    from trainers.data.order import smallest_micro_batch  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from trainers.policies.batching import BATCH_POLICIES  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
-    from trainers.policies.resize import workers_for_batch  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.data.order import smallest_micro_batch
+    from trainers.policies.batching import BATCH_POLICIES
+    from trainers.policies.resize import workers_for_batch
 
     b, s = cfg.batch, cfg.scaling
     noise_split = cfg.combine.method == "mean" and (
@@ -1016,7 +1016,7 @@ def deleted_experiment(uri: str, name: str) -> bool:
         except sqlite3.Error:
             return False
         return row is not None and row[0] == "deleted"
-    import yaml  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import yaml
 
     for meta in glob.glob(os.path.join(full, ".trash", "*", "meta.yaml")):
         try:
@@ -1033,7 +1033,7 @@ def check_checkpoint_storage(path: str) -> None:
     created and written, or an object store whose bucket exists and answers to the credentials in
     the environment (one request for the bucket, one listing of the prefix: a missing bucket, bad
     credentials or an unreachable endpoint is one line here, before Ray starts)."""
-    from trainers.loop.storage import is_uri, reach_problem, resolve  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from trainers.loop.storage import is_uri, reach_problem, resolve
 
     if is_uri(resolve(path)):
         why = reach_problem(path)

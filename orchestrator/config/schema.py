@@ -197,7 +197,7 @@ def _example(model: type[BaseModel], loc: tuple[Any, ...], fits: Callable[[Any],
         return ""
     try:
         default = info.get_default(call_default_factory=True)
-    except Exception:  # noqa: BLE001 - a default that needs arguments: no example
+    except Exception:  # a default that needs arguments: no example
         return ""
     if isinstance(default, bool) or default is None or default == [] or default == {}:
         return ""

@@ -97,7 +97,7 @@ def _saver(log_text: Callable[[str, str], None], warn: Callable[[str], None], ar
     def save(value: Any) -> None:
         try:
             log_text(json.dumps(value), artifact)
-        except Exception as e:  # noqa: BLE001 - only a later resume's timeline would miss it
+        except Exception as e:  # only a later resume's timeline would miss it
             warn(
                 f"warning: the {what} were not saved to MLflow ({type(e).__name__}); a resume's timeline may lack them"
             )

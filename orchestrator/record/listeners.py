@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mlflow.entities import Metric
+
 from orchestrator.record.events import (
     CapacityReturned,
     GroupFailed,
@@ -95,7 +97,7 @@ class TrackingListener(RunListener):
         history = self.tracker.series.history
         try:
             self._end_open_resize(max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0))
-        except Exception:  # noqa: BLE001 - the other listeners still close (a store that does not answer)
+        except Exception:  # the other listeners still close (a store that does not answer)
             pass
 
     def continue_from(self, tags: dict[str, str]) -> None:
@@ -138,8 +140,6 @@ class TrackingListener(RunListener):
                 self._warn(f"{event.message} (rank {event.rank}); the group was restarted")
             case RolledBack(step=step, rollbacks=n, lr_factor=factor):
                 # straight to MLflow: two rollbacks at the same step are two points (log_metrics keeps one)
-                from mlflow.entities import Metric  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
-
                 ms = int(event.time * 1000)
                 self.tracker.log_rows(
                     [Metric(M.ROLLBACKS, float(n), ms, step), Metric(M.LR_FACTOR, float(factor), ms, step)]

@@ -53,7 +53,7 @@ class ModelLogger:
             self.client.log_artifacts(self.run_id, d, "model")
         try:
             return self.log_pytorch(model_state, cfg, functions, register)
-        except Exception as e:  # noqa: BLE001 - the run trained; its weights are logged above
+        except Exception as e:  # the run trained; its weights are logged above
             why = redact_text(one_line(e, None))[:300]
             message = f"the MLflow model was not logged ({why}); model/model.pt holds the weights"
             warn(f"warning: {message}")
@@ -100,7 +100,7 @@ class ModelLogger:
 
         try:
             info = mlflow.pytorch.log_model(model, model_id=new_model(), **common)
-        except Exception:  # noqa: BLE001 - torch.export could not trace it (data-dependent control flow)
+        except Exception:  # torch.export could not trace it (data-dependent control flow)
             info = mlflow.pytorch.log_model(model, model_id=new_model(), serialization_format="pickle", **common)
         version = None
         if register:

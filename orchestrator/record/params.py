@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.config.preflight import IGNORED_UNLESS
 from orchestrator.config.schema import RootConfig, flatten, public_config
+from trainers import catalog
 
 Rule = tuple[Callable[[RootConfig], bool], tuple[str, ...]]
 
@@ -26,8 +27,8 @@ EXTRA_RULES: tuple[Rule, ...] = (
     # trainers/data/datasets.py, trainers/workload/build.py: a built-in set or a factory; synthetic's teacher seed
     (lambda c: c.data.factory is None, ("data.name", "data.val_fraction")),
     (lambda c: c.data.factory is not None, ("data.factory", "data.params.")),
-    (lambda c: c.data.factory is None and c.data.name == "text", ("data.path", "data.context")),
-    (lambda c: c.data.factory is None and c.data.name == "synthetic", ("data.seed",)),
+    (lambda c: c.data.factory is None and c.data.builtin is catalog.TEXT, ("data.path", "data.context")),
+    (lambda c: c.data.factory is None and c.data.builtin is not None and c.data.builtin.generated, ("data.seed",)),
     # trainers/data/sampler.py: the DataLoader runs for map-style data only (factories, text)
     (lambda c: not c.data.in_memory, ("data.loader.",)),
     (lambda c: c.data.loader.workers > 0, ("data.loader.prefetch",)),

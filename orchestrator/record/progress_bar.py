@@ -124,7 +124,7 @@ class Progress:
         self.eta = Eta(total)
         self.status = "starting workers"
         if enabled:
-            from tqdm import tqdm  # noqa: PLC0415 - only a run with a bar imports tqdm
+            from tqdm import tqdm  # only a run with a bar imports tqdm
 
             self.bar = tqdm(
                 total=total,

@@ -22,7 +22,7 @@ from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config.schema import RootConfig, public_config
-from orchestrator.config.uris import mlflow_uri
+from orchestrator.config.uris import mlflow_uri, redact_uri
 from orchestrator.record.model_log import ModelLogger
 from orchestrator.record.params import applicable_params
 from orchestrator.record.plots import RunPlots
@@ -30,9 +30,7 @@ from orchestrator.record.run_writer import (
     RunWriter,
     TrackingLost,
     bound_http_requests,
-    unavailable,  # noqa: F401 - orchestrator/run/runner.py imports it here
 )
-from orchestrator.record.run_writer import short_error as _short_error  # noqa: F401 - orchestrator/run/runner.py imports it here
 from orchestrator.record.series import SeriesCompressor
 from orchestrator.record.system_metrics import DriverSystemMetrics
 from orchestrator.record.ui import experiment_id
@@ -69,8 +67,6 @@ def source_tags() -> dict[str, str]:
     }
     remote = _git("remote", "get-url", "origin")
     if remote:
-        from orchestrator.config.uris import redact_uri  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
-
         tags["mlflow.source.git.repoURL"] = redact_uri(remote)
     return tags
 

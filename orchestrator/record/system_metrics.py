@@ -23,8 +23,8 @@ class DriverSystemMetrics:
         False where MLflow's monitor cannot run.  It needs ``psutil``, which Ray ships (importing Ray
         puts it on the path) when it is not installed."""
         try:
-            import ray  # noqa: F401, PLC0415 - see the docstring; imported where used: a nested branch that only some runs take
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
+            import ray  # noqa: F401
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         except ImportError:
             return False
         # Its thread logs a warning and ends at a call to the store that fails: the run's writer

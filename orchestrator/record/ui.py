@@ -78,7 +78,7 @@ def mark_experiment(client: Any, experiment_id: str) -> None:
         exp = client.get_experiment(experiment_id)
         if exp.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
             client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
-    except Exception:  # noqa: BLE001 - a view preference must never fail a run
+    except Exception:  # a view preference must never fail a run
         pass
 
 
@@ -86,7 +86,7 @@ def experiment_id(client: Any, tracking_uri: str, name: str) -> str:
     """The id of experiment ``name``, created if it does not exist yet with its artifacts where the
     store keeps them (beside a SQLite file, not in ``./mlruns`` of the current folder), and marked
     as a model-training one (:func:`mark_experiment`)."""
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
@@ -176,7 +176,7 @@ def stop_server(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
 
 def recent_runs(tracking_uri: str, experiment: str | None, run_id: str | None, limit: int = 5) -> list[Any]:
     """The runs to link: ``run_id`` alone, else the newest top-level runs of ``experiment`` (all if None)."""
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_uri(tracking_uri))
     if run_id:

@@ -80,7 +80,7 @@ def bundles(per_worker: Mapping[str, float], workers: int) -> list[dict[str, flo
 
 def request_resources(bundle_list: list[dict[str, float]]) -> None:
     """Ray's public request to the autoscaler (replaces the cluster's previous one; ``[]`` withdraws)."""
-    from ray.autoscaler.sdk import request_resources as ask  # noqa: PLC0415 - Ray's autoscaler SDK: only on an autoscaling cluster
+    from ray.autoscaler.sdk import request_resources as ask  # Ray's autoscaler SDK: only on an autoscaling cluster
 
     ask(bundles=bundle_list)
 
@@ -197,7 +197,7 @@ class NodeSupply:
             return
         try:
             self.send(bundles(self.per_worker, n))
-        except Exception as e:  # noqa: BLE001 - the autoscaler's slot could not be written: the run only waits longer
+        except Exception as e:  # the autoscaler's slot could not be written: the run only waits longer
             log.debug("request_resources of %d workers failed: %s", n, e)
             return
         self.sent, self._sent_at = n, self.clock()
@@ -262,7 +262,7 @@ class NodeSupply:
             return
         try:
             wanted = self.ahead(pace.epoch + rate * self.lead_s(), pace.batch, need.current)
-        except Exception as e:  # noqa: BLE001 - the forecast is a help only: the decision still asks
+        except Exception as e:  # the forecast is a help only: the decision still asks
             log.debug("could not foresee the workers ahead: %s", e)
             self.ahead = None
             return

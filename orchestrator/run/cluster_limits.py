@@ -165,10 +165,10 @@ def _from_kuberay(env: Mapping[str, str] = os.environ) -> ClusterLimits | None:
         with open(os.path.join(SERVICE_ACCOUNT, "namespace")) as f:
             namespace = f.read().strip()
         # Ray's own KubeRay code (what its autoscaler runs): one GET, no retries
-        from ray.autoscaler._private.kuberay.autoscaling_config import (  # noqa: PLC0415 - only in a KubeRay pod
+        from ray.autoscaler._private.kuberay.autoscaling_config import (  # only in a KubeRay pod
             _derive_autoscaling_config_from_ray_cr,
         )
-        from ray.autoscaler._private.kuberay.node_provider import (  # noqa: PLC0415 - only in a KubeRay pod
+        from ray.autoscaler._private.kuberay.node_provider import (  # only in a KubeRay pod
             KubernetesHttpApiClient,
         )
 
@@ -177,7 +177,7 @@ def _from_kuberay(env: Mapping[str, str] = os.environ) -> ClusterLimits | None:
         if not cr.get("spec", {}).get("enableInTreeAutoscaling"):
             return ClusterLimits(autoscaling=False, source=where)
         return from_config(_derive_autoscaling_config_from_ray_cr(cr), where)
-    except Exception as e:  # noqa: BLE001 - no right to read it, no API server: the limits are not known
+    except Exception as e:  # no right to read it, no API server: the limits are not known
         log.debug("could not read the RayCluster %s: %s", name, e)
         return None
 
@@ -201,20 +201,20 @@ def configured_node_types(status: Mapping[str, Any]) -> set[str]:
 def _status_types(gcs_address: str) -> set[str] | None:
     """The configured node types the running autoscaler reports (None: no autoscaler status found)."""
     try:
-        from ray.autoscaler.v2.utils import is_autoscaler_v2  # noqa: PLC0415 - Ray is up: only on the driver
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
 
         if is_autoscaler_v2():
-            from ray.autoscaler.v2.sdk import get_cluster_status  # noqa: PLC0415 - only with the v2 autoscaler
+            from ray.autoscaler.v2.sdk import get_cluster_status  # only with the v2 autoscaler
 
             status = get_cluster_status(gcs_address)
             nodes = [*status.active_nodes, *status.idle_nodes, *status.pending_nodes]
             names = {getattr(n, "ray_node_type_name", "") for n in nodes}
             names |= {getattr(p, "ray_node_type_name", "") for p in status.pending_launches}
             return {n for n in names if n and not _READONLY_TYPE.match(n)}
-        from ray.experimental.internal_kv import _internal_kv_get  # noqa: PLC0415 - Ray is up: only on the driver
+        from ray.experimental.internal_kv import _internal_kv_get
 
         raw = _internal_kv_get(STATUS_KEY)
-    except Exception as e:  # noqa: BLE001 - Ray's private status changed: nothing known of an autoscaler
+    except Exception as e:  # Ray's private status changed: nothing known of an autoscaler
         log.debug("could not read the autoscaler's status: %s", e)
         return None
     if not raw:
@@ -227,10 +227,10 @@ def _status_types(gcs_address: str) -> set[str] | None:
 
 def _from_gcs() -> ClusterLimits | None:
     try:
-        from ray._private.state import state  # noqa: PLC0415 - Ray is up: only on the driver
+        from ray._private.state import state
 
         found = state.get_max_resources_from_cluster_config()
-    except Exception as e:  # noqa: BLE001 - Ray's private state changed: not known there
+    except Exception as e:  # Ray's private state changed: not known there
         log.debug("could not read Ray's cluster config: %s", e)
         return None
     if not found:

@@ -41,10 +41,10 @@ def draining_nodes() -> dict[str, float | None]:
     if not ray.is_initialized():
         return {}
     try:
-        from ray._private.state import state  # noqa: PLC0415 - Ray's private state API, only where a drain is looked for
+        from ray._private.state import state  # Ray's private state API, only where a drain is looked for
 
         raw = state.get_draining_nodes()
-    except Exception as e:  # noqa: BLE001 - a Ray that moved the call: no notice, a lost node's path
+    except Exception as e:  # a Ray that moved the call: no notice, a lost node's path
         log.debug("could not read the draining nodes: %s", e)
         return {}
     return {str(node): (ms / 1000.0 if ms else None) for node, ms in (raw or {}).items()}
@@ -54,10 +54,10 @@ def room_outside(draining: Mapping[str, object], per_worker: Mapping[str, float]
     """Workers of ``per_worker`` that fit the free resources of the live nodes that are not draining
     (new work is not placed on a draining node)."""
     try:
-        from ray._private.state import available_resources_per_node  # noqa: PLC0415 - Ray's private state API, only at a drain
+        from ray._private.state import available_resources_per_node  # Ray's private state API, only at a drain
 
         free = available_resources_per_node()
-    except Exception as e:  # noqa: BLE001 - unknown: no room is assumed (the resize restarts)
+    except Exception as e:  # unknown: no room is assumed (the resize restarts)
         log.debug("could not read the nodes' free resources: %s", e)
         return 0
     total = 0

@@ -17,10 +17,10 @@ class FailureNotice(UserCallback):
     def __init__(self, monitor_name: str, namespace: str | None, phase: int) -> None:
         self.monitor_name, self.namespace, self.phase = monitor_name, namespace, phase
 
-    def after_exception(self, run_context, worker_exceptions) -> None:  # noqa: ANN001 - Ray Train's signature
+    def after_exception(self, run_context, worker_exceptions) -> None:  # Ray Train's signature
         first = next(iter(worker_exceptions.values()), None) if worker_exceptions else None
         message = one_line(first, 200) if first else "unknown"
         try:
             ray.get_actor(self.monitor_name, namespace=self.namespace).group_failed.remote(self.phase, message)
-        except Exception:  # noqa: BLE001 - a notice for the bar never fails the run (no monitor: the run ended)
+        except Exception:  # a notice for the bar never fails the run (no monitor: the run ended)
             pass

@@ -28,7 +28,6 @@ from orchestrator.run.resizing import (
     Handover,
     ResizeCoordinator,
     ResizeCosts,
-    has_room,  # noqa: F401 - orchestrator/run/phases.py imports it from here
 )
 from trainers.link.messages import (
     Event,

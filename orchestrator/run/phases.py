@@ -64,7 +64,7 @@ from orchestrator.record.timeline import Timeline
 from orchestrator.run.autoscaling import NodeSupply, NodeSupplyListener
 from orchestrator.run.drains import DrainWatch, room_outside
 from orchestrator.run.failures import FailureNotice
-from orchestrator.run.monitor import Monitor, has_room
+from orchestrator.run.monitor import Monitor
 from orchestrator.run.nodes import CapacityWatch
 from orchestrator.run.outcome import (
     CapacityLost,
@@ -82,6 +82,7 @@ from orchestrator.run.outcome import (
 from orchestrator.run.ray_env import on_own_local_ray
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
+from orchestrator.run.resizing import has_room
 from trainers.link import messages as msg
 from trainers.link import tags as T
 from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided, WorkloadFailed
@@ -619,7 +620,7 @@ class PhaseRunner:
                 if self.book.ended_since(seen) or time.monotonic() >= deadline:
                     return
                 time.sleep(0.05)
-        except Exception:  # noqa: BLE001 - the newest checkpoint is where a resume goes on
+        except Exception:  # the newest checkpoint is where a resume goes on
             pass
 
     def request_stop(self) -> None:

@@ -105,7 +105,7 @@ def _single_machine_ray(active: bool = True) -> Iterator[None]:
     if not active or os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
         yield
         return
-    from ray._private import ray_constants  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from ray._private import ray_constants
 
     old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     os.environ[RAY_SINGLE_MACHINE_SWITCH] = "0"
@@ -126,7 +126,7 @@ def _token_auth() -> None:
         return
     os.environ["RAY_AUTH_MODE"] = "token"
     try:
-        from ray._raylet import Config  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+        from ray._raylet import Config
 
         Config.initialize("")
     except (ImportError, AttributeError):  # a Ray without that cache: its own default applies
@@ -136,7 +136,7 @@ def _token_auth() -> None:
 def on_own_local_ray() -> bool:
     """Whether the Ray this process uses is a local one it started itself: one node (this machine's,
     the driver's), which no autoscaler grows, no provider drains and no other node's loss shrinks."""
-    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import ray
 
     return bool(_local_address) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _local_address
 
@@ -144,7 +144,7 @@ def on_own_local_ray() -> bool:
 def stop_ray() -> None:
     """Shut down the Ray this process started (not when ``ELASTIC_KEEP_RAY`` says to keep it: the tests' shared one)."""
     if not os.environ.get("ELASTIC_KEEP_RAY"):
-        import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+        import ray
 
         ray.shutdown()
 
@@ -176,7 +176,7 @@ def first_line_only(show: Callable[[dict, bool], Any]) -> Callable[[dict, bool],
 def _quiet_cluster_errors() -> None:
     """Ray's driver prints each error message of the cluster in full from a thread of its own (it
     calls ``ray._private.worker.print_to_stdstream``, which has no setting): cut each to one line."""
-    from ray._private import worker  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    from ray._private import worker
 
     if not getattr(worker.print_to_stdstream, "first_line_only", False):
         worker.print_to_stdstream = first_line_only(worker.print_to_stdstream)
@@ -195,7 +195,7 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
     cluster files start their nodes; the token is ``~/.ray/auth_token``, made if missing) unless
     ``RAY_AUTH_MODE`` says otherwise."""
     quiet_ray_env(verbose)
-    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import ray
 
     if ray.is_initialized():
         return False

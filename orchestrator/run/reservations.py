@@ -49,7 +49,7 @@ def recorded(earlier: str | None, new: str) -> str:
 
 
 def _coordinator() -> Any:
-    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import ray
 
     try:
         return ray.get_actor(_COORDINATOR[0], namespace=_COORDINATOR[1])
@@ -60,7 +60,7 @@ def _coordinator() -> Any:
 def refresh(timeout_s: float = 5.0) -> bool:
     """Have the coordinator re-read the cluster's live nodes now; whether its view is current (also
     when there is no coordinator yet: it reads the nodes when it is made)."""
-    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import ray
 
     if not ray.is_initialized():
         return False
@@ -68,7 +68,7 @@ def refresh(timeout_s: float = 5.0) -> bool:
         return True
     try:
         ray.get(coordinator.get_reserved_resources.remote("elastic-refresh", recompute=True), timeout=timeout_s)
-    except Exception as e:  # noqa: BLE001 - Ray's private actor changed or is slow: it re-reads within 20 s anyway
+    except Exception as e:  # Ray's private actor changed or is slow: it re-reads within 20 s anyway
         log.debug("could not refresh Ray's view of the nodes: %s", e)
         return False
     return True
@@ -80,13 +80,13 @@ def release(tag_value: str | None, timeout_s: float = 10.0) -> int:
     ids = (tag_value or "").split()
     if not ids:
         return 0
-    import ray  # noqa: PLC0415 - light path: the CLI checks its input before it imports Ray, MLflow or the worker loop
+    import ray
 
     if (coordinator := _coordinator()) is None:
         return 0
     try:
         ray.get([coordinator.cancel_request.remote(requester_id=f"train-{i}") for i in ids], timeout=timeout_s)
-    except Exception as e:  # noqa: BLE001 - Ray's private actor changed or is slow: the reservations expire anyway
+    except Exception as e:  # Ray's private actor changed or is slow: the reservations expire anyway
         log.debug("could not drop the reservations of %s: %s", ids, e)
         return 0
     return len(ids)

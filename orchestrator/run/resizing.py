@@ -291,7 +291,7 @@ class ResizeCoordinator:
         wc = self._workers
         assert wc is not None
 
-        def decide(mode: str):  # noqa: ANN202 - (decision, goodput's choice)
+        def decide(mode: str):  # (decision, goodput's choice)
             cost, lead = self.costs.goodput_cost(mode)
             return wc.decide_measured(batch_size, workers, inputs, remaining_samples, cost, lead)
 

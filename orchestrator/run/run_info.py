@@ -121,8 +121,8 @@ def find_run(ref: str, tracking_uri: str | None = None) -> tuple[str, str, dict[
     uri = absolute_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
     check_store_exists(uri)
 
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
 
     try:
         run = MlflowClient(mlflow_uri(uri)).get_run(ref)
@@ -151,8 +151,8 @@ def check_resumable(run_id: str, uri: str, storage_path: str, train_run_name: st
     """Refuse a resume that would start over: the run must be in the store, and a run that has
     trained steps must have a loadable checkpoint."""
     check_store_exists(uri)
-    from mlflow.exceptions import MlflowException  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - light path: `resume` checks the run's folder before it imports MLflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
 
     try:
         client = MlflowClient(mlflow_uri(uri))
@@ -350,7 +350,7 @@ class DriverLease:
                     return
                 self._beat += 1
                 self._write()
-            except Exception as e:  # noqa: BLE001 - a store that does not answer now may answer at the next beat
+            except Exception as e:  # a store that does not answer now may answer at the next beat
                 logger.warning("could not renew the driver lease %s (%s)", self.path, one_line(e, 160))
 
     def release(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import ray
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from orchestrator.config.code import runtime_env
 from orchestrator.config.feasibility import check_feasible
@@ -34,7 +35,8 @@ from orchestrator.record.history import earlier_timeline, holds_saver, resize_sa
 from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.note import changes, describe
 from orchestrator.record.progress_bar import Progress, total_samples
-from orchestrator.record.run_tracker import RunTracker, TrackingLost, unavailable
+from orchestrator.record.run_tracker import RunTracker, TrackingLost
+from orchestrator.record.run_writer import short_error, unavailable
 from orchestrator.run.autoscaling import NodeSupply
 from orchestrator.run.cluster_limits import ClusterLimits, read_limits
 from orchestrator.run.outcome import (
@@ -333,13 +335,11 @@ class _Driver:
         if runner is None:
             return DriverFailed(e)
         if _tracking_gone(e):
-            from orchestrator.record.run_tracker import _short_error  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
-
             self.tracker.writer.lost = True
             return runner.tracking_gone(
                 TrackingLost(
                     f"the tracking server {redact_text(self.tracker.uri)} stopped answering while the run was being "
-                    f"closed ({_short_error(e)})"
+                    f"closed ({short_error(e)})"
                 )
             )
         full = no_room(e)
@@ -361,7 +361,7 @@ class _Driver:
         _write_note(self.tracker, self.cfg, said.status, self.runner, cost)
         try:
             self.tracker.end(said.status)
-        except Exception:  # noqa: BLE001 - the store is on the full disk, or gone: the message says so
+        except Exception:  # the store is on the full disk, or gone: the message says so
             if not isinstance(end, (OutOfStorage, TrackingGone)):
                 raise
         finally:
@@ -386,7 +386,7 @@ class _Driver:
             if cost.gpu_s:
                 rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
             self.tracker.log_rows(rows)
-        except Exception:  # noqa: BLE001 - the run still ends with its status (a store on a full disk)
+        except Exception:  # the run still ends with its status (a store on a full disk)
             pass
         return cost
 
@@ -396,7 +396,7 @@ class _Driver:
             self.tracker.set_tags({T.FAILURE: said.message})
             if said.traceback is not None:
                 self.tracker.log_text(redact_text(said.traceback), TRACEBACK_ARTIFACT)
-        except Exception:  # noqa: BLE001 - the run still ends with its status (a store on a full disk)
+        except Exception:  # the run still ends with its status (a store on a full disk)
             pass
 
     def _summary(self, end: Outcome, said: Ending) -> RunSummary:
@@ -453,11 +453,9 @@ def open_tracking_store(uri: str) -> None:
     """Import MLflow and, for a database store, create or migrate its schema (a server is not
     called here: one that does not answer would be retried twice as long)."""
     try:
-        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - imported where used: a nested branch that only some runs take
-
         if uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
             MlflowClient(uri).search_experiments(max_results=1)
-    except Exception:  # noqa: BLE001 - RunTracker reports a bad store with its own error
+    except Exception:  # RunTracker reports a bad store with its own error
         pass
 
 
@@ -504,5 +502,5 @@ def _write_note(
                 )
             }
         )
-    except Exception:  # noqa: BLE001 - a description must never fail a run (a store that does not answer)
+    except Exception:  # a description must never fail a run (a store that does not answer)
         pass

@@ -27,7 +27,6 @@ PRODUCT = ("orchestrator", "trainers", "search")
 REGISTRY = Path("trainers/catalog.py")
 # orchestrator/record/params.py's EXTRA_RULES still compare data.name with these two names; they can
 # read the entries instead (``c.data.builtin.inputs == "tokens"``, ``c.data.builtin.generated``)
-NOT_YET_MOVED = {(Path("orchestrator/record/params.py"), "text"), (Path("orchestrator/record/params.py"), "synthetic")}
 
 
 def named_builtins() -> set[tuple[Path, str]]:
@@ -45,8 +44,8 @@ def named_builtins() -> set[tuple[Path, str]]:
 
 def test_the_product_code_names_no_builtin_outside_the_catalog():
     outside = {(path, name) for path, name in named_builtins() if path != REGISTRY}
-    assert outside <= NOT_YET_MOVED, (
-        f"built-in names written out of trainers/catalog.py: {sorted(outside - NOT_YET_MOVED)}; "
+    assert not outside, (
+        f"built-in names written out of trainers/catalog.py: {sorted(outside)}; "
         "ask the entry (config.builtin, catalog.model_names/dataset_names) instead"
     )
 

@@ -1,7 +1,8 @@
 """The link's monitor (orchestrator/run/monitor.py) without Ray: who hands over when, in both modes."""
 
 from orchestrator.record.events import CapacityReturned
-from orchestrator.run.monitor import MonitorState, has_room
+from orchestrator.run.monitor import MonitorState
+from orchestrator.run.resizing import has_room
 from trainers.link.messages import HandoverAnswer, PhaseStart, PushAnswer, ResizeAnswer, ResizeDecided
 from trainers.policies.resize import WorkerCount, WorkersForBatch
 

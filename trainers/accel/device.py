@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from trainers.section import Section
 
@@ -104,8 +105,6 @@ def compile_model(model: nn.Module, dynamic: bool = True, **kwargs: Any) -> nn.M
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain model inside any nesting of ``torch.compile`` and DDP/DataParallel wrappers."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
-
     while True:
         if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
             model = model._orig_mod

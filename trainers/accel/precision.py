@@ -47,6 +47,7 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
+from trainers.link import metrics as M
 from trainers.section import Section
 
 __all__ = ["PRECISIONS", "LossScaler", "Precision", "PrecisionConfig", "PrecisionName", "check_precision"]
@@ -199,8 +200,6 @@ class Precision:
         """``amp/skipped_steps`` (and ``amp/loss_scale``) under fp16; nothing otherwise."""
         if self.scaler is None:
             return {}
-        from trainers.link import metrics as M  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
-
         return {M.AMP_SKIPPED_STEPS: float(self.skipped_steps), M.AMP_LOSS_SCALE: self.scaler.get_scale()}
 
     def state_dict(self) -> dict[str, Any]:

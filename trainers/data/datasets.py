@@ -146,7 +146,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     spec = importlib.util.find_spec("sklearn")  # finds the package without running it
     path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz") if spec else ""
     if not os.path.isfile(path):
-        from sklearn.datasets import load_digits  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+        from sklearn.datasets import load_digits
 
         d = load_digits()
         return d.data, d.target
@@ -185,7 +185,7 @@ def _load_cifar10(cfg: DataConfig, train: bool = True, raw: bool = False) -> tup
     only that the files are there, so a small set in the same on-disk format (what
     the tests write) loads through the same code.  Nothing is downloaded.
     """
-    from torchvision.datasets import CIFAR10  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+    from torchvision.datasets import CIFAR10
 
     class _LocalCIFAR10(CIFAR10):
         # Same files and parsing as torchvision's loader; md5=None checks presence only.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 
 R = TypeVar("R")
 
@@ -65,8 +66,6 @@ def agree(record: R, world: int, device: torch.device | str = "cpu") -> R:
     """Rank 0's ``record``, on every rank of the default process group (``world`` 1: as is)."""
     if world == 1:
         return record
-    import torch.distributed as dist  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
-
     t = encode(record).to(device)
     dist.broadcast(t, src=0)
     return decode(type(record), t.tolist())

@@ -36,9 +36,9 @@ class Channel:
         self._handle: Any = None
         self._system: Any = None  # the node's system metrics, sent with the records (trainers/link/system.py)
         if enabled and monitor_name:
-            import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+            import ray
 
-            from trainers.link.system import SystemSampler  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+            from trainers.link.system import SystemSampler
 
             self._handle = ray.get_actor(monitor_name, namespace=namespace)
             self._system = SystemSampler()
@@ -114,7 +114,7 @@ class Channel:
         """Send what is buffered; return the latest stop decision known to rank 0."""
         if self._handle is None:
             return False
-        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+        import ray
 
         if self._pending is not None:
             self.receive(ray.get(self._pending))
@@ -136,7 +136,7 @@ class Channel:
     def _await_verdict(self) -> None:
         """Called at a push that carries a judged value: wait until the driver has judged the
         previous one (or stopped the run); the push just sent brings its answer first."""
-        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+        import ray
 
         deadline = time.monotonic() + VERDICT_WAIT_S
         while not self._stop and self._judged < self._awaiting:
@@ -165,7 +165,7 @@ class Channel:
         (:class:`~trainers.policies.goodput.GoodputInputs`), whose answer may carry a new batch."""
         if self._handle is None:
             return ResizeAnswer()
-        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+        import ray
 
         self.flush()
         return ray.get(
@@ -175,14 +175,14 @@ class Channel:
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
         if self._handle is not None:
-            import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+            import ray
 
             ray.get(self._handle.handed_over.remote(phase, step, path))
 
     def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
         """A new group started early: say it is ready, then wait for the old group's last
         checkpoint; its path, or None when the resize was called off."""
-        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+        import ray
 
         ray.get(self._handle.ready.remote(phase))
         while True:

@@ -90,7 +90,7 @@ def user_error(exc: BaseException, rank: int = 0, phase: int = 0) -> WorkloadFai
 
 
 def _monitor(runtime: Any) -> Any:
-    import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+    import ray
 
     if not runtime.monitor_name:
         return None
@@ -106,11 +106,11 @@ def report_user_error(exc: BaseException, runtime: Any, rank: int) -> WorkloadFa
     event = user_error(exc, rank=rank, phase=runtime.phase)
     monitor = _monitor(runtime) if event is not None else None
     if monitor is not None:
-        import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+        import ray
 
         try:
             ray.get(monitor.workload_failed.remote(event), timeout=30)
-        except Exception:  # noqa: BLE001 - Ray Train's own error still ends the group
+        except Exception:  # Ray Train's own error still ends the group
             pass
     return event
 
@@ -121,9 +121,9 @@ def ended_by_user_error(runtime: Any) -> bool:
     monitor = _monitor(runtime)
     if monitor is None:
         return False
-    import ray  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+    import ray
 
     try:
         return ray.get(monitor.fatal.remote(), timeout=30) is not None
-    except Exception:  # noqa: BLE001 - a monitor that does not answer: train as before
+    except Exception:  # a monitor that does not answer: train as before
         return False

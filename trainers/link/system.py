@@ -25,8 +25,8 @@ class SystemSampler:
         self.prefix = f"system/{node_id or 'worker-' + socket.gethostname()}/"
         self._last = -float("inf")  # the first push carries a sample (a short phase gets one too)
         try:
-            import psutil  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
-            import ray  # noqa: F401, PLC0415 - puts Ray's psutil on the path; a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+            import psutil
+            import ray  # noqa: F401 - puts Ray's psutil on the path
 
             self._psutil: Any = psutil
             psutil.cpu_percent()  # the first call only starts the measurement window
@@ -51,7 +51,7 @@ class SystemSampler:
 
 def _gpu() -> dict[str, float]:
     """Rank 0's own GPU (only one this process already uses: no new CUDA context)."""
-    import torch  # noqa: PLC0415 - a worker's link to the driver: Ray only once it runs under Ray (config classes load without it)
+    import torch
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return {}
@@ -62,6 +62,6 @@ def _gpu() -> dict[str, float]:
         out[f"gpu_{i}_memory_usage_megabytes"] = (total - free) / 1e6
         out[f"gpu_{i}_memory_usage_percentage"] = 100.0 * (total - free) / total
         out[f"gpu_{i}_utilization_percentage"] = float(torch.cuda.utilization(i))  # needs pynvml
-    except Exception:  # noqa: BLE001 - a figure this node cannot read is left out
+    except Exception:  # a figure this node cannot read is left out
         pass
     return out

@@ -62,7 +62,6 @@ from trainers.loop.storage import (
     pid_alive,
     resolve,
     store_for,
-    tmp_name,  # noqa: F401 - re-exported: the temporary folder of a local write
 )
 from trainers.section import Section
 

@@ -27,12 +27,12 @@ class Group:
     def current(cls, rank: int | None = None, world: int | None = None, device: torch.device | None = None) -> Group:
         """From Ray Train's context unless given (the gloo tests give all three)."""
         if rank is None or world is None:
-            import ray.train  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+            import ray.train
 
             ctx = ray.train.get_context()
             rank, world = ctx.get_world_rank(), ctx.get_world_size()
         if device is None:
-            import ray.train.torch  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+            import ray.train.torch
 
             device = ray.train.torch.get_device()
         return cls(rank, world, device)
@@ -78,8 +78,8 @@ class Group:
 def node_id() -> str:
     """The Ray node this worker runs on ("" outside Ray)."""
     try:
-        import ray  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+        import ray
 
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    except Exception:  # noqa: BLE001 - outside a Ray worker (tests): no node to name
+    except Exception:  # outside a Ray worker (tests): no node to name
         return ""

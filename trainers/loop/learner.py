@@ -14,6 +14,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.accel.device import compile_model, to_channels_last
 from trainers.accel.precision import Precision
@@ -32,8 +33,6 @@ def _wrap_ddp(model: torch.nn.Module, device: torch.device, world: int) -> torch
     """DDP on gloo/NCCL (the model itself at W = 1)."""
     if world == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
-
     return DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
 
 

@@ -279,7 +279,7 @@ def filesystem(location: str) -> tuple[Any, str]:
 
     One filesystem per bucket and environment: opening one resolves its settings (and may ask
     the store for the bucket's region), which each file operation should not repeat."""
-    from pyarrow.fs import FileSystem  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+    from pyarrow.fs import FileSystem  # only object-store paths need pyarrow's filesystems
 
     scheme, rest = location.split("://", 1)
     bucket, _, key = rest.partition("/")
@@ -301,7 +301,7 @@ class ObjectStore(Store):
     renames = False
 
     def kind(self, location: str) -> Kind | None:
-        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+        from pyarrow.fs import FileType  # only object-store paths need pyarrow's filesystems
 
         fs, path = filesystem(location)
         t = fs.get_file_info(path).type
@@ -315,19 +315,19 @@ class ObjectStore(Store):
         return int(info.size)
 
     def _list(self, location: str, recursive: bool) -> tuple[str, list[Any]]:
-        from pyarrow.fs import FileSelector  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+        from pyarrow.fs import FileSelector  # only object-store paths need pyarrow's filesystems
 
         fs, path = filesystem(location)
         return path, fs.get_file_info(FileSelector(path, allow_not_found=True, recursive=recursive))
 
     def children(self, location: str) -> list[tuple[str, Kind]]:
-        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+        from pyarrow.fs import FileType  # only object-store paths need pyarrow's filesystems
 
         _, infos = self._list(location, recursive=False)
         return [(posixpath.basename(i.path), "dir" if i.type == FileType.Directory else "file") for i in infos]
 
     def files_under(self, location: str) -> list[str]:
-        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+        from pyarrow.fs import FileType  # only object-store paths need pyarrow's filesystems
 
         path, infos = self._list(location, recursive=True)
         return [i.path[len(path) + 1 :] for i in infos if i.type == FileType.File]
@@ -349,7 +349,7 @@ class ObjectStore(Store):
             f.write(data)
 
     def remove(self, location: str) -> None:
-        from pyarrow.fs import FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+        from pyarrow.fs import FileType  # only object-store paths need pyarrow's filesystems
 
         fs, path = filesystem(location)
         t = fs.get_file_info(path).type
@@ -513,7 +513,7 @@ def reach_problem(location: str) -> str | None:
         return None
     scheme = location.split("://", 1)[0].lower()
     bucket = location.split("://", 1)[1].split("/", 1)[0]
-    from pyarrow.fs import FileSelector, FileType  # noqa: PLC0415 - only object-store paths need pyarrow's filesystems
+    from pyarrow.fs import FileSelector, FileType  # only object-store paths need pyarrow's filesystems
 
     try:
         fs, path = filesystem(location)
@@ -523,7 +523,7 @@ def reach_problem(location: str) -> str | None:
         if fs.get_file_info(path).type == FileType.File:
             return f"{location} is an object, not a prefix; give a prefix (folder) in the bucket"
         fs.get_file_info(FileSelector(path, allow_not_found=True))  # the right to list it
-    except Exception as e:  # noqa: BLE001 - pyarrow raises OSError, ArrowInvalid, ValueError
+    except Exception as e:  # pyarrow raises OSError, ArrowInvalid, ValueError
         return f"cannot reach {location} ({_first_line(e)}); {_hint(scheme)}"
     return None
 

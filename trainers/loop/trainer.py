@@ -530,8 +530,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
 
 def _world_rank() -> int:
     try:
-        import ray.train  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+        import ray.train
 
         return ray.train.get_context().get_world_rank()
-    except Exception:  # noqa: BLE001 - outside Ray Train (tests)
+    except Exception:  # outside Ray Train (tests)
         return 0

@@ -194,7 +194,7 @@ class StepTimeModel:
             b_ref = float(np.average(b, weights=n))
             fixed.append(f"alpha = beta x {b_ref:.4g}: the local batch was not varied on its own")
             cols = [b + b_ref] + ([w - 1] if fit_sync else [])
-        from scipy.optimize import nnls  # noqa: PLC0415 - only the goodput policy fits its step-time model (scipy)
+        from scipy.optimize import nnls  # only the goodput policy fits its step-time model (scipy)
 
         a = np.stack(cols, axis=1) * weight[:, None]
         x, _ = nnls(a, target * weight)

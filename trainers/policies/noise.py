@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = [
     "AdaScaleSignal",
@@ -315,8 +316,6 @@ def norm_test(variance: float, grad_sq: float, batch: int, eta: float) -> NormTe
 def _sq_norm_hook(state: torch.Tensor, bucket):  # no annotation on bucket: DDP checks it against GradBucket
     """DDP communication hook: add the bucket's squared norm *before* the all-reduce (this
     worker's own gradient) to ``state``, then all-reduce the mean as DDP's default hook does."""
-    import torch.distributed as dist  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
-
     buf = bucket.buffer()
     state += buf.double().pow(2).sum()
     buf.div_(dist.get_world_size())

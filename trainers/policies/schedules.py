@@ -450,12 +450,21 @@ def _bins(values: np.ndarray, count: int) -> np.ndarray:
 
 def _smooth(losses: list[float], log_lrs: list[float], max_points: int, seed: int) -> _Smoothed:
     """GP posterior of the latent loss curve: P(f(last) > f(argmin)) and the LR at the argmin."""
-    from scipy.linalg import solve_triangular  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
-    from scipy.stats import norm  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
-    from sklearn.exceptions import ConvergenceWarning  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
-    from sklearn.gaussian_process import GaussianProcessRegressor  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
-    from threadpoolctl import threadpool_limits  # noqa: PLC0415 - only the CBS warmup fits a Gaussian process (scipy, scikit-learn)
+    # only the CBS warmup fits a Gaussian process: scipy and scikit-learn load here
+    from scipy.linalg import solve_triangular
+    from scipy.stats import norm
+    from sklearn.exceptions import (
+        ConvergenceWarning,
+    )
+    from sklearn.gaussian_process import (
+        GaussianProcessRegressor,
+    )
+    from sklearn.gaussian_process.kernels import (
+        RBF,
+        ConstantKernel,
+        WhiteKernel,
+    )
+    from threadpoolctl import threadpool_limits
 
     n = len(losses)
     x = _bins(np.arange(n, dtype=np.float64), max_points) / max(n - 1, 1)

@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 __all__ = ["guard_single_samples", "one_value_per_channel", "single_sample_layers"]
@@ -37,8 +38,6 @@ def _acts_alone(module: nn.Module) -> bool:
     collective: only plain BatchNorm, or a SyncBatchNorm with nobody to sync with, is guarded."""
     if not isinstance(module, nn.SyncBatchNorm):
         return True
-    import torch.distributed as dist  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
-
     if not (dist.is_available() and dist.is_initialized()):
         return True
     return dist.get_world_size(module.process_group) == 1
@@ -96,9 +95,7 @@ def guard_single_samples(model: nn.Module) -> nn.Module:
     module docstring).  Idempotent; returns ``model``."""
     if getattr(model, _GUARDED, False):
         return model
-    layers = [
-        m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    ]
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     if layers:
         guard = _Guard(model, layers)
         model.register_forward_pre_hook(guard.arm)
@@ -137,7 +134,7 @@ def single_sample_layers(model: nn.Module, one_input: Any) -> list[str]:
         model.train()
         with torch.no_grad():
             model(one_input)
-    except Exception:  # noqa: BLE001 - a layer without running statistics cannot go on; other failures are not ours
+    except Exception:  # a layer without running statistics cannot go on; other failures are not ours
         if not found:
             return []
     finally:

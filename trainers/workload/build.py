@@ -109,7 +109,7 @@ def data_factory(
     if data.factory is not None:
         return _spec("data", data.factory, functions), dict(data.params)
     if data.name == catalog.TEXT.name:
-        from trainers.data.text import load_text  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+        from trainers.data.text import load_text
 
         return load_text, {"path": data.path, "context": data.context, "val_fraction": data.val_fraction}
 
@@ -132,7 +132,7 @@ def model_factory(
     if model.factory is not None:
         return _spec("model", model.factory, functions), dict(model.params)
     if model.language_model:
-        from trainers.workload.lm_models import LM_MODELS  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+        from trainers.workload.lm_models import LM_MODELS
 
         params = dict(model.params)
         if model.builtin is not None and model.builtin.uses_context:
@@ -168,7 +168,7 @@ def probe_config(cfg: Any, functions: Functions | None = None) -> ProbeReport | 
     data, model = cfg.data, cfg.model
     if data.in_memory and model.factory is None and not model.loss:
         return None
-    from trainers.workload.factory import probe_report, resolve  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+    from trainers.workload.factory import probe_report, resolve
 
     data_fn, data_params = data_factory(data, cfg.train.seed, functions)
     resolve(data_fn, "data.factory")  # the data's import errors first

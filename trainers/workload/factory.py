@@ -353,8 +353,8 @@ def probe_report(
     (``load_state_dict(strict=True)``).  A model with BatchNorm gets the warning, and a forward of
     ``train[0]`` alone names the layers that cannot train on one sample.
     """
-    from trainers.data.sampler import fetch  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
-    from trainers.workload.batchnorm import single_sample_layers  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+    from trainers.data.sampler import fetch
+    from trainers.workload.batchnorm import single_sample_layers
 
     train, _ = build_datasets(data_fn, data_params, data_field)
     if global_batch is not None:

@@ -115,7 +115,7 @@ class SmallCNN(nn.Module):
 
 def _resnet(depth: int) -> Callable[[DatasetInfo, ModelConfig], nn.Module]:
     def build(info: DatasetInfo, cfg: ModelConfig) -> nn.Module:
-        from torchvision.models import resnet18, resnet50  # noqa: PLC0415 - config classes in this package load on the CLI's light path; heavy or optional packages load where used
+        from torchvision.models import resnet18, resnet50
 
         norm = {
             "batch": nn.BatchNorm2d,
