@@ -26,7 +26,7 @@ trials (``tests/unit/test_search_liveness.py``).
 ``--trials N`` counts the trials one command evaluates.  A re-run of the same command (same space
 file, same ``--trials``) whose earlier invocation died unfinished takes that invocation's record
 over (``adopt``): it evaluates only what is left of the N, the re-queued trials first.  A re-run
-after a finished invocation adds N more trials, as before.
+after a finished invocation adds N more trials.
 """
 
 from __future__ import annotations

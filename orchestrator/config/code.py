@@ -25,7 +25,7 @@ import os
 import sysconfig
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from trainers.section import Section
 
@@ -34,8 +34,6 @@ OWN_PACKAGES = ("trainers", "orchestrator", "search")  # this project: installed
 
 class CodeConfig(Section):
     """The ``code`` section: folders of Python packages to ship to the workers."""
-
-    model_config = ConfigDict(extra="forbid")
 
     py_modules: list[str] = Field(
         default_factory=list,

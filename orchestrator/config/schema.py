@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from orchestrator.config.code import CodeConfig
 from orchestrator.config.uris import redact_uri
@@ -32,8 +32,6 @@ class ConfigError(ValueError):
 
 class ScalingConfig(Section):
     """The ``scaling`` section: resources only, never the training math."""
-
-    model_config = ConfigDict(extra="forbid")
 
     min_workers: int = Field(default=1, gt=0, description="fewest workers a group may restart with after a loss")
     max_workers: int = Field(default=1, gt=0, description="most workers the group may grow to")
@@ -104,8 +102,6 @@ class ScalingConfig(Section):
 
 class TrackingConfig(Section):
     """The ``tracking`` section (MLflow)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     uri: str | None = Field(
         default=None, description=f"MLflow tracking URI; default $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}"

@@ -224,11 +224,6 @@ class RunTracker:
         """The final weights and the MLflow model; its URI and registered version (:meth:`ModelLogger.log`)."""
         return self._models().log(model_state, cfg, functions, register, warn)
 
-    def log_pytorch_model(
-        self, model_state: dict[str, Any], cfg: RootConfig, functions: dict[str, Any] | None, register: str | None
-    ) -> tuple[str, str | None]:
-        return self._models().log_pytorch(model_state, cfg, functions, register)
-
     # -- system metrics --------------------------------------------------------------------------
 
     def start_system_metrics(self, resume: bool = False) -> bool:

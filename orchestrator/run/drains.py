@@ -14,8 +14,8 @@ preemption watcher makes: Ray has no public API for a node's drain on the driver
 same steps, polled by Ray Train only every 5 s).  The group's workers say at their start which node
 each rank runs on (``PhaseStart.nodes``), so the monitor knows whether a drain touches the run
 (orchestrator/run/resizing.py ``ResizeCoordinator.drain_notice``).  A Ray without the call (an older
-or newer one that moved it) is read as "no node draining": runs then take today's path, a restart
-once the node is gone.
+or newer one that moved it) is read as "no node draining": a drained node is then met as a lost
+one, with a restart once it is gone.
 
 Ray also rejects an idle-termination drain of a node that still runs work, so a drain that touches
 a running group is a preemption (or a person's ``ray drain-node`` of that kind).

@@ -452,7 +452,8 @@ def test_a_starting_writer_removes_stale_temporary_folders_of_dead_writers_on_th
 
 def test_temporary_folder_names_carry_host_and_pid():
     assert (
-        storage.tmp_name("checkpoint_step00000001") == f".checkpoint_step00000001.tmp-{socket.gethostname()}-{os.getpid()}"
+        storage.tmp_name("checkpoint_step00000001")
+        == f".checkpoint_step00000001.tmp-{socket.gethostname()}-{os.getpid()}"
     )
 
 

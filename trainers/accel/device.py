@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
@@ -53,15 +53,11 @@ _PREFIXES = ("_orig_mod.", "module.")
 class LayoutConfig(Section):
     """The layout fields of the ``model`` section (``ModelConfig`` takes them as a base class)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     channels_last: bool = Field(default=False, description="NHWC memory format (4-D image models only)")
 
 
 class DataDeviceConfig(Section):
     """The placement field of the ``data`` section (``DataConfig`` takes it as a base class)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     device: DataDevice = Field(
         default="host", description="accelerator: keep the in-memory dataset on the GPU (needs scaling.use_gpu)"
@@ -70,8 +66,6 @@ class DataDeviceConfig(Section):
 
 class CompileConfig(Section):
     """The compile field of the ``train`` section."""
-
-    model_config = ConfigDict(extra="forbid")
 
     compile: bool = Field(default=False, description="torch.compile the model (dynamic shapes)")
     compile_backend: Literal["inductor", "aot_eager", "eager"] = Field(

@@ -45,7 +45,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from trainers.link import metrics as M
 from trainers.section import Section
@@ -60,8 +60,6 @@ PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat1
 
 class PrecisionConfig(Section):
     """The precision fields of the ``train`` section (``TrainConfig`` takes them as a base class)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     precision: PrecisionName = Field(
         default="fp32",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from trainers.section import Section
 
@@ -120,8 +120,6 @@ def parse_augment(names: Sequence[str] | None) -> list[str]:
 
 class AugmentConfig(Section):
     """The augmentation fields of the ``data`` section (``DataConfig`` takes them as a base class)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     augment: list[str] = Field(
         default_factory=list,

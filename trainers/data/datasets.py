@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trainers import catalog
 from trainers.accel.device import DataDeviceConfig
@@ -27,8 +27,6 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 class DataConfig(DataDeviceConfig, AugmentConfig):
     """The ``data`` section (``device``: trainers/accel/device.py; ``augment``: trainers/data/augment.py)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: Literal[catalog.DATASET_NAMES] | None = Field(
         default=None, description="a built-in dataset (default digits when no factory is given)"

@@ -142,7 +142,7 @@ class InputPipeline:
         augment: Any,
     ) -> InputPipeline | None:
         """None when there is nothing to do (float inputs, no augmentation, NCHW): the loop then
-        feeds its batches to the model as they are, as before these options existed."""
+        feeds its batches to the model as they are."""
         if mean is None and std is None and not channels_last and not augment:
             return None
         return cls(device, mean=mean, std=std, channels=channels, channels_last=channels_last, augment=augment or None)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
@@ -50,8 +50,6 @@ class LoaderConfig(Section):
     copies to a GPU, ``prefetch`` micro-batches loaded ahead per loader process (PyTorch's
     ``prefetch_factor``; used only when ``workers > 0``).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     workers: int = Field(default=0, ge=0, description="loader processes; 0 = load in the training process")
     pin_memory: bool = Field(default=False, description="page-locked batches, for faster copies to a GPU")

@@ -125,5 +125,5 @@ def ended_by_user_error(runtime: Any) -> bool:
 
     try:
         return ray.get(monitor.fatal.remote(), timeout=30) is not None
-    except Exception:  # a monitor that does not answer: train as before
+    except Exception:  # a monitor that does not answer: training goes on
         return False

@@ -66,12 +66,6 @@ COST_WORKER_SECONDS = "cost/worker_seconds"
 COST_GPU_SECONDS = "cost/gpu_seconds"
 
 
-def resize_part(part: str) -> str:
-    """``resize/<part>`` for a part of a resize's latency (``overlap_s``, ``teardown_s``,
-    ``start_s``, ``setup_s``; see orchestrator/run/phases.py)."""
-    return f"resize/{part}"
-
-
 # Metrics every step row may carry (in the order the search layer lists them).
 STEP_METRICS = (
     VAL_ACCURACY,

@@ -62,7 +62,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 from torch.func import functional_call
 
 from trainers.section import Section
@@ -71,8 +71,6 @@ from trainers.workload.build import LossFn, StepBatch, summed_loss, to_device
 
 class AdversarialConfig(Section):
     """``train.adversarial``: adversarial training against the sharp minima of large batches."""
-
-    model_config = ConfigDict(extra="forbid")
 
     method: Literal["none", "sync", "conadv"] = Field(
         default="none",

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from trainers.loop.storage import (
     LOCAL,
@@ -74,7 +74,7 @@ FORMAT_VERSION = 2  # {name: state_dict} of registered components
 READABLE_FORMATS = (1, 2)  # 1: the hand-gathered layout, upgraded on read (upgrade_format1)
 
 _STEP = re.compile(r"checkpoint_step(\d+)")
-_TMP = re.compile(r"^\..+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # host absent: written before hosts were named
+_TMP = re.compile(r"^\..+\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")  # host optional: older checkpoints name the pid alone
 
 
 class CorruptCheckpoint(RuntimeError):
@@ -90,8 +90,6 @@ class CorruptCheckpoint(RuntimeError):
 
 class CheckpointConfig(Section):
     """The ``checkpoint`` section."""
-
-    model_config = ConfigDict(extra="forbid")
 
     every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
     keep: int = Field(

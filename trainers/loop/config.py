@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from trainers.accel.device import CompileConfig
 from trainers.accel.precision import PrecisionConfig
@@ -29,8 +29,6 @@ from trainers.workload.models import ModelConfig
 
 class TrainConfig(PrecisionConfig, CompileConfig):
     """The ``train`` section (``precision``: trainers/accel/precision.py; ``compile``: trainers/accel/device.py)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     epochs: float = Field(default=5, gt=0, description="may be fractional")
     eval_every: int = Field(
@@ -64,8 +62,6 @@ class TrainConfig(PrecisionConfig, CompileConfig):
 
 class LoopConfig(Section):
     """The sections a worker needs; the orchestrator's root config extends this."""
-
-    model_config = ConfigDict(extra="forbid")
 
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.policies.schedules import ScheduleConfig, milestones_passed
@@ -77,8 +77,6 @@ EPOCH_EPS = 1e-9  # tolerance when comparing a step's starting epoch to a listed
 
 class BatchConfig(Section):
     """The ``batch`` section.  ``size`` is the global batch B: the training math."""
-
-    model_config = ConfigDict(extra="forbid")
 
     size: int = Field(default=64, gt=0, description="global batch B, summed over all workers (the starting B)")
     max_local_batch: int = Field(default=64, gt=0, description="largest micro-batch one worker runs at once")

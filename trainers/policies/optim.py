@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from trainers.section import Section
 
@@ -84,8 +84,6 @@ WDRuleName = Literal["none", "timescale"]
 
 class OptimizerConfig(Section):
     """The ``optimizer`` section."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: OptimizerName = Field(default="sgd", description="sgd, nesterov, adam, adamw, lars or lamb")
     lr: float = Field(default=0.1, gt=0.0, description="learning rate tuned at base_batch_size")

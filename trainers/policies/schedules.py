@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from trainers.section import Section
 
@@ -81,8 +81,6 @@ DecayName = Literal["cosine", "step", "seesaw", "poly", "linear", "none"]
 
 class ScheduleConfig(Section):
     """The ``schedule`` section."""
-
-    model_config = ConfigDict(extra="forbid")
 
     scaling_rule: ScalingRuleName = Field(default="linear", description="eta at batch B from eta0 at base_batch_size")
     warmup: WarmupName = Field(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
 from trainers import catalog
@@ -25,8 +25,6 @@ Norm = Literal["batch", "group", "none"]
 
 class ModelConfig(LayoutConfig):
     """The ``model`` section (``channels_last``: trainers/accel/device.py)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: Literal[catalog.MODEL_NAMES] | None = Field(
         default=None, description="a built-in model (default cnn when no factory is given)"
