@@ -22,11 +22,7 @@ KINDS = ("CPU", "GPU")
 def trial_needs(cfg: RootConfig) -> Resources:
     """What a trial holds at its largest: ``max_workers * cpus_per_worker`` CPUs, and
     ``max_workers * gpus_per_worker`` GPUs when it uses GPUs."""
-    s = cfg.scaling
-    need = {"CPU": s.max_workers * s.cpus_per_worker}
-    if s.use_gpu:
-        need["GPU"] = s.max_workers * s.gpus_per_worker
-    return need
+    return cfg.scaling.at_most()
 
 
 class Capacity:

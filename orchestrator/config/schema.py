@@ -99,6 +99,14 @@ class ScalingConfig(Section):
         "cloud VMs take 1-5 min, Ray's fake local nodes 10-30 s)",
     )
 
+    def per_worker(self) -> dict[str, float]:
+        """What Ray reserves for one worker, as Ray names resources (``CPU``, and ``GPU`` with use_gpu)."""
+        return {"CPU": self.cpus_per_worker, **({"GPU": self.gpus_per_worker} if self.use_gpu else {})}
+
+    def at_most(self) -> dict[str, float]:
+        """What the run's largest group holds: ``max_workers`` workers' resources."""
+        return {k: self.max_workers * v for k, v in self.per_worker().items()}
+
 
 class TrackingConfig(Section):
     """The ``tracking`` section (MLflow)."""

@@ -656,11 +656,7 @@ class PhaseRunner:
         return max(workers, last)
 
     def resources(self) -> dict[str, float]:
-        s = self.cfg.scaling
-        resources = {"CPU": s.cpus_per_worker}
-        if s.use_gpu:
-            resources["GPU"] = s.gpus_per_worker
-        return resources
+        return self.cfg.scaling.per_worker()
 
     def _trainer(self, workers: int, phase: int, handover: bool) -> Any:
 

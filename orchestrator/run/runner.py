@@ -286,9 +286,7 @@ class _Driver:
         search's trial: the cluster keeps one request, which one trial's would replace another's."""
         if self.opts.parent_run_id is not None:
             return NodeSupply()
-        s = self.cfg.scaling
-        per_worker = {"CPU": s.cpus_per_worker, **({"GPU": s.gpus_per_worker} if s.use_gpu else {})}
-        return NodeSupply(self.cfg, self.limits, per_worker)
+        return NodeSupply(self.cfg, self.limits, self.cfg.scaling.per_worker())
 
     def close(self, end: Outcome) -> Outcome:
         """After training: what is left to record for ``end`` (the records held back, the timeline;
@@ -463,12 +461,7 @@ def _infeasible(cfg: RootConfig, limits: ClusterLimits) -> str | None:
     """What the cluster can never give this run (GPUs, workers x CPUs), counting what an
     autoscaling cluster can grow to; None when it fits.  An autoscaling cluster whose limits
     cannot be read is not refused: one line says which limits the run assumes."""
-    s = cfg.scaling
-    largest = {
-        "CPU": s.max_workers * s.cpus_per_worker,
-        **({"GPU": s.max_workers * s.gpus_per_worker} if s.use_gpu else {}),
-    }
-    assumed = limits.assumed(largest)
+    assumed = limits.assumed(cfg.scaling.at_most())
     if assumed is not None:
         print(f"note: {assumed}", file=sys.stderr, flush=True)
         return None
