@@ -18,7 +18,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 from orchestrator.config.schema import RootConfig
-from trainers.combine.decentral import DECENTRAL_METHODS, neighbour_offsets
+from trainers.combine.combinations import METHODS
 from trainers.policies.plan import BatchPlan
 from trainers.workload.build import train_size
 
@@ -145,26 +145,10 @@ def make_plan(cfg: RootConfig, every: int = 0) -> Plan:
     adversarial = adversarial_note(cfg)
     if adversarial is not None:
         notes.append(adversarial)
-    if cfg.combine.method in DECENTRAL_METHODS:
-        notes.append(decentral_note(cfg, sorted({int(r["workers"]) for r in rows})))
+    combine = METHODS[cfg.combine.method].plan_note(cfg.combine, sorted({int(r["workers"]) for r in rows}))
+    if combine is not None:
+        notes.append(combine)
     return Plan(rows=rows, notes=notes, total_steps=plan.state.step)
-
-
-def decentral_note(cfg: RootConfig, workers: list[int]) -> str:
-    """dmsgd / decentlam: the graph each W of the plan forms, and what a worker sends per step."""
-    c = cfg.combine
-    graphs = "; ".join(
-        f"W={w}: neighbours i+-{{{','.join(str(d) for d in neighbour_offsets(c.graph, w))}}}, "
-        f"{len(neighbour_offsets(c.graph, w))} x P values sent per step vs {2 * (w - 1) / w:.2g} x P "
-        "for an all-reduce"
-        for w in workers
-        if w >= 2
-    )
-    return (
-        f"combine: {c.method} on the {c.graph} graph, each worker its own parameters mixed with its "
-        f"neighbours' every step (weights 1/(neighbours+1)); {graphs}; the result depends on W, and a resize "
-        "restarts every worker from the workers' average"
-    )
 
 
 def to_csv(plan: Plan) -> str:

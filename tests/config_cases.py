@@ -105,7 +105,7 @@ CASES = {
         ["data.name=text", "model.name=lstm", "data.augment=[hflip]"],
         "data.augment: hflip need image inputs shaped [C, H, W]",
     ),
-    # what a gradient-combination method cannot honour (orchestrator/config/preflight.py check_combine)
+    # what a gradient-combination method cannot honour (each method class's check, trainers/combine/combinations.py)
     "unknown_combine": (
         None,
         ["combine.method=sum"],

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.schema import ConfigError
 from trainers import catalog
 from trainers.accel.precision import check_precision
+from trainers.combine.base import OtherSettings
+from trainers.combine.combinations import METHODS, check_section
 from trainers.errors import one_line
 
 if TYPE_CHECKING:
@@ -179,36 +181,13 @@ def _warmup_and_decay(cfg: RootConfig) -> None:
         )
 
 
-def _local_sgd_fields(cfg: RootConfig) -> None:
-    """``combine.local_steps`` and ``combine.average_momentum`` are local SGD's, which needs H."""
-    c = cfg.combine
-    if c.method == "local_sgd":
-        if c.local_steps is None:
-            raise ConfigError(
-                "combine.local_steps: required by combine.method local_sgd; give H >= 1, "
-                "the steps between parameter averages"
-            )
-        return
-    if c.local_steps is not None:
-        raise ConfigError(
-            f"combine.local_steps: only used by combine.method local_sgd, but method is "
-            f"{c.method!r}; remove local_steps or set combine.method: local_sgd"
-        )
-    if c.average_momentum is not None:
-        raise ConfigError(
-            f"combine.average_momentum: only used by combine.method local_sgd, but method "
-            f"is {c.method!r}; remove it or set combine.method: local_sgd"
-        )
-
-
-def _topology_field(cfg: RootConfig) -> None:
-    """``combine.topology`` is the decentralized methods' (dmsgd, decentlam) graph."""
-    c = cfg.combine
-    if c.topology is not None and c.method not in ("dmsgd", "decentlam"):
-        raise ConfigError(
-            f"combine.topology: only used by combine.method dmsgd or decentlam, but method is "
-            f"{c.method!r}; remove topology or set combine.method: decentlam"
-        )
+def _combine_section(cfg: RootConfig) -> None:
+    """The ``combine`` section's fields against its method (``trainers.combine.combinations.check_section``):
+    what the chosen method needs, and no field only other methods read."""
+    try:
+        check_section(cfg.combine)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _worker_range(cfg: RootConfig) -> None:
@@ -318,114 +297,23 @@ def check_fast_path(cfg: RootConfig) -> None:
         )
 
 
-def _goodput_needs_mean(cfg: RootConfig) -> None:
-    if cfg.scaling.policy == "goodput" and cfg.combine.method != "mean":
-        raise ConfigError(
-            f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
-            f"{cfg.combine.method} does not measure; use combine.method: mean or scaling.policy: "
-            f"workers_for_batch"
-        )
-
-
 def check_combine(cfg: RootConfig) -> None:
-    """What the rest of the config asks that ``combine.method`` cannot honour
-    (``trainers/combine/methods.py``).  Every optimizer works with each method (Adasum combines
-    gradients, local SGD averages any per-parameter optimizer state).
-
-    adasum:
-      * ``schedule.scaling_rule`` must be ``none``: Adasum adapts between mean and sum itself, so
-        any scaling by B/B0 (linear, sqrt) double-counts; ``adascale``'s gain assumes a mean.
-      * ``batch.policy`` must be ``fixed``: ``noise_scale``/``norm_test`` read the noise probe,
-        whose DDP hook measures the mean all-reduce Adasum replaces; and a growing batch resizes
-        the group, which changes the number of Adasum inputs (the math).  ``schedule`` resizes too.
-      * ``scaling.min_workers == scaling.max_workers``: an elastic restart at fewer workers changes
-        the number of inputs, hence the math.
-    local_sgd:
-      * ``schedule.scaling_rule`` ``adascale`` and ``batch.policy: noise_scale`` (or ``cbs_warmup``)
-        need the per-step combined gradient, which local SGD does not compute (only ``norm_test``
-        has a local form).
-      * ``batch.policy: norm_test`` decides only at syncs: ``batch.check_every`` must be a
-        multiple of ``combine.local_steps``, and it needs ``scaling.max_workers >= 2``.
-    dmsgd / decentlam (each worker its own parameters, mixed with its graph neighbours):
-      * ``scaling.min_workers >= 2``: at W = 1 there is no graph.  The result depends on W and on
-        the graph (W = 3 and W = 4 give different models); a resize re-forms the graph and starts
-        every worker from the saved workers' average.
-      * ``optimizer.name: sgd``: the recursions are heavy-ball momentum SGD's (DecentLaM's
-        correction rides on ``.grad`` into PyTorch's SGD step).
-      * ``batch.policy: fixed`` and a ``scaling_rule`` other than ``adascale``: the noise probe
-        and AdaScale read DDP's mean all-reduce, which these methods do not run.
-    fp16 (any method but mean): a step fp16's scaler skips would still be combined (adasum) or
-    counted toward a sync (local_sgd).
-    """
-    c, rule, policy, s = cfg.combine, cfg.schedule.scaling_rule, cfg.batch.policy, cfg.scaling
-    if c.method == "adasum":
-        if rule != "none":
-            raise ConfigError(
-                f"schedule.scaling_rule: {rule!r} cannot be used with combine.method adasum (it "
-                "adapts between mean and sum itself; no scaling by W); set schedule.scaling_rule: none "
-                "and tune optimizer.lr at the per-worker batch"
-            )
-        if policy != "fixed":
-            raise ConfigError(
-                f"batch.policy: {policy!r} cannot be used with combine.method adasum (a changing "
-                "batch resizes the group and changes the number of Adasum inputs; the noise probe "
-                "reads the mean all-reduce); set batch.policy: fixed"
-            )
-        if s.min_workers != s.max_workers:
-            raise ConfigError(
-                f"scaling.min_workers: {s.min_workers} differs from scaling.max_workers "
-                f"{s.max_workers}; combine.method adasum needs a fixed worker count (its result "
-                "depends on W)"
-            )
-    elif c.method == "local_sgd":
-        if rule == "adascale":
-            raise ConfigError(
-                "schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd (it "
-                "needs the per-step combined gradient); choose linear, sqrt or none"
-            )
-        if policy in ("noise_scale", "cbs_warmup"):
-            raise ConfigError(
-                f"batch.policy: {policy!r} cannot be used with combine.method local_sgd (it needs "
-                "the per-step combined gradient); use batch.policy: norm_test, its local form"
-            )
-        if policy == "norm_test":
-            if s.max_workers < 2:
-                raise ConfigError(
-                    "scaling.max_workers: combine.method local_sgd with batch.policy norm_test "
-                    "estimates the variance from the workers' gradients and needs at least 2 workers"
-                )
-            if cfg.batch.check_every % c.H != 0:
-                raise ConfigError(
-                    f"batch.check_every: {cfg.batch.check_every} is not a multiple of "
-                    f"combine.local_steps {c.H}; the local norm test runs at syncs only"
-                )
-    elif c.method in ("dmsgd", "decentlam"):
-        if s.min_workers < 2:
-            raise ConfigError(
-                f"scaling.min_workers: {s.min_workers}; combine.method {c.method} needs at least 2 "
-                "workers (each mixes its parameters with its neighbours'); set scaling.min_workers: 2 "
-                "(and max_workers >= 2) or combine.method: mean"
-            )
-        if cfg.optimizer.name != "sgd":
-            raise ConfigError(
-                f"optimizer.name: {cfg.optimizer.name!r} cannot be used with combine.method {c.method} "
-                "(its recursion is heavy-ball momentum SGD); set optimizer.name: sgd"
-            )
-        if policy != "fixed":
-            raise ConfigError(
-                f"batch.policy: {policy!r} cannot be used with combine.method {c.method} (the noise "
-                "probe reads DDP's mean all-reduce, which it does not run); set batch.policy: fixed"
-            )
-        if rule == "adascale":
-            raise ConfigError(
-                f"schedule.scaling_rule: 'adascale' cannot be used with combine.method {c.method} (it "
-                "needs the per-step combined gradient); choose linear, sqrt or none"
-            )
-    if cfg.train.precision == "fp16" and c.method != "mean":
-        raise ConfigError(
-            f"train.precision: fp16 cannot be used with combine.method {c.method}; "
-            "use bf16 or fp32, or combine.method: mean"
-        )
+    """What the rest of the config asks that ``combine.method`` cannot honour: the chosen method's
+    own check (``Combination.check``, ``trainers/combine/combinations.py``), one line."""
+    other = OtherSettings(
+        scaling_rule=cfg.schedule.scaling_rule,
+        batch_policy=cfg.batch.policy,
+        check_every=cfg.batch.check_every,
+        min_workers=cfg.scaling.min_workers,
+        max_workers=cfg.scaling.max_workers,
+        scaling_policy=cfg.scaling.policy,
+        optimizer=cfg.optimizer.name,
+        precision=cfg.train.precision,
+    )
+    try:
+        METHODS[cfg.combine.method].check(cfg.combine, other)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_adversarial(cfg: RootConfig) -> None:
@@ -454,8 +342,7 @@ COMBINATIONS: tuple[Callable[[RootConfig], None], ...] = (
     _batch_sizes,
     _batch_policy_fields,
     _warmup_and_decay,
-    _local_sgd_fields,
-    _topology_field,
+    _combine_section,
     _worker_range,
     # across sections
     _within_training,
@@ -463,7 +350,6 @@ COMBINATIONS: tuple[Callable[[RootConfig], None], ...] = (
     _weight_decay_with_scaling,
     _sync_bn,
     check_fast_path,
-    _goodput_needs_mean,
     check_combine,
     check_adversarial,
 )
@@ -874,7 +760,7 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
     from trainers.policies.resize import workers_for_batch
 
     b, s = cfg.batch, cfg.scaling
-    noise_split = cfg.combine.method == "mean" and (
+    noise_split = METHODS[cfg.combine.method].uses_ddp and (
         bool(BATCH_POLICIES[b.policy].needs) or cfg.schedule.scaling_rule == "adascale" or s.policy == "goodput"
     )
     sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]

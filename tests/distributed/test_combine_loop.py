@@ -49,8 +49,9 @@ def _worker(rank: int, world: int, out: dict, cfg: dict, steps: int) -> None:
             }
         )
     out[rank] = rows
-    if t.learner.combine.local is not None:
-        suggested = t.learner.combine.local.suggested
+    stats = t.learner.combine.batch_stats()
+    if stats is not None:  # local SGD's own norm test
+        suggested = stats.norm_test
         decision = t.plan.next_batch(agree=t.group.agree_int)  # every rank: a broadcast
         if rank == 0:
             out["suggested"], out["decision"] = suggested, decision
@@ -125,7 +126,7 @@ def _decentral_worker(rank: int, world: int, out: dict, cfg: dict) -> None:
         t.train_step(IDS + 24 * s)
         t.state.step += 1
     metrics = t.learner.combine.metrics()
-    t.learner.combine.before_save(t.learner.model, t.learner.opt, t.state.step)
+    t.learner.combine.before_save(t.state.step)
     payload = [None]
     if rank == 0:
         buf = io.BytesIO()
@@ -137,7 +138,7 @@ def _decentral_worker(rank: int, world: int, out: dict, cfg: dict) -> None:
     for tr in (t, fresh):
         tr.train_step(IDS + 48)
     params = torch.cat([p.detach().reshape(-1) for p in t.learner.params])
-    t.learner.combine.before_save(t.learner.model, t.learner.opt, t.state.step, final=True)  # the run's end
+    t.learner.combine.before_save(t.state.step, final=True)  # the run's end
     out[rank] = {
         "metrics": metrics,
         "params": params,

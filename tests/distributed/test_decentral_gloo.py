@@ -1,5 +1,5 @@
 """Tier 2: DmSGD and DecentLaM (trainers/combine/decentral.py) on 4 gloo processes (no Ray), run
-through the loop's hooks (``Combination``): after each step every worker's parameters and momentum
+through the loop's hooks (the method's ``Combination``): after each step every worker's parameters and momentum
 equal the recursion applied to all workers' previous ones (gathered), the consensus distance stays
 bounded, the byte counts are the graph's, and a checkpoint of every rank resumes exactly."""
 
@@ -11,8 +11,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.helpers import spawn_gloo
+from trainers.combine.combinations import build_combination
 from trainers.combine.decentral import consensus_distance, decentlam_step, dmsgd_step, mixing_matrix
-from trainers.combine.methods import Combination, CombineConfig
+from trainers.combine.methods import CombineConfig
 
 WORLD, STEPS, LR, BETA = 4, 12, 0.05, 0.9
 STEP_FN = {"decentlam": decentlam_step, "dmsgd": dmsgd_step}
@@ -22,9 +23,8 @@ def _setup(method: str, topology: str, rank: int):
     torch.manual_seed(10 + rank)  # different parameters per worker
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=BETA)
-    comb = Combination(CombineConfig(method=method, topology=topology), world=WORLD)
-    comb.attach(model)
-    comb.use_optimizer(opt)
+    comb = build_combination(CombineConfig(method=method, topology=topology), world=WORLD)
+    comb.attach(model, opt)
     return model, opt, comb
 
 
@@ -51,7 +51,7 @@ def _step(model, opt, comb, rank: int, step: int) -> torch.Tensor:
     grad = _flat(p.grad for p in model.parameters())
     comb.before_step(local_count=8, batch_size=8 * WORLD)
     opt.step()
-    comb.after_step(model, opt, step, local_count=8)
+    comb.after_step(step, local_count=8)
     return grad
 
 
@@ -79,7 +79,7 @@ def _run(rank: int, world: int, method: str, topology: str) -> dict:
             consensus_distance(_gather(_flat(model.parameters())))
         )
         if step == 3:  # a checkpoint of every rank, restored into fresh workers that continue beside these
-            comb.before_save(model, opt, step)
+            comb.before_save(step)
             state = [copy.deepcopy(comb.states()["combine"].state_dict()) if rank == 0 else None]
             dist.broadcast_object_list(state, src=0)
             resumed = _setup(method, topology, rank + 100)  # other initial weights: all must come from the state

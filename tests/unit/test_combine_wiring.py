@@ -1,5 +1,5 @@
 """Tier 1: combine.method wired into the config, the logged params, the search space and the
-loop's helper (trainers/combine/methods.py Combination); no processes."""
+loop's side (trainers/combine/combinations.py, one class per method); no processes."""
 
 import copy
 
@@ -9,7 +9,8 @@ import torch
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError, flatten, public_config, validate
 from search.space import SpaceError, parse_space
-from trainers.combine.methods import Combination, CombineConfig, LocalSGD
+from trainers.combine.combinations import build_combination
+from trainers.combine.methods import CombineConfig, LocalSGD
 from trainers.loop.config import LoopConfig
 from trainers.policies.batching import BatchConfig, build_batch_policy
 
@@ -117,13 +118,13 @@ def test_search_space_explores_combine_method():
 
 
 def test_combination_mean_is_a_no_op():
-    c = Combination(CombineConfig(), world=4)
+    c = build_combination(CombineConfig(), world=4)
     assert c.uses_ddp and c.loss_scale(64, 16) == 4 / 64 and c.states() == {} and c.metrics() == {}
     assert c.should_checkpoint(True, 3) and not c.should_checkpoint(False, 4)
 
 
 def test_local_sgd_loss_scale_and_checkpoints_deferred_to_sync_steps():
-    c = Combination(CombineConfig(method="local_sgd", local_steps=4), world=2)
+    c = build_combination(CombineConfig(method="local_sgd", local_steps=4), world=2)
     assert not c.uses_ddp and c.loss_scale(64, 20) == 1 / 20 and set(c.states()) == {"combine"}
     assert not c.should_checkpoint(True, 6)  # an epoch ended at step 6: taken at step 8
     assert not c.should_checkpoint(False, 7)
@@ -135,15 +136,16 @@ def test_local_sgd_before_save_syncs_off_the_sync_points():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    c = Combination(CombineConfig(method="local_sgd", local_steps=4), world=1)
+    c = build_combination(CombineConfig(method="local_sgd", local_steps=4), world=1)
+    c.attach(model, opt)
     model(torch.randn(5, 3)).sum().backward()
     opt.step()
-    c.after_step(model, opt, 1, local_count=5)
-    assert c.local.syncs == 0
-    c.before_save(model, opt, 1)  # the run ends (or resizes) at step 1: a sync makes it a sync point
-    assert c.local.syncs == 1 and c.local.last_sync_step == 1
-    c.before_save(model, opt, 1)
-    assert c.local.syncs == 1
+    c.after_step(1, local_count=5)
+    assert c.local_sgd.syncs == 0
+    c.before_save(1)  # the run ends (or resizes) at step 1: a sync makes it a sync point
+    assert c.local_sgd.syncs == 1 and c.local_sgd.last_sync_step == 1
+    c.before_save(1)
+    assert c.local_sgd.syncs == 1
 
 
 def test_local_sgd_state_keeps_the_last_norm_test_answer():

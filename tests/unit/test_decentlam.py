@@ -7,6 +7,7 @@ import torch
 
 from search.space import parse_space
 from tests.unit.test_combine_wiring import raw
+from trainers.combine.combinations import build_combination
 from trainers.combine.decentral import (
     Decentralized,
     allreduce_bytes,
@@ -16,7 +17,7 @@ from trainers.combine.decentral import (
     mixing_matrix,
     neighbour_offsets,
 )
-from trainers.combine.methods import Combination, CombineConfig
+from trainers.combine.methods import CombineConfig
 
 
 def test_graphs_and_their_weights():
@@ -94,13 +95,13 @@ def test_momentum_amplifies_dmsgd_bias_but_not_decentlams(topo):
 
 def test_combination_wiring_and_the_one_worker_refusal():
     cfg = CombineConfig(method="decentlam", topology="ring")
-    c = Combination(cfg, world=4)
+    c = build_combination(cfg, world=4)
     assert not c.uses_ddp
     assert c.loss_scale(batch_size=32, local_count=8) == pytest.approx(4 / 32)  # normalised by B
     assert set(c.states()) == {"combine"}
     assert CombineConfig(method="dmsgd").graph == "exponential"
     with pytest.raises(ValueError, match="scaling.min_workers >= 2"):
-        Combination(CombineConfig(method="dmsgd"), world=1)
+        build_combination(CombineConfig(method="dmsgd"), world=1)
     with pytest.raises(ValueError, match="combine.method"):
         Decentralized("mean", "ring", 4)
 

@@ -48,14 +48,9 @@ CASES = [
         "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; set it, e.g. 5",
     ),
     (
-        preflight._local_sgd_fields,
+        preflight._combine_section,
         {"combine": {"method": "local_sgd"}},
         "combine.local_steps: required by combine.method local_sgd",
-    ),
-    (
-        preflight._topology_field,
-        {"combine": {"topology": "ring"}},
-        "combine.topology: only used by combine.method dmsgd or decentlam",
     ),
     (
         preflight._worker_range,
@@ -91,18 +86,13 @@ CASES = [
         "data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true",
     ),
     (
-        preflight._goodput_needs_mean,
+        preflight.check_combine,
         {
             "scaling": {"policy": "goodput", "min_workers": 2, "max_workers": 2},
             "combine": {"method": "adasum"},
             "schedule": {"scaling_rule": "none"},
         },
         "scaling.policy: goodput reads the gradient noise scale, which combine.method adasum does not measure",
-    ),
-    (
-        preflight.check_combine,
-        {"combine": {"method": "adasum"}},
-        "schedule.scaling_rule: 'linear' cannot be used with combine.method adasum",
     ),
     (
         preflight.check_adversarial,

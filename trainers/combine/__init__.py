@@ -1,4 +1,5 @@
-"""How the ranks' gradients become one update: mean (DDP), Adasum, local SGD.
+"""How the ranks' work becomes one update: one class per ``combine.method`` behind one protocol.
 
-Import the submodules directly; the order in which packages may import each other is in
-``docs/architecture.md``."""
+``base`` is the protocol, ``combinations`` the classes and their registry, ``methods`` and
+``decentral`` the math they drive.  Import the submodules directly; the order in which packages
+may import each other is in ``docs/architecture.md``."""

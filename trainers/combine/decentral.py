@@ -27,16 +27,17 @@ DecentLaM (the paper's Algorithm 1)::
     ``g + (I - W) x / gamma = 0``: summed over the workers (``1^T (I - W) = 0``) the mean gradient
     vanishes whatever beta is; the momentum no longer enters the bias.
 
-How the loop runs them (:class:`Decentralized`): the optimizer is PyTorch's heavy-ball SGD
+How the loop runs them (:class:`Decentralized`, called by ``DmSGDCombination`` and
+``DecentLaMCombination`` in ``trainers/combine/combinations.py``): the optimizer is PyTorch's heavy-ball SGD
 (``optimizer.name: sgd``: ``m <- beta m + d``, ``x <- x - gamma m``, ``d`` the gradient plus
 weight decay), so
 
 * DecentLaM adds ``(x_i - sum_j w_ij x_j) / gamma`` to ``.grad`` right before ``opt.step()``
-  (:meth:`Decentralized.before_step`): the optimizer's step is then exactly the recursion above
+  (:meth:`Decentralized.correct_gradients`): the optimizer's step is then exactly the recursion above
   (weight decay is part of ``g``).  A step with ``gamma = 0`` (a warmup from 0) mixes the
   parameters directly, ``x <- W x``, the recursion's limit, and leaves the correction out of m.
 * DmSGD lets the optimizer take its local step ``x - gamma m^{k+1}`` and then mixes the result
-  with the neighbours' (:meth:`Decentralized.after_step`).
+  with the neighbours' (:meth:`Decentralized.mix_parameters`).
 
 Graph and weights (:func:`neighbour_offsets`, :func:`mixing_matrix`): circulant and symmetric
 (the paper's analysis assumes a symmetric, doubly stochastic W), worker i exchanges with
@@ -228,7 +229,7 @@ class Decentralized:
     # -- the pieces
 
     def _params(self) -> list[torch.nn.Parameter]:
-        assert self.model is not None, "Decentralized.attach(model) first"
+        assert self.model is not None, "Decentralized needs the model (Combination.attach)"
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _buffers(self) -> list[torch.Tensor]:
@@ -236,7 +237,7 @@ class Decentralized:
         return [b for b in self.model.buffers() if b.is_floating_point()]
 
     def _lr_of(self) -> dict[int, float]:
-        assert self.optimizer is not None, "Decentralized needs the optimizer (Combination.use_optimizer)"
+        assert self.optimizer is not None, "Decentralized needs the optimizer (Combination.attach)"
         return {id(p): float(g["lr"]) for g in self.optimizer.param_groups for p in g["params"]}
 
     @torch.no_grad()
@@ -253,10 +254,9 @@ class Decentralized:
         return params, mixed
 
     @torch.no_grad()
-    def before_step(self) -> None:
-        """DecentLaM: ``.grad += (x_i - sum_j w_ij x_j) / gamma`` (``gamma = 0``: ``x <- W x`` now)."""
-        if self.method != "decentlam":
-            return
+    def correct_gradients(self) -> None:
+        """DecentLaM, before the optimizer's step: ``.grad += (x_i - sum_j w_ij x_j) / gamma``
+        (``gamma = 0``: ``x <- W x`` now)."""
         lrs = self._lr_of()
         params, mixed = self._mix_params()
         offset = 0
@@ -274,10 +274,8 @@ class Decentralized:
                 p.grad.add_(corr)
 
     @torch.no_grad()
-    def after_step(self) -> None:
-        """DmSGD: ``x_i <- sum_j w_ij (x_j - gamma m_j)`` after the optimizer's local step."""
-        if self.method != "dmsgd":
-            return
+    def mix_parameters(self) -> None:
+        """DmSGD, after the optimizer's local step: ``x_i <- sum_j w_ij (x_j - gamma m_j)``."""
         params, mixed = self._mix_params()
         _unflat(mixed, params)
 

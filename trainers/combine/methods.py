@@ -1,6 +1,9 @@
-"""Gradient combination: how the workers' work becomes one update (``combine.method``).
+"""Gradient combination (``combine.method``): the section's config, and the math and state of the
+methods that keep one model on every rank.
 
-Three methods (``docs/architecture.md``; formulas in the design's section 5):
+The classes the loop calls, one per method, are in ``trainers/combine/combinations.py``; DmSGD and
+DecentLaM's math is in ``trainers/combine/decentral.py``; formulas in the design's section 5 and
+``docs/architecture.md``.
 
 ``mean`` (default, today's behaviour)
     DDP's all-reduce average; with the loop's loss scaling ``W / B`` the combined gradient is
@@ -55,11 +58,11 @@ adaptive summation", MLSys 2021)
     one tuned for one worker's batch ``b = B / W``: set ``optimizer.base_batch_size`` to the
     per-worker batch and ``schedule.scaling_rule: none`` (Horovod's Adasum guidance likewise keeps
     the single-worker LR rather than scaling it by the number of workers).  The driver's config
-    check enforces the scaling rule (``orchestrator/config/preflight.py`` ``check_combine``).
+    check enforces the scaling rule (``AdasumCombination.refuse`` in ``trainers/combine/combinations.py``).
 
     *Resize*: the result depends on the number of inputs W, by design.  A changing W (a growing
     batch policy that resizes the group, or an elastic min/max worker range) would change the
-    math mid-run, so the driver's config check (``check_combine``) refuses those combinations:
+    math mid-run, so the driver's config check (``AdasumCombination.refuse``) refuses those combinations:
     Adasum runs at a fixed W, and a resume at the same W continues exactly (the state is the
     optimizer's, identical on all ranks).
 
@@ -125,7 +128,7 @@ import torch
 import torch.distributed as dist
 from pydantic import ConfigDict, Field
 
-from trainers.combine.decentral import DECENTRAL_METHODS, Decentralized, restored
+from trainers.combine.decentral import restored
 from trainers.link import metrics as M
 from trainers.policies.batching import BatchPolicy, BatchStats
 from trainers.policies.decisions import BatchDecision, NoopDecision
@@ -134,10 +137,8 @@ from trainers.section import Section
 
 __all__ = [
     "AdasumCombiner",
-    "Combination",
     "CombineConfig",
     "CombineMethod",
-    "Decentralized",
     "LocalSGD",
     "SyncResult",
     "adasum_allreduce",
@@ -148,7 +149,6 @@ __all__ = [
 ]
 
 CombineMethod = Literal["mean", "adasum", "local_sgd", "dmsgd", "decentlam"]
-COMBINE_METHODS: tuple[str, ...] = ("mean", "adasum", "local_sgd", "dmsgd", "decentlam")
 Topology = Literal["ring", "exponential"]
 
 
@@ -524,139 +524,3 @@ class LocalSGD:
         self.last_sync_step = int(state["last_sync_step"])
         self.suggested = int(state.get("suggested", 0)) or None
         self._checkpoint_due = False  # a checkpoint is always taken at a sync step
-
-
-# --------------------------------------------------------------------------- the loop's side
-
-
-class Combination:
-    """What the worker loop (``trainers/loop/trainer.py``) calls for ``combine.method``; under ``mean`` every
-    call is a no-op and DDP does the combining, as before.
-
-    ``adasum``: no DDP (every micro-batch's gradient stays local); the loss keeps the ``W / B``
-    scale; :meth:`before_step` replaces ``.grad`` by the Adasum of the workers' mean gradients
-    (:class:`AdasumCombiner`) and broadcasts rank 0's buffers, so every rank steps identically.
-
-    ``local_sgd``: no DDP; each worker's loss is scaled by ``1 / b_i`` (its own mean gradient);
-    :meth:`after_step` averages the models every H steps (:class:`LocalSGD`), running the local
-    norm test on ``batch.check_every`` steps when ``batch.policy: norm_test``; checkpoints are
-    deferred to sync steps (:meth:`should_checkpoint`), and a save at any other step (the run's
-    end, a resize's hand-over) first syncs (:meth:`before_save`).  Validation between syncs scores
-    the average model (:meth:`evaluating`).
-
-    ``dmsgd`` / ``decentlam`` (``trainers/combine/decentral.py``): no DDP; the loss keeps the
-    ``W / B`` scale; each worker keeps its own parameters and exchanges them with its graph
-    neighbours every step, DecentLaM in :meth:`before_step` (a correction added to ``.grad``), DmSGD in
-    :meth:`after_step` (the stepped parameters mixed); :meth:`before_save` gathers every rank's
-    state for rank 0's checkpoint; validation scores the average model; :meth:`metrics` adds the
-    bytes per step and the consensus distance.
-    """
-
-    def __init__(
-        self,
-        cfg: CombineConfig,
-        world: int,
-        batch_policy: str = "fixed",
-        norm_test_eta: float = 0.5,
-        check_every: int = 1,
-    ):
-        self.method = cfg.method
-        self.world = world
-        self.check_every = check_every
-        self.local = (
-            LocalSGD(cfg, norm_test_eta=norm_test_eta if batch_policy == "norm_test" else None)
-            if cfg.method == "local_sgd"
-            else None
-        )
-        self.adasum: AdasumCombiner | None = None
-        self.decentral = Decentralized(cfg.method, cfg.graph, world) if cfg.method in DECENTRAL_METHODS else None
-
-    @property
-    def uses_ddp(self) -> bool:
-        """Whether DDP all-reduces the gradients (and the noise probe can hook into it)."""
-        return self.method == "mean"
-
-    def attach(self, model: torch.nn.Module) -> None:
-        """Give the (unwrapped) model once it is on its device."""
-        if self.method == "adasum":
-            self.adasum = AdasumCombiner(model.parameters(), buffers=model.buffers())
-        if self.decentral is not None:
-            self.decentral.model = model
-
-    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Give the optimizer once it is built (the decentralized methods read its LR and momentum)."""
-        if self.decentral is not None:
-            self.decentral.optimizer = optimizer
-
-    def loss_scale(self, batch_size: int, local_count: int) -> float:
-        """The factor on each per-sample loss sum: ``W / B`` (mean, adasum), ``1 / b_i`` (local_sgd)."""
-        if self.local is not None:
-            return 1.0 / max(1, local_count)
-        return self.world / batch_size
-
-    def before_step(self, local_count: int, batch_size: int) -> None:
-        """Right before ``optimizer.step()``: Adasum's collective."""
-        if self.adasum is not None:
-            self.adasum.combine(local_count=local_count, loss_scale=self.loss_scale(batch_size, local_count))
-        if self.decentral is not None:
-            self.decentral.before_step()
-
-    def after_step(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, local_count: int
-    ) -> SyncResult | None:
-        """Right after ``optimizer.step()``, before ``zero_grad`` (``step``: steps done, this one
-        included): local SGD's sync when one is due; DmSGD's neighbour mixing."""
-        if self.decentral is not None:
-            self.decentral.after_step()
-            return None
-        if self.local is None or not self.local.should_sync(step):
-            return None
-        return self.local.sync(model, optimizer, step, local_count=local_count, norm_test=step % self.check_every == 0)
-
-    def decide_batch(
-        self, policy: BatchPolicy, step: int, epoch: float, current: int
-    ) -> BatchDecision | NoopDecision | None:
-        """local_sgd: the batch policy fed by the local norm test; None: ask the usual policies."""
-        return self.local.decide_batch(policy, step, epoch, current) if self.local is not None else None
-
-    def should_checkpoint(self, due: bool, step: int) -> bool:
-        return self.local.checkpoint_now(due, step) if self.local is not None else due
-
-    def before_save(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, final: bool = False
-    ) -> None:
-        """Make the state rank 0 saves every rank's: local_sgd syncs when the last sync was not at
-        ``step`` (the run's end, a resize), or averages the per-worker optimizer state; dmsgd /
-        decentlam gather every rank's state (``final``, the run's end: the workers' average first)."""
-        if self.decentral is not None:
-            self.decentral.gather(final=final)
-            return
-        if self.local is None:
-            return
-        if self.local.last_sync_step != step:
-            self.local.sync(model, optimizer, step, checkpoint=True, norm_test=False)
-        elif not self.local.average_momentum:
-            self.local.average_optimizer_state(model, optimizer)
-
-    def evaluating(self, model: torch.nn.Module, step: int) -> contextlib.AbstractContextManager[None]:
-        if self.decentral is not None:
-            return self.decentral.averaged()
-        return self.local.averaged(model, step) if self.local is not None else contextlib.nullcontext()
-
-    def metrics(self) -> dict[str, float]:
-        """Collective under dmsgd / decentlam (the consensus distance): every rank calls it each step."""
-        d = self.decentral
-        if d is not None:
-            return {
-                M.COMBINE_BYTES_PER_STEP: float(d.bytes_per_step),
-                M.COMBINE_ALLREDUCE_BYTES_PER_STEP: float(d.allreduce_bytes_per_step),
-                M.COMBINE_BYTES_SENT: float(d.bytes_sent),
-                M.COMBINE_CONSENSUS_DISTANCE: d.consensus(),
-            }
-        return self.local.metrics() if self.local is not None else {}
-
-    def states(self) -> dict[str, Any]:
-        """The checkpoint components this method adds (``combine``: local SGD's counters)."""
-        if self.decentral is not None:
-            return {"combine": self.decentral}
-        return {"combine": self.local} if self.local is not None else {}

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.accel.device import compile_model, to_channels_last
 from trainers.accel.precision import Precision
-from trainers.combine.methods import Combination
+from trainers.combine.combinations import build_combination
 from trainers.data.pipeline import input_pipeline
 from trainers.link import metrics as M
 from trainers.loop.adversarial import Adversary, Perturbations
@@ -52,11 +52,8 @@ class Learner:
     def __init__(self, cfg: LoopConfig, work: Workload, group: Group, measure_noise: bool) -> None:
         self.group, self.loss_fn = group, work.loss_fn
         base = (to_channels_last(work.model) if cfg.model.channels_last else work.model).to(group.device)
-        # How the workers' gradients become one update (trainers/combine/methods.py): only mean uses DDP.
-        self.combine = Combination(
-            cfg.combine, group.world, cfg.batch.policy, cfg.batch.norm_test_eta, cfg.batch.check_every
-        )
-        self.combine.attach(base)
+        # How the workers' gradients become one update (trainers/combine/base.py): one class per method.
+        self.combine = build_combination(cfg.combine, group.world, cfg.batch)
         self.model = _wrap_ddp(base, group.device, group.world if self.combine.uses_ddp else 1)
         self.params = [p for p in base.parameters() if p.requires_grad]
         # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
@@ -94,7 +91,7 @@ class Learner:
             if adv.method != "none"
             else None
         )
-        self.combine.use_optimizer(self.opt)  # dmsgd / decentlam read its LR and momentum
+        self.combine.attach(base, self.opt)
         self.skipped = False  # the last step was skipped (fp16: inf/NaN gradients)
         self._reduced: list[float] = []  # the last backward's all-reduced loss sum and noise sums
 
@@ -126,7 +123,7 @@ class Learner:
         bsz = len(batch.ids)
         self.combine.before_step(batch.mine_len, bsz)
         self.skipped = self.prec.step(self.opt)
-        self.combine.after_step(unwrap(self.model), self.opt, step, batch.mine_len)
+        self.combine.after_step(step, batch.mine_len)
         self.opt.zero_grad(set_to_none=True)
         if self.noise is not None and not self.skipped:
             self.noise.update(self._reduced[1:], bsz)
@@ -141,7 +138,7 @@ class Learner:
         bsz, micros = len(batch.ids), batch.micro
         if not self.model.training:
             self.model.train()
-        scale = self.combine.loss_scale(bsz, batch.mine_len)  # W / B (mean, adasum); 1 / b_i (local_sgd)
+        scale = self.combine.loss_scale(bsz, batch.mine_len)  # W / B, or 1 / b_i where each worker steps alone
         device = self.group.device
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         if self.noise is not None:

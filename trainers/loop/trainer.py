@@ -20,7 +20,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,11 +47,10 @@ from trainers.link.runtime import Runtime
 from trainers.loop.checkpoint import CheckpointManager, PendingRecords, RNGState, StateAdapter, Stateful
 from trainers.loop.config import LoopConfig, eval_due
 from trainers.loop.group import Group, node_id
-from trainers.loop.learner import Learner, unwrap
+from trainers.loop.learner import Learner
 from trainers.loop.report import Reporter
 from trainers.loop.rollback import RollbackPolicy
 from trainers.loop.storage import StorageFull
-from trainers.policies.batching import BatchStats
 from trainers.policies.goodput import StepTimeFeed
 from trainers.policies.plan import BatchPlan, TrainState
 from trainers.policies.policy_set import PolicySet
@@ -119,7 +117,7 @@ class Trainer:
         )
         # Where the run stands and what each step runs with; fed by what this group measures.
         self.plan = BatchPlan(
-            policies, workers=self.group.world, noise=self.learner.gns, batch_stats=self._local_norm_test()
+            policies, workers=self.group.world, noise=self.learner.gns, batch_stats=self.learner.combine.batch_stats
         )
         self.rollback = RollbackPolicy(cfg.train.on_nonfinite, cfg.train.max_rollbacks)  # lr factor (checkpointed)
         self.report = Reporter(
@@ -144,13 +142,6 @@ class Trainer:
     def state(self) -> TrainState:
         """The counters that survive phases and restarts (the plan's)."""
         return self.plan.state
-
-    def _local_norm_test(self) -> Callable[[], BatchStats] | None:
-        """local SGD: the batch policy reads the local norm test of the last sync, not the noise probe."""
-        local = self.learner.combine.local
-        if local is None:
-            return None
-        return lambda: BatchStats(b_simple=None, norm_test=local.suggested)
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -203,9 +194,7 @@ class Trainer:
         Returns the checkpoint's path (its name where nothing was written).  A storage that is full
         (or read-only) raises :class:`StorageFull` on every rank (:meth:`run` ends the group)."""
         self.state.finished = finished
-        self.learner.combine.before_save(
-            unwrap(self.learner.model), self.learner.opt, self.state.step, final=finished
-        )  # local_sgd: a sync; dmsgd/decentlam: every rank's state to rank 0
+        self.learner.combine.before_save(self.state.step, final=finished)  # the state rank 0 saves: every rank's
         full: StorageFull | None = None
         try:
             path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
@@ -291,7 +280,7 @@ class Trainer:
             end = moved.warmup_end
             self.report.emit(AutoWarmupEnd(step=self.state.step, peak_lr=end.peak_lr, reason=end.reason))
         if self.should_eval(moved.epoch_ended, trained) or self.plan.done:
-            with self.report.aside(), self.learner.combine.evaluating(unwrap(self.learner.model), self.state.step):
+            with self.report.aside(), self.learner.combine.evaluating(self.state.step):
                 metrics.update(self.evaluate())
         self.report.count(trained)
         return moved.epoch_ended, metrics
@@ -348,7 +337,7 @@ class Trainer:
         every = self.cfg.checkpoint.every_steps
         return self.learner.combine.should_checkpoint(
             epoch_ended or (every > 0 and self.state.step % every == 0), self.state.step
-        )  # local_sgd: at sync steps only
+        )
 
     def ask_workers(self, measured: bool = False, periodic: bool = False) -> WorkersNeeded:
         """The workers the batch in force needs (the driver decides, every rank agrees).  ``measured``
