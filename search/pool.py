@@ -5,7 +5,7 @@ actor only saves its process start.  An actor whose process died is killed, neve
 
 The actors live on the driver's node: a trial's run calls Ray Train's ``fit()`` there, and Ray Train
 puts the trial's controller on the node of its caller, as the run puts its monitor
-(``orchestrator.run.phases.MonitorLink``).  Left to Ray, a trial actor (it holds no CPU) lands on
+(``orchestrator.run.monitor_link.MonitorLink``).  Left to Ray, a trial actor (it holds no CPU) lands on
 any node, a worker node too: losing that node would lose the trial, where losing a node of its
 worker group only restarts the group from the trial's newest checkpoint.
 """

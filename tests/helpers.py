@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from orchestrator.config.schema import RootConfig, validate
+from orchestrator.run.monitor_link import MonitorLink
 
 _TEMPLATE_STORE: list[str] = []  # this process's empty MLflow SQLite store at MLflow's current schema
 
@@ -148,3 +149,25 @@ def printed_command(text: str, before: str, after: str) -> list[str]:
     else:
         assert os.path.basename(found) in ("elb-train", "elb-search"), argv
     return argv
+
+
+class StateLink(MonitorLink):
+    """The driver's link to a :class:`~orchestrator.run.monitor.MonitorState` in this process: the
+    monitor actor's own logic, called directly (no Ray)."""
+
+    def __init__(self, state: Any, judged_metrics: tuple[str, ...] = ()) -> None:
+        super().__init__(judged_metrics)
+        self.actor = state
+
+    def create(self, *args: Any, **kwargs: Any) -> None:  # the state is there from the start
+        pass
+
+    def kill(self) -> None:
+        self.actor = None
+
+    def _tell(self, method: str, *args: Any, **kwargs: Any) -> None:
+        if self.actor is not None:
+            getattr(self.actor, method)(*args, **kwargs)
+
+    def _ask(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        return getattr(self.actor, method)(*args)

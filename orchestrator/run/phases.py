@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,50 +44,30 @@ from typing import Any
 import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.config.schema import RootConfig
 from orchestrator.record.cost import GroupHold
-from orchestrator.record.events import (
-    GroupRestarted,
-    OverlapFellBack,
-    ResizeCalledOff,
-    ResizeHandedOver,
-    ResizeMeasured,
-    ResizeRecord,
-)
 from orchestrator.record.listeners import ProgressListener, RunListener, TimelineListener, TrackingListener
 from orchestrator.record.progress_bar import Progress
 from orchestrator.record.run_tracker import RunTracker
-from orchestrator.record.timeline import Timeline
 from orchestrator.run.autoscaling import NodeSupply, NodeSupplyListener
 from orchestrator.run.drains import DrainWatch, room_outside
 from orchestrator.run.failures import FailureNotice
-from orchestrator.run.monitor import Monitor
+from orchestrator.run.monitor_link import MonitorLink
 from orchestrator.run.nodes import CapacityWatch
 from orchestrator.run.outcome import (
     CapacityLost,
-    Diverged,
-    Finished,
     Outcome,
-    OutOfStorage,
-    RayTrainFailed,
     Resume,
-    Stopped,
     TrackingGone,
-    UserCodeFailed,
-    is_fatal,
 )
 from orchestrator.run.ray_env import on_own_local_ray
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room
-from trainers.link import messages as msg
+from orchestrator.run.run_books import EventBook, ResizeBook, RunNames, RunStart
 from trainers.link import tags as T
-from trainers.link.messages import Event, FirstStep, PhaseStart, Record, Resize, ResizeDecided, WorkloadFailed
-from trainers.link.runtime import Runtime
-from trainers.loop.checkpoint import checkpoint_step, run_checkpoints
-from trainers.loop.storage import join, resolve
+from trainers.link.messages import Event, FirstStep, Record, Resize, WorkloadFailed
 from trainers.loop.trainer import train_loop_per_worker
 from trainers.policies.resize import WorkerCount
 
@@ -185,7 +164,7 @@ class Running(RunState):
             return PhaseEnded(self.cur)
         run.look_for_capacity(self.cur)
         run.look_for_drains(self.cur)
-        want = run.take_overlap_wanted()
+        want = run.book.take_overlap_wanted()
         if want is not None:
             if run.nodes.active and not run.room_for(want):
                 return AwaitingNodes(self.cur, want)
@@ -227,12 +206,12 @@ class Overlapping(RunState):
     def step(self, run: PhaseRunner) -> RunState | Outcome:
         end = run.poll(self.cur)
         if end is not None:  # the run ends here: the new group must not train
-            run.cancel_early(self.early)
+            run.resize_book.cancel_early(self.early)
             return end
         nxt = self.early
-        if nxt is not None and not nxt.alive and self.cur.alive and run.handover_path(nxt.idx) is None:
+        if nxt is not None and not nxt.alive and self.cur.alive and run.link.handover_path(nxt.idx) is None:
             # (One that took over may well end first: it trains while the old group's fit() tears down.)
-            run.fall_back_to_restart(nxt)
+            run.resize_book.fell_back(nxt)
             return Running(self.cur)
         if self.cur.alive:
             return self
@@ -249,10 +228,11 @@ class PhaseEnded(RunState):
 
     def step(self, run: PhaseRunner) -> RunState | Outcome:
         run.pump()
-        done = run.take_handovers()
+        done = run.link.take_handovers()
         if "error" in self.cur.box or not done:
             if self.early is not None:
-                run.call_off(self.early)
+                run.resize_book.call_off(self.early)
+                run.wait(self.early)
             return run.book.outcome(self.cur.box.get("result"), self.cur.box.get("error"))
         return Resizing(self.cur, done[-1], self.early)
 
@@ -267,258 +247,16 @@ class Resizing(RunState):
     early: _Phase | None = None
 
     def step(self, run: PhaseRunner) -> RunState | Outcome:
-        record = run.record_resize(self.old, self.resize)
+        record = run.resize_book.handed_over(self.old, self.resize)
         nxt = self.early
         if nxt is None:
             run.await_room(record.to)
             nxt = run.start_phase(record.to, run.names.last_idx + 1, handover=False)
         record.fit_called = nxt.t_called or time.time()
         record.phase = nxt.idx  # after a fallback to restart, not old.idx + 1 (that index failed to start)
-        run.take_overlap_wanted()
-        run.maybe_measure_resize()
+        run.book.take_overlap_wanted()
+        run.resize_book.measure_last(run.book)
         return Running(nxt)
-
-
-# --------------------------------------------------------------------------- what the runner keeps
-
-
-@dataclass
-class RunStart:
-    """What a run brings to its driver, read once before it starts (orchestrator/run/runner.py): when
-    the driver was invoked (``t0``) and, for a resumed run, what its earlier drivers left: how
-    many resumed it before (phase run names stay unique), the Ray Train runs whose reservations
-    it holds, their restarts and last worker count, their run-level tags and their timeline."""
-
-    t0: float = field(default_factory=time.time)
-    resumes: int = 0
-    ray_train_runs: str = ""  # orchestrator/run/reservations.py
-    restarts: int = 0
-    workers: int = 0  # the W logged last (0: none)
-    tags: dict[str, str] = field(default_factory=dict)  # the earlier drivers' tags (listeners go on from them)
-    timeline: Timeline | None = None  # the earlier drivers' stretches and resizes (orchestrator/record/history.py)
-
-    @property
-    def resumed(self) -> bool:
-        return self.resumes > 0
-
-
-class RunNames:
-    """Where a run's phases go: the storage they share and each phase's Ray Train run name."""
-
-    def __init__(self, run_id: str, storage_path: str, resumes: int = 0, ray_train_runs: str = "") -> None:
-        self.train_run_name = f"elastic-{run_id}"  # all phases and resumes share it
-        self.storage_path = resolve(storage_path)  # a local folder made absolute, or a URI
-        self.resumes = resumes  # earlier drivers of a resumed run: keeps phase run names unique
-        self.last_idx = -1  # the newest phase started (a failed early start keeps its index)
-        self.ray_train_runs = ray_train_runs  # the newest groups' Ray Train run ids (orchestrator/run/reservations.py)
-
-    @property
-    def folder(self) -> str:
-        """The run's (first phase's) folder, where its checkpoints are found."""
-        return join(self.storage_path, self.train_run_name)
-
-    def phase_run_name(self, phase: int) -> str:
-        """Each phase is its own Ray Train run (two may run at once during an overlapping
-        resize); the workers restore the newest checkpoint across all of them."""
-        if phase == 0:
-            return self.train_run_name
-        return f"{self.train_run_name}-r{self.resumes}p{phase}"
-
-    def newest_checkpoint_step(self) -> int | None:
-        """The step of the run's newest checkpoint, across its phases (None: none, or the store
-        did not answer)."""
-
-        try:
-            found = run_checkpoints(self.storage_path, self.train_run_name)
-        except OSError:
-            return None
-        return checkpoint_step(found[0]) if found else None
-
-
-class MonitorLink:
-    """The driver's handle on the run's monitor actor (orchestrator/run/monitor.py), and what the
-    workers are told about it (``Runtime``)."""
-
-    def __init__(self, judged_metrics: Sequence[str] = ()) -> None:
-        self.actor: Any = None
-        self.name, self.namespace = "", None
-        self.judged_metrics = list(judged_metrics)  # values the driver judges (a pruned search trial)
-
-    def create(
-        self, cfg: RootConfig, resources: dict[str, float], grow_room: Callable[[], dict[str, float]] | None = None
-    ) -> None:
-
-        s = cfg.scaling
-        self.namespace = ray.get_runtime_context().namespace
-        self.name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
-        overlap = resources if s.resize_mode == "overlap" else None
-        # On the driver's own node: a lost worker node must not take the driver's link with it.
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        self.actor = Monitor.options(name=self.name, namespace=self.namespace, scheduling_strategy=here).remote(
-            WorkerCount.from_config(cfg),
-            overlap_resources=overlap,
-            only_if_pays=s.resize_when == "pays",
-            per_worker=resources,
-            grow_room=grow_room,
-        )
-
-    def runtime(self, **fields: Any) -> Runtime:
-        """What a phase's workers are told: this monitor, the judged metrics, and ``fields``."""
-        return Runtime(
-            monitor_name=self.name, namespace=self.namespace, judged_metrics=list(self.judged_metrics), **fields
-        )
-
-    def kill(self) -> None:
-
-        if self.actor is not None:
-            ray.kill(self.actor)
-            self.actor = None
-
-
-class EventBook:
-    """What the workers' events told the driver: every event, when each phase's group entered its
-    loop and made its first step, restarts of a group, a divergence, the user's errors, a full
-    storage, a new group wanted beside the running one; and so how the run ended (:meth:`outcome`)."""
-
-    def __init__(self, restarts: int = 0, t_start: float | None = None) -> None:
-        self.events: list[Event] = []
-        self.t_start = time.time() if t_start is None else t_start  # when the driver was invoked
-        self.restarts = restarts  # restarts of the run's groups so far (earlier drivers' included)
-        self.diverged: msg.Diverged | None = None  # the run stopped on a non-finite loss
-        self.starts: dict[int, int] = {}  # phase -> times its group started (more than once: restarts)
-        self.entered: dict[int, float] = {}  # phase -> when its loop was entered on rank 0
-        self.spawned: dict[int, float] = {}  # phase -> when its rank 0's process was started
-        self.built: dict[int, float] = {}  # phase -> when its rank 0 had built data and model
-        self.fit_called: dict[int, float] = {}  # phase -> when this driver called its fit()
-        self.first_step: dict[int, float] = {}  # phase -> when its group made its first step
-        self.overlap_wanted: int | None = None  # workers of a new group to start beside the old one
-        self.user_errors: list[WorkloadFailed] = []  # the user's code raised on a worker (trainers/link/failure.py)
-        self.fatal: WorkloadFailed | None = None  # the one that ends the run (outcome.is_fatal)
-        self.storage_failed: msg.StorageFailed | None = None  # a checkpoint's storage was full: the run ended
-
-    def observe(self, ev: Event) -> list[Event]:
-        """Keep ``ev``; return the driver's own events it implies (a group restarted)."""
-        self.events.append(ev)
-        if isinstance(ev, msg.Diverged):
-            self.diverged = ev
-        elif isinstance(ev, msg.StorageFailed):
-            self.storage_failed = ev
-        elif isinstance(ev, FirstStep):
-            self.first_step.setdefault(ev.phase, ev.time)
-        elif isinstance(ev, WorkloadFailed):
-            if self.fatal is None and is_fatal(ev, self.user_errors):
-                self.fatal = ev
-            self.user_errors.append(ev)
-        elif isinstance(ev, ResizeDecided) and ev.mode == "overlap":
-            self.overlap_wanted = ev.workers
-        elif isinstance(ev, PhaseStart):
-            self.starts[ev.phase] = self.starts.get(ev.phase, 0) + 1
-            self.entered.setdefault(ev.phase, ev.entered)
-            self.built.setdefault(ev.phase, ev.built)
-            if ev.spawned:
-                self.spawned.setdefault(ev.phase, ev.spawned)
-            if self.starts[ev.phase] > 1:  # the same phase started again: Ray Train restarted the group
-                self.restarts += 1
-                return [GroupRestarted(step=ev.step, workers=ev.workers, restarts=self.restarts)]
-        return []
-
-    def outcome(self, result: Any, error: BaseException | None) -> Outcome:
-        """How the run ended, once its last group's ``fit()`` returned ``result`` or raised
-        ``error``: what the events said, the gravest first."""
-        if error is not None:  # Ray Train's error carries the user's, which is said better by itself
-            user = self.fatal or (self.user_errors[-1] if self.user_errors else None)
-            return UserCodeFailed(user) if user is not None else RayTrainFailed(error)
-        if self.fatal is not None:
-            return UserCodeFailed(self.fatal)
-        if self.diverged is not None:
-            return Diverged(self.diverged)
-        if self.storage_failed is not None:  # never a restart: it would write into the same storage
-            return OutOfStorage(self.storage_failed)
-        return Stopped(result) if self.stopped else Finished(result)
-
-    def take_overlap_wanted(self) -> int | None:
-        """The workers of a new group to start beside the running one, once."""
-        want, self.overlap_wanted = self.overlap_wanted, None
-        return want
-
-    def first_step_s(self) -> float | None:
-        """Seconds from the run's start to its first optimizer step."""
-        return next((ev.time - self.t_start for ev in self.events if isinstance(ev, FirstStep)), None)
-
-    def start_parts(self, launched: float | None = None, ray_up: float | None = None) -> dict[str, float]:
-        """Where the time from the driver's start to its first step went (seconds, in order; empty
-        before a first step): ``launch_s`` the command's Python, imports and config checks (when
-        ``launched``, the moment training was called, is known); ``ray_s`` Ray started or joined (when
-        ``ray_up`` is known); ``driver_s`` the driver's own work until its first ``fit()`` call (MLflow
-        run, monitor); ``group_s`` Ray Train's controller, the placement group and rank 0's process
-        started; ``worker_s`` that process until it entered the loop (Python, Ray's and torch's
-        imports, the process group, the loop's module); ``build_s`` data and model built; ``step_s``
-        the checkpoint restored and the first step.  The parts sum to ``first_step_s``."""
-        first = next((ev for ev in self.events if isinstance(ev, FirstStep)), None)
-        if first is None or first.phase not in self.fit_called or first.phase not in self.entered:
-            return {}
-        phase = first.phase
-        called, entered = self.fit_called[phase], self.entered[phase]
-        spawned = min(max(self.spawned.get(phase, called), called), entered)
-        built = min(max(self.built.get(phase, entered), entered), first.time)
-        marks, parts, last = (("launch_s", launched), ("ray_s", ray_up)), {}, self.t_start
-        for name, t in marks:
-            if t is not None:
-                t = min(max(t, last), called)
-                parts[name], last = t - last, t
-        parts.update(
-            driver_s=called - last,
-            group_s=spawned - called,
-            worker_s=entered - spawned,
-            build_s=built - entered,
-            step_s=first.time - built,
-        )
-        return parts
-
-    def ended_since(self, seen: int) -> bool:
-        """Whether a group said it ended (stopped, finished, diverged) after the first ``seen`` events."""
-        return any(isinstance(ev, (msg.Stopped, msg.Finished, msg.Diverged)) for ev in self.events[seen:])
-
-    @property
-    def stopped(self) -> bool:
-        """The last group stopped before the planned end (the driver asked it to)."""
-        ends = [ev for ev in self.events if isinstance(ev, (msg.Stopped, msg.Finished, msg.Diverged))]
-        return bool(ends) and isinstance(ends[-1], msg.Stopped)
-
-
-class ResizeBook:
-    """The run's resizes: the last one until its new group's first step measures it, those
-    measured (as ``RunSummary.resizes`` lists them), and those called off."""
-
-    def __init__(self) -> None:
-        self.measured: list[dict[str, Any]] = []
-        self.called_off = 0  # overlapping resizes whose new group never took over
-        self.unmeasured: ResizeRecord | None = None
-
-    def record(self, old: _Phase, r: Resize) -> ResizeRecord:
-        record = ResizeRecord(
-            from_workers=r.from_workers,
-            to=r.to,
-            mode=r.mode,
-            step=int(r.handover_step),
-            time=r.handover_time,
-            decided=r.time,
-            fit_returned=old.ended,
-            phase=old.idx + 1,
-        )
-        self.unmeasured = record
-        return record
-
-    def measure(self, book: EventBook) -> ResizeRecord | None:
-        """The last resize, measured (:meth:`ResizeRecord.measure`) once its new group has made
-        its first step; ``None`` until then."""
-        r = self.unmeasured
-        if r is None or r.fit_called is None or r.phase not in book.first_step:
-            return None
-        self.unmeasured = None
-        r.measure(entered=book.entered.get(r.phase, r.fit_called), first=book.first_step[r.phase])
-        self.measured.append(r.as_dict())
-        return r
 
 
 # --------------------------------------------------------------------------- the runner
@@ -544,6 +282,7 @@ class PhaseRunner:
         poll_s: float = POLL_S,
         judged: Sequence[str] = (),
         nodes: NodeSupply | None = None,
+        link: MonitorLink | None = None,
     ):
         self.cfg, self.tracker, self.start = cfg, tracker, start
         self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
@@ -556,9 +295,9 @@ class PhaseRunner:
         self.listeners: list[RunListener] = [tracking, ProgressListener(progress), *listeners, supply]
         self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
         self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path, start.resumes, start.ray_train_runs)
-        self.link = MonitorLink(judged)
+        self.link = link or MonitorLink(judged)  # (a test gives one that calls a MonitorState directly)
         self.book = EventBook(restarts=start.restarts, t_start=start.t0)
-        self.resize_book = ResizeBook()
+        self.resize_book = ResizeBook(self.link, self.emit)
         # On a local Ray this process started (one node, the driver's) no node comes, goes or is
         # drained: the looks at the nodes (every 2 s), at the drains (every second) and for capacity
         # that came back cost the loop's cores for nothing, so each is made once
@@ -602,7 +341,7 @@ class PhaseRunner:
             raise
         finally:
             if isinstance(state, RunState):  # left by an exception: a group started early must not train
-                self.cancel_early(state.early)
+                self.resize_book.cancel_early(state.early)
             for listener in self.listeners:
                 listener.close()
             self.link.kill()
@@ -610,10 +349,10 @@ class PhaseRunner:
     def stop_and_drain(self, wait_s: float) -> None:
         """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the
         monitor until it says the group ended, or for ``wait_s`` at most."""
-        if self.link.actor is None:
+        if not self.link.up:
             return
         try:
-            self.link.actor.request_stop.remote()
+            self.link.request_stop()
             seen, deadline = len(self.book.events), time.monotonic() + wait_s
             while True:
                 self.pump(timeout=max(0.1, deadline - time.monotonic()))
@@ -624,13 +363,11 @@ class PhaseRunner:
             pass
 
     def request_stop(self) -> None:
-        if self.link.actor is not None:
-            self.link.actor.request_stop.remote()
+        self.link.request_stop()
 
     def verdict(self, step: int, stop: bool) -> None:
         """The driver judged the values up to ``step``: ``stop`` the run there, or go on."""
-        if self.link.actor is not None:
-            self.link.actor.judged.remote(int(step), bool(stop))
+        self.link.judged(step, stop)
 
     def tracking_gone(self, lost: Exception) -> TrackingGone:
         """The run's end when the tracking server stayed away: the tracker's account of what it did
@@ -655,7 +392,7 @@ class PhaseRunner:
             return max(last, s.min_workers)
         return max(workers, last)
 
-    def resources(self) -> dict[str, float]:
+    def _resources(self) -> dict[str, float]:
         return self.cfg.scaling.per_worker()
 
     def _trainer(self, workers: int, phase: int, handover: bool) -> Any:
@@ -683,7 +420,7 @@ class PhaseRunner:
             scaling_config=ScalingConfig(
                 num_workers=num_workers,
                 use_gpu=s.use_gpu,
-                resources_per_worker=self.resources(),
+                resources_per_worker=self._resources(),
                 placement_strategy=s.placement.upper(),
                 # the driver grows the group itself, at a checkpoint
                 # (look_for_capacity); Ray Train's own growth would redo the
@@ -701,13 +438,13 @@ class PhaseRunner:
     def start_phase(self, workers: int, idx: int, handover: bool) -> _Phase:
         """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
         trainer = self._trainer(workers, idx, handover)
-        ph = _Phase(idx, workers, trainer, self.hold(idx, workers))
+        ph = _Phase(idx, workers, trainer, self._hold(idx, workers))
         train_id = ray_train_run_id(trainer)
         if train_id:  # a resume after this driver is killed drops the group's reservation by it
             self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
             self.tracker.set_tags({T.RAY_TRAIN_RUNS: self.names.ray_train_runs})
-        if not handover and self.link.actor is not None:  # a cold start: what a resize's new group costs here
-            self.link.actor.starting.remote(idx, time.time())
+        if not handover:  # a cold start: what a resize's new group costs here
+            self.link.starting(idx, time.time())
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
         if self.nodes.active and self.cfg.scaling.min_workers < workers:
             refresh_nodes()  # an elastic group is sized on the nodes that came for it, not on a 20 s old view
@@ -715,10 +452,10 @@ class PhaseRunner:
         ph.thread.start()
         return ph
 
-    def hold(self, idx: int, workers: int) -> GroupHold | None:
+    def _hold(self, idx: int, workers: int) -> GroupHold | None:
         """Where phase ``idx``'s group writes down what it holds: the timeline's (None without one)."""
         timeline = next((li.timeline for li in self.listeners if isinstance(li, TimelineListener)), None)
-        return timeline.holds.group(idx, workers, self.resources()) if timeline is not None else None
+        return timeline.holds.group(idx, workers, self._resources()) if timeline is not None else None
 
     def await_room(self, workers: int, timeout_s: float = 60.0) -> bool:
         """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a
@@ -744,7 +481,7 @@ class PhaseRunner:
 
     def room_for(self, workers: int) -> bool:
         """Whether the cluster's free resources hold ``workers`` workers now."""
-        return has_room(ray.available_resources(), self.resources(), workers)
+        return has_room(ray.available_resources(), self._resources(), workers)
 
     def await_first_nodes(self, workers: int) -> None:
         """An autoscaling cluster: ask for the first group's nodes and wait (at most
@@ -766,7 +503,7 @@ class PhaseRunner:
     # -- the monitor -------------------------------------------------------------------------------
 
     def make_monitor(self) -> None:
-        self.link.create(self.cfg, self.resources(), grow_room=self.nodes.grow_room())
+        self.link.create(self.cfg, self._resources(), grow_room=self.nodes.grow_room())
 
     def poll(self, ph: _Phase) -> Outcome | None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump.  The run's end
@@ -775,7 +512,7 @@ class PhaseRunner:
         ph.thread.join(self.poll_s)
         self.pump()
         self.nodes.keep()
-        status = self.capacity.look(self.resources())
+        status = self.capacity.look(self._resources())
         if status is not None:
             self.progress.write(status)
         if self.capacity.wait.expired():  # the checkpoints are kept: resume once the cluster has room again
@@ -793,7 +530,7 @@ class PhaseRunner:
         if not self.capacity.grow_due():
             return
 
-        ray.get(self.link.actor.capacity_check.remote(ph.idx, ph.workers))
+        self.link.capacity_check(ph.idx, ph.workers)
 
     def look_for_drains(self, ph: _Phase) -> None:
         """Every second: nodes being drained (a preemption's notice, orchestrator/run/drains.py) that
@@ -804,14 +541,13 @@ class PhaseRunner:
         draining = self.capacity.drains.look()
         if not draining:
             return
-        ray.get(self.link.actor.drain_notice.remote(ph.idx, draining, room_outside(draining, self.resources())))
+        self.link.drain_notice(ph.idx, draining, room_outside(draining, self._resources()))
 
     def pump(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
         rides on the drain: one call to the monitor per poll)."""
 
-        ref = self.link.actor.drain.remote(self.tracker.writer.written_upto)
-        records, events = ray.get(ref) if timeout is None else ray.get(ref, timeout=timeout)
+        records, events = self.link.drain(self.tracker.writer.written_upto, timeout)
         for ev in events:
             # in step order: the records up to an event's step reach the listeners before it (a
             # progress bar prints "batch: 16 -> 72 at step 20" when it shows step 20, not later)
@@ -827,7 +563,7 @@ class PhaseRunner:
             if isinstance(ev, WorkloadFailed) and self.book.fatal is ev:
                 self.request_stop()  # a group that is still training (an overlap's old one) ends
             if isinstance(ev, FirstStep):
-                self.maybe_measure_resize()
+                self.resize_book.measure_last(self.book)
         self._deliver(records)
 
     def _deliver(self, records: list[Record]) -> None:
@@ -838,53 +574,3 @@ class PhaseRunner:
     def emit(self, event: Event) -> None:
         for listener in self.listeners:
             listener.on_event(event)
-
-    def take_overlap_wanted(self) -> int | None:
-        """The workers of a new group to start beside the running one, once."""
-        return self.book.take_overlap_wanted()
-
-    def handover_path(self, phase: int) -> str | None:
-
-        return ray.get(self.link.actor.handover.remote(phase)).path
-
-    def take_handovers(self) -> list[Resize]:
-
-        return ray.get(self.link.actor.take_handovers.remote())
-
-    # -- resizes ---------------------------------------------------------------------------------------
-
-    def fall_back_to_restart(self, nxt: _Phase) -> None:
-        """The new group ended without taking over: it could not start."""
-
-        self.emit(OverlapFellBack(workers=nxt.workers, error=nxt.box.get("error")))
-        ray.get(self.link.actor.fall_back_to_restart.remote())
-
-    def call_off(self, nxt: _Phase) -> None:
-        """The run ended before the new group took over: it must not train."""
-
-        ray.get(self.link.actor.cancel_overlap.remote(nxt.idx))
-        self.resize_book.called_off += 1
-        self.emit(ResizeCalledOff(workers=nxt.workers))
-        self.wait(nxt)
-
-    def cancel_early(self, ph: _Phase | None) -> None:
-        """The run ended while a new group started beside the old one: it must not train (its
-        ``fit()`` is not waited for)."""
-
-        if ph is not None and ph.alive and self.link.actor is not None:
-            ray.get(self.link.actor.cancel_overlap.remote(ph.idx))
-
-    def record_resize(self, old: _Phase, r: Resize) -> ResizeRecord:
-        record = self.resize_book.record(old, r)
-        self.emit(ResizeHandedOver(resize=record))
-        return record
-
-    def maybe_measure_resize(self) -> None:
-        """Measure (and log, through the listeners) the last resize once its new group has made
-        its first step (:meth:`ResizeRecord.measure`)."""
-        r = self.resize_book.measure(self.book)
-        if r is None:
-            return
-        if r.mode == "overlap" and self.link.actor is not None and r.latency_s is not None:
-            self.link.actor.set_costs.remote(pause_s=r.latency_s)
-        self.emit(ResizeMeasured(resize=r))

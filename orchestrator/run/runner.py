@@ -53,9 +53,10 @@ from orchestrator.run.outcome import (
     TrackingGone,
     ending,
 )
-from orchestrator.run.phases import POLL_S, PhaseRunner, RunStart
+from orchestrator.run.phases import POLL_S, PhaseRunner
 from orchestrator.run.ray_env import ensure_ray, quiet_ray_env, stop_ray
 from orchestrator.run.reservations import release
+from orchestrator.run.run_books import RunStart
 from orchestrator.run.run_info import RUN_INFO, DriverLock, find_run, write_run_info
 from trainers.link import metrics as M
 from trainers.link import tags as T

@@ -15,8 +15,8 @@ from orchestrator.run.cluster_limits import ClusterLimits
 from orchestrator.run.monitor import MonitorState
 from orchestrator.run.outcome import Finished, RayTrainFailed
 from orchestrator.run.resizing import Handover, ResizeCoordinator, ResizeCosts
-from tests.helpers import make_config
-from tests.unit.test_phases import FakeFit, FakeMonitor, FakeTracker, _group, make_runner
+from tests.helpers import StateLink, make_config
+from tests.unit.test_phases import FakeFit, FakeTracker, _group, make_runner
 from trainers.link.messages import FirstStep, ResizeDecided, ResizeSkipped
 from trainers.policies.plan import workers_ahead
 from trainers.policies.resize import WorkerCount, WorkersForBatch
@@ -227,22 +227,17 @@ def _runner(tmp_path, monkeypatch, plays, resize_mode: str, free: dict[str, floa
         batch={"size": 32, "max_local_batch": 32},
         scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 1, "resize_mode": resize_mode, **scaling},
     )
-    monkeypatch.setattr(ray, "get", lambda x: x)
-    monkeypatch.setattr(ray, "kill", lambda x: None)
     monkeypatch.setattr(ray, "available_resources", lambda: dict(free))
     sent: list[int] = []
     supply = NodeSupply(cfg, LIMITS, ONE, send=lambda b: sent.append(len(b)))
-    runner = make_runner(cfg, FakeTracker(), poll_s=0.01, nodes=supply)
     state = MonitorState(
         WorkerCount(WorkersForBatch(), 32, 1, 4),
         overlap_resources=ONE if resize_mode == "overlap" else None,
         available=lambda: dict(free),
         grow_room=lambda: {"CPU": 4.0 - 1.0},
     )
+    runner = make_runner(cfg, FakeTracker(), poll_s=0.01, nodes=supply, link=StateLink(state))
     started: list[tuple[int, int, bool, float]] = []
-
-    def make_monitor() -> None:
-        runner.link.actor = FakeMonitor(state)
 
     def trainer(workers: int, phase: int, handover: bool) -> FakeFit:
         started.append((phase, workers, handover, free["CPU"]))
@@ -256,7 +251,6 @@ def _runner(tmp_path, monkeypatch, plays, resize_mode: str, free: dict[str, floa
 
         return FakeFit(play, state, phase)
 
-    monkeypatch.setattr(runner, "make_monitor", make_monitor)
     monkeypatch.setattr(runner, "_trainer", trainer)
     monkeypatch.setattr("orchestrator.run.phases.refresh_nodes", lambda: True)
     return runner, sent, started

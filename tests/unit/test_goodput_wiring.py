@@ -379,7 +379,7 @@ def test_the_decisions_reach_mlflow_as_metrics_and_tags(tmp_path):
 def test_a_resumed_goodput_run_goes_on_at_the_w_it_had(tmp_path):
     """goodput may have shrunk the group below what the batch needs: a resume starts at the W the run
     logged last, not at the batch's need (workers_for_batch's runs only ever grew)."""
-    from orchestrator.run.phases import RunStart
+    from orchestrator.run.run_books import RunStart
     from tests.helpers import make_config
     from tests.unit.test_phases import FakeTracker, make_runner
 

@@ -13,25 +13,11 @@ import pytest
 from orchestrator.record.progress_bar import Progress
 from orchestrator.run.monitor import MonitorState
 from orchestrator.run.outcome import CapacityLost, Finished, RayTrainFailed
-from orchestrator.run.phases import PhaseRunner, RunStart
-from tests.helpers import make_config
+from orchestrator.run.phases import PhaseRunner
+from orchestrator.run.run_books import RunStart
+from tests.helpers import StateLink, make_config
 from trainers.link.messages import FirstStep, PhaseStart
 from trainers.policies.resize import WorkerCount, WorkersForBatch
-
-
-class _Remote:
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.remote = fn
-
-
-class FakeMonitor:
-    """A :class:`MonitorState` whose methods answer ``.remote(...)`` at once (``ray.get`` is identity)."""
-
-    def __init__(self, state: MonitorState) -> None:
-        self.state = state
-
-    def __getattr__(self, name: str) -> _Remote:
-        return _Remote(getattr(self.state, name))
 
 
 class FakeTracker:
@@ -89,25 +75,19 @@ def _runner(
         scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5, "resize_mode": resize_mode},
     )
     tracker = FakeTracker()
-    monkeypatch.setattr(ray, "get", lambda x: x)
-    monkeypatch.setattr(ray, "kill", lambda x: None)
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free_cpus})
-    runner = make_runner(cfg, tracker, poll_s=0.01)
     state = MonitorState(
         WorkerCount(WorkersForBatch(), 32, 1, 4),
         overlap_resources={"CPU": 0.5} if resize_mode == "overlap" else None,
         available=lambda: {"CPU": free_cpus},
     )
+    runner = make_runner(cfg, tracker, poll_s=0.01, link=StateLink(state))
     started: list[tuple[int, int, bool]] = []
-
-    def make_monitor() -> None:
-        runner.link.actor = FakeMonitor(state)
 
     def trainer(workers: int, phase: int, handover: bool) -> FakeFit:
         started.append((phase, workers, handover))
         return FakeFit(plays[phase], state, phase)
 
-    monkeypatch.setattr(runner, "make_monitor", make_monitor)
     monkeypatch.setattr(runner, "_trainer", trainer)
     return runner, tracker, started
 
@@ -241,7 +221,6 @@ def test_the_progress_bar_counts_samples_and_shows_the_policy_batch(capsys):
 
 def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
     """An event at step s reaches the listeners after the records up to s and before later ones."""
-    import ray
 
     from orchestrator.record.listeners import RunListener
     from trainers.link.messages import BatchChange
@@ -256,11 +235,9 @@ def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
             seen.append(("event", getattr(event, "step", None)))
 
     cfg = make_config(tmp_path, "mem://")
-    monkeypatch.setattr(ray, "get", lambda x: x)
-    runner = make_runner(cfg, FakeTracker(), listeners=[Recorder()])
     state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 1))
     state.push([(s, {"train/loss": 1.0}, 0.0) for s in range(18, 23)], [BatchChange(step=20, old=16, new=32)])
-    runner.link.actor = FakeMonitor(state)
+    runner = make_runner(cfg, FakeTracker(), listeners=[Recorder()], link=StateLink(state))
     runner.pump()
     assert seen == [("record", 18), ("record", 19), ("record", 20), ("event", 20), ("record", 21), ("record", 22)]
 
@@ -269,8 +246,6 @@ def test_an_interrupted_driver_stops_the_group_and_drains_its_last_records(tmp_p
     """Ctrl-C or SIGTERM on the driver: the group is asked to stop (its last checkpoint), and what
     it pushes until it ends reaches the tracker before the interruption goes on."""
     import time
-
-    import ray
 
     from trainers.link.messages import Stopped
 
@@ -284,7 +259,6 @@ def test_an_interrupted_driver_stops_the_group_and_drains_its_last_records(tmp_p
         return "stopped"
 
     runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: group}, "restart")
-    monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
     poll = runner.poll
 
     def interrupted_poll(ph) -> None:
@@ -412,14 +386,12 @@ def test_a_tracking_server_away_too_long_stops_the_group_and_ends_the_run_with_t
 ):
     """No exception between the poll and the loop: the poll stops the group at a checkpoint, drains
     it and returns the end, with the tracker's one line (its resume command names the store)."""
-    import ray
 
     from orchestrator.config.command import cli
     from orchestrator.record.run_tracker import TrackingLost
     from orchestrator.run.outcome import TrackingGone
 
     runner, tracker, _ = _runner(tmp_path, monkeypatch, {0: _stoppable}, "restart")
-    monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
     lost = TrackingLost("the tracking server mem:// did not answer for 8 s")
     told: list = []
 
@@ -465,7 +437,7 @@ def _failed(where: str, deterministic: bool):
     ],
 )
 def test_the_book_says_how_the_run_ended_the_gravest_first(events, error, want):
-    from orchestrator.run.phases import EventBook
+    from orchestrator.run.run_books import EventBook
     from trainers.link import messages as msg
 
     made = {
@@ -509,7 +481,7 @@ def test_the_book_says_where_the_time_to_the_first_step_went():
     """RunSummary.start: the parts from the driver's start to the first step sum to first_step_s,
     in order; a rank 0 that does not know its process's start counts it in the worker's part;
     no first step, no parts."""
-    from orchestrator.run.phases import EventBook
+    from orchestrator.run.run_books import EventBook
     from trainers.link import messages as msg
 
     book = EventBook(t_start=100.0)

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.run.monitor import MonitorState
 from orchestrator.run.outcome import is_fatal
-from orchestrator.run.phases import EventBook
+from orchestrator.run.run_books import EventBook
 from trainers.link.failure import is_user_file, user_error
 
 
