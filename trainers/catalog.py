@@ -1,7 +1,7 @@
 """The built-in models and datasets: one entry each, with every attribute the code decides by.
 
 ``model.name`` and ``data.name`` take these names (their ``Literal`` types read them here), and the
-config checks (``orchestrator/config/preflight.py``), the loaders (``trainers/data/``) and the
+config checks (``orchestrator/config/rules.py``, ``preflight.py``), the loaders (``trainers/data/``) and the
 builders (``trainers/workload/``) ask an entry what they need instead of listing names.  A new
 built-in is one entry here plus its builder (``trainers/workload/models.py`` ``MODELS`` or
 ``trainers/workload/lm_models.py`` ``LM_MODELS``) or its loader (``trainers/data/datasets.py``

@@ -18,9 +18,9 @@ The stages, in the order a user fixes them:
    and the data files (``preflight.check_data_files``);
 4. **workload**: the factories probed on two samples (``preflight.check_workload``), and a model
    whose batch statistics cannot take the micro-batches of one sample the config would give it
-   (``preflight.check_single_samples``);
+   (``workload_checks.check_single_samples``);
 5. **environment**: the checkpoint folder and the tracking store, read only
-   (``preflight.check_environment``), for the commands that train.
+   (``environment.check_environment``), for the commands that train.
 """
 
 from __future__ import annotations
@@ -30,14 +30,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from orchestrator.config.preflight import (
-    check_config,
-    check_data_files,
-    check_environment,
-    check_single_samples,
-    check_workload,
-    single_sample_facts,
-)
+from orchestrator.config.environment import check_environment
+from orchestrator.config.preflight import check_config, check_data_files, check_workload
 from orchestrator.config.schema import (
     ConfigError,
     RootConfig,
@@ -46,6 +40,7 @@ from orchestrator.config.schema import (
     read_yaml,
     validate,
 )
+from orchestrator.config.workload_checks import check_single_samples, single_sample_facts
 
 Functions = Mapping[str, Callable[..., Any]]
 

@@ -2,9 +2,9 @@
 ``--set`` overrides and validation errors that name the field.
 
 Each field is validated here (its type, its range), before Ray starts or an MLflow run is created;
-what relates two or more fields is checked next, in one place (``orchestrator/config/preflight.py``
-``check_config``, run by ``orchestrator/config/prepare.py``).  ``ConfigError`` carries one line
-(``section.key: what is wrong; what to do``).
+what relates two or more fields is checked next, in one place (``orchestrator/config/rules.py``,
+from ``preflight.check_config``, run by ``orchestrator/config/prepare.py``).  ``ConfigError``
+carries one line (``section.key: what is wrong; what to do``).
 """
 
 from __future__ import annotations

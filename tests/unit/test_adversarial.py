@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orchestrator.config.preflight import check_combinations
+from orchestrator.config.rules import check_combinations
 from orchestrator.config.schema import ConfigError, RootConfig
 from orchestrator.preview import make_plan
 from search.space import SpaceError, parse_space

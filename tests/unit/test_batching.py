@@ -39,7 +39,7 @@ def _cfg(**kw: Any) -> BatchConfig:
 
 def _error(**kw: Any) -> str:
     """The one-line error of a ``batch`` section: its own fields (pydantic) or their rules together
-    (``orchestrator/config/preflight.py``), as every entry point reports it."""
+    (``orchestrator/config/rules.py``), as every entry point reports it."""
     from orchestrator.config.prepare import validated
     from orchestrator.config.schema import ConfigError
 

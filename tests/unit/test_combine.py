@@ -41,8 +41,8 @@ def hand_pair(a, b):
 
 
 def _combination_error(**sections) -> str | None:
-    """What ``orchestrator/config/preflight.py check_combine`` says of a config with these sections (None: fine)."""
-    from orchestrator.config.preflight import check_combine
+    """What ``orchestrator/config/rules.py check_combine`` says of a config with these sections (None: fine)."""
+    from orchestrator.config.rules import check_combine
     from orchestrator.config.schema import ConfigError, validate
 
     try:
@@ -53,7 +53,7 @@ def _combination_error(**sections) -> str | None:
 
 
 def test_config_defaults_and_cross_checks():
-    from orchestrator.config.preflight import check_combinations
+    from orchestrator.config.rules import check_combinations
     from orchestrator.config.schema import ConfigError
 
     assert CombineConfig().method == "mean"

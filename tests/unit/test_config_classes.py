@@ -16,8 +16,10 @@ import pytest
 from pydantic import BaseModel
 
 from orchestrator.cli import main
-from orchestrator.config.preflight import IGNORED_UNLESS, check_config, check_environment, train_samples
+from orchestrator.config.environment import check_environment
+from orchestrator.config.preflight import IGNORED_UNLESS, check_config
 from orchestrator.config.schema import RootConfig, read_yaml, to_yaml, validate
+from orchestrator.config.workload_checks import train_samples
 from trainers.section import _options
 
 BASE = textwrap.dedent("""
@@ -240,7 +242,7 @@ def test_storage_path_in_an_unwritable_folder(cli, tmp_path, monkeypatch):
     real = os.access
     # as root every folder is writable; simulate the permission bits
     monkeypatch.setattr(
-        "orchestrator.config.preflight.os.access",
+        "orchestrator.config.environment.os.access",
         lambda p, mode: False if os.fspath(p) == str(locked) else real(p, mode),
     )
     rc, err = cli([f"checkpoint.storage_path={locked}/deeper/runs"])

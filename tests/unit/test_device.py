@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.config.preflight import check_fast_path
+from orchestrator.config.rules import check_fast_path
 from orchestrator.config.schema import ConfigError, validate
 from trainers.accel.device import (
     clean_state_dict,
@@ -33,7 +33,7 @@ def test_channels_last_converts_weights_and_keeps_outputs():
 
 
 def _fast_path(shape=(3, 8, 8), *, model="cnn", channels_last=False, device="host", use_gpu=False, precision="bf16"):
-    """``orchestrator/config/preflight.py check_fast_path`` on a config of synthetic data shaped ``shape``."""
+    """``orchestrator/config/rules.py check_fast_path`` on a config of synthetic data shaped ``shape``."""
     check_fast_path(
         validate(
             {

@@ -284,7 +284,7 @@ def test_probe_reports_a_state_dict_that_weights_only_cannot_load(pkg):
 
 
 def test_name_and_factory_are_mutually_exclusive():
-    from orchestrator.config.preflight import check_combinations
+    from orchestrator.config.rules import check_combinations
     from orchestrator.config.schema import ConfigError, validate
 
     check_combinations(validate({"model": {"name": "cnn"}}))

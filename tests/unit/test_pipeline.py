@@ -482,7 +482,7 @@ def test_an_epochs_one_sample_tail_is_not_refused():
     meets it, and the guard lets it through: the config is accepted."""
     raw = _bn(size=13)
     cfg = prepare(raw, environment=False)
-    from orchestrator.config.preflight import train_samples
+    from orchestrator.config.workload_checks import train_samples
 
     n, _ = train_samples(cfg)
     assert n == 53 and n % 13 == 1

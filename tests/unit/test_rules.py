@@ -1,4 +1,4 @@
-"""Every rule between config fields has one home (``orchestrator/config/preflight.py``, :data:`COMBINATIONS`)
+"""Every rule between config fields has one home (``orchestrator/config/rules.py``, :data:`COMBINATIONS`)
 and one error type (``ConfigError``, one line): each section accepts its fields alone, and every
 way in (``prepare`` for train, resume, plan and fit(); ``validated`` for a search's trials) reports
 the same message."""
@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from orchestrator.config import preflight
+from orchestrator.config import preflight, rules
 from orchestrator.config.prepare import prepare, validated
 from orchestrator.config.schema import ConfigError, validate
 from trainers.loop.config import LoopConfig
@@ -23,52 +23,52 @@ BASE = {
 # (the rule, sections over BASE that break it and no rule before it, how its message starts)
 CASES = [
     (
-        preflight._choice,
+        rules._choice,
         {"data": {"name": "digits", "factory": "pkg.data:build"}},
         "data.factory: give either data.name ('digits') or data.factory ('pkg.data:build'), not both",
     ),
     (
-        preflight._weight_decay_rule,
+        rules._weight_decay_rule,
         {"optimizer": {"name": "adam", "weight_decay": 0.1, "wd_rule": "timescale"}},
         "optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay",
     ),
     (
-        preflight._batch_sizes,
+        rules._batch_sizes,
         {"batch": {"size": 32, "max_local_batch": 16, "max_size": 16}},
         "batch.max_size: 16 is below batch.size 32; raise it to at least 32",
     ),
     (
-        preflight._batch_policy_fields,
+        rules._batch_policy_fields,
         {"batch": {"size": 32, "max_local_batch": 16, "policy": "schedule"}},
         "batch.schedule: required by batch.policy schedule",
     ),
     (
-        preflight._warmup_and_decay,
+        rules._warmup_and_decay,
         {"schedule": {"warmup": "gradual"}},
         "schedule.warmup_epochs: must be > 0 when schedule.warmup is 'gradual'; set it, e.g. 5",
     ),
     (
-        preflight._combine_section,
+        rules._combine_section,
         {"combine": {"method": "local_sgd"}},
         "combine.local_steps: required by combine.method local_sgd",
     ),
     (
-        preflight._worker_range,
+        rules._worker_range,
         {"scaling": {"min_workers": 3, "max_workers": 2}},
         "scaling.min_workers: 3 is above scaling.max_workers 2; lower min_workers or raise max_workers",
     ),
     (
-        preflight._within_training,
+        rules._within_training,
         {"schedule": {"decay": "step", "milestones": [2, 9]}, "train": {"epochs": 5}},
         "schedule.milestones: [9.0] at or after train.epochs 5",
     ),
     (
-        preflight._batch_with_schedule,
+        rules._batch_with_schedule,
         {"batch": {"size": 32, "max_local_batch": 16, "policy": "seesaw"}},
         "schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones cut the LR",
     ),
     (
-        preflight._weight_decay_with_scaling,
+        rules._weight_decay_with_scaling,
         {
             "optimizer": {"name": "adamw", "weight_decay": 0.1, "wd_rule": "timescale"},
             "schedule": {"scaling_rule": "adascale"},
@@ -76,17 +76,17 @@ CASES = [
         "optimizer.wd_rule: timescale needs the LR a batch gets ahead of time",
     ),
     (
-        preflight._sync_bn,
+        rules._sync_bn,
         {"model": {"name": "mlp", "sync_bn": True}},
         "model.sync_bn: PyTorch's SyncBatchNorm runs on GPUs only",
     ),
     (
-        preflight.check_fast_path,
+        rules.check_fast_path,
         {"data": {"name": "digits", "device": "accelerator"}},
         "data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true",
     ),
     (
-        preflight.check_combine,
+        rules.check_combine,
         {
             "scaling": {"policy": "goodput", "min_workers": 2, "max_workers": 2},
             "combine": {"method": "adasum"},
@@ -95,7 +95,7 @@ CASES = [
         "scaling.policy: goodput reads the gradient noise scale, which combine.method adasum does not measure",
     ),
     (
-        preflight.check_adversarial,
+        rules.check_adversarial,
         {"train": {"adversarial": {"method": "conadv", "epsilon": 0}}},
         "train.adversarial.epsilon: 0 perturbs nothing",
     ),
@@ -109,7 +109,7 @@ def _raw(sections: dict) -> dict:
 
 
 def test_every_rule_has_a_case():
-    assert [rule for rule, _, _ in CASES] == list(preflight.COMBINATIONS)
+    assert [rule for rule, _, _ in CASES] == list(rules.COMBINATIONS)
 
 
 @pytest.mark.parametrize("rule, sections, start", CASES, ids=[r.__name__ for r, _, _ in CASES])
@@ -134,4 +134,4 @@ def test_a_rule_is_checked_once_after_the_schema_with_one_message_everywhere(
 
 
 def test_the_base_config_breaks_no_rule():
-    preflight.check_combinations(validate(_raw({})))
+    rules.check_combinations(validate(_raw({})))

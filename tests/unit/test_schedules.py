@@ -188,7 +188,7 @@ def test_bad_config_names_the_field(cfg, field):
 
 def _error(schedule: dict, epochs: float = 90, **sections: dict) -> str:
     """The one-line error of a config with this ``schedule`` section (its own fields: pydantic; its
-    fields together and with the others: orchestrator/config/preflight.py)."""
+    fields together and with the others: orchestrator/config/rules.py)."""
     from orchestrator.config.prepare import validated
     from orchestrator.config.schema import ConfigError
 

@@ -64,7 +64,7 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
 
     @model_validator(mode="after")
     def _default_name(self) -> DataConfig:
-        # name and factory both given, data.val_split against the dataset: orchestrator/config/preflight.py
+        # name and factory both given, data.val_split against the dataset: orchestrator/config/rules.py
         if self.name is None and self.factory is None:
             self.name = catalog.DEFAULT_DATASET
         return self

@@ -52,7 +52,7 @@ has no such problem: one host thread launches both parts, in a fixed order, so t
 same as in sequence.
 
 A model whose input is not floating point (token ids: the text LM) has no input gradient; the
-config check refuses it (``orchestrator/config/preflight.py``) and this module raises the same.
+config check refuses it (``orchestrator/config/rules.py``) and this module raises the same.
 """
 
 from __future__ import annotations

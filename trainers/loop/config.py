@@ -3,7 +3,7 @@ classes, each kept beside its code (data, model, optimizer, batch, schedule, che
 
 Importing this module loads the components' config classes and their validators only: not the
 worker loop, not Ray.  Each section checks its own fields; what relates fields to one another
-(within a section or across sections) is checked on the driver (``orchestrator/config/preflight.py``).  The
+(within a section or across sections) is checked on the driver (``orchestrator/config/rules.py``).  The
 driver's root config (``orchestrator/config/schema.py``) extends
 :class:`LoopConfig` with its own sections; how configs flow through a run: ``docs/architecture.md``.
 """

@@ -123,7 +123,7 @@ class BatchConfig(Section):
     @field_validator("schedule")
     @classmethod
     def _pairs_in_order(cls, v: list[tuple[float, int]]) -> list[tuple[float, int]]:
-        # each entry and its predecessor; against batch.size and batch.max_size: orchestrator/config/preflight.py
+        # each entry and its predecessor; against batch.size and batch.max_size: orchestrator/config/rules.py
         prev_epoch = -math.inf
         for i, (epoch, batch) in enumerate(v):
             where = f"batch.schedule[{i}]"

@@ -118,7 +118,7 @@ class ScheduleConfig(Section):
     @field_validator("milestones")
     @classmethod
     def _epochs_in_order(cls, v: list[float]) -> list[float]:
-        # against schedule.decay and train.epochs: orchestrator/config/preflight.py
+        # against schedule.decay and train.epochs: orchestrator/config/rules.py
         if any(m < 0 for m in v):
             raise ValueError(
                 f"schedule.milestones: epochs must be >= 0 (got {v}); list epochs from 0 on, e.g. [30, 60, 80]"

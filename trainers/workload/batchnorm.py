@@ -5,7 +5,7 @@ PyTorch's BatchNorm refuses to train on an input holding one value per channel (
 of a ``BatchNorm1d``, or a single 1x1 feature map of a ``BatchNorm2d``): the batch variance does
 not exist.  A run meets such an input only at the edges of the data order: an epoch's short last
 global batch split over W workers, or a worker's stand-in sample when its slice is empty.  The
-driver refuses configs in which every step would meet one (``orchestrator/config/preflight.py``
+driver refuses configs in which every step would meet one (``orchestrator/config/workload_checks.py``
 ``check_single_samples``); for the rare tail, :func:`guard_single_samples` makes such a layer use
 its running statistics for that one forward (what it does at evaluation), instead of ending a run
 that is hours in.  The sample still trains every other layer, and the layer's running statistics

@@ -50,7 +50,7 @@ class ModelConfig(LayoutConfig):
 
     @model_validator(mode="after")
     def _default_name(self) -> ModelConfig:
-        # name and factory both given: orchestrator/config/preflight.py
+        # name and factory both given: orchestrator/config/rules.py
         if self.name is None and self.factory is None:
             self.name = catalog.DEFAULT_MODEL
         return self

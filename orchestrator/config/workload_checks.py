@@ -1,0 +1,197 @@
+"""Whether the workload fits the config: a training set that fills every batch, a model that takes
+the data's shape, and no step whose every micro-batch puts one sample through BatchNorm.
+
+These build what the config names (a small built-in model on the CPU, a larger one on PyTorch's
+``meta`` device) or read the workload probe's report; ``orchestrator/config/preflight.py`` and
+``orchestrator/config/prepare.py`` call them.  Each raises
+:class:`~orchestrator.config.schema.ConfigError` with one line ``field: problem; fix``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from orchestrator.config.rules import goodput_chooses_batch, user_set
+from orchestrator.config.schema import ConfigError
+from trainers.combine.combinations import METHODS
+from trainers.data.datasets import dataset_info
+from trainers.data.order import smallest_micro_batch
+from trainers.errors import one_line
+from trainers.policies.batching import BATCH_POLICIES
+from trainers.policies.resize import workers_for_batch
+from trainers.workload.batchnorm import single_sample_layers
+from trainers.workload.models import build_model
+
+if TYPE_CHECKING:
+    from orchestrator.config.schema import RootConfig
+
+
+# --------------------------------------------------------------------------- samples vs batch
+
+
+def known_size(cfg: RootConfig) -> int | None:
+    """The samples of a built-in training set before the validation split, known without loading
+    it (``trainers.catalog``; a generated set's: ``data.size``); None for a factory's or a text's."""
+    d = cfg.data
+    if d.factory is not None or d.builtin is None:
+        return None
+    return d.size if d.builtin.generated else d.builtin.train_samples
+
+
+def train_samples(cfg: RootConfig) -> tuple[int, str]:
+    """The training samples after the validation split, as ``trainers.data.datasets.load_data`` cuts them,
+    and how that number comes about (for messages); for a dataset of :func:`known_size`."""
+    d, n = cfg.data, known_size(cfg)
+    if n is None:
+        raise ValueError(f"the training set of {d.factory or d.name!r} is known only once loaded")
+    if d.val_split == "test":
+        return n, f"{d.name} {n}, validated on its test set (data.val_split: test)"
+    n_val = max(1, int(round(n * d.val_fraction)))
+    total = "data.size" if d.builtin is not None and d.builtin.generated else d.name
+    return n - n_val, f"{total} {n} minus {n_val} held out by data.val_fraction {d.val_fraction:g}"
+
+
+def check_samples(cfg: RootConfig) -> None:
+    """The training set must fill every batch the config asks for."""
+    n, how = train_samples(cfg)
+    split_fix = " or lower data.val_fraction" if user_set(cfg, "data.val_fraction") else ""
+    if n < 1:
+        raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction:g} leaves no training sample ({how}); lower it")
+    b = cfg.batch
+    if b.size > n:
+        raise ConfigError(
+            f"batch.size: {b.size} is above the {n} training samples ({how}); lower batch.size to "
+            f"at most {n}{split_fix}"
+        )
+    for i, (_, size) in enumerate(b.schedule):
+        if size > n:
+            raise ConfigError(
+                f"batch.schedule[{i}]: batch {size} is above the {n} training samples ({how}) and "
+                f"would be cut to {n}; lower it to at most {n}{split_fix}"
+            )
+    # batch.max_size and batch.max_local_batch above n are caps that never bind (the training set caps B)
+
+
+# --------------------------------------------------------------------------- model input
+
+
+def _check_device(cfg: RootConfig) -> str:
+    """Where the config checks build a built-in model: the CPU for a small one (milliseconds), else
+    PyTorch's ``meta`` device (shapes only)."""
+    return "cpu" if cfg.model.builtin is not None and cfg.model.builtin.small else "meta"
+
+
+def check_model_input(cfg: RootConfig) -> None:
+    """Build the model and run two samples through it.  The small built-in models run on the CPU
+    (milliseconds); the others on PyTorch's ``meta`` device, which checks the shapes without
+    allocating weights or computing anything but costs ~1.5 s of imports on its first use (a
+    resnet50's real weights would cost more)."""
+    info = dataset_info(cfg.data)
+    try:
+        with torch.device(_check_device(cfg)), torch.no_grad():
+            model = build_model(info, cfg.model.model_copy(update={"sync_bn": False})).eval()
+            out = model(torch.zeros((2, *info.shape)))
+        if tuple(out.shape) != (2, info.num_classes):
+            raise RuntimeError(f"output shape {tuple(out.shape)}, expected (2, {info.num_classes})")
+    except Exception as e:  # any failure here is a shape the model cannot take
+        generated = cfg.data.builtin is not None and cfg.data.builtin.generated
+        field = "data.shape" if generated else "model.name"
+        hint = (
+            "cnn and resnet* take [channels, height, width], e.g. [1, 8, 8]; mlp takes any shape"
+            if cfg.model.builtin is None or cfg.model.builtin.inputs != "any"
+            else "give a shape of positive sizes"
+        )
+        raise ConfigError(
+            f"{field}: model {cfg.model.name} cannot take inputs of shape {list(info.shape)} "
+            f"({one_line(e, 160, name=False)}); {hint}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- micro-batches of one sample
+
+
+def single_sample_facts(cfg: RootConfig, report: Any = None) -> tuple[int | None, tuple[str, ...]]:
+    """The training samples per epoch and the model's batch-statistics layers that cannot train on a
+    single sample (``trainers/workload/batchnorm.py``).  From the workload probe's ``report`` when
+    there was one (a factory, text); for a built-in workload from the dataset's size and the model
+    built on the CPU (small models) or PyTorch's ``meta`` device (shapes only)."""
+    if report is not None:
+        return report.train_size, tuple(report.single_sample_layers)
+    if cfg.model.norm != "batch" or cfg.model.factory is not None or cfg.model.language_model:
+        return None, ()
+    if known_size(cfg) is None:
+        return None, ()
+
+    info = dataset_info(cfg.data)
+    with torch.device(_check_device(cfg)):
+        model = build_model(info, cfg.model.model_copy(update={"sync_bn": False}))
+        layers = single_sample_layers(model, torch.zeros((1, *info.shape)))
+    return train_samples(cfg)[0], tuple(layers)
+
+
+def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]) -> None:
+    """Refuse a config whose every step would put a micro-batch of one sample through a
+    batch-statistics layer that cannot train on one (``layers``, from :func:`single_sample_facts`).
+
+    Checked: each global batch the config names (``batch.size``, the ``batch.schedule`` sizes, the
+    cap ``batch.max_size`` of an adaptive policy, each at most the ``n`` training samples) on the
+    workers the run gives it (``workers_for_batch``), cut as the loop cuts it
+    (``trainers.data.order.smallest_micro_batch``, with the noise probe's halving at one worker).
+    What only some steps meet (an epoch's short last batch split over W workers, a group that a
+    lost worker left smaller) is not refused: there the layer uses its running statistics for
+    that forward (``trainers.workload.batchnorm.guard_single_samples``), since no batch size avoids
+    every such tail of an adaptive batch."""
+    if not layers or n is None:
+        return
+
+    b, s = cfg.batch, cfg.scaling
+    noise_split = METHODS[cfg.combine.method].uses_ddp and (
+        bool(BATCH_POLICIES[b.policy].needs) or cfg.schedule.scaling_rule == "adascale" or s.policy == "goodput"
+    )
+    sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]
+    if (b.policy in ("noise_scale", "norm_test") or goodput_chooses_batch(cfg)) and b.max_size is not None:
+        sizes.append(("batch.max_size", b.max_size))
+    builtin = cfg.model.factory is None
+    who = f"model {cfg.model.name}'s BatchNorm" if builtin else "the model's BatchNorm"
+    where = f"layer {layers[0]} would see one value per channel" + (
+        f", and {len(layers) - 1} more layers" if len(layers) > 1 else ""
+    )
+    alt = ", or model.norm: group" if builtin else ", or GroupNorm/LayerNorm in model.factory's model"
+    for field, size in sizes:
+        batch = min(size, n)
+        w = workers_for_batch(batch, b.max_local_batch, s.min_workers, s.max_workers)
+        if smallest_micro_batch(batch, w, b.max_local_batch, noise_split) > 1:
+            continue
+        mlb, slice_ = b.max_local_batch, batch // w
+        if mlb == 1:
+            raise ConfigError(
+                f"batch.max_local_batch: 1 puts one sample through the model at a time, and {who} "
+                f"cannot train on one sample ({where}); set batch.max_local_batch to at least 2{alt}"
+            )
+        if slice_ <= 1:
+            raise ConfigError(
+                f"scaling.min_workers: {w} workers share a batch of {batch} ({field}), so a worker "
+                f"trains on one sample, and {who} cannot ({where}); raise {field} to at least "
+                f"{2 * w} or lower scaling.min_workers to at most {max(1, batch // 2)}{alt}"
+            )
+        if noise_split and w == 1 and slice_ <= min(3, mlb):
+            why = (
+                f"batch.policy {b.policy}"
+                if BATCH_POLICIES[b.policy].needs
+                else "scaling.policy goodput"
+                if s.policy == "goodput"
+                else "schedule.scaling_rule adascale"
+            )
+            raise ConfigError(
+                f"{field}: {batch} on one worker is cut in two halves for the gradient-noise estimate "
+                f"({why}), so a micro-batch holds one sample, and {who} cannot train on one "
+                f"({where}); raise {field} to at least 4{alt}"
+            )
+        odd = slice_ if slice_ % 2 else slice_ + 1
+        raise ConfigError(
+            f"batch.max_local_batch: {mlb} cuts a worker's slice of {odd} samples ({field} {batch} "
+            f"over {w} worker{'s' if w > 1 else ''}) into micro-batches of 2 and 1, and {who} "
+            f"cannot train on one sample ({where}); set batch.max_local_batch to at least 3{alt}"
+        )
