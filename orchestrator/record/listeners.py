@@ -94,7 +94,7 @@ class TrackingListener(RunListener):
     def close(self) -> None:
         if self._goodput_reason is not None:  # the last decision's reason, whenever it came
             self._tag_goodput(time.monotonic())
-        history = self.tracker.series.history
+        history = self.tracker.history
         try:
             self._end_open_resize(max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0))
         except Exception:  # the other listeners still close (a store that does not answer)

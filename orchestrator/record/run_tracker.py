@@ -113,13 +113,13 @@ class RunTracker:
         self.writer.on_back = self.system.revive  # its thread ended at the outage's first failed call
         self._released = time.monotonic()  # the held points were last logged (HOLD_S)
         if run_id is None:
-            self.log_config(cfg)
+            self._log_config(cfg)
         else:
             self._load_history()
 
     # -- config ------------------------------------------------------------------------
 
-    def log_config(self, cfg: RootConfig) -> None:
+    def _log_config(self, cfg: RootConfig) -> None:
 
         resolved = public_config(cfg)  # credentials in the tracking URI are never logged
         # the params a reviewer compares: only the fields this run reads; config.yaml has them all
@@ -130,6 +130,36 @@ class RunTracker:
 
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
+
+    def logged_tags(self) -> dict[str, str]:
+        """The run's tags as the store holds them (a resumed run's, from its earlier drivers)."""
+        return self.client.get_run(self.run_id).data.tags
+
+    # -- what is logged so far ----------------------------------------------------------------
+
+    @property
+    def history(self) -> dict[str, list[tuple[int, float]]]:
+        """Every metric's logged points so far, ``(step, value)`` by key (a resumed run's included)."""
+        return self.series.history
+
+    @property
+    def newest_step(self) -> int:
+        """The newest step any record reached (-1: none yet)."""
+        return self.series.newest_step
+
+    @property
+    def written_upto(self) -> int:
+        """Every step record up to this step is in the store (what the driver acks to rank 0)."""
+        return self.writer.written_upto
+
+    @property
+    def lost(self) -> bool:
+        """The store stayed away too long: nothing more is written, and :meth:`end` leaves the run as it is."""
+        return self.writer.lost
+
+    def mark_lost(self) -> None:
+        """The store is gone (the driver found out itself): write nothing more."""
+        self.writer.lost = True
 
     # -- metrics -----------------------------------------------------------------------
 
@@ -142,9 +172,6 @@ class RunTracker:
                 for key in run.data.metrics
             }
         )
-
-    def last_step(self) -> int:
-        return self.series.last_step()
 
     def log_metrics(self, records: list[tuple], flush: bool = False) -> None:
         """Log per-step records ``(step, metrics, time)``: the points that keep each series exact
@@ -224,19 +251,16 @@ class RunTracker:
         """The final weights and the MLflow model; its URI and registered version (:meth:`ModelLogger.log`)."""
         return self._models().log(model_state, cfg, functions, register, warn)
 
-    # -- system metrics --------------------------------------------------------------------------
+    # -- training starts on this driver ----------------------------------------------------------
 
-    def start_system_metrics(self, resume: bool = False) -> bool:
-        """The driver's machine as ``system/<metric>`` (:class:`DriverSystemMetrics`)."""
-        return self.system.start(resume)
-
-    def stop_system_metrics(self) -> None:
-        self.system.stop(lost=self.writer.lost)
+    def start(self, resumed: bool = False) -> bool:
+        """Training starts on this driver: a resumed run is RUNNING again, and the driver's machine
+        is sampled as ``system/<metric>`` (:class:`DriverSystemMetrics`; False: not sampled)."""
+        if resumed:
+            self.client.update_run(self.run_id, status="RUNNING")
+        return self.system.start(resumed)
 
     # -- the run's status ------------------------------------------------------------------------
-
-    def set_running(self) -> None:
-        self.client.update_run(self.run_id, status="RUNNING")
 
     def clear_failure(self) -> None:
         """A run that reached its planned end no longer carries an earlier driver's failure."""
@@ -246,7 +270,7 @@ class RunTracker:
     def end(self, status: str = "FINISHED") -> None:
         """Close the run with ``status``; a run whose store stayed away (:attr:`lost`) is left as it
         is (RUNNING), for ``resume`` to go on with."""
-        self.stop_system_metrics()
+        self.system.stop(lost=self.writer.lost)
         if self.writer.lost:
             return
         self.release_held()

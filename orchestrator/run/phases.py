@@ -376,7 +376,7 @@ class PhaseRunner:
         where = self.names.folder + (f" (newest at step {newest})" if newest is not None else " (none written yet)")
         return TrackingGone(
             lost,
-            self.tracker.lost_message(lost, max(self.tracker.series.newest_step, 0), where, self.resume().command()),
+            self.tracker.lost_message(lost, max(self.tracker.newest_step, 0), where, self.resume().command()),
         )
 
     # -- phases ----------------------------------------------------------------------------------
@@ -547,7 +547,7 @@ class PhaseRunner:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
         rides on the drain: one call to the monitor per poll)."""
 
-        records, events = self.link.drain(self.tracker.writer.written_upto, timeout)
+        records, events = self.link.drain(self.tracker.written_upto, timeout)
         for ev in events:
             # in step order: the records up to an event's step reach the listeners before it (a
             # progress bar prints "batch: 16 -> 72 at step 20" when it shows step 20, not later)

@@ -144,7 +144,7 @@ class RunInterrupted(KeyboardInterrupt):
 def final_metrics(tracker: RunTracker) -> dict[str, float]:
     out = {}
     for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
-        pts = tracker.series.history.get(key)
+        pts = tracker.history.get(key)
         if pts:
             out[key] = max(pts)[1]
     return out
@@ -264,9 +264,7 @@ class _Driver:
             nodes=self._node_supply(),
         )
         names = runner.names
-        if start.resumed:
-            tracker.set_running()
-        tracker.start_system_metrics(resume=start.resumed)
+        tracker.start(resumed=start.resumed)
         tracker.set_tags(
             {
                 T.TRAIN_RUN_NAME: names.train_run_name,
@@ -334,7 +332,7 @@ class _Driver:
         if runner is None:
             return DriverFailed(e)
         if _tracking_gone(e):
-            self.tracker.writer.lost = True
+            self.tracker.mark_lost()
             return runner.tracking_gone(
                 TrackingLost(
                     f"the tracking server {redact_text(self.tracker.uri)} stopped answering while the run was being "
@@ -375,7 +373,7 @@ class _Driver:
         timeline = self.timeline.timeline
         timeline.holds.close_open(time.time())
         cost = timeline.cost()
-        if isinstance(end, TrackingGone) or self.tracker.writer.lost:  # nothing reaches the store now
+        if isinstance(end, TrackingGone) or self.tracker.lost:  # nothing reaches the store now
             return cost
         try:
             self.timeline.save_holds()
@@ -431,7 +429,7 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
     left in MLflow (their tags, timeline, restarts and last worker count)."""
     if not resumed:
         return RunStart(t0=t0)
-    tags = tracker.client.get_run(tracker.run_id).data.tags
+    tags = tracker.logged_tags()
     return RunStart(
         t0=t0,
         resumes=int(tags.get(T.RESUMES, "0")) + 1,
@@ -445,7 +443,7 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
 
 def _logged_steps(tracker: RunTracker) -> int:
     """The newest step whose training loss is logged."""
-    return max((s for s, _ in tracker.series.history.get(M.TRAIN_LOSS, [])), default=0)
+    return max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
 
 
 def open_tracking_store(uri: str) -> None:
@@ -483,12 +481,12 @@ def _write_note(
 
     try:
         tracker.release_held()  # the newest point of every piecewise series, B and W included
-        resizes = len(changes(tracker.series.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+        resizes = len(changes(tracker.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
         tracker.set_tags(
             {
                 T.NOTE: describe(
                     cfg,
-                    tracker.series.history,
+                    tracker.history,
                     status,
                     resizes=resizes,
                     resumes=runner.names.resumes if runner is not None else 0,

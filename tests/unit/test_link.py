@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from types import SimpleNamespace
 
 import pytest
 
@@ -175,7 +174,7 @@ def test_listeners_log_and_print_what_the_runner_did_before():
         def __init__(self) -> None:
             self.metrics: list = []
             self.tags: dict = {}
-            self.series = SimpleNamespace(history={})  # what RunTracker keeps of the logged points
+            self.history: dict = {}  # what RunTracker keeps of the logged points
 
         def log_metrics(self, records, flush=False):
             self.metrics.extend(records)
@@ -247,7 +246,7 @@ def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_wh
     class Tracker:
         def __init__(self) -> None:
             self.tags: dict = {}
-            self.series = SimpleNamespace(history={})  # nothing trained (RunTracker.series)
+            self.history: dict = {}  # nothing trained (RunTracker.history)
 
         def set_tags(self, tags):
             self.tags.update(tags)

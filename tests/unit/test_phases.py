@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,10 +25,8 @@ class FakeTracker:
     def __init__(self) -> None:
         self.metrics: list = []
         self.tags: dict[str, Any] = {}
-        self.writer = SimpleNamespace(
-            written_upto=-1
-        )  # the parts the runner reads (orchestrator/record/run_tracker.py)
-        self.series = SimpleNamespace(newest_step=-1, history={})
+        # what the runner reads of what is logged (orchestrator/record/run_tracker.py)
+        self.written_upto, self.newest_step, self.history = -1, -1, {}
 
     def log_metrics(self, records, flush: bool = False) -> None:
         self.metrics.extend(records)

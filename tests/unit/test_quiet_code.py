@@ -37,3 +37,27 @@ def test_no_noqa_for_a_rule_the_linter_does_not_run():
                     if rule and not any(rule.startswith(s) for s in selected):
                         stale.append(f"{p.relative_to(ROOT)}:{i} {rule}")
     assert not stale, f"noqa for rules ruff does not run: {stale}"
+
+
+MAX_PUBLIC_METHODS = 20  # a class with more does several jobs: give each its own class
+
+
+def test_no_class_has_more_than_twenty_public_methods():
+    """Hubs split into classes with one job each (properties are not counted: they read state)."""
+    import ast
+
+    big = []
+    for p in product_files():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [
+                    f.name
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and not f.name.startswith("_")
+                    and not any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)
+                    and not any(isinstance(d, ast.Attribute) and d.attr == "setter" for d in f.decorator_list)
+                ]
+                if len(methods) > MAX_PUBLIC_METHODS:
+                    big.append(f"{p.relative_to(ROOT)}: {node.name} ({len(methods)})")
+    assert not big, f"classes over {MAX_PUBLIC_METHODS} public methods: {big}"
