@@ -41,20 +41,15 @@ legw`` needs ``scaling_rule: sqrt``) are left to the trials, which record FAIL w
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 import math
 import os
 import re
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from inspect import isclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 from orchestrator.config.prepare import prepare, validated
 from orchestrator.config.schema import (
@@ -65,6 +60,7 @@ from orchestrator.config.schema import (
     parse_override,
     read_yaml,
 )
+from search.config_paths import config_field, field_kind, get_path, set_path
 from search.registry import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS, AlgorithmSpec, Grid, check_options
 from trainers.link.metrics import STEP_METRICS as _STEP_METRICS
 
@@ -93,74 +89,6 @@ PARAM_KEYS = ("low", "high", "log", "step", "choices", "when")
 STEP_METRICS = _STEP_METRICS  # trainers/link/metrics.py
 RUN_METRICS = ("steps", "samples", "wall_s", "worker_seconds")
 Direction = Literal["maximize", "minimize"]
-
-
-# --------------------------------------------------------------------------- the config tree
-
-
-def _is_section(annotation: Any) -> bool:
-    return isclass(annotation) and issubclass(annotation, BaseModel)
-
-
-def config_field(path: str, allow_section: bool = False) -> FieldInfo | None:
-    """The pydantic field of ``RootConfig`` at dotted ``path``; ``ValueError`` names what is wrong.
-
-    Returns ``None`` for a section when ``allow_section``."""
-    parts = path.split(".")
-    model: type[BaseModel] = RootConfig
-    for i, part in enumerate(parts):
-        fields = model.model_fields
-        where = ".".join(parts[:i]) or "the config"
-        if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1)
-            guess = f"did you mean {'.'.join([*parts[:i], close[0]])}? " if close else ""
-            raise ValueError(f"unknown config field; {guess}{where} has: {', '.join(fields)}")
-        info = fields[part]
-        last = i == len(parts) - 1
-        if not last:
-            if not _is_section(info.annotation):
-                raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
-            model = info.annotation
-        elif _is_section(info.annotation):
-            if allow_section:
-                return None
-            raise ValueError(f"is a section; name one of its fields: {', '.join(info.annotation.model_fields)}")
-        else:
-            return info
-    return None  # pragma: no cover  (empty path)
-
-
-def field_kind(annotation: Any) -> tuple[str, tuple[Any, ...]]:
-    """``("int" | "float" | "choice", literal values)`` for a field's type annotation."""
-    origin = get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        return field_kind(args[0]) if len(args) == 1 else ("choice", ())
-    if origin is Literal:
-        return "choice", get_args(annotation)
-    if annotation is int:
-        return "int", ()
-    if annotation is float:
-        return "float", ()
-    return "choice", ()
-
-
-def get_path(config: dict[str, Any], path: str) -> Any:
-    node: Any = config
-    for part in path.split("."):
-        node = node[part]
-    return node
-
-
-def set_path(config: dict[str, Any], path: str, value: Any) -> None:
-    parts = path.split(".")
-    node = config
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[parts[-1]] = copy.deepcopy(value)
 
 
 # --------------------------------------------------------------------------- conditions

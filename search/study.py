@@ -19,9 +19,10 @@ import yaml
 
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError, RootConfig, to_yaml, validate
+from search.config_paths import set_path
 from search.liveness import lost_numbers
 from search.registry import AlgorithmSpec
-from search.space import SearchSpace, SpaceError, set_path
+from search.space import SearchSpace, SpaceError
 from search.study_storage import describe_storage, open_storage, study_names
 from search.study_tracking import best_trials, trial_values
 

@@ -61,3 +61,15 @@ def test_no_class_has_more_than_twenty_public_methods():
                 if len(methods) > MAX_PUBLIC_METHODS:
                     big.append(f"{p.relative_to(ROOT)}: {node.name} ({len(methods)})")
     assert not big, f"classes over {MAX_PUBLIC_METHODS} public methods: {big}"
+
+
+MAX_MODULE_LINES = 800
+
+
+def test_no_product_module_is_over_800_lines():
+    long = [
+        f"{p.relative_to(ROOT)} ({n})"
+        for p in product_files()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
