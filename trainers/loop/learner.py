@@ -140,7 +140,7 @@ class Learner:
             self.model.train()
         scale = self.combine.loss_scale(bsz, batch.mine_len)  # W / B, or 1 / b_i where each worker steps alone
         device = self.group.device
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        loss_sum: torch.Tensor | None = None  # float64; the first micro-batch's loss starts it
         if self.noise is not None:
             self.noise.begin_step()
         self.prec.begin_step()
@@ -171,10 +171,11 @@ class Learner:
                             loss = summed_loss(self.loss_fn, out[:b], y)
                             total = c * loss + (1 - c) * summed_loss(self.loss_fn, out[b:], y)
                     self.prec.backward(total * scale)
-            loss_sum = loss_sum + loss.detach().double()
+            clean = loss.detach().double()
+            loss_sum = clean if loss_sum is None else loss_sum + clean
             if self.noise is not None:
                 self.noise.after_micro_batch(bsz, len(batch.micro_ids[i]), self.prec.grad_factor())
-        return loss_sum
+        return torch.zeros((), dtype=torch.float64, device=device) if loss_sum is None else loss_sum
 
     # -- validation -----------------------------------------------------------------------------
 
