@@ -22,7 +22,7 @@ from orchestrator.record.events import (
     ResizeHandedOver,
     ResizeMeasured,
 )
-from orchestrator.record.progress_bar import Progress
+from orchestrator.record.progress_bar import Progress, epochs_samples
 from orchestrator.record.run_tracker import RunTracker
 from orchestrator.record.timeline import Timeline
 from trainers.link import metrics as M
@@ -245,10 +245,12 @@ class _Change:
 class ProgressListener(RunListener):
     """The progress bar, and a line for each thing a person watching should know.  A batch change
     or a resize is written once the first step with the new B and W has run, with the LR and MF
-    that step used (:class:`_Change`); while a group restarts the bar says ``restarting``."""
+    that step used (:class:`_Change`); while a group restarts the bar says ``restarting``.  The bar's
+    total is ``epochs`` (``train.epochs``) times the training set its workers report at their start."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, epochs: float = 1.0) -> None:
         self.progress = progress
+        self.epochs = epochs
         self.pending: list[_Change] = []
 
     def on_records(self, records: list[Record]) -> None:
@@ -267,6 +269,8 @@ class ProgressListener(RunListener):
     def on_event(self, event: Event) -> None:
         write = self.progress.write
         match event:
+            case PhaseStart(train_samples=n) if n:
+                self.progress.sized(epochs_samples(self.epochs, n))
             case BatchChange(step=step, old=old, new=new):
                 change = self._before(step)
                 change.batch = (old, new)

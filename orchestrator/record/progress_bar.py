@@ -1,8 +1,11 @@
 """The driver's progress bar (tqdm on stderr).
 
-It counts training samples, not steps: the total (``train.epochs`` x the training set) is known
-before the run and stays right when the batch grows (a step count at the initial batch would end
-far short of its total).  The postfix shows the step, epoch, loss, the batch the policy has in
+It counts training samples, not steps: the total (``train.epochs`` x the training set) stays right
+when the batch grows (a step count at the initial batch would end far short of its total).  The
+driver never loads the data to size it: a built-in set's size is known from the config
+(:func:`total_samples`); a factory's or a text's is the one rank 0 reports when its group starts
+(``PhaseStart.train_samples``, :meth:`Progress.sized`), and until then the bar shows a count and a
+rate without a total.  The postfix shows the step, epoch, loss, the batch the policy has in
 force (``B``), the workers actually training (``W``) and the latest validation accuracy (perplexity,
 for a language model).
 
@@ -19,17 +22,31 @@ import sys
 from dataclasses import dataclass
 
 from orchestrator.config.schema import RootConfig
+from orchestrator.config.workload_checks import known_size, train_samples
 from trainers.link import metrics as M
 from trainers.link.messages import Record
-from trainers.workload.build import train_size
 
 MIN_WINDOW_S = 2.0  # a stretch's own rate is trusted once its steps span this long (worker time)
 
 
-def total_samples(cfg: RootConfig, functions: dict | None = None) -> int:
-    """Samples a run of ``train.epochs`` trains on (the bar's total)."""
+# the bar before its total is known: a count and the rate, no bar ({desc} ends in ": ")
+UNSIZED_FORMAT = "{desc}{n_fmt} samples [{elapsed}{postfix}]"
+SIZED_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
-    return math.ceil(cfg.train.epochs * train_size(cfg, functions))
+
+def total_samples(cfg: RootConfig) -> int | None:
+    """Samples a run of ``train.epochs`` trains on (the bar's total), where the config alone says
+    it: a built-in training set's size comes from ``trainers.catalog`` (a generated one's from
+    ``data.size``) less the validation split.  None for data only the workers load (a factory's, a
+    text): its size arrives with their ``PhaseStart``."""
+    if known_size(cfg) is None:
+        return None
+    return epochs_samples(cfg.train.epochs, train_samples(cfg)[0])
+
+
+def epochs_samples(epochs: float, train_size: int) -> int:
+    """Samples ``epochs`` epochs of a training set of ``train_size`` samples take."""
+    return math.ceil(epochs * train_size)
 
 
 @dataclass
@@ -54,8 +71,9 @@ class Eta:
     steps, nor one that counts a group's start-up as training).  :meth:`pause` (a group restarts)
     hides the estimate until the next step arrives."""
 
-    def __init__(self, total: float, min_span: float = MIN_WINDOW_S) -> None:
-        self.total, self.min_span = float(total), min_span
+    def __init__(self, total: float | None, min_span: float = MIN_WINDOW_S) -> None:
+        self.total = None if total is None else float(total)  # None: not known yet (no time left)
+        self.min_span = min_span
         self.window: _Window | None = None
         self.known: float | None = None  # the last rate measured over at least min_span
         self.seen = 0.0
@@ -87,12 +105,15 @@ class Eta:
     @property
     def remaining_s(self) -> float | None:
         r = self.rate
-        if r is None or r <= 0:
+        if r is None or r <= 0 or self.total is None:
             return None
         return max(0.0, self.total - self.seen) / r
 
     def text(self) -> str:
-        """``eta 1:23 at 456 samples/s``, ``eta ?`` before any rate (or while restarting)."""
+        """``eta 1:23 at 456 samples/s``, ``eta ?`` before any rate (or while restarting), ``at 456
+        samples/s`` while the total is not known."""
+        if self.total is None and self.rate is not None:
+            return f"at {_rate(self.rate)} samples/s"
         left = self.remaining_s
         if left is None:
             return "eta ?"
@@ -117,9 +138,10 @@ def _rate(r: float | None) -> str:
 
 
 class Progress:
-    """A tqdm bar on the driver: samples trained of the run's total, with step, epoch, loss, B, W."""
+    """A tqdm bar on the driver: samples trained of the run's total, with step, epoch, loss, B, W.
+    ``total`` None: not known until the workers report their training set (:meth:`sized`)."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int | None, enabled: bool):
         self.bar = None
         self.eta = Eta(total)
         self.status = "starting workers"
@@ -132,7 +154,7 @@ class Progress:
                 unit_scale=True,
                 dynamic_ncols=True,
                 file=sys.stderr,
-                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+                bar_format=UNSIZED_FORMAT if total is None else SIZED_FORMAT,
             )
             self.bar.set_description(self.status)
             self.bar.set_postfix_str(self.eta.text(), refresh=False)
@@ -153,7 +175,7 @@ class Progress:
         if self.bar is None:
             return
         seen = int(self.last.get(M.SAMPLES_SEEN, 0))
-        if seen > self.bar.total:
+        if self.bar.total is not None and seen > self.bar.total:
             self.bar.total = seen
         self.bar.n = seen
         self.bar.set_description(self.status)
@@ -174,6 +196,18 @@ class Progress:
         elif M.VAL_ACCURACY in self.last:
             post.append(f"val_acc={self.last[M.VAL_ACCURACY]:.3f}")
         self.bar.set_postfix_str(", ".join(post), refresh=False)
+
+    def sized(self, total: int) -> None:
+        """The run's total as the workers counted it (their ``PhaseStart``): the bar's total from now
+        on (for a built-in set, the one the config gave it)."""
+        self.eta.total = float(total)
+        if self.bar is None or self.bar.total == total:
+            return
+        self.bar.total = max(total, self.bar.n)
+        self.bar.bar_format = SIZED_FORMAT
+        if self.step:  # the time left, now that there is a total
+            self._postfix()
+        self.bar.refresh()
 
     def restarting(self, what: str = "") -> None:
         """The worker group restarts (a resize by restart, or after a failure): the bar says so and

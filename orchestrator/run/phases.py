@@ -292,7 +292,7 @@ class PhaseRunner:
         # an autoscaling cluster's nodes, asked ahead (inactive: nothing asked): its request is
         # withdrawn with the listeners' close, however the run ends
         supply = NodeSupplyListener(nodes or NodeSupply())
-        self.listeners: list[RunListener] = [tracking, ProgressListener(progress), *listeners, supply]
+        self.listeners: list[RunListener] = [tracking, ProgressListener(progress, cfg.train.epochs), *listeners, supply]
         self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
         self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path, start.resumes, start.ray_train_runs)
         self.link = link or MonitorLink(judged)  # (a test gives one that calls a MonitorState directly)

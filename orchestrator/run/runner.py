@@ -228,7 +228,8 @@ class _Driver:
         self.cfg, self.opts, self.t0 = cfg, opts, t0
         self.marks = marks or (None, None)  # when training was called, when Ray was up (RunSummary.start)
         self.limits = limits or ClusterLimits()
-        self.progress = Progress(total_samples(cfg, opts.functions), enabled=opts.progress)
+        # sized from the config where it says the training set's size, else by the workers' PhaseStart
+        self.progress = Progress(total_samples(cfg), enabled=opts.progress)
         # the tracking server's "does not answer" lines go under the bar, not through it
         self.tracker = RunTracker(
             cfg, run_id=opts.resume_run_id, parent_run_id=opts.parent_run_id, tags=opts.tags, warn=self.progress.write

@@ -193,3 +193,142 @@ def test_a_callers_functions_get_the_records_and_the_events():
     events_only.on_records([(2, {}, 0.0)])  # no function for records: nothing
     events_only.on_event(again)
     assert heard == [[(1, {M.TRAIN_LOSS: 1.0}, 0.0)], restarted, again]
+
+
+# -- the bar's total: the config's where it says the size, else the workers' -------------------
+
+
+def _factory_config(tmp_path, calls: list):
+    """A run of 2.5 epochs whose data and model are functions sent by value; the data function
+    records each call (the driver must make none)."""
+    from orchestrator.config.schema import validate
+    from trainers.workload.build import BY_VALUE
+
+    def data():
+        calls.append("data")
+        raise AssertionError("the driver loaded the factory's data")
+
+    raw = {
+        "data": {"factory": f"{BY_VALUE}tests.data"},
+        "model": {"factory": f"{BY_VALUE}tests.model"},
+        "batch": {"size": 32, "max_local_batch": 32},
+        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+        "train": {"epochs": 2.5, "seed": 0},
+        "checkpoint": {"storage_path": str(tmp_path / "runs")},
+        "tracking": {"uri": "mem://", "experiment": "tests"},
+    }
+    return validate(raw), {"data": data, "model": lambda: None}
+
+
+def test_a_built_in_sets_total_comes_from_the_config_as_it_did_from_its_loaded_data(monkeypatch):
+    import math
+
+    from orchestrator.config.schema import validate
+    from orchestrator.record.progress_bar import total_samples
+    from trainers.data import datasets
+    from trainers.data.datasets import load_data
+
+    configs = [
+        validate({"data": {"name": "digits"}, "train": {"epochs": 0.5}}),
+        validate({"data": {"name": "digits", "val_fraction": 0.3}, "train": {"epochs": 3}}),
+        validate({"data": {"name": "synthetic", "size": 1001, "val_fraction": 0.15}, "train": {"epochs": 1.7}}),
+    ]
+    loaded = [math.ceil(c.train.epochs * load_data(c.data, c.train.seed).num_train) for c in configs]
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the bar's total loaded the data")
+
+    for loader in ("_load_digits", "_load_synthetic", "_load_cifar10"):
+        monkeypatch.setattr(datasets, loader, no_loading)
+    assert [total_samples(c) for c in configs] == loaded == [719, 3774, 1447]
+    cifar = validate(
+        {
+            "data": {"name": "cifar10", "root": "/nowhere", "val_split": "test"},
+            "model": {"name": "cnn"},
+            "train": {"epochs": 1},
+        }
+    )
+    assert total_samples(cifar) == 50_000  # the catalog's count, no files read
+    assert total_samples(validate({"data": {"name": "text"}, "model": {"name": "lstm"}})) is None
+
+
+def test_the_driver_starts_a_factorys_bar_without_a_total_and_without_calling_the_factory(tmp_path, monkeypatch):
+    from orchestrator.run import runner
+
+    class NoTracker:
+        run_id, uri = "abc", "mem://"
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+    calls: list = []
+    cfg, functions = _factory_config(tmp_path, calls)
+    monkeypatch.setattr(runner, "RunTracker", NoTracker)
+    driver = runner._Driver(cfg, runner.RunOptions(functions=functions), t0=0.0)
+    bar = driver.progress.bar
+    driver.progress.update([(3, {M.SAMPLES_SEEN: 96.0, M.BATCH_GLOBAL: 32.0, M.WORKERS: 1.0}, 1.0)])
+    assert calls == [] and bar.total is None and driver.progress.eta.total is None
+    assert str(bar).startswith("training: 96.0 samples [00:")  # a count and the time, no bar
+    driver.progress.close()
+
+
+def test_a_factorys_total_arrives_with_the_workers_phase_start_and_a_resume_gets_the_same(tmp_path, monkeypatch):
+    """The runner hears its group's PhaseStart: the bar's total is train.epochs times the training
+    set rank 0 counted, for a new run's driver and a resumed run's alike; the driver calls the data
+    function neither before the group starts nor after."""
+    from orchestrator.record.progress_bar import total_samples
+    from orchestrator.run.monitor import MonitorState
+    from orchestrator.run.outcome import Finished
+    from orchestrator.run.phases import PhaseRunner
+    from orchestrator.run.run_books import RunStart
+    from tests.helpers import StateLink
+    from tests.unit.test_phases import FakeFit, FakeTracker
+    from trainers.link.messages import PhaseStart
+
+    calls: list = []
+    cfg, functions = _factory_config(tmp_path, calls)
+    for start, step in ((RunStart(), 0), (RunStart(resumes=1, workers=1), 30)):
+        progress = Progress(total_samples(cfg), enabled=True)
+        state = MonitorState(available=lambda: {"CPU": 8.0})
+        runner = PhaseRunner(
+            cfg, FakeTracker(), start, progress, functions=functions, poll_s=0.01, link=StateLink(state)
+        )
+        before: list = []
+
+        def group(m: MonitorState, phase: int, step=step, progress=progress, before=before) -> str:
+            before.append((list(calls), progress.bar.total))
+            m.push(
+                [(step + 1, {M.SAMPLES_SEEN: 32.0 * (step + 1)}, 1.0)],
+                [
+                    PhaseStart(
+                        phase=0,
+                        workers=1,
+                        step=step,
+                        resumed=step > 0,
+                        threads=1,
+                        entered=1.0,
+                        built=1.0,
+                        train_samples=400,
+                    )
+                ],
+            )
+            return "done"
+
+        monkeypatch.setattr(
+            runner, "_trainer", lambda workers, phase, handover, group=group, state=state: FakeFit(group, state, phase)
+        )
+        assert runner.run() == Finished("done")
+        assert before == [([], None)]  # no total until the group said its size
+        assert (progress.bar.total, progress.eta.total, progress.bar.n) == (1000, 1000.0, 32 * (step + 1))  # 2.5 x 400
+    assert calls == []
+
+
+def test_a_bar_without_a_total_shows_the_rate_and_takes_the_total_when_it_comes():
+    p = Progress(total=None, enabled=True)
+    for step in range(1, 6):  # 100 samples/s over 2.5 s
+        p.update([(step, {M.SAMPLES_SEEN: 50.0 * step, M.BATCH_GLOBAL: 50.0, M.WORKERS: 1.0}, 0.5 * step)])
+    assert p.bar.postfix.startswith("at 100 samples/s,") and p.bar.total is None
+    p.sized(1000)
+    assert p.bar.total == 1000 and p.bar.postfix.startswith("eta 0:08 at 100 samples/s,")
+    assert str(p.bar).startswith("training:  25%|") and "| 250/1.00k [" in str(p.bar)
+    p.close()

@@ -177,6 +177,26 @@ def test_fit_records_importable_functions_by_name_and_others_by_value():
     assert resume_hint("abc123", {"data": {"factory": "a.b:c"}}) is None
 
 
+def test_rank_0_tells_the_driver_its_training_set_at_the_group_start(monkeypatch):
+    """The driver sizes its bar for a factory's data with the count rank 0 sends in PhaseStart."""
+    from trainers.link.messages import PhaseStart
+
+    class Started(Exception):
+        pass
+
+    def emit(event):
+        if isinstance(event, PhaseStart):
+            raise Started(event.train_samples)
+
+    t = _trainer(DIGITS_FACTORY)
+    monkeypatch.setattr(t, "restore", lambda: False)
+    monkeypatch.setattr(t.report, "emit", emit)
+    with pytest.raises(Started) as sent:
+        t.train()
+    assert sent.value.args == (t.work.num_train,) and t.work.num_train == len(t.work.train) > 0
+    t.close()
+
+
 def test_a_by_value_factory_without_its_function_is_a_clear_error():
     cfg = LoopConfig.model_validate({**DIGITS_FACTORY, "model": {"factory": f"{BY_VALUE}__main__.<lambda>"}})
     with pytest.raises(FactoryError, match=r"model.factory: .* was sent by value"):

@@ -71,6 +71,7 @@ class PhaseStart(Event):
     built: float  # when the trainer (data, model, process group) was built
     spawned: float = 0.0  # when rank 0's process was started (0: not known)
     nodes: tuple[str, ...] = ()  # each rank's Ray node id (which ranks a drained node holds: run/drains.py)
+    train_samples: int = 0  # the training set's samples per epoch (the driver's bar: data it does not load)
 
 
 @dataclass(frozen=True, kw_only=True)

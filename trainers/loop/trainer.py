@@ -434,6 +434,7 @@ class Trainer:
                 built=built,
                 spawned=process_started(),
                 nodes=nodes,
+                train_samples=self.work.num_train,
             )
         )
         self.report.start(self.state.step)
