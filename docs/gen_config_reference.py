@@ -4,8 +4,8 @@
     python docs/gen_config_reference.py --check    # exit 1 when the file is stale (what the unit test asks)
 
 The classes are the single source: ``orchestrator.config.schema.RootConfig`` and the sections it composes
-(each kept beside its code in ``trainers/`` and ``orchestrator/``); a field's type, bounds, default
-and ``description`` become one row.
+(each in its package's config module in ``trainers/``, and ``orchestrator/``'s own); a field's type,
+bounds, default and ``description`` become one row.
 """
 
 from __future__ import annotations

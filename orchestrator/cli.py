@@ -20,7 +20,7 @@ from orchestrator.config.flags import OneLineParser, number, set_without_equals
 from orchestrator.config.prepare import prepare
 from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.config.uris import redact_text, redact_uri
-from orchestrator.record.ui import open_hint
+from orchestrator.record import ui
 from orchestrator.run.outcome import EXIT_INTERRUPTED
 from orchestrator.run.ray_env import ensure_ray, quiet_libraries, quiet_ray_env, stop_ray, terminate_as_interrupt
 from trainers.link.messages import process_started
@@ -154,7 +154,7 @@ def _summary(s, cfg) -> str:
         f"  tracking URI   {redact_uri(s.tracking_uri)}",
         f"  experiment     {cfg.tracking.experiment} (id {s.experiment_id})",
         f"  checkpoints    {join(s.storage_path, s.train_run_name)}",
-        open_hint(s.tracking_uri, s.experiment_id, s.run_id),
+        ui.open_hint(s.tracking_uri, s.experiment_id, s.run_id),
     ]
     return "\n".join(lines)
 
@@ -272,8 +272,6 @@ def _local_store_path(uri: str) -> str | None:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from orchestrator.record import ui
-
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     local = _local_store_path(uri)
     if local is not None and not os.path.exists(local):

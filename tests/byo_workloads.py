@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from trainers.data.datasets import DataConfig, load_data
+from trainers.data.config import DataConfig
+from trainers.data.datasets import load_data
 
 
 class DigitsMap(torch.utils.data.Dataset):

@@ -5,8 +5,8 @@ every rule that relates two or more fields, within a section or across sections,
 worker's re-validation of the driver's dump stays cheap and every entry point gets the same rules
 from one call (``orchestrator/config/preflight.py`` ``check_config``).  Each raises
 :class:`~orchestrator.config.schema.ConfigError` with one line ``field: problem; fix``; what a
-gradient-combination method cannot honour is the method class's own check
-(``trainers/combine/combinations.py``).
+gradient-combination method cannot honour is the method's own check
+(``trainers/combine/config.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING
 
 from orchestrator.config.schema import ConfigError
 from trainers import catalog
-from trainers.accel.precision import check_precision
-from trainers.combine.base import OtherSettings
-from trainers.combine.combinations import METHODS, check_section
-from trainers.data.datasets import dataset_info
+from trainers.accel.config import check_precision
+from trainers.combine.config import RULES, OtherSettings, check_section
+from trainers.data.config import dataset_info
 from trainers.policies.batching import round_up
 
 if TYPE_CHECKING:
@@ -155,7 +154,7 @@ def _warmup_and_decay(cfg: RootConfig) -> None:
 
 
 def _combine_section(cfg: RootConfig) -> None:
-    """The ``combine`` section's fields against its method (``trainers.combine.combinations.check_section``):
+    """The ``combine`` section's fields against its method (``trainers.combine.config.check_section``):
     what the chosen method needs, and no field only other methods read."""
     try:
         check_section(cfg.combine)
@@ -270,7 +269,7 @@ def check_fast_path(cfg: RootConfig) -> None:
 
 def check_combine(cfg: RootConfig) -> None:
     """What the rest of the config asks that ``combine.method`` cannot honour: the chosen method's
-    own check (``Combination.check``, ``trainers/combine/combinations.py``), one line."""
+    own check (``MethodRules.check``, ``trainers/combine/config.py``), one line."""
     other = OtherSettings(
         scaling_rule=cfg.schedule.scaling_rule,
         batch_policy=cfg.batch.policy,
@@ -282,7 +281,7 @@ def check_combine(cfg: RootConfig) -> None:
         precision=cfg.train.precision,
     )
     try:
-        METHODS[cfg.combine.method].check(cfg.combine, other)
+        RULES[cfg.combine.method].check(cfg.combine, other)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -3,7 +3,8 @@ the data's shape, and no step whose every micro-batch puts one sample through Ba
 
 These build what the config names (a small built-in model on the CPU, a larger one on PyTorch's
 ``meta`` device) or read the workload probe's report; ``orchestrator/config/preflight.py`` and
-``orchestrator/config/prepare.py`` call them.  Each raises
+``orchestrator/config/prepare.py`` call them.  Torch is imported by the two that build a model,
+when they do: a config refused before then never loads it.  Each raises
 :class:`~orchestrator.config.schema.ConfigError` with one line ``field: problem; fix``.
 """
 
@@ -11,18 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from orchestrator.config.rules import goodput_chooses_batch, user_set
 from orchestrator.config.schema import ConfigError
-from trainers.combine.combinations import METHODS
-from trainers.data.datasets import dataset_info
+from trainers.combine.config import RULES
+from trainers.data.config import dataset_info
 from trainers.data.order import smallest_micro_batch
 from trainers.errors import one_line
 from trainers.policies.batching import BATCH_POLICIES
 from trainers.policies.resize import workers_for_batch
-from trainers.workload.batchnorm import single_sample_layers
-from trainers.workload.models import build_model
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import RootConfig
@@ -88,6 +85,10 @@ def check_model_input(cfg: RootConfig) -> None:
     (milliseconds); the others on PyTorch's ``meta`` device, which checks the shapes without
     allocating weights or computing anything but costs ~1.5 s of imports on its first use (a
     resnet50's real weights would cost more)."""
+    import torch
+
+    from trainers.workload.models import build_model
+
     info = dataset_info(cfg.data)
     try:
         with torch.device(_check_device(cfg)), torch.no_grad():
@@ -123,6 +124,10 @@ def single_sample_facts(cfg: RootConfig, report: Any = None) -> tuple[int | None
         return None, ()
     if known_size(cfg) is None:
         return None, ()
+    import torch
+
+    from trainers.workload.batchnorm import single_sample_layers
+    from trainers.workload.models import build_model
 
     info = dataset_info(cfg.data)
     with torch.device(_check_device(cfg)):
@@ -147,7 +152,7 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
         return
 
     b, s = cfg.batch, cfg.scaling
-    noise_split = METHODS[cfg.combine.method].uses_ddp and (
+    noise_split = RULES[cfg.combine.method].uses_ddp and (
         bool(BATCH_POLICIES[b.policy].needs) or cfg.schedule.scaling_rule == "adascale" or s.policy == "goodput"
     )
     sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]

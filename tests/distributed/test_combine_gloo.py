@@ -9,14 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import spawn_gloo
-from trainers.combine.methods import (
-    AdasumCombiner,
-    CombineConfig,
-    LocalSGD,
-    adasum_allreduce,
-    adasum_layers,
-    local_variance,
-)
+from trainers.combine.config import CombineConfig
+from trainers.combine.methods import AdasumCombiner, LocalSGD, adasum_allreduce, adasum_layers, local_variance
 from trainers.data.order import slice_bounds
 
 SHAPES = [(3, 4), (4,), (1,), (2, 2)]

@@ -48,7 +48,8 @@ def _manual_small_big(ids_halves):
     import torch.nn.functional as F
 
     from trainers.data.datasets import load_data
-    from trainers.workload.models import ModelConfig, build_model
+    from trainers.workload.config import ModelConfig
+    from trainers.workload.models import build_model
 
     cfg = LoopConfig.model_validate(CFG)
     torch.manual_seed(cfg.train.seed)

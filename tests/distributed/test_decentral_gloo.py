@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from tests.helpers import spawn_gloo
 from trainers.combine.combinations import build_combination
+from trainers.combine.config import CombineConfig
 from trainers.combine.decentral import consensus_distance, decentlam_step, dmsgd_step, mixing_matrix
-from trainers.combine.methods import CombineConfig
 
 WORLD, STEPS, LR, BETA = 4, 12, 0.05, 0.9
 STEP_FN = {"decentlam": decentlam_step, "dmsgd": dmsgd_step}

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from trainers.accel.device import clean_state_dict, compile_model, load_clean_state_dict, unwrap_model
-from trainers.data.datasets import DatasetInfo
-from trainers.workload.models import ModelConfig, build_model
+from trainers.data.config import DatasetInfo
+from trainers.workload.config import ModelConfig
+from trainers.workload.models import build_model
 
 pytestmark = [
     pytest.mark.integration,

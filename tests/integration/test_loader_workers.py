@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from trainers.data.sampler import LoaderConfig, RankLoader
+from trainers.data.config import LoaderConfig
+from trainers.data.sampler import RankLoader
 from trainers.data.text import load_text
 
 

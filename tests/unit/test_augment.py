@@ -8,14 +8,14 @@ from trainers.data.augment import (
     _STREAM_COL,
     _STREAM_FLIP,
     _STREAM_ROW,
+    AUGMENTS,
     Augment,
-    AugmentConfig,
     hflip,
-    parse_augment,
     random_bits,
     random_crop,
     uniform_ints,
 )
+from trainers.data.config import AUGMENT_NAMES, AugmentConfig, parse_augment
 from trainers.data.order import micro_batches, slice_bounds
 
 
@@ -95,6 +95,7 @@ def test_unknown_augmentation_is_refused_naming_the_field():
         parse_augment(["hflip", "hflip"])
     assert AugmentConfig(augment=["random_crop", "hflip"]).augment == ["random_crop", "hflip"]
     assert Augment.from_config(AugmentConfig(), seed=0) is None
+    assert tuple(AUGMENTS) == AUGMENT_NAMES  # the config's names (torch-free) are the functions' keys
 
 
 def test_random_crop_refuses_non_image_batches():

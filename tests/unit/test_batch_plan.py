@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from trainers.policies.batching import BatchConfig, BatchStats
+from trainers.policies.config import OptimizerConfig
 from trainers.policies.decisions import ResizeDecision
 from trainers.policies.noise import GradientNoiseScale
-from trainers.policies.optim import OptimizerConfig
 from trainers.policies.plan import BatchPlan, NewBatch, TrainState
 from trainers.policies.policy_set import PolicySet
 from trainers.policies.schedules import ScheduleConfig

@@ -4,9 +4,11 @@ exactly the built-in synthetic set and the built-in CNN."""
 import torch
 
 from bench.byo import Pairs, cnn, synthetic_pairs
-from trainers.data.datasets import DataConfig, DatasetInfo, load_data
+from trainers.data.config import DataConfig, DatasetInfo
+from trainers.data.datasets import load_data
 from trainers.data.sampler import fetch
-from trainers.workload.models import ModelConfig, build_model
+from trainers.workload.config import ModelConfig
+from trainers.workload.models import build_model
 
 
 def test_synthetic_pairs_are_the_built_in_split():

@@ -17,10 +17,12 @@ from torch import nn
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError
 from trainers.catalog import BUILTIN_DATASETS, BUILTIN_MODELS, DATASET_NAMES, MODEL_NAMES
-from trainers.data.datasets import DataConfig, dataset_info, load_data
+from trainers.data.config import DataConfig, dataset_info
+from trainers.data.datasets import load_data
 from trainers.workload.build import data_factory, model_factory
+from trainers.workload.config import ModelConfig
 from trainers.workload.lm_models import LM_MODELS
-from trainers.workload.models import MODELS, ModelConfig
+from trainers.workload.models import MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("orchestrator", "trainers", "search")

@@ -13,7 +13,6 @@ import torch
 import trainers.loop.checkpoint as ckpt
 import trainers.loop.storage as storage
 from trainers.loop.checkpoint import (
-    CheckpointConfig,
     CheckpointManager,
     CorruptCheckpoint,
     PendingRecords,
@@ -25,6 +24,7 @@ from trainers.loop.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from trainers.loop.config import CheckpointConfig
 from trainers.policies.batching import BatchConfig, build_batch_policy
 from trainers.policies.noise import GradientNoiseScale
 from trainers.policies.plan import TrainState

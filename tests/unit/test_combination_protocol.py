@@ -14,7 +14,7 @@ import torch
 
 from trainers.combine.base import Combination
 from trainers.combine.combinations import METHODS, build_combination
-from trainers.combine.methods import CombineConfig, CombineMethod
+from trainers.combine.config import RULES, CombineConfig, CombineMethod, MethodRules
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("trainers", "orchestrator", "search")
@@ -96,6 +96,17 @@ def test_a_one_model_method_runs_every_hook_of_a_step_in_one_process(name):
 def test_the_registry_holds_the_names_the_config_accepts():
     assert list(METHODS) == list(get_args(CombineMethod))
     assert {cls for cls in _subclasses(Combination) if not inspect.isabstract(cls)} == set(METHODS.values())
+
+
+def test_each_method_checks_a_config_with_its_torch_free_rules():
+    """The driver's checks read ``RULES`` (``trainers/combine/config.py``, no torch); each method's
+    class derives from its rules, so ``METHODS[name]`` answers the same checks."""
+    assert list(RULES) == list(METHODS)
+    for name, cls in METHODS.items():
+        assert issubclass(cls, RULES[name]) and issubclass(RULES[name], MethodRules)
+        assert (cls.uses_ddp, cls.fields) == (RULES[name].uses_ddp, RULES[name].fields)
+        for check in ("check_fields", "check", "refuse"):
+            assert getattr(cls, check).__func__ is getattr(RULES[name], check).__func__, f"{cls.__name__}.{check}"
 
 
 # --------------------------------------------------------------------------- no branch on the method outside

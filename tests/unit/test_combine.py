@@ -7,9 +7,9 @@ import torch
 from pydantic import ValidationError
 
 from orchestrator.config.schema import validate
+from trainers.combine.config import CombineConfig
 from trainers.combine.methods import (
     AdasumCombiner,
-    CombineConfig,
     LocalSGD,
     adasum_allreduce,
     adasum_layers,

@@ -10,7 +10,8 @@ from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError, flatten, public_config, validate
 from search.space import SpaceError, parse_space
 from trainers.combine.combinations import build_combination
-from trainers.combine.methods import CombineConfig, LocalSGD
+from trainers.combine.config import CombineConfig
+from trainers.combine.methods import LocalSGD
 from trainers.loop.config import LoopConfig
 from trainers.policies.batching import BatchConfig, build_batch_policy
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DataConfig, load_data
+from trainers.data.config import DataConfig
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, load_data
 from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
 
 

@@ -8,6 +8,7 @@ import torch
 from search.space import parse_space
 from tests.unit.test_combine_wiring import raw
 from trainers.combine.combinations import build_combination
+from trainers.combine.config import CombineConfig
 from trainers.combine.decentral import (
     Decentralized,
     allreduce_bytes,
@@ -17,7 +18,6 @@ from trainers.combine.decentral import (
     mixing_matrix,
     neighbour_offsets,
 )
-from trainers.combine.methods import CombineConfig
 
 
 def test_graphs_and_their_weights():

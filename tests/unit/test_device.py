@@ -13,9 +13,11 @@ from trainers.accel.device import (
     unwrap_model,
 )
 from trainers.data.augment import Augment
-from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DatasetInfo
+from trainers.data.config import DatasetInfo
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD
 from trainers.data.pipeline import DeviceData, Prefetcher
-from trainers.workload.models import ModelConfig, build_model
+from trainers.workload.config import ModelConfig
+from trainers.workload.models import build_model
 
 
 def _cnn():

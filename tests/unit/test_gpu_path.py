@@ -19,12 +19,14 @@ import torch
 from trainers.accel.device import compile_model, load_clean_state_dict, unwrap_model
 from trainers.accel.precision import LossScaler, Precision
 from trainers.data.augment import Augment
-from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD, DatasetInfo
+from trainers.data.config import DatasetInfo
+from trainers.data.datasets import CIFAR_MEAN, CIFAR_STD
 from trainers.data.pipeline import DeviceData, Prefetcher
 from trainers.link.runtime import Runtime
 from trainers.loop.config import LoopConfig
 from trainers.loop.trainer import Trainer
-from trainers.workload.models import ModelConfig, build_model
+from trainers.workload.config import ModelConfig
+from trainers.workload.models import build_model
 
 DEVICE = os.environ.get("ELB_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from trainers.data.datasets import DatasetInfo
-from trainers.workload.models import MODELS, ModelConfig, build_model
+from trainers.data.config import DatasetInfo
+from trainers.workload.config import ModelConfig
+from trainers.workload.models import MODELS, build_model
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "resnet18"])

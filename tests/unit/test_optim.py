@@ -10,14 +10,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from trainers.policies.config import MFRuleName, OptimizerConfig, OptimizerName
 from trainers.policies.optim import (
     LAMB,
     LARS,
     MF_RULES,
     OPTIMIZERS,
-    MFRuleName,
-    OptimizerConfig,
-    OptimizerName,
     apply_momentum_correction,
     build_optimizer,
     mf_for,

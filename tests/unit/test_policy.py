@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from trainers.policies.batching import BatchConfig, BatchStats
+from trainers.policies.config import OptimizerConfig
 from trainers.policies.decisions import BatchDecision, NoopDecision, ResizeDecision
 from trainers.policies.noise import GradientNoiseScale
-from trainers.policies.optim import LARS, OptimizerConfig
+from trainers.policies.optim import LARS
 from trainers.policies.policy_set import PolicySet, StepSettings
 from trainers.policies.resize import workers_for_batch
 from trainers.policies.schedules import ScheduleConfig

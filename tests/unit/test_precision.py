@@ -4,9 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.accel.precision import LossScaler, Precision, PrecisionConfig, check_precision
-from trainers.data.datasets import DatasetInfo
-from trainers.workload.models import ModelConfig, build_model
+from trainers.accel.config import PRECISION_NAMES, PrecisionConfig, check_precision
+from trainers.accel.precision import PRECISIONS, LossScaler, Precision
+from trainers.data.config import DatasetInfo
+from trainers.workload.config import ModelConfig
+from trainers.workload.models import build_model
 
 
 def _cnn_step(precision: str):
@@ -62,6 +64,7 @@ def test_config_defaults_and_literal():
     assert PrecisionConfig().precision == "fp32"
     with pytest.raises(ValueError):
         PrecisionConfig(precision="fp8")
+    assert tuple(PRECISIONS) == PRECISION_NAMES  # the config's names (torch-free) are the dtypes' keys
 
 
 def _model_opt():

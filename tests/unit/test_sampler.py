@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from trainers.data.config import LoaderConfig
 from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
-from trainers.data.sampler import GlobalBatchSampler, LoaderConfig, RankLoader, collate, fetch, rank_micro_batches
+from trainers.data.sampler import GlobalBatchSampler, RankLoader, collate, fetch, rank_micro_batches
 
 
 def in_memory_ids(n, seed, epoch, cursor, B, rank, world, max_local_batch, split_single=False):

@@ -385,7 +385,7 @@ def test_seesaw_lr_and_batch_change_together_by_hand():
     """Seesaw with decay_factor 0.5 at epochs 1 and 2, B0 = batch.size = 64, eta0 = 0.1: each milestone
     gives B x 2 and LR x 1/sqrt(2) (Meterez et al. 2025), where the step schedule would halve the LR."""
     from trainers.policies.batching import BatchConfig
-    from trainers.policies.optim import OptimizerConfig
+    from trainers.policies.config import OptimizerConfig
     from trainers.policies.policy_set import PolicySet
 
     sched = ScheduleConfig(scaling_rule="sqrt", decay="seesaw", milestones=[1.0, 2.0], decay_factor=0.5)

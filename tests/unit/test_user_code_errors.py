@@ -76,7 +76,7 @@ def _below_this_file(e: BaseException) -> BaseException:
 
 
 def test_an_error_of_ours_or_a_librarys_is_not_the_users():
-    from trainers.loop.checkpoint import CheckpointConfig
+    from trainers.loop.config import CheckpointConfig
 
     assert user_error(_below_this_file(_raised(lambda: CheckpointConfig(keep=1)))) is None
     assert user_error(_below_this_file(_raised(int, "x"))) is None

@@ -12,8 +12,8 @@ import torch
 from orchestrator.api import _record, by_value_fields, resume_hint
 from orchestrator.config.code import code_modules, package_folder
 from orchestrator.config.schema import validate
-from trainers.data.datasets import DataConfig, load_data
-from trainers.data.sampler import LoaderConfig
+from trainers.data.config import DataConfig, LoaderConfig
+from trainers.data.datasets import load_data
 from trainers.link import metrics as M
 from trainers.link.runtime import Runtime
 from trainers.loop.config import LoopConfig

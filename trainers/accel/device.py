@@ -21,23 +21,20 @@ Order when building a worker's model: ``build_model`` -> :func:`to_channels_last
 -> DDP (and its communication hook) -> :func:`compile_model`.  Compiling the DDP-wrapped model is
 what PyTorch recommends (its DDPOptimizer splits graphs at bucket boundaries so the all-reduce
 still overlaps backward), and the hook registered on DDP keeps working.
+
+The config fields (``LayoutConfig``, ``DataDeviceConfig``, ``CompileConfig``) are in
+``trainers/accel/config.py``, which the driver imports without torch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from trainers.section import Section
-
 __all__ = [
-    "CompileConfig",
-    "DataDeviceConfig",
-    "LayoutConfig",
     "clean_state_dict",
     "compile_model",
     "load_clean_state_dict",
@@ -46,33 +43,7 @@ __all__ = [
     "unwrap_model",
 ]
 
-DataDevice = Literal["host", "accelerator"]
 _PREFIXES = ("_orig_mod.", "module.")
-
-
-class LayoutConfig(Section):
-    """The layout fields of the ``model`` section (``ModelConfig`` takes them as a base class)."""
-
-    channels_last: bool = Field(default=False, description="NHWC memory format (4-D image models only)")
-
-
-class DataDeviceConfig(Section):
-    """The placement field of the ``data`` section (``DataConfig`` takes it as a base class)."""
-
-    device: DataDevice = Field(
-        default="host", description="accelerator: keep the in-memory dataset on the GPU (needs scaling.use_gpu)"
-    )
-
-
-class CompileConfig(Section):
-    """The compile field of the ``train`` section."""
-
-    compile: bool = Field(default=False, description="torch.compile the model (dynamic shapes)")
-    compile_backend: Literal["inductor", "aot_eager", "eager"] = Field(
-        default="inductor",
-        description="train.compile: torch.compile's backend (inductor: generated kernels; "
-        "aot_eager/eager: graph capture only, to debug or test)",
-    )
 
 
 # --------------------------------------------------------------------------- model

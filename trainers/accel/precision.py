@@ -42,46 +42,17 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
+from trainers.accel.config import PrecisionConfig, check_precision
 from trainers.link import metrics as M
-from trainers.section import Section
 
-__all__ = ["PRECISIONS", "LossScaler", "Precision", "PrecisionConfig", "PrecisionName", "check_precision"]
+__all__ = ["PRECISIONS", "LossScaler", "Precision"]
 
-PrecisionName = Literal["fp32", "bf16", "fp16"]
-
-#: name -> the autocast dtype (None: no autocast)
+#: name (``trainers.accel.config.PRECISION_NAMES``) -> the autocast dtype (None: no autocast)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class PrecisionConfig(Section):
-    """The precision fields of the ``train`` section (``TrainConfig`` takes them as a base class)."""
-
-    precision: PrecisionName = Field(
-        default="fp32",
-        description="fp32; bf16 (autocast, CPU or GPU); fp16 (autocast with a gradient scaler, GPU only)",
-    )
-    loss_scale_init: float = Field(default=2.0**16, gt=0, description="fp16: the first loss scale")
-    loss_scale_growth_interval: int = Field(
-        default=2000, gt=0, description="fp16: clean steps before the loss scale doubles"
-    )
-
-
-def check_precision(precision: str, device_type: str) -> None:
-    """Raise ``ValueError`` naming ``train.precision`` if ``precision`` cannot run on ``device_type``.
-
-    The driver calls it with ``"cuda" if scaling.use_gpu else "cpu"`` before Ray starts."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"train.precision: unknown {precision!r}; expected one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and device_type != "cuda":
-        raise ValueError(
-            "train.precision: fp16 needs a CUDA GPU (autocast to float16 with a gradient scaler); "
-            "use bf16 on CPU, or set scaling.use_gpu: true"
-        )
 
 
 class LossScaler:

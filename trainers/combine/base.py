@@ -1,13 +1,12 @@
-"""The combination protocol: what the worker loop and the driver's config check ask of a
-``combine.method``.
+"""The combination protocol: what the worker loop and the driver ask of a ``combine.method``.
 
 Each method is one class deriving from :class:`Combination` (``trainers/combine/combinations.py``),
 chosen once from the config by name (``combinations.METHODS``).  The loop
 (``trainers/loop/learner.py``, ``trainers/loop/trainer.py``) holds the chosen one and calls the
 hooks below, in the order a step meets them; it never asks which method is in force.  The driver's
-config check (``orchestrator/config/rules.py``) calls the chosen class's :meth:`Combination.check_fields`
-and :meth:`Combination.check`, which raise ``ValueError`` with one line ``field: problem; fix``
-(the driver turns it into its ``ConfigError``, as it does ``trainers.accel.precision.check_precision``'s).
+config check calls the method's rules (``trainers/combine/config.py`` :class:`MethodRules`, which
+:class:`Combination` and each method's class derive from): :meth:`~MethodRules.check_fields` and
+:meth:`~MethodRules.check`, which raise ``ValueError`` with one line ``field: problem; fix``.
 """
 
 from __future__ import annotations
@@ -15,87 +14,29 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from trainers.combine.methods import CombineConfig
+from trainers.combine.config import CombineConfig, MethodRules
 from trainers.policies.batching import BatchConfig, BatchStats
 
-__all__ = ["Combination", "OtherSettings"]
+__all__ = ["Combination"]
 
 
-@dataclass(frozen=True)
-class OtherSettings:
-    """The settings outside the ``combine`` section that a method is checked against."""
-
-    scaling_rule: str  # schedule.scaling_rule
-    batch_policy: str  # batch.policy
-    check_every: int  # batch.check_every
-    min_workers: int  # scaling.min_workers
-    max_workers: int  # scaling.max_workers
-    scaling_policy: str  # scaling.policy
-    optimizer: str  # optimizer.name
-    precision: str  # train.precision
-
-
-class Combination(ABC):
+class Combination(MethodRules, ABC):
     """One ``combine.method``: how the workers' work becomes one update.
 
     A method keeps one model on every rank unless it says otherwise, so the defaults here are
     that case's: the loss scaled by ``W / B``, checkpoints when due, nothing to add to a save, a
     validation of the model as it is, no metrics and no checkpoint component of its own."""
 
-    #: the value of ``combine.method`` that chooses this class
-    name: ClassVar[str]
-    #: whether DDP wraps the model and averages the gradients in the backward (and so whether the
-    #: gradient-noise probe, which hooks into DDP's all-reduce, can measure anything)
-    uses_ddp: ClassVar[bool] = False
-    #: the ``combine`` fields this method reads, each with the fix that says so when another
-    #: method is in force (``combinations.check_section`` refuses them there)
-    fields: ClassVar[dict[str, str]] = {}
-
     def __init__(self, cfg: CombineConfig, world: int, batch: BatchConfig | None = None) -> None:
         """``cfg``: the ``combine`` section; ``world``: the group's size W; ``batch``: the ``batch``
         section (a method that decides with the batch policy reads it)."""
         self.world = world
 
-    # -- the driver's config check ----------------------------------------------------------------
-
-    @classmethod
-    def check_fields(cls, cfg: CombineConfig) -> None:
-        """Raise ``ValueError`` for a field of the ``combine`` section this method needs and lacks
-        (the default: it needs none)."""
-        return None
-
-    @classmethod
-    def check(cls, cfg: CombineConfig, other: OtherSettings) -> None:
-        """Raise ``ValueError`` for what the rest of the config asks that this method cannot honour.
-
-        Without DDP two requests are refused whatever the method: ``scaling.policy: goodput`` reads
-        the gradient noise scale the probe measures on DDP's all-reduce; and fp16's loss scaler
-        skips a step on one rank's inf/NaN gradients, which without a combined gradient need not be
-        every rank's (the step would still be combined or counted toward a sync).  A method's own
-        refusals (:meth:`refuse`) come between them."""
-        if not cls.uses_ddp and other.scaling_policy == "goodput":
-            raise ValueError(
-                f"scaling.policy: goodput reads the gradient noise scale, which combine.method "
-                f"{cls.name} does not measure; use combine.method: mean or scaling.policy: "
-                f"workers_for_batch"
-            )
-        cls.refuse(cfg, other)
-        if not cls.uses_ddp and other.precision == "fp16":
-            raise ValueError(
-                f"train.precision: fp16 cannot be used with combine.method {cls.name}; "
-                "use bf16 or fp32, or combine.method: mean"
-            )
-
-    @classmethod
-    def refuse(cls, cfg: CombineConfig, other: OtherSettings) -> None:
-        """Raise ``ValueError`` for what this method alone cannot honour (see :meth:`check`; the
-        default: nothing)."""
-        return None
+    # -- the driver's plan (its config check: MethodRules) ---------------------------------------
 
     @classmethod
     def plan_note(cls, cfg: CombineConfig, workers: Sequence[int]) -> str | None:

@@ -1,8 +1,9 @@
 """One class per ``combine.method`` behind the protocol of ``trainers/combine/base.py``, and the
 registry that chooses one from the config (:data:`METHODS`, :func:`build_combination`).
 
-Each class says what its method does around the optimizer step and what it refuses in a config;
-the math and state it drives are in ``trainers/combine/methods.py`` (Adasum, local SGD) and
+Each class says what its method does around the optimizer step; what it refuses in a config comes
+from its rules class (``trainers/combine/config.py``), which it derives from.  The math and state it
+drives are in ``trainers/combine/methods.py`` (Adasum, local SGD) and
 ``trainers/combine/decentral.py`` (DmSGD, DecentLaM).  Every optimizer works with mean, Adasum
 (which combines gradients) and local SGD (which averages any per-parameter optimizer state).
 """
@@ -15,9 +16,18 @@ from typing import Any
 
 import torch
 
-from trainers.combine.base import Combination, OtherSettings
+from trainers.combine.base import Combination
+from trainers.combine.config import (
+    AdasumRules,
+    CombineConfig,
+    DecentLaMRules,
+    DecentralizedRules,
+    DmSGDRules,
+    LocalSGDRules,
+    MeanRules,
+)
 from trainers.combine.decentral import Decentralized, neighbour_offsets
-from trainers.combine.methods import AdasumCombiner, CombineConfig, LocalSGD
+from trainers.combine.methods import AdasumCombiner, LocalSGD
 from trainers.link import metrics as M
 from trainers.policies.batching import BatchConfig, BatchStats
 
@@ -30,17 +40,13 @@ __all__ = [
     "LocalSGDCombination",
     "MeanCombination",
     "build_combination",
-    "check_section",
 ]
 
 
-class MeanCombination(Combination):
+class MeanCombination(MeanRules, Combination):
     """``mean``: DDP's all-reduce average of the gradients, during the backward; with the loss
     scaled by ``W / B`` it is exactly the global batch's mean gradient (``trainers/loop/learner.py``).
     Every hook is the protocol's default or nothing, and nothing in the rest of the config is refused."""
-
-    name = "mean"
-    uses_ddp = True
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Nothing to hold: DDP wraps the model."""
@@ -52,44 +58,15 @@ class MeanCombination(Combination):
         """Nothing: every rank stepped on the same gradient."""
 
 
-class AdasumCombination(Combination):
+class AdasumCombination(AdasumRules, Combination):
     """``adasum``: no DDP (every micro-batch's gradient stays local); the loss keeps the ``W / B``
     scale; :meth:`before_step` replaces ``.grad`` by the Adasum of the workers' mean gradients and
     broadcasts rank 0's buffers (:class:`~trainers.combine.methods.AdasumCombiner`), so every rank
     steps identically and rank 0's checkpoint is every rank's."""
 
-    name = "adasum"
-
     def __init__(self, cfg: CombineConfig, world: int, batch: BatchConfig | None = None) -> None:
         super().__init__(cfg, world, batch)
         self.combiner: AdasumCombiner | None = None
-
-    @classmethod
-    def refuse(cls, cfg: CombineConfig, other: OtherSettings) -> None:
-        """``schedule.scaling_rule: none``: Adasum adapts between mean and sum itself, so a scaling
-        by B/B0 (linear, sqrt) counts twice and ``adascale``'s gain assumes a mean.  ``batch.policy:
-        fixed``: ``noise_scale``/``norm_test`` read the noise probe, whose DDP hook measures the
-        mean all-reduce Adasum replaces, and a growing batch (``schedule`` too) resizes the group,
-        which changes the number of Adasum inputs, the math.  ``scaling.min_workers ==
-        scaling.max_workers``: a restart at fewer workers would change it too."""
-        if other.scaling_rule != "none":
-            raise ValueError(
-                f"schedule.scaling_rule: {other.scaling_rule!r} cannot be used with combine.method adasum (it "
-                "adapts between mean and sum itself; no scaling by W); set schedule.scaling_rule: none "
-                "and tune optimizer.lr at the per-worker batch"
-            )
-        if other.batch_policy != "fixed":
-            raise ValueError(
-                f"batch.policy: {other.batch_policy!r} cannot be used with combine.method adasum (a changing "
-                "batch resizes the group and changes the number of Adasum inputs; the noise probe "
-                "reads the mean all-reduce); set batch.policy: fixed"
-            )
-        if other.min_workers != other.max_workers:
-            raise ValueError(
-                f"scaling.min_workers: {other.min_workers} differs from scaling.max_workers "
-                f"{other.max_workers}; combine.method adasum needs a fixed worker count (its result "
-                "depends on W)"
-            )
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.combiner = AdasumCombiner(model.parameters(), buffers=model.buffers())
@@ -103,19 +80,13 @@ class AdasumCombination(Combination):
         """Nothing: every rank stepped on the same combined gradient."""
 
 
-class LocalSGDCombination(Combination):
+class LocalSGDCombination(LocalSGDRules, Combination):
     """``local_sgd``: no DDP; each worker's loss is scaled by ``1 / b_i`` (its own mean gradient);
     :meth:`after_step` averages the models every H steps (:class:`~trainers.combine.methods.LocalSGD`),
     running the local norm test on ``batch.check_every`` steps when ``batch.policy: norm_test``,
     whose answer the batch policy reads (:meth:`batch_stats`).  Checkpoints are deferred to sync
     steps (:meth:`should_checkpoint`), and a save at any other step (the run's end, a resize's
     hand-over) first syncs (:meth:`before_save`).  Validation between syncs scores the average model."""
-
-    name = "local_sgd"
-    fields = {
-        "local_steps": "remove local_steps or set combine.method: local_sgd",
-        "average_momentum": "remove it or set combine.method: local_sgd",
-    }
 
     def __init__(self, cfg: CombineConfig, world: int, batch: BatchConfig | None = None) -> None:
         super().__init__(cfg, world, batch)
@@ -124,42 +95,6 @@ class LocalSGDCombination(Combination):
         self.check_every = batch.check_every
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-
-    @classmethod
-    def check_fields(cls, cfg: CombineConfig) -> None:
-        if cfg.local_steps is None:
-            raise ValueError(
-                "combine.local_steps: required by combine.method local_sgd; give H >= 1, "
-                "the steps between parameter averages"
-            )
-
-    @classmethod
-    def refuse(cls, cfg: CombineConfig, other: OtherSettings) -> None:
-        """``schedule.scaling_rule: adascale`` and ``batch.policy: noise_scale`` (or ``cbs_warmup``)
-        need the per-step combined gradient, which local SGD does not compute (only ``norm_test``
-        has a local form).  ``batch.policy: norm_test`` decides at syncs only: ``batch.check_every``
-        must be a multiple of ``combine.local_steps``, and it needs ``scaling.max_workers >= 2``."""
-        if other.scaling_rule == "adascale":
-            raise ValueError(
-                "schedule.scaling_rule: 'adascale' cannot be used with combine.method local_sgd (it "
-                "needs the per-step combined gradient); choose linear, sqrt or none"
-            )
-        if other.batch_policy in ("noise_scale", "cbs_warmup"):
-            raise ValueError(
-                f"batch.policy: {other.batch_policy!r} cannot be used with combine.method local_sgd (it needs "
-                "the per-step combined gradient); use batch.policy: norm_test, its local form"
-            )
-        if other.batch_policy == "norm_test":
-            if other.max_workers < 2:
-                raise ValueError(
-                    "scaling.max_workers: combine.method local_sgd with batch.policy norm_test "
-                    "estimates the variance from the workers' gradients and needs at least 2 workers"
-                )
-            if other.check_every % cfg.H != 0:
-                raise ValueError(
-                    f"batch.check_every: {other.check_every} is not a multiple of "
-                    f"combine.local_steps {cfg.H}; the local norm test runs at syncs only"
-                )
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
@@ -212,47 +147,16 @@ class LocalSGDCombination(Combination):
         return {"combine": self.local_sgd}
 
 
-class DecentralizedCombination(Combination):
+class DecentralizedCombination(DecentralizedRules, Combination):
     """DmSGD and DecentLaM (``trainers/combine/decentral.py``): no DDP; the loss keeps the ``W / B``
     scale; each worker keeps its own parameters and exchanges them with its graph neighbours every
     step (:class:`~trainers.combine.decentral.Decentralized`), where the subclass says.
     :meth:`before_save` gathers every rank's state for rank 0's checkpoint; validation scores the
     average model; :meth:`metrics` adds the bytes per step and the consensus distance."""
 
-    fields = {"topology": "remove topology or set combine.method: decentlam"}
-
     def __init__(self, cfg: CombineConfig, world: int, batch: BatchConfig | None = None) -> None:
         super().__init__(cfg, world, batch)
         self.exchange = Decentralized(self.name, cfg.graph, world)
-
-    @classmethod
-    def refuse(cls, cfg: CombineConfig, other: OtherSettings) -> None:
-        """``scaling.min_workers >= 2``: at W = 1 there is no graph (the result depends on W and on
-        the graph; a resize re-forms it and starts every worker from the saved workers' average).
-        ``optimizer.name: sgd``: the recursions are heavy-ball momentum SGD's (DecentLaM's correction
-        rides on ``.grad`` into PyTorch's SGD step).  ``batch.policy: fixed`` and a scaling rule other
-        than ``adascale``: the noise probe and AdaScale read DDP's mean all-reduce, which is not run."""
-        if other.min_workers < 2:
-            raise ValueError(
-                f"scaling.min_workers: {other.min_workers}; combine.method {cls.name} needs at least 2 "
-                "workers (each mixes its parameters with its neighbours'); set scaling.min_workers: 2 "
-                "(and max_workers >= 2) or combine.method: mean"
-            )
-        if other.optimizer != "sgd":
-            raise ValueError(
-                f"optimizer.name: {other.optimizer!r} cannot be used with combine.method {cls.name} "
-                "(its recursion is heavy-ball momentum SGD); set optimizer.name: sgd"
-            )
-        if other.batch_policy != "fixed":
-            raise ValueError(
-                f"batch.policy: {other.batch_policy!r} cannot be used with combine.method {cls.name} (the noise "
-                "probe reads DDP's mean all-reduce, which it does not run); set batch.policy: fixed"
-            )
-        if other.scaling_rule == "adascale":
-            raise ValueError(
-                f"schedule.scaling_rule: 'adascale' cannot be used with combine.method {cls.name} (it "
-                "needs the per-step combined gradient); choose linear, sqrt or none"
-            )
 
     @classmethod
     def plan_note(cls, cfg: CombineConfig, workers: Sequence[int]) -> str | None:
@@ -296,10 +200,8 @@ class DecentralizedCombination(Combination):
         return {"combine": self.exchange}
 
 
-class DmSGDCombination(DecentralizedCombination):
+class DmSGDCombination(DmSGDRules, DecentralizedCombination):
     """``dmsgd``: the optimizer's local step, then the stepped parameters mixed with the neighbours'."""
-
-    name = "dmsgd"
 
     def before_step(self, local_count: int, batch_size: int) -> None:
         """Nothing: the optimizer steps on this worker's own gradient."""
@@ -308,10 +210,8 @@ class DmSGDCombination(DecentralizedCombination):
         self.exchange.mix_parameters()
 
 
-class DecentLaMCombination(DecentralizedCombination):
+class DecentLaMCombination(DecentLaMRules, DecentralizedCombination):
     """``decentlam``: the neighbours' correction added to ``.grad``, then the optimizer's step."""
-
-    name = "decentlam"
 
     def before_step(self, local_count: int, batch_size: int) -> None:
         self.exchange.correct_gradients()
@@ -330,18 +230,3 @@ METHODS: dict[str, type[Combination]] = {
 def build_combination(cfg: CombineConfig, world: int, batch: BatchConfig | None = None) -> Combination:
     """The chosen method's object for a group of ``world`` workers (see :class:`Combination`)."""
     return METHODS[cfg.method](cfg, world, batch)
-
-
-def check_section(cfg: CombineConfig) -> None:
-    """The ``combine`` section's rules between its own fields: what the chosen method needs
-    (:meth:`Combination.check_fields`), and no field that only other methods read.  Raises
-    ``ValueError`` with one line."""
-    chosen = METHODS[cfg.method]
-    chosen.check_fields(cfg)
-    for method in METHODS.values():
-        for field, fix in method.fields.items():
-            if field not in chosen.fields and getattr(cfg, field) is not None:
-                users = " or ".join(name for name, m in METHODS.items() if field in m.fields)
-                raise ValueError(
-                    f"combine.{field}: only used by combine.method {users}, but method is {cfg.method!r}; {fix}"
-                )

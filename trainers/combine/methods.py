@@ -1,5 +1,5 @@
-"""Gradient combination (``combine.method``): the section's config, and the math and state of the
-methods that keep one model on every rank.
+"""Gradient combination (``combine.method``): the math and state of the methods that keep one model
+on every rank (the ``combine`` section and each method's config rules: ``trainers/combine/config.py``).
 
 The classes the loop calls, one per method, are in ``trainers/combine/combinations.py``; DmSGD and
 DecentLaM's math is in ``trainers/combine/decentral.py``; formulas in the design's section 5 and
@@ -58,11 +58,11 @@ adaptive summation", MLSys 2021)
     one tuned for one worker's batch ``b = B / W``: set ``optimizer.base_batch_size`` to the
     per-worker batch and ``schedule.scaling_rule: none`` (Horovod's Adasum guidance likewise keeps
     the single-worker LR rather than scaling it by the number of workers).  The driver's config
-    check enforces the scaling rule (``AdasumCombination.refuse`` in ``trainers/combine/combinations.py``).
+    check enforces the scaling rule (``AdasumRules.refuse`` in ``trainers/combine/config.py``).
 
     *Resize*: the result depends on the number of inputs W, by design.  A changing W (a growing
     batch policy that resizes the group, or an elastic min/max worker range) would change the
-    math mid-run, so the driver's config check (``AdasumCombination.refuse``) refuses those combinations:
+    math mid-run, so the driver's config check (``AdasumRules.refuse``) refuses those combinations:
     Adasum runs at a fixed W, and a resume at the same W continues exactly (the state is the
     optimizer's, identical on all ranks).
 
@@ -122,23 +122,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import ConfigDict, Field
 
+from trainers.combine.config import CombineConfig
 from trainers.combine.decentral import restored
 from trainers.link import metrics as M
 from trainers.policies.batching import BatchPolicy, BatchStats
 from trainers.policies.decisions import BatchDecision, NoopDecision
 from trainers.policies.noise import NormTestResult, norm_test
-from trainers.section import Section
 
 __all__ = [
     "AdasumCombiner",
-    "CombineConfig",
-    "CombineMethod",
     "LocalSGD",
     "SyncResult",
     "adasum_allreduce",
@@ -147,53 +144,6 @@ __all__ = [
     "adasum_tree",
     "local_variance",
 ]
-
-CombineMethod = Literal["mean", "adasum", "local_sgd", "dmsgd", "decentlam"]
-Topology = Literal["ring", "exponential"]
-
-
-# --------------------------------------------------------------------------- config
-
-
-class CombineConfig(Section):
-    """The ``combine`` section: how the workers' gradients (or models) are combined."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: CombineMethod = Field(
-        default="mean",
-        description="mean (DDP average), adasum, local_sgd, or the decentralized dmsgd / decentlam "
-        "(each worker its own parameters, mixed with its graph neighbours every step)",
-    )
-    local_steps: int | None = Field(
-        default=None, ge=1, description="local_sgd: H, steps between parameter averages (H=1 averages every step)"
-    )
-    average_momentum: bool | None = Field(
-        default=None,
-        description="local_sgd: also average the optimizer's "
-        "per-parameter state (momentum buffers) at a sync; unset = true",
-    )
-
-    topology: Topology | None = Field(
-        default=None,
-        description="dmsgd/decentlam: the workers' graph, ring (i +/- 1) or exponential "
-        "(i +/- 2^k); unset = exponential",
-    )
-
-    @property
-    def graph(self) -> str:
-        """The decentralized methods' topology (``exponential`` when unset)."""
-        return self.topology or "exponential"
-
-    @property
-    def H(self) -> int:
-        """Steps between syncs (1 for the methods that combine every step)."""
-        return self.local_steps or 1
-
-    @property
-    def averages_momentum(self) -> bool:
-        return True if self.average_momentum is None else self.average_momentum
-
 
 # --------------------------------------------------------------------------- Adasum math
 

@@ -25,16 +25,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
 
-from trainers.section import Section
+from trainers.data.config import AugmentConfig, parse_augment
 
 __all__ = [
     "AUGMENTS",
     "Augment",
-    "AugmentConfig",
     "hflip",
-    "parse_augment",
     "random_bits",
     "random_crop",
     "uniform_ints",
@@ -99,38 +96,12 @@ def hflip(x: torch.Tensor, ids: torch.Tensor, seed: int, epoch: int) -> torch.Te
 
 AugmentFn = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 
-#: name -> fn(x, ids, seed, epoch) (``random_crop`` with its padding bound by :class:`Augment`)
+#: name (``trainers.data.config.AUGMENT_NAMES``) -> fn(x, ids, seed, epoch) (``random_crop`` with its
+#: padding bound by :class:`Augment`)
 AUGMENTS: dict[str, AugmentFn] = {
     "random_crop": random_crop,
     "hflip": hflip,
 }
-
-
-def parse_augment(names: Sequence[str] | None) -> list[str]:
-    """Check a ``data.augment`` list: known names, none twice; ``ValueError`` naming the field."""
-    out: list[str] = []
-    for name in names or []:
-        if name not in AUGMENTS:
-            raise ValueError(f"data.augment: unknown {name!r}; expected one of {', '.join(AUGMENTS)}")
-        if name in out:
-            raise ValueError(f"data.augment: {name!r} is listed twice; list it once")
-        out.append(name)
-    return out
-
-
-class AugmentConfig(Section):
-    """The augmentation fields of the ``data`` section (``DataConfig`` takes them as a base class)."""
-
-    augment: list[str] = Field(
-        default_factory=list,
-        description="on-device augmentations, applied in this order: random_crop (zero padding crop_padding), hflip",
-    )
-    crop_padding: int = Field(default=4, ge=1, description="random_crop: zero padding on each side")
-
-    @field_validator("augment")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        return parse_augment(v)
 
 
 class Augment:

@@ -1,4 +1,4 @@
-"""The ``data`` section and the built-in datasets, held in memory as tensors.
+"""The built-in datasets, held in memory as tensors (the ``data`` section: ``trainers/data/config.py``).
 
 Small datasets are indexed as tensors with the permutation slice (order.py) instead of a
 DataLoader: per-sample collation dominates small models (about 6x here on digits).
@@ -10,106 +10,16 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator, model_validator
 
 from trainers import catalog
-from trainers.accel.device import DataDeviceConfig
-from trainers.data.augment import AugmentConfig
-from trainers.data.sampler import LoaderConfig
+from trainers.data.config import DataConfig, DatasetInfo, dataset_info
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
-
-
-class DataConfig(DataDeviceConfig, AugmentConfig):
-    """The ``data`` section (``device``: trainers/accel/device.py; ``augment``: trainers/data/augment.py)."""
-
-    name: Literal[catalog.DATASET_NAMES] | None = Field(
-        default=None, description="a built-in dataset (default digits when no factory is given)"
-    )
-    factory: str | None = Field(
-        default=None,
-        description="'package.module:function' returning (train, val) map-style datasets; exclusive with name",
-    )
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
-    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="the DataLoader of map-style data")
-    root: str | None = Field(default=None, description="dataset directory (cifar10)")
-    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share of the training set held out")
-    val_split: Literal["fraction", "test"] = Field(
-        default="fraction",
-        description="fraction: hold out val_fraction of the training set; test: validate "
-        "on the official test set (cifar10), train on the whole training set",
-    )
-    # text only: byte-level tokens of a local text (default: Python's own standard library sources)
-    path: str | None = Field(default=None, description="text: a text file (default: stdlib sources)")
-    context: int = Field(default=128, gt=0, description="text: tokens per sequence (T)")
-    # synthetic only: a classification set labelled by a fixed random teacher network
-    size: int = Field(default=4096, gt=1, description="synthetic: samples in the set")
-    shape: list[int] = Field(default_factory=lambda: [1, 8, 8], description="synthetic: one input's shape")
-    num_classes: int = Field(default=10, ge=2, description="synthetic: classes the teacher labels")
-    seed: int = Field(default=0, description="synthetic: seed of the inputs and the teacher network")
-
-    @field_validator("shape")
-    @classmethod
-    def _shape_positive(cls, v: list[int]) -> list[int]:
-        if not v or any(d <= 0 for d in v):
-            raise ValueError(
-                f"must be a non-empty list of positive sizes (got {v}); write e.g. [1, 8, 8] (channels, height, width)"
-            )
-        return v
-
-    @model_validator(mode="after")
-    def _default_name(self) -> DataConfig:
-        # name and factory both given, data.val_split against the dataset: orchestrator/config/rules.py
-        if self.name is None and self.factory is None:
-            self.name = catalog.DEFAULT_DATASET
-        return self
-
-    @property
-    def builtin(self) -> catalog.BuiltinDataset | None:
-        """The built-in dataset ``name`` names (None: a factory's data)."""
-        return None if self.name is None else catalog.BUILTIN_DATASETS[self.name]
-
-    @property
-    def in_memory(self) -> bool:
-        """Whether the training set is held as tensors (the fast indexing path)."""
-        return self.factory is None and self.builtin is not None and self.builtin.in_memory
-
-    def check_available(self) -> None:
-        """Raise ``ValueError`` if the data cannot be loaded (called before Ray starts)."""
-        if self.name == catalog.TEXT.name and self.path and not os.path.isfile(os.path.expanduser(self.path)):
-            raise ValueError(
-                f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
-                "unset for the corpus of Python's own standard library"
-            )
-        if self.name == catalog.CIFAR10.name:
-            if not self.root:
-                raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")
-            folder = os.path.join(os.path.expanduser(self.root), "cifar-10-batches-py")
-            missing = [f for f in CIFAR_FILES if not os.path.isfile(os.path.join(folder, f))]
-            if missing:
-                raise ValueError(
-                    f"data.root: no CIFAR-10 at {folder!r} (missing {', '.join(missing)}); "
-                    "download cifar-10-python.tar.gz and extract it there"
-                )
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    shape: tuple[int, ...]
-    num_classes: int
-
-
-def dataset_info(cfg: DataConfig) -> DatasetInfo:
-    """Input shape and classes of a built-in in-memory dataset (a generated one's: the config's)."""
-    entry = cfg.builtin
-    if entry is None or entry.shape is None or entry.num_classes is None:
-        return DatasetInfo(tuple(cfg.shape), cfg.num_classes)
-    return DatasetInfo(entry.shape, entry.num_classes)
 
 
 @dataclass
@@ -170,9 +80,6 @@ def _load_synthetic(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
     w2 = torch.randn(hidden, cfg.num_classes, generator=g) / math.sqrt(hidden)
     logits = torch.tanh(x.reshape(cfg.size, -1) @ w1) @ w2
     return x, logits.argmax(dim=1)
-
-
-CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
 
 
 def _load_cifar10(cfg: DataConfig, train: bool = True, raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,32 +36,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from trainers.section import Section
-
-
-class LoaderConfig(Section):
-    """The ``data.loader`` section: how the ``DataLoader`` of a map-style dataset runs.
-
-    ``workers`` loader processes (0: load in the training process), ``pin_memory`` for faster
-    copies to a GPU, ``prefetch`` micro-batches loaded ahead per loader process (PyTorch's
-    ``prefetch_factor``; used only when ``workers > 0``).
-    """
-
-    workers: int = Field(default=0, ge=0, description="loader processes; 0 = load in the training process")
-    pin_memory: bool = Field(default=False, description="page-locked batches, for faster copies to a GPU")
-    prefetch: int = Field(
-        default=2,
-        ge=1,
-        description="micro-batches loaded ahead per loader process (prefetch_factor; only with workers > 0)",
-    )
-
-
-# after LoaderConfig: trainers/data/datasets.py imports it back (its DataConfig.loader field)
-from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds  # noqa: E402
+from trainers.data.config import LoaderConfig
+from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
 
 
 def rank_micro_batches(

@@ -58,38 +58,14 @@ config check refuses it (``orchestrator/config/rules.py``) and this module raise
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch.func import functional_call
 
-from trainers.section import Section
+from trainers.loop.config import AdversarialConfig
 from trainers.workload.build import LossFn, StepBatch, summed_loss, to_device
-
-
-class AdversarialConfig(Section):
-    """``train.adversarial``: adversarial training against the sharp minima of large batches."""
-
-    method: Literal["none", "sync", "conadv"] = Field(
-        default="none",
-        description="none; sync: perturb batch t with the current weights, then train on it (two "
-        "sequential passes); conadv: perturb batch t+1 with the weights of step t, beside batch t's "
-        "weight gradient (Liu et al. 2022); the weights train on a mix of the clean and perturbed "
-        "losses (clean_weight)",
-    )
-    epsilon: float = Field(
-        default=0.03, ge=0, description="L-infinity radius of the perturbation, in the model input's units"
-    )
-    steps: int = Field(default=1, ge=1, description="signed gradient steps of eps/steps each (1 = FGSM)")
-    clean_weight: float = Field(
-        default=0.5,
-        ge=0,
-        le=1,
-        description="c in g = c grad(clean loss) + (1 - c) grad(perturbed loss); 0 trains on the perturbed batch only",
-    )
-
 
 Perturbations = list[torch.Tensor]  # one per micro-batch of this rank
 

@@ -49,7 +49,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from pydantic import Field, field_validator
 
 from trainers.loop.storage import (
     LOCAL,
@@ -57,13 +56,11 @@ from trainers.loop.storage import (
     discard_partial,
     is_uri,
     join,
-    location_problem,
     no_room,
     pid_alive,
     resolve,
     store_for,
 )
-from trainers.section import Section
 
 logger = logging.getLogger(__name__)
 
@@ -86,41 +83,6 @@ class CorruptCheckpoint(RuntimeError):
     def __init__(self, message: str, damaged: bool = True) -> None:
         super().__init__(message)
         self.damaged = damaged
-
-
-class CheckpointConfig(Section):
-    """The ``checkpoint`` section."""
-
-    every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
-    keep: int = Field(
-        default=2, description="newest checkpoints of the run kept (at least 2: the newest and one to fall back to)"
-    )
-    storage_path: str = Field(
-        default="ray_runs",
-        description="checkpoint folder, or an object-store URI such as "
-        "s3://bucket/runs (on a cluster: a shared mount or a bucket)",
-    )
-
-    @field_validator("keep")
-    @classmethod
-    def _a_fallback(cls, v: int) -> int:
-        # With keep = 1 the write of a checkpoint deletes the only older one, so a newest one that
-        # turns out corrupt leaves nothing to resume from.  Keeping one more on disk is simpler and
-        # cheaper to reason about than setting the last good one aside.
-        if v < 2:
-            raise ValueError(
-                f"checkpoint.keep: {v} leaves no older checkpoint to fall back to when the newest "
-                "is corrupt; set it to at least 2"
-            )
-        return v
-
-    @field_validator("storage_path")
-    @classmethod
-    def _a_directory(cls, v: str) -> str:
-        why = location_problem(v)  # the string alone; whether the bucket answers: preflight
-        if why is not None:
-            raise ValueError(f"checkpoint.storage_path: {why}")
-        return v
 
 
 # --------------------------------------------------------------------------- components

@@ -1,30 +1,52 @@
-"""The worker's config: the sections a worker needs, composed from the components' own config
-classes, each kept beside its code (data, model, optimizer, batch, schedule, checkpoint, combine).
+"""The worker's config: the loop's own sections (``train``, ``checkpoint``) and :class:`LoopConfig`,
+which composes them with the components' config classes.
 
-Importing this module loads the components' config classes and their validators only: not the
-worker loop, not Ray.  Each section checks its own fields; what relates fields to one another
-(within a section or across sections) is checked on the driver (``orchestrator/config/rules.py``).  The
-driver's root config (``orchestrator/config/schema.py``) extends
-:class:`LoopConfig` with its own sections; how configs flow through a run: ``docs/architecture.md``.
+The components' sections (data, model, optimizer, batch, schedule, combine) each live in a module
+of their package that imports no torch, so importing this module loads config classes and their
+validators only: not torch, not the worker loop, not Ray.  Each section checks its own fields; what
+relates fields to one another (within a section or across sections) is checked on the driver
+(``orchestrator/config/rules.py``).  The driver's root config (``orchestrator/config/schema.py``)
+extends :class:`LoopConfig` with its own sections; how configs flow through a run:
+``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from trainers.accel.device import CompileConfig
-from trainers.accel.precision import PrecisionConfig
-from trainers.combine.methods import CombineConfig
-from trainers.data.datasets import DataConfig
-from trainers.loop.adversarial import AdversarialConfig
-from trainers.loop.checkpoint import CheckpointConfig
+from trainers.accel.config import CompileConfig, PrecisionConfig
+from trainers.combine.config import CombineConfig
+from trainers.data.config import DataConfig
+from trainers.loop.storage import location_problem
 from trainers.policies.batching import BatchConfig
-from trainers.policies.optim import OptimizerConfig
+from trainers.policies.config import OptimizerConfig
 from trainers.policies.schedules import ScheduleConfig
 from trainers.section import Section
-from trainers.workload.models import ModelConfig
+from trainers.workload.config import ModelConfig
+
+
+class AdversarialConfig(Section):
+    """``train.adversarial``: adversarial training against the sharp minima of large batches."""
+
+    method: Literal["none", "sync", "conadv"] = Field(
+        default="none",
+        description="none; sync: perturb batch t with the current weights, then train on it (two "
+        "sequential passes); conadv: perturb batch t+1 with the weights of step t, beside batch t's "
+        "weight gradient (Liu et al. 2022); the weights train on a mix of the clean and perturbed "
+        "losses (clean_weight)",
+    )
+    epsilon: float = Field(
+        default=0.03, ge=0, description="L-infinity radius of the perturbation, in the model input's units"
+    )
+    steps: int = Field(default=1, ge=1, description="signed gradient steps of eps/steps each (1 = FGSM)")
+    clean_weight: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="c in g = c grad(clean loss) + (1 - c) grad(perturbed loss); 0 trains on the perturbed batch only",
+    )
 
 
 class TrainConfig(PrecisionConfig, CompileConfig):
@@ -58,6 +80,41 @@ class TrainConfig(PrecisionConfig, CompileConfig):
         default_factory=AdversarialConfig,
         description="adversarial training: none, sync (two passes) or conadv (trainers/loop/adversarial.py)",
     )
+
+
+class CheckpointConfig(Section):
+    """The ``checkpoint`` section."""
+
+    every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
+    keep: int = Field(
+        default=2, description="newest checkpoints of the run kept (at least 2: the newest and one to fall back to)"
+    )
+    storage_path: str = Field(
+        default="ray_runs",
+        description="checkpoint folder, or an object-store URI such as "
+        "s3://bucket/runs (on a cluster: a shared mount or a bucket)",
+    )
+
+    @field_validator("keep")
+    @classmethod
+    def _a_fallback(cls, v: int) -> int:
+        # With keep = 1 the write of a checkpoint deletes the only older one, so a newest one that
+        # turns out corrupt leaves nothing to resume from.  Keeping one more on disk is simpler and
+        # cheaper to reason about than setting the last good one aside.
+        if v < 2:
+            raise ValueError(
+                f"checkpoint.keep: {v} leaves no older checkpoint to fall back to when the newest "
+                "is corrupt; set it to at least 2"
+            )
+        return v
+
+    @field_validator("storage_path")
+    @classmethod
+    def _a_directory(cls, v: str) -> str:
+        why = location_problem(v)  # the string alone; whether the bucket answers: preflight
+        if why is not None:
+            raise ValueError(f"checkpoint.storage_path: {why}")
+        return v
 
 
 class LoopConfig(Section):
