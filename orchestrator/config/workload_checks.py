@@ -18,7 +18,7 @@ from trainers.combine.config import RULES
 from trainers.data.config import dataset_info
 from trainers.data.order import smallest_micro_batch
 from trainers.errors import one_line
-from trainers.policies.batching import BATCH_POLICIES
+from trainers.policies.batching import BATCH_POLICIES, noise_probe_runs
 from trainers.policies.resize import workers_for_batch
 
 if TYPE_CHECKING:
@@ -152,8 +152,8 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
         return
 
     b, s = cfg.batch, cfg.scaling
-    noise_split = RULES[cfg.combine.method].uses_ddp and (
-        bool(BATCH_POLICIES[b.policy].needs) or cfg.schedule.scaling_rule == "adascale" or s.policy == "goodput"
+    noise_split = noise_probe_runs(
+        b.policy, cfg.schedule.scaling_rule, s.policy == "goodput", RULES[cfg.combine.method].uses_ddp
     )
     sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]
     if (b.policy in ("noise_scale", "norm_test") or goodput_chooses_batch(cfg)) and b.max_size is not None:

@@ -17,6 +17,8 @@ from typing import Any
 from orchestrator.config.preflight import IGNORED_UNLESS
 from orchestrator.config.schema import RootConfig, flatten, public_config
 from trainers import catalog
+from trainers.combine.config import RULES
+from trainers.policies.batching import noise_probe_runs
 
 Rule = tuple[Callable[[RootConfig], bool], tuple[str, ...]]
 
@@ -38,12 +40,10 @@ EXTRA_RULES: tuple[Rule, ...] = (
     (lambda c: c.model.factory is not None or c.model.language_model, ("model.params.",)),
     (lambda c: c.model.factory is None and not c.model.language_model, ("model.norm",)),
     (lambda c: c.scaling.use_gpu, ("model.sync_bn",)),
-    # trainers/policies/policy_set.py needs_noise: the gradient-noise estimator runs for these only
+    # trainers/policies/batching.py noise_probe_runs: the gradient-noise estimator runs for these only
     (
-        lambda c: (
-            c.batch.policy in ("noise_scale", "norm_test", "cbs_warmup")
-            or c.schedule.scaling_rule == "adascale"
-            or c.scaling.policy == "goodput"
+        lambda c: noise_probe_runs(
+            c.batch.policy, c.schedule.scaling_rule, c.scaling.policy == "goodput", RULES[c.combine.method].uses_ddp
         ),
         ("batch.ema",),
     ),

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainers.policies.batching import BatchConfig, BatchStats
+from trainers.policies.batching import BatchConfig, BatchStats, noise_probe_runs
 from trainers.policies.config import OptimizerConfig
 from trainers.policies.decisions import BatchDecision, NoopDecision, ResizeDecision
 from trainers.policies.noise import GradientNoiseScale
@@ -69,7 +69,7 @@ def test_settings_mf_rule_local_slice_and_accum() -> None:
 
 def test_adascale_reads_the_noise_estimator() -> None:
     p = _policies(schedule={"scaling_rule": "adascale"})
-    assert p.needs_noise
+    assert noise_probe_runs("fixed", "adascale", goodput=False, uses_ddp=True)
     gns = GradientNoiseScale(ema=0.0)
     assert p.lr(0.0, 128, gns) == pytest.approx(0.1)  # no estimate yet: gain 1
     trace, g_sq = 640.0, 1.0
@@ -80,7 +80,7 @@ def test_adascale_reads_the_noise_estimator() -> None:
 
 def test_batch_and_worker_decisions() -> None:
     p = _policies(batch={"policy": "schedule", "schedule": [[1, 64], [2, 256]]}, hi=4)
-    assert p.adapts_batch and not p.needs_noise
+    assert p.adapts_batch and not noise_probe_runs("schedule", "linear", goodput=False, uses_ddp=True)
     assert p.workers.initial(32) == 1
     assert isinstance(p.decide_batch(0, 0.0, 32), NoopDecision)
     d = p.decide_batch(10, 1.0, 32)
@@ -152,3 +152,13 @@ def test_from_config_reads_the_scaling_bounds() -> None:
 
     worker_side = PolicySet.from_config(LoopConfig.model_validate({"batch": {"size": 128, "max_local_batch": 32}}), N)
     assert (worker_side.workers.min_workers, worker_side.workers.max_workers) == (1, 1)
+
+
+def test_one_function_says_when_the_noise_probe_runs():
+    """The worker builds the probe, the config checks size micro-batches and the params log
+    batch.ema by one rule: a policy reads the noise statistics and DDP averages the gradients."""
+    for policy in ("noise_scale", "norm_test", "cbs_warmup"):
+        assert noise_probe_runs(policy, "linear", goodput=False, uses_ddp=True)
+        assert not noise_probe_runs(policy, "linear", goodput=False, uses_ddp=False)
+    assert noise_probe_runs("fixed", "linear", goodput=True, uses_ddp=True)
+    assert not noise_probe_runs("fixed", "linear", goodput=False, uses_ddp=True)

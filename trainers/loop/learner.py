@@ -57,11 +57,7 @@ class Learner:
         self.model = _wrap_ddp(base, group.device, group.world if self.combine.uses_ddp else 1)
         self.params = [p for p in base.parameters() if p.requires_grad]
         # The gradient-noise measurement, when a policy reads it (AdaScale, adaptive batch).
-        self.noise = (
-            NoiseProbe(cfg.batch.ema, self.params, group.world, group.device)
-            if measure_noise and self.combine.uses_ddp
-            else None
-        )
+        self.noise = NoiseProbe(cfg.batch.ema, self.params, group.world, group.device) if measure_noise else None
         if self.noise is not None:
             self.noise.attach(self.model)
         if cfg.train.compile:  # after DDP and its hook; checkpoints keep the plain model's keys

@@ -27,6 +27,7 @@ import torch
 
 from trainers.accel.device import clean_state_dict, load_clean_state_dict
 from trainers.accel.profile import profiler_from_env
+from trainers.combine.config import RULES
 from trainers.link import metrics as M
 from trainers.link.agreement import Action, WorkersNeeded
 from trainers.link.failure import ended_by_user_error, report_user_error
@@ -51,6 +52,7 @@ from trainers.loop.learner import Learner
 from trainers.loop.report import Reporter
 from trainers.loop.rollback import RollbackPolicy
 from trainers.loop.storage import StorageFull
+from trainers.policies.batching import noise_probe_runs
 from trainers.policies.goodput import StepTimeFeed
 from trainers.policies.plan import BatchPlan, TrainState
 from trainers.policies.policy_set import PolicySet
@@ -113,7 +115,12 @@ class Trainer:
         # scaling.policy goodput: step times per (local batch, W) and the noise scale, for the driver's question
         self.goodput = StepTimeFeed(cfg.batch.check_every) if runtime.goodput else None
         self.learner = Learner(
-            cfg, self.work, self.group, measure_noise=policies.needs_noise or self.goodput is not None
+            cfg,
+            self.work,
+            self.group,
+            measure_noise=noise_probe_runs(
+                cfg.batch.policy, cfg.schedule.scaling_rule, runtime.goodput, RULES[cfg.combine.method].uses_ddp
+            ),
         )
         # Where the run stands and what each step runs with; fed by what this group measures.
         self.plan = BatchPlan(

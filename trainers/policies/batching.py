@@ -463,6 +463,16 @@ BATCH_POLICIES: dict[str, type[BatchPolicy]] = {
 }
 
 
+def noise_probe_runs(batch_policy: str, scaling_rule: str, goodput: bool, uses_ddp: bool) -> bool:
+    """Whether the gradient-noise probe runs (and so, at W = 1, splits a step's one micro-batch in
+    two: trainers/data/order.py ``smallest_micro_batch``): a policy reads the noise statistics (an
+    adaptive batch policy's, AdaScale's gain, goodput's statistical efficiency) and the method
+    averages gradients with DDP, whose hook measures them.  The worker, the config checks and the
+    logged params ask this one function."""
+    reads = bool(BATCH_POLICIES[batch_policy].needs) or scaling_rule == "adascale" or goodput
+    return reads and uses_ddp
+
+
 def build_batch_policy(
     cfg: BatchConfig, dataset_size: int | None = None, schedule: ScheduleConfig | None = None
 ) -> BatchPolicy:

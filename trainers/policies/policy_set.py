@@ -141,11 +141,6 @@ class PolicySet:
     # -- what the policies need measured -------------------------------------------------------
 
     @property
-    def needs_noise(self) -> bool:
-        """Whether a gradient-noise estimator must run: an adaptive batch policy or AdaScale."""
-        return bool(self.batch_policy.needs) or self.schedule.cfg.scaling_rule == "adascale"
-
-    @property
     def adapts_batch(self) -> bool:
         """Whether B can change during training (any batch policy but ``fixed``)."""
         return self.batch_policy.name != "fixed"
