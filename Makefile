@@ -33,7 +33,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# every bench/*.py in its --quick form (tests/integration/test_benches.py), about 15 min here
+# every bench/*.py in its --quick form (tests/integration/test_benches.py): about 14 min here quiet, 23 beside
+# a `make test` (docs/benchmarks.md)
 bench-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m bench tests/integration/test_benches.py
 

@@ -5,9 +5,10 @@ McCandlish et al.'s prediction: training near the critical batch (~B_simple) nee
 steps than a small batch and not many more samples than it; a batch far above it wastes
 samples.  Everything else is equal (model, data order, sqrt LR scaling from the same eta0 at B0).
 
-    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6] [--quick]
+    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6] [--max-local-batch 64] [--quick]
 
-``--quick`` (CI): 2 epochs, target 0.8.  Last line: ``steps_ratio=<noise_scale's steps to the
+``--quick`` (CI): 2 epochs, target 0.8, a worker takes up to 256 samples (every row at W = 1: one
+group start a run).  Last line: ``steps_ratio=<noise_scale's steps to the
 target / fixed B0's> samples_ratio=<the same for samples>`` (nan where a row missed the target).
 """
 
@@ -26,7 +27,7 @@ from bench.common import parse_args, table, temp_config  # noqa: E402
 B0 = 32
 
 
-def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
+def run(name: str, batch: dict, epochs: float, target: float, max_local: int = 64) -> tuple:
     from mlflow.tracking import MlflowClient
 
     from orchestrator.run.runner import run_training
@@ -35,7 +36,7 @@ def run(name: str, batch: dict, epochs: float, target: float) -> tuple:
         data={"name": "digits"},
         model={"name": "cnn", "norm": "group", "hidden": 64},
         optimizer={"name": "sgd", "lr": 0.05, "base_batch_size": B0, "mf": 0.9},
-        batch={"max_local_batch": min(64, batch.get("max_size", batch["size"])), **batch},
+        batch={"max_local_batch": min(max_local, batch.get("max_size", batch["size"])), **batch},
         schedule={"scaling_rule": "sqrt"},
         scaling={"min_workers": 1, "max_workers": 4, "cpus_per_worker": 0.5},
         train={"epochs": epochs, "eval_every": 5, "log_every": 5},
@@ -67,21 +68,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--epochs", type=float, default=6)
-    a = parse_args(ap, quick={"epochs": 2, "target": 0.8})
+    ap.add_argument(
+        "--max-local-batch", type=int, default=64, help="the most samples a worker takes (W = ceil(B / this))"
+    )
+    a = parse_args(ap, quick={"epochs": 2, "target": 0.8, "max_local_batch": 256})
     os.environ["ELASTIC_KEEP_RAY"] = "1"
     rows = [
-        run(f"fixed B0={B0}", {"size": B0}, a.epochs, a.target),
-        run(f"fixed 8*B0={8 * B0}", {"size": 8 * B0}, a.epochs, a.target),
+        run(f"fixed B0={B0}", {"size": B0}, a.epochs, a.target, a.max_local_batch),
+        run(f"fixed 8*B0={8 * B0}", {"size": 8 * B0}, a.epochs, a.target, a.max_local_batch),
         run(
             "noise_scale (c=2)",
             {"size": B0, "policy": "noise_scale", "noise_scale_factor": 2.0, "check_every": 10, "max_size": 8 * B0},
             a.epochs,
             a.target,
+            a.max_local_batch,
         ),
     ]
     print(
         f"digits, small CNN (group norm), sqrt LR scaling from lr=0.05 at B0={B0}; target val accuracy "
-        f"{a.target}; validation every 5 steps"
+        f"{a.target}; validation every 5 steps; a worker takes up to {a.max_local_batch} samples"
     )
     print(table(rows, ("policy", "steps", "samples", "wall s (incl. start)", "final val acc", "max B", "max workers")))
     (_, b0_steps, b0_samples, *_), (_, ns_steps, ns_samples, *_) = rows[0], rows[2]

@@ -21,9 +21,12 @@ to the node up, from its log).  Summary: ``today_s=``, ``ahead_s=`` (medians), `
 launch, median), ``nodes_today=``, ``nodes_ahead=`` (medians) and ``ratio=`` (ahead / today).  The aim:
 ``ahead_s`` within a node's launch time + 10 s plus a group's start (~15 s on this machine).
 
-    .venv/bin/python bench/autoscale.py [--repeats 2] [--quick]
+    .venv/bin/python bench/autoscale.py [--repeats 2] [--kinds today,ahead] [--capacity-check-s 5]
+        [--run-limit-s 420] [--quick]
 
-``--quick`` (CI): one repeat, today and ahead only.
+``--quick`` (CI): one repeat, today and ahead only, the driver looking for capacity that came back every 5 s
+(``scaling.capacity_check_s``; the quickstart's is 30 s: today's path grows by such looks, one per restart
+that came up short), each run stopped after 150 s (today's path then reports the time it waited so far).
 """
 
 from __future__ import annotations
@@ -62,10 +65,12 @@ KINDS = {
 }
 
 
-def run_config(tmp: str, kind: str) -> dict[str, Any]:
+def run_config(tmp: str, kind: str, capacity_check_s: float | None = None) -> dict[str, Any]:
     with open(os.path.join(ROOT, "configs", "quickstart.yaml")) as f:
         raw = yaml.safe_load(f)
     raw["scaling"]["cpus_per_worker"] = 1
+    if capacity_check_s is not None:
+        raw["scaling"]["capacity_check_s"] = capacity_check_s
     raw["train"]["epochs"] = 5000  # outlasts the measurement: the run is stopped once W = 2 trained
     raw["checkpoint"]["storage_path"] = os.path.join(tmp, "ray_runs")
     raw["tracking"] = {"uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "bench-autoscale"}
@@ -90,9 +95,10 @@ def launch_times(log: str) -> list[float]:
     return [u - q for q, u in zip(queued, up)]
 
 
-def measure(kind: str) -> dict[str, Any]:
-    """One run of ``kind`` on a fresh cluster; the driver is this process (joined as a user's driver
-    joins a cluster)."""
+def measure(kind: str, capacity_check_s: float | None = None, limit_s: float = RUN_LIMIT_S) -> dict[str, Any]:
+    """One run of ``kind`` on a fresh cluster, stopped after ``limit_s`` if it has not trained at W = 2 by
+    then; the driver is this process (joined as a user's driver joins a cluster).  ``capacity_check_s``:
+    the run's ``scaling.capacity_check_s`` (None: the quickstart's)."""
     from orchestrator.run.runner import run_training
 
     head = FakeAutoscalingCluster(max_nodes=2, cpus_per_node=1, idle_timeout_minutes=0.1).start()
@@ -108,18 +114,18 @@ def measure(kind: str) -> dict[str, Any]:
             if metrics.get(M.WORKERS, 0) >= 2 and box["w2"] is None:
                 box["w2"] = step
         w2 = box["w2"]
-        if (w2 is not None and records[-1][0] >= w2 + AFTER_W2_STEPS) or time.time() - t0 > RUN_LIMIT_S:
+        if (w2 is not None and records[-1][0] >= w2 + AFTER_W2_STEPS) or time.time() - t0 > limit_s:
             box["runner"].request_stop()
 
     try:
-        cfg = validated(run_config(tmp, kind))
+        cfg = validated(run_config(tmp, kind, capacity_check_s))
         s = run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r), on_records=on_records)
         ended = time.time()
         launched, alive = head.worker_nodes(wait_gone_s=60)  # the idle nodes removed (or still up after 60 s)
         queued = [t for t, k, n in head.node_events() for _ in range(n) if k == "launched"]
         to2 = [r for r in s.resizes if r["to"] >= 2]
         reached = box["w2"] is not None and bool(to2)
-        # a run stopped before W = 2 (RUN_LIMIT_S): the time it waited, a lower bound
+        # a run stopped before W = 2 (limit_s): the time it waited, a lower bound
         first_w2 = to2[-1]["time"] + to2[-1]["latency_s"] if reached else ended
         return {
             "kind": kind,
@@ -152,19 +158,39 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, of: " + ", ".join(KINDS))
-    a = parse_args(ap, quick={"repeats": 1, "kinds": "today,ahead"}, argv=argv)
+    ap.add_argument(
+        "--capacity-check-s",
+        type=float,
+        default=None,
+        help="the runs' scaling.capacity_check_s (default: the quickstart's)",
+    )
+    ap.add_argument(
+        "--run-limit-s",
+        type=float,
+        default=RUN_LIMIT_S,
+        help="a run not at W = 2 by then is stopped (its figure is then the time it waited, a lower bound)",
+    )
+    a = parse_args(
+        ap,
+        quick={"repeats": 1, "kinds": "today,ahead", "capacity_check_s": 5.0, "run_limit_s": 150.0},
+        argv=argv,
+    )
     kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
-    if bad or a.repeats < 1:
-        print(
-            f"--kinds: unknown {bad}; expected {', '.join(KINDS)}" if bad else "--repeats: at least 1", file=sys.stderr
-        )
+    problems = [f"--kinds: unknown {bad}; expected {', '.join(KINDS)}"] if bad else []
+    problems += ["--repeats: at least 1"] if a.repeats < 1 else []
+    problems += (
+        ["--capacity-check-s: must be positive"] if a.capacity_check_s is not None and a.capacity_check_s <= 0 else []
+    )
+    problems += ["--run-limit-s: must be positive"] if a.run_limit_s <= 0 else []
+    if problems:
+        print("; ".join(problems), file=sys.stderr)
         sys.exit(2)
     os.environ.pop("ELASTIC_KEEP_RAY", None)  # each run's driver leaves its cluster when it ends
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for i in range(a.repeats):  # interleaved, so drift on a shared machine hits every kind
         for kind in kinds:
-            r = measure(kind)
+            r = measure(kind, a.capacity_check_s, a.run_limit_s)
             runs[kind].append(r)
             print(
                 f"repeat {i + 1}, {kind}: decision -> first step at W=2 {r['to_w2_s']:.1f} s"
@@ -215,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\nfake multi-node autoscaler, nodes of 1 CPU (at most 2), idle_timeout 0.1 min, update every 1 s; "
         f"a node's launch here (queued -> up): median {launch:.1f} s over {len(launches)}"
+        + (f"; the driver's capacity check every {a.capacity_check_s:g} s" if a.capacity_check_s else "")
     )
     print(
         f"today_s={today:.1f} ahead_s={ahead:.1f} launch_s={launch:.1f} "

@@ -14,10 +14,12 @@ plain loop as in bench/overhead.py (its docstring explains the method).
     over the bare Ray Train worker's (aim: >= 0.9); ``lm_plain_ratio`` over the plain loop's.
 
     .venv/bin/python bench/byo.py [--steps 6000] [--lm-steps 1500] [--slice 2] [--size 200000]
-        [--threads 2] [--parts map,lm] [--quick]
+        [--threads 2] [--parts map,lm] [--unsliced-ends] [--quick]
 
 ``--quick`` (CI): 600 image steps on 20,000 samples, 120 LM steps of a 2-layer width-64 GPT, 1 s
-slices (rough ratios: few pairs).  Last line: ``map_ratio=... lm_ratio=... lm_plain_ratio=...``.
+slices (rough ratios: few pairs), each loop under test alone until its Ray Train worker starts and
+after its last step (``--unsliced-ends``, bench/overhead.py).  Last line: ``map_ratio=... lm_ratio=...
+lm_plain_ratio=...``.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def part_map(a: argparse.Namespace) -> float:
             tmp,
             names={"orchestrator": MAP_ROWS[row]},
             lead_s=LEAD_S,
+            unsliced_ends=a.unsliced_ends,
         )
         results[row] = res["orchestrator"]
     print(
@@ -176,7 +179,19 @@ def part_lm(a: argparse.Namespace) -> tuple[float, float]:
         flush=True,
     )
     res, orch = measure(
-        rows, cfg, cfg_json, cfg_yaml, n_train, a.threads, a.lm_steps, a.slice, [], tmp, names=LM_ROWS, lead_s=LEAD_S
+        rows,
+        cfg,
+        cfg_json,
+        cfg_yaml,
+        n_train,
+        a.threads,
+        a.lm_steps,
+        a.slice,
+        [],
+        tmp,
+        names=LM_ROWS,
+        lead_s=LEAD_S,
+        unsliced_ends=a.unsliced_ends,
     )
     print(
         table(
@@ -221,6 +236,12 @@ def main() -> None:
     ap.add_argument("--parts", default="map,lm", help="map, lm or both")
     ap.add_argument("--plain-row", action="store_true", help="(b): also the plain loop against itself")
     ap.add_argument(
+        "--unsliced-ends",
+        action="store_true",
+        help="the loops under test run alone until their Ray Train worker starts and after their last step "
+        "(bench/overhead.py)",
+    )
+    ap.add_argument(
         "--lm-set",
         action="append",
         default=[],
@@ -235,6 +256,7 @@ def main() -> None:
             "size": 20000,
             "slice": 1.0,
             "lm_set": ["model.params.n_layer=2", "model.params.n_head=2", "model.params.d_model=64"],
+            "unsliced_ends": True,
         },
     )
     parts = {p.strip() for p in a.parts.split(",") if p.strip()}

@@ -33,7 +33,8 @@ Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95
 
 ``--rows plain`` alone times the plain loop in this process instead (``--rounds`` rounds of
 ``--warmup`` + ``--steps`` steps, the median; ``--data host`` measures pinned host data copied
-each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200 steps, 1 s slices, 1 thread.
+each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200 steps, 1 s slices, 1 thread,
+``--unsliced-ends``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -431,14 +433,22 @@ def profile_name(setup: Setup) -> str:
 
 
 def measure_sliced(
-    setup: Setup, root: str, tmp: str, rows: list[str], steps: int, slice_s: float, profile: str | None = None
+    setup: Setup,
+    root: str,
+    tmp: str,
+    rows: list[str],
+    steps: int,
+    slice_s: float,
+    profile: str | None = None,
+    unsliced_ends: bool = False,
 ) -> dict[str, list[Measurement]]:
     """Each row of ``rows`` ("ray", "orchestrator") time-sliced against its own plain loop;
     the plain loop's measurement pools its slices beside every row.  ``profile`` (a folder): the
     orchestrator's rank 0 records :data:`PROFILED_STEPS` steps near its end with the torch profiler
     (``trainers/accel/profile.py``) and the table lands there as :func:`profile_name`; those
-    steps are left out of its rate."""
-    from bench.overhead import orchestrator_cmd, paired, step_gaps
+    steps are left out of its rate.  ``unsliced_ends``: a row runs alone after its last step too
+    (its teardown; bench/overhead.py ``measure``)."""
+    from bench.overhead import logged_at_least, orchestrator_cmd, paired, step_gaps
     from orchestrator.config.schema import to_yaml, validate
     from trainers.link import metrics as M
 
@@ -479,8 +489,13 @@ def measure_sliced(
         finally:
             for k in ("ELB_PROFILE_DIR", "ELB_PROFILE_SKIP", "ELB_PROFILE_STEPS"):
                 os.environ.pop(k, None)
+        done = None
+        if unsliced_ends and row == "orchestrator":
+            done = partial(logged_at_least, db, steps - 1)
+        elif unsliced_ends:
+            done = partial(os.path.exists, a_out)  # written once its steps are made
         with TreePeakRSS(run.a.pid) as rss:
-            run.run(ROW_LABELS[row])
+            run.run(ROW_LABELS[row], done)
         if row == "orchestrator":
             from mlflow.tracking import MlflowClient
 
@@ -561,7 +576,7 @@ def sliced_after_start(
             time.sleep(0.2)
 
     class AfterStart(Slices):
-        def run(self, desc: str = "") -> Slices:
+        def run(self, desc: str = "", done: Callable[[], bool] | None = None) -> Slices:
             os.kill(self.b.pid, signal.SIGSTOP)
             wait(started, self.a)
             if b_started is not None and self.a.poll() is None:
@@ -570,7 +585,7 @@ def sliced_after_start(
                 wait(b_started, self.b)
                 send([self.b.pid], signal.SIGSTOP)
                 send(tree(self.a.pid), signal.SIGCONT)
-            return super().run(desc)
+            return super().run(desc, done=done)
 
     return AfterStart(a, b, slice_s, log)
 
@@ -652,7 +667,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, "
+        help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, --unsliced-ends, "
         "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)",
     )
     ap.add_argument(
@@ -660,6 +675,12 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="a folder: the orchestrator row's worker writes a torch-profiler table of "
         f"{PROFILED_STEPS} steps near its end there (those steps are not timed)",
+    )
+    ap.add_argument(
+        "--unsliced-ends",
+        action="store_true",
+        help="a sliced row runs alone after its last step too (its teardown; it runs alone until its first "
+        "step anyway)",
     )
     ap.add_argument("--child", choices=("plain", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-setup", help=argparse.SUPPRESS)
@@ -691,7 +712,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     sliced = [r for r in rows if r != "plain"]
     if a.quick:
-        a.batch, a.size, a.slice = min(a.batch, 4), min(a.size, 512), min(a.slice, 1.0)
+        a.batch, a.size, a.slice, a.unsliced_ends = min(a.batch, 4), min(a.size, 512), min(a.slice, 1.0), True
         if not a.device.startswith("cuda"):
             a.threads = a.threads or 1  # one thread a loop: a busy small machine, and Ray's own processes
         if not sliced:
@@ -726,7 +747,9 @@ def main(argv: list[str] | None = None) -> None:
             threads=a.threads,
         )
         if sliced:
-            results = measure_sliced(setup, root, os.path.join(tmp, model), sliced, steps, a.slice, a.profile or None)
+            results = measure_sliced(
+                setup, root, os.path.join(tmp, model), sliced, steps, a.slice, a.profile or None, a.unsliced_ends
+            )
         else:
             results = run_rounds(setup, root, a.warmup, steps, a.rounds)
         print(f"\n{model}:")

@@ -19,10 +19,13 @@ their teardown.  Nothing of this project runs here.  Rows:
                   ``RunSummary.start``: the command, joining Ray, the driver, Ray Train's group,
                   the worker's start, data and model, the first step)
 
-    .venv/bin/python bench/group_start.py [--repeats 3] [--workers 1,2,3] [--quick]
+    .venv/bin/python bench/group_start.py [--repeats 3] [--workers 1,2,3] [--import-repeats 3]
+        [--quickstart-set KEY=VALUE ...] [--quick]
 
-``--quick`` (CI): one repeat at W = 2.  Last lines: ``first_step_ratio=<quickstart / bare script,
-invocation -> first step>`` (goal <= 1.25), ``fit_s=<median fit at the largest W>``.
+``--quick`` (CI): one repeat at W = 2, each import timed once, the quickstart cut to one epoch at its
+first batch (no resize: only its way to the first step is timed).  Last lines:
+``first_step_ratio=<quickstart / bare script, invocation -> first step>`` (goal <= 1.25),
+``fit_s=<median fit at the largest W>``.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ def time_bare_script(storage: str, env: dict) -> float:
 START = re.compile(r"first step after ([0-9.]+) s\)\n  to the first step: (.*)")
 
 
-def time_quickstart(storage: str, env: dict) -> tuple[float, dict[str, float]]:
-    """The quickstart through the CLI on the Ray in ``env``: invocation -> first step, and its parts."""
+def time_quickstart(storage: str, env: dict, overrides: list[str]) -> tuple[float, dict[str, float]]:
+    """The quickstart through the CLI on the Ray in ``env`` (with ``overrides``, ``--set`` items):
+    invocation -> first step, and its parts."""
     cmd = [
         sys.executable,
         "-m",
@@ -102,6 +106,7 @@ def time_quickstart(storage: str, env: dict) -> tuple[float, dict[str, float]]:
         f"sqlite:///{storage}/mlflow.db",
         "--set",
         f"checkpoint.storage_path={storage}/runs",
+        *[x for kv in overrides for x in ("--set", kv)],
     ]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     m = START.search(out)
@@ -111,8 +116,9 @@ def time_quickstart(storage: str, env: dict) -> tuple[float, dict[str, float]]:
     return float(m.group(1)), {k.strip(): float(v) for k, v in parts.items()}  # from its process's start
 
 
-def time_imports() -> tuple[float, float]:
-    """Seconds a fresh Python takes to import Ray Train's torch part, and that plus the loop's module."""
+def time_imports(repeats: int) -> tuple[float, float]:
+    """Seconds a fresh Python takes to import Ray Train's torch part, and that plus the loop's module
+    (medians of ``repeats`` Pythons each)."""
 
     def run(code: str) -> float:
         out = subprocess.run(
@@ -124,8 +130,8 @@ def time_imports() -> tuple[float, float]:
         )
         return float(out.stdout.strip().splitlines()[-1])
 
-    ray_train = median([run("import ray.train.torch") for _ in range(3)])
-    both = median([run("import ray.train.torch, trainers.loop.trainer") for _ in range(3)])
+    ray_train = median([run("import ray.train.torch") for _ in range(repeats)])
+    both = median([run("import ray.train.torch, trainers.loop.trainer") for _ in range(repeats)])
     return ray_train, both
 
 
@@ -159,9 +165,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="1,2,3")
+    ap.add_argument("--import-repeats", type=int, default=3, help="fresh Pythons timed for each imports row")
+    ap.add_argument(
+        "--quickstart-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for the quickstart run (repeatable); only its way to the first step is timed",
+    )
     ap.add_argument("--bare-script", metavar="MARKER", help=argparse.SUPPRESS)  # the bare script itself
     ap.add_argument("--storage", help=argparse.SUPPRESS)
-    args = parse_args(ap, quick={"repeats": 1, "workers": "2"})
+    args = parse_args(
+        ap,
+        quick={
+            "repeats": 1,
+            "workers": "2",
+            "import_repeats": 1,
+            "quickstart_set": ["train.epochs=1", "batch.policy=fixed"],
+        },
+    )
     if args.bare_script:
         bare_script(args.bare_script, args.storage)
         return
@@ -173,9 +195,9 @@ def main() -> None:
     counts = [int(w) for w in args.workers.split(",")]
     inits = [time_ray_init() for _ in range(args.repeats)]
     rows = [("ray.init + shutdown", args.repeats, f"{median(inits):.1f}", f"{min(inits):.1f}")]
-    imports = time_imports()
-    rows.append(("imports: ray.train.torch", 3, f"{imports[0]:.2f}", ""))
-    rows.append(("imports: + trainers.loop.trainer", 3, f"{imports[1]:.2f}", ""))
+    imports = time_imports(args.import_repeats)
+    rows.append(("imports: ray.train.torch", args.import_repeats, f"{imports[0]:.2f}", ""))
+    rows.append(("imports: + trainers.loop.trainer", args.import_repeats, f"{imports[1]:.2f}", ""))
     user_env = dict(os.environ)  # what both scripts get: the user's environment, the Ray's address and auth
     ensure_ray(num_cpus=2)  # the Ray the CLI starts, kept for every row below (the scripts join it)
     env = dict(user_env, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
@@ -197,7 +219,7 @@ def main() -> None:
         bare, quick = [], []
         for _ in range(args.repeats):  # interleaved: both see the same machine
             bare.append(time_bare_script(storage, env))
-            s, p = time_quickstart(storage, env)
+            s, p = time_quickstart(storage, env, args.quickstart_set)
             quick.append(s)
             parts.append(p)
     finally:

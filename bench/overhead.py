@@ -29,7 +29,8 @@ invocation to its first step and to its exit, counting only the time it ran.
         [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator] [--set KEY=VALUE ...] [--quick]
 
 ``--quick`` (CI): the step-code and orchestrator rows (the bare Ray row's code is the plain
-loop's), 600 steps a loop on 20,000 samples, 1 s slices (its ratios are rough: few pairs).
+loop's), 1000 steps a loop on 20,000 samples, 1 s slices (its ratios are rough: few pairs), and
+``--unsliced-ends``: the Ray rows run alone until their Ray Train worker starts and after their last step.
 
 With the ``ray`` and ``orchestrator`` rows: ``first_step_ratio=<orchestrator's invocation to
 first step / the bare Ray Train worker's>`` (both start their own local Ray; goal <= 1.1).
@@ -43,9 +44,12 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -67,6 +71,7 @@ ROWS = {
     "orchestrator": "orchestrator loop, W=1",
 }
 MIN_STEPS = 10  # a slice with fewer measured steps is not paired
+ALONE_LEAD_S = 60.0  # unsliced ends: the most a Ray row runs alone before its Ray Train worker starts
 
 
 # -- the loops (each runs in a process of its own) -------------------------------------------------
@@ -260,10 +265,11 @@ class Slices:
         self.slice_s = slice_s
         self.log = log
 
-    def run(self, desc: str = "", lead_s: float = 0.0) -> Slices:
+    def run(self, desc: str = "", lead_s: float = 0.0, done: Callable[[], bool] | None = None) -> Slices:
         """Slice until ``a`` ends; its first slice lasts until a Ray Train worker runs, at most
         ``lead_s`` (Ray's node start allows the raylet 30 s of wall time, which stopped slices
-        would eat)."""
+        would eat).  ``done``: once it says ``a`` made all its steps, ``a`` runs on alone to its end
+        (no step of it is left to measure)."""
         from tqdm import tqdm
 
         send([self.b.pid], signal.SIGSTOP)
@@ -296,6 +302,15 @@ class Slices:
                     )
                 )
                 if self.a.poll() is not None:
+                    break
+                if done is not None and done():
+                    if who == "b":
+                        send(after[1]["b"], signal.SIGSTOP)
+                        send(after[1]["a"], signal.SIGCONT)
+                    start = time.time()
+                    self.a.wait()
+                    self.slices.append(("a", start, time.time()))
+                    self.cpu.append(("a", busy_ticks() - after[0], 0))
                     break
                 nxt = "b" if who == "a" else "a"
                 send(after[1][who], signal.SIGSTOP)
@@ -334,6 +349,18 @@ class Slices:
     def ran_for(self, upto: float) -> float:
         """Seconds ``a`` ran from its launch to the wall time ``upto``."""
         return sum(max(0.0, min(hi, upto) - lo) for who, lo, hi in self.slices if who == "a")
+
+
+def logged_at_least(db: str, n: int) -> bool:
+    """Whether the sqlite MLflow store ``db`` holds ``n`` ``train/loss`` rows yet (read only)."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT COUNT(*) FROM metrics WHERE key = 'train/loss'").fetchone()[0] >= n
+        finally:
+            con.close()
+    except sqlite3.Error:  # not there yet, or no metrics table yet
+        return False
 
 
 def step_gaps(times: list[float], n_train: int, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -428,11 +455,15 @@ def measure(
     tmp: str,
     names: dict[str, str] | None = None,
     lead_s: float = 0.0,
+    unsliced_ends: bool = False,
 ) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
     """Each row's loop time-sliced against its own plain loop of ``cfg``: ``{row: paired(...)}`` and,
     for the orchestrator row, (time to its first step, whole run, steps) counting only the time it ran.
     ``names``: the rows' labels (default :data:`ROWS`); ``lead_s``: the first slice of each row
-    (:meth:`Slices.run`)."""
+    (:meth:`Slices.run`); ``unsliced_ends``: a Ray row runs alone until its Ray Train worker starts
+    (at most :data:`ALONE_LEAD_S`) and after its last step (the orchestrator's: its MLflow rows; the bare
+    Ray row's: its output file): Ray's start and teardown, unmeasured either way, which sliced take
+    twice their time."""
     names = names or ROWS
     batch = cfg.batch.size
 
@@ -456,7 +487,15 @@ def measure(
     for row in rows:
         a_out, b_out = os.path.join(tmp, f"{row}-a.json"), os.path.join(tmp, f"{row}-b.json")
         cmd = orchestrator_cmd(cfg_yaml, overrides) if row == "orchestrator" else child(row, steps, a_out)
-        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log")).run(names[row], lead_s)
+        done = None  # unsliced ends: whether the loop under test has made its steps
+        if unsliced_ends and row == "orchestrator":
+            done = partial(logged_at_least, cfg.tracking.uri[len("sqlite:///") :], steps - 1)
+        elif unsliced_ends and row == "ray":
+            done = partial(os.path.exists, a_out)  # written once its steps are made
+        lead = lead_s if done is None else max(lead_s, ALONE_LEAD_S)
+        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log")).run(
+            names[row], lead, done
+        )
         if row == "orchestrator":
             from mlflow.tracking import MlflowClient
 
@@ -496,10 +535,19 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="config override for the orchestrator row, e.g. train.push_every_s=1.0 (repeatable)",
     )
+    ap.add_argument(
+        "--unsliced-ends",
+        action="store_true",
+        help="the Ray rows run alone until their Ray Train worker starts and after their last step (Ray's "
+        "start and teardown, unmeasured either way)",
+    )
     ap.add_argument("--child", choices=("plain", "local", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
-    a = parse_args(ap, quick={"steps": 600, "size": 20000, "slice": 1.0, "rows": "local,orchestrator"})
+    a = parse_args(
+        ap,
+        quick={"steps": 1000, "size": 20000, "slice": 1.0, "rows": "local,orchestrator", "unsliced_ends": True},
+    )
     if a.child:
         with open(a.child_config) as f:
             cfg_json = json.load(f)
@@ -548,7 +596,19 @@ def main() -> None:
     print(
         f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, {a.slice:g} s slices", flush=True
     )
-    results, orch = measure(rows, cfg, cfg_json, cfg_yaml, n_train, a.threads, a.steps, a.slice, a.overrides, tmp)
+    results, orch = measure(
+        rows,
+        cfg,
+        cfg_json,
+        cfg_yaml,
+        n_train,
+        a.threads,
+        a.steps,
+        a.slice,
+        a.overrides,
+        tmp,
+        unsliced_ends=a.unsliced_ends,
+    )
     print(
         table(
             [

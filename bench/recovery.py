@@ -32,7 +32,7 @@ is at most 1.2) and ``lost_pause_s= drained_pause_s= lost_redone= drained_redone
     .venv/bin/python bench/recovery.py [--nodes 3] [--repeats 2] [--checkpoint-every 5]
         [--capacity-check-s 2] [--notice-s 30] [--quick]
 
-``--quick`` (CI): one repeat.
+``--quick`` (CI): one repeat on 2 worker nodes (W = 2, min 1), a 10 s notice.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--checkpoint-every", type=int, default=5, help="checkpoint.every_steps")
     ap.add_argument("--capacity-check-s", type=float, default=2.0, help="scaling.capacity_check_s")
     ap.add_argument("--notice-s", type=int, default=30, help="the drained node's deadline (a spot node's notice)")
-    a = parse_args(ap, quick={"repeats": 1}, argv=argv)
+    a = parse_args(ap, quick={"repeats": 1, "nodes": 2, "notice_s": 10}, argv=argv)
     for name, low in (("nodes", 2), ("repeats", 1), ("checkpoint_every", 1), ("notice_s", 5)):
         if getattr(a, name) < low:
             print(

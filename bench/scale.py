@@ -34,7 +34,8 @@ the group follows it) and ``B`` fixed (``--strong-batch``).  Losing one node cos
         [--batch 96] [--local-batch 32] [--steps 30] [--bandwidth-gbps 100] [--latency-us 5]
         [--overlap 0] [--compute-speedup 1] [--checkpoint-every-s 600] [--cold-start-s C0,C1] [--quick]
 
-``--quick`` (CI): 4 measured steps a size, a short all-reduce sweep, one cold start per W.
+``--quick`` (CI): groups of 1 and 2 processes, 4 measured steps a size, a short all-reduce sweep, one cold
+start per W.
 Summary lines: ``gloo_bandwidth_gbps=``, ``gloo_latency_us=``, ``cold_start_s=`` (W = 1),
 ``projected_speedup_{8,64,512}=`` (local batch fixed, on the ``--bandwidth-gbps``/``--latency-us``
 network), ``strong_speedup_64=`` and ``recovery_s_{8,64,512}=``.
@@ -609,7 +610,11 @@ def main(argv: list[str] | None = None) -> None:
         help="C0,C1: the group restart's constant and per-node seconds (skips measuring cold starts on a local Ray)",
     )
     ap.add_argument("--cold-repeats", type=int, default=2)
-    a = parse_args(ap, quick={"steps": 4, "sweep": "4096,4194304", "sweep_reps": 5, "cold_repeats": 1}, argv=argv)
+    a = parse_args(
+        ap,
+        quick={"workers": "1,2", "steps": 4, "sweep": "4096,4194304", "sweep_reps": 5, "cold_repeats": 1},
+        argv=argv,
+    )
 
     def bad(field: str, why: str) -> NoReturn:
         print(f"{field}: {why}", file=sys.stderr)

@@ -22,7 +22,7 @@ here), what the search trained, what it would have trained had every trial run t
     .venv/bin/python bench/search.py [--trials 8] [--parallel 2] [--pruners median,hyperband]
         [--space full] [--epochs 4] [--report both|samples|steps] [--quick]
 
-``--quick`` (CI): the 2-point space (lr 0.03 or 0.3; momentum 0.9, B=32), 1 epoch, 2 trials
+``--quick`` (CI): the 2-point space (lr 0.03 or 0.3; momentum 0.9, B=32), 1 epoch, one trial
 of the median-pruned TPE search reporting at samples seen.
 
 Last line: ``steps_ratio=<best pruned search's steps / grid's steps> gap_points=<grid best - its best>
@@ -194,7 +194,7 @@ def main() -> None:
         default="both",
         help="where intermediate values go: both (before/after, default), samples (equal work), steps",
     )
-    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 2, "pruners": "median", "report": "samples"})
+    args = parse_args(p, quick={"space": "small", "epochs": 1, "trials": 1, "pruners": "median", "report": "samples"})
     params = SPACES[args.space]
     os.environ["ELASTIC_KEEP_RAY"] = "1"  # one Ray for every study of the benchmark
     from orchestrator.run.runner import ensure_ray
