@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         sets = ["train.epochs=0.25", f"tracking.uri=sqlite:///{work}/smoke.db", f"checkpoint.storage_path={work}/runs"]
         rc, text = b.run("smoke/quickstart", train + [x for s in sets for x in ("--set", s)], 150, env)
         b.note("  " + " | ".join(ln.strip() for ln in text.strip().splitlines()[-3:])[-400:])
+        for ln in text.splitlines():
+            if "to the first step" in ln or ln.lstrip().startswith(("finished", "wall")):
+                b.note("  " + ln.strip()[:300])  # where the start went on this machine (issue 48's table)
         if rc != 0:
             b.note("smoke failed: stopping")
             return 3
