@@ -1,4 +1,4 @@
-"""The trial actors of one search invocation, reused across trials, and the slots they fill.
+"""The trial actors of one search invocation, reused across trials, and the driver's slots for trials.
 
 Each trial still gets a fresh orchestrator run (``search.trial.TrialActor.run``); reusing the
 actor only saves its process start.  An actor whose process died is killed, never reused.
@@ -66,13 +66,12 @@ def here() -> NodeAffinitySchedulingStrategy:
 
 
 class Slots:
-    """The driver's trials in flight: at most ``parallel`` running (each on a pooled actor, its
-    resources booked in ``capacity``), one asked trial ``pending`` a slot, and ``to_ask``: the
-    trials this invocation has still to ask."""
+    """The driver's trials in flight: at most ``parallel`` running (their resources booked in
+    ``capacity``), one asked trial ``pending`` a slot, and ``to_ask``: the trials this invocation
+    has still to ask."""
 
     def __init__(self, parallel: int) -> None:
         self.parallel = max(1, parallel)
-        self.pool = ActorPool()
         self.capacity: Capacity | None = None  # what the cluster can ever hold, once Ray is up
         self.running: dict[int, RunningTrial] = {}  # by trial number
         self.pending: PendingTrial | None = None

@@ -59,7 +59,7 @@ class Pruning:
         """The metrics a trial's run waits for the verdict on (an evaluation metric, when pruning)."""
         return [m for m in self.metrics[:1] if self.prunes and m in EVAL_METRICS]
 
-    def hear(self, r: RunningTrial, values: Sequence[tuple[Any, ...]]) -> Verdict | None:
+    def verdict_for(self, r: RunningTrial, values: Sequence[tuple[Any, ...]]) -> Verdict | None:
         """Report ``r``'s new values; the pruner judges each.  The verdict on all of them (the
         step of the newest, and whether the trial is condemned), or ``None`` when there is nothing
         to judge (no new value, or no pruning)."""

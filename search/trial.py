@@ -80,7 +80,7 @@ class RestartNotes:
         self.cause: str | None = None
         self.notes: list[dict[str, Any]] = []
 
-    def hear(self, event: Any) -> None:
+    def record_event(self, event: Any) -> None:
         match event:
             case GroupFailed(message=message):
                 self.cause = message
@@ -235,7 +235,7 @@ class TrialActor:
 
     def _on_event(self, event: Any) -> None:
         with self._lock:
-            self._restarts.hear(event)
+            self._restarts.record_event(event)
 
     def _integrate(self, now: float) -> None:
         self._worker_s += self._workers * max(0.0, now - self._t_mark)

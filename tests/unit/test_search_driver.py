@@ -1,11 +1,13 @@
 """search.driver's scheduling without Ray: slots, duplicates (completed and running twins), trials
-that fail on the spot, the timeout.  Runs and their actors are faked; the study is a real in-memory
-Optuna study, so what the driver tells it is what a real search stores."""
+that fail on the spot, the timeout.  The driver runs its trials on a fake ``TrialRuns`` (the seam
+to Ray, ``search.trial_runs``); the study is a real in-memory Optuna study, so what the driver tells
+it is what a real search stores."""
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -13,9 +15,11 @@ import pytest
 
 from search.capacity import Capacity
 from search.driver import SearchDriver, SearchOptions
+from search.pruning import Verdict
 from search.records import PendingTrial, RunningTrial
 from search.space import parse_space
 from search.trial import TrialResult
+from search.trial_runs import RunWatch
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -33,8 +37,52 @@ B = {"schedule.warmup": "none", "schedule.scaling_rule": "sqrt"}
 BAD = {"schedule.warmup": "legw", "schedule.scaling_rule": "linear"}  # legw needs sqrt: fails when asked
 
 
+class FakeRuns:
+    """``TrialRuns`` without Ray: a started trial's run is a note; each ``wait`` returns the oldest
+    running trial with its result from ``outcomes``; ``polls`` is what a trial's ``poll`` answers."""
+
+    def __init__(self, outcomes: dict[int, TrialResult]) -> None:
+        self.outcomes = outcomes
+        self.launched: list[int] = []
+        self.in_flight: set[int] = set()
+        self.most_running = 0
+        self.polls: dict[int, dict[str, Any]] = {}
+        self.verdicts: list[tuple[int, int, bool]] = []
+
+    def connect(self, verbose: bool, runtime_env: dict[str, Any] | None) -> None:
+        pass
+
+    def capacity(self) -> Capacity:
+        return Capacity({"CPU": 8.0})
+
+    def start(self, p: PendingTrial, parent_run_id: str | None, tags: dict[str, str], watch: RunWatch) -> RunningTrial:
+        self.launched.append(p.trial.number)
+        self.in_flight.add(p.trial.number)
+        self.most_running = max(self.most_running, len(self.in_flight))
+        return RunningTrial.launched(p, actor=f"actor{p.trial.number}", ref=None, t0=0.0)
+
+    def wait(self, running: Mapping[int, RunningTrial], timeout_s: float) -> set[int]:
+        return {min(running)}
+
+    def poll(self, running: Mapping[int, RunningTrial]) -> dict[int, dict[str, Any]]:
+        return {n: self.polls.pop(n) for n in running if n in self.polls}
+
+    def send_verdict(self, r: RunningTrial, verdict: Verdict) -> None:
+        self.verdicts.append((r.trial.number, verdict.step, verdict.stop))
+
+    def reap(self, r: RunningTrial) -> TrialResult:
+        self.in_flight.discard(r.trial.number)
+        return self.outcomes.get(r.trial.number, finished(0.5))
+
+    def close(self) -> None:
+        self.in_flight.clear()
+
+    def disconnect(self) -> None:
+        pass
+
+
 class FakeDriver(SearchDriver):
-    """The real loop; runs are faked: ``_watch`` finishes the oldest running trial with ``outcomes``."""
+    """The real driver and loop on ``FakeRuns``."""
 
     def __init__(self, configs: list[dict[str, Any]], outcomes: dict[int, TrialResult], **options: Any) -> None:
         space = parse_space(
@@ -52,24 +100,9 @@ class FakeDriver(SearchDriver):
         study = optuna.create_study(directions=space.directions)
         for c in configs:
             study.enqueue_trial(c)
-        super().__init__(space, study, SearchOptions(progress=False, **options), "memory")
-        self.slots.capacity = Capacity({"CPU": 8.0})
-        self.outcomes = outcomes
-        self.launched: list[int] = []
-        self.most_running = 0
-
-    def _launch(self, p: PendingTrial) -> None:
-        self.slots.capacity.take(p.need)
-        self.running[p.trial.number] = RunningTrial.launched(p, actor=f"actor{p.trial.number}", ref=None, t0=0.0)
-        self.launched.append(p.trial.number)
-        self.most_running = max(self.most_running, len(self.running))
-
-    def _watch(self) -> None:
-        self._finish(self.running.pop(min(self.running)))
-        self._refresh()
-
-    def _result(self, r: RunningTrial) -> tuple[TrialResult, bool]:
-        return self.outcomes.get(r.trial.number, finished(0.5)), True
+        self.fake = FakeRuns(outcomes)
+        super().__init__(space, study, SearchOptions(progress=False, **options), "memory", runs=self.fake)
+        self.slots.capacity = self.fake.capacity()
 
 
 def finished(value: float) -> TrialResult:
@@ -92,15 +125,15 @@ def run(d: FakeDriver, n: int) -> list[tuple[str, Any]]:
 def test_a_completed_config_is_not_run_again():
     d = FakeDriver([A, A, B], {0: finished(0.7), 2: finished(0.8)})
     assert run(d, 3) == [("COMPLETE", 0.7), ("COMPLETE", 0.7), ("COMPLETE", 0.8)]
-    assert d.launched == [0, 2] and d.most_running == 1
-    assert d.study.trials[1].user_attrs["duplicate_of"] == 0 and d.records[1].duplicate_of == 0
+    assert d.fake.launched == [0, 2] and d.fake.most_running == 1
+    assert d.study.trials[1].user_attrs["duplicate_of"] == 0 and d.book.records[1].duplicate_of == 0
     assert d.slots.capacity.used == {"CPU": 0.0} and d.slots.to_ask == 0 and d.slots.pending is None
 
 
 def test_a_running_twin_is_waited_for_then_its_value_reused():
     d = FakeDriver([A, A], {0: finished(0.7)}, parallel=2)
     assert run(d, 2) == [("COMPLETE", 0.7), ("COMPLETE", 0.7)]
-    assert d.launched == [0]
+    assert d.fake.launched == [0]
 
 
 def test_a_failed_twin_lets_the_waiting_trial_run():
@@ -109,14 +142,14 @@ def test_a_failed_twin_lets_the_waiting_trial_run():
     )
     d = FakeDriver([A, A], {0: died, 1: finished(0.6)}, parallel=2)
     assert run(d, 2) == [("FAIL", None), ("COMPLETE", 0.6)]
-    assert d.launched == [0, 1]
+    assert d.fake.launched == [0, 1]
     assert d.study.trials[0].user_attrs["error"] == "boom"
 
 
 def test_parallel_slots_and_on_the_spot_failures(capsys):
     d = FakeDriver([BAD, A, B, BAD], {}, parallel=2)
     assert [s for s, _ in run(d, 4)] == ["FAIL", "COMPLETE", "COMPLETE", "FAIL"]
-    assert d.launched == [1, 2] and d.most_running == 2
+    assert d.fake.launched == [1, 2] and d.fake.most_running == 2
     assert d.study.trials[0].user_attrs["error"].startswith("invalid config: ")
     err = capsys.readouterr().err.splitlines()
     # trial 3 is asked only once trial 1 has freed a slot
@@ -146,11 +179,12 @@ def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs
     """Ctrl-C / SIGTERM: the running trials are FAIL and their configs WAITING
     (user attribute retry_of), so the next run of the study evaluates them first."""
 
-    class Interrupted(FakeDriver):
-        def _watch(self) -> None:
+    class Interrupted(FakeRuns):
+        def wait(self, running: Mapping[int, RunningTrial], timeout_s: float) -> set[int]:
             raise KeyboardInterrupt
 
-    d = Interrupted([A, B], {}, parallel=2)
+    d = FakeDriver([A, B], {}, parallel=2)
+    d.runs = Interrupted({})
     with pytest.raises(KeyboardInterrupt):
         d._loop(2, time.time())
     d._abort("interrupted (Ctrl-C)")
@@ -158,35 +192,27 @@ def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs
     assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
     assert trials[0].user_attrs["error"] == "interrupted (Ctrl-C)"
     assert {t.user_attrs["retry_of"]: t.params for t in trials[2:]} == {0: trials[0].params, 1: trials[1].params}
-    assert [r.state for r in d.records] == ["FAIL", "FAIL"] and not d.running
+    assert [r.state for r in d.book.records] == ["FAIL", "FAIL"] and not d.running
 
 
-def test_a_running_trials_restart_is_written_and_the_trial_goes_on(monkeypatch, capsys):
-    """The trial actor's poll hands over a restart of its group (a node lost): the driver writes
-    its line and the trial stays running."""
-    import search.driver
-
-    class Actor:
-        class poll:  # noqa: N801 - stands for the actor method's handle
-            @staticmethod
-            def remote(n: int) -> dict[str, Any]:
-                note = {"step": 15, "workers": 1, "restarts": 1, "cause": "WorkerHealthCheckFailedError: lost"}
-                return {"values": [], "run_id": "r1", "step": 16, "restarts": [note]}
-
+def test_a_running_trials_restart_is_written_and_the_trial_goes_on(capsys):
+    """The trial's poll hands over a restart of its group (a node lost): the driver writes its line
+    and the trial stays running."""
     d = FakeDriver([A], {})
     d._launch(d._ask())
-    d.running[0].actor = Actor()
-    monkeypatch.setattr(search.driver.ray, "get", lambda ref, timeout=None: ref)
+    note = {"step": 15, "workers": 1, "restarts": 1, "cause": "WorkerHealthCheckFailedError: lost"}
+    d.fake.polls[0] = {"values": [], "run_id": "r1", "step": 16, "restarts": [note]}
     d._poll()
     assert capsys.readouterr().err == (
         "trial 0: its group restarted after a worker failed (WorkerHealthCheckFailedError: lost); "
         "it goes on from its checkpoint at step 15 with 1 worker (restart 1)\n"
     )
     assert list(d.running) == [0] and d.running[0].run_id == "r1"
+    assert d.study.trials[0].user_attrs["mlflow_run_id"] == "r1"  # found again if this driver dies
 
 
 def test_the_driver_keeps_a_dozen_things_or_fewer():
-    """Slots, pruning, liveness and where trials write are objects of their own."""
+    """Where trials run, slots, pruning, liveness, where trials write and the books are objects of their own."""
     d = FakeDriver([A], {})
-    assert len(vars(d)) - len(("outcomes", "launched", "most_running")) <= 12, sorted(vars(d))
+    assert len(vars(d)) - len(("fake",)) <= 12, sorted(vars(d))
     assert d.objectives == ["val/accuracy"] and d.running is d.slots.running

@@ -53,11 +53,11 @@ def test_a_trial_whose_group_restarted_is_one_line_with_its_cause_and_step():
     from trainers.link.messages import FirstStep
 
     notes = RestartNotes()
-    notes.hear(FirstStep(step=1, phase=0))
+    notes.record_event(FirstStep(step=1, phase=0))
     assert notes.take() == []
-    notes.hear(GroupFailed(phase=0, message="WorkerHealthCheckFailedError: A worker health check failed."))
-    notes.hear(GroupRestarted(step=15, workers=1, restarts=1))
-    notes.hear(GroupRestarted(step=0, workers=2, restarts=2))  # no failure heard first, no checkpoint yet
+    notes.record_event(GroupFailed(phase=0, message="WorkerHealthCheckFailedError: A worker health check failed."))
+    notes.record_event(GroupRestarted(step=15, workers=1, restarts=1))
+    notes.record_event(GroupRestarted(step=0, workers=2, restarts=2))  # no failure heard first, no checkpoint yet
     taken = notes.take()
     assert notes.take() == [] and [restart_line(7, n) for n in taken] == [
         "trial 7: its group restarted after a worker failed (WorkerHealthCheckFailedError: A worker health check "

@@ -35,14 +35,14 @@ def setup(tmp_path, metric: str = "val/accuracy", pruner=None) -> tuple[Pruning,
 def test_a_verdict_covers_every_relayed_value_and_names_the_judged_step(tmp_path):
     pruning, r = setup(tmp_path)
     assert pruning.judged_metrics == ["val/accuracy"]  # the run waits for the verdict at its next evaluation
-    assert pruning.hear(r, []) is None
-    assert pruning.hear(r, [(10, "val/accuracy", 0.1, 320, None)]) == Verdict(10, False)  # warmup: no pruning yet
+    assert pruning.verdict_for(r, []) is None
+    assert pruning.verdict_for(r, [(10, "val/accuracy", 0.1, 320, None)]) == Verdict(10, False)  # warmup: no pruning yet
     # the driver lags: two evaluations arrive at once; the first past the warmup condemns the trial
-    assert pruning.hear(r, [(20, "val/accuracy", 0.2, 640, None), (30, "val/accuracy", 0.9, 960, None)]) == Verdict(
+    assert pruning.verdict_for(r, [(20, "val/accuracy", 0.2, 640, None), (30, "val/accuracy", 0.9, 960, None)]) == Verdict(
         30, True
     )
     assert r.pruned == Pruned(20, 0.2, 640)
-    assert pruning.hear(r, [(40, "val/accuracy", 0.95, 1280, None)]) == Verdict(40, True)
+    assert pruning.verdict_for(r, [(40, "val/accuracy", 0.95, 1280, None)]) == Verdict(40, True)
     frozen = pruning.study.trials[0]
     assert frozen.intermediate_values == {10: 0.1, 20: 0.2}  # nothing after the verdict reached the study
     pruning.study.tell(r.trial, state=optuna.trial.TrialState.PRUNED)
@@ -59,5 +59,5 @@ def test_a_verdict_covers_every_relayed_value_and_names_the_judged_step(tmp_path
 def test_what_is_judged_and_waited_for(tmp_path, metric, pruner, judged, verdict):
     pruning, r = setup(tmp_path, metric, pruner)
     assert pruning.judged_metrics == judged
-    assert pruning.hear(r, [(10, metric, 0.5, 320, None)]) == verdict
+    assert pruning.verdict_for(r, [(10, metric, 0.5, 320, None)]) == verdict
     assert pruning.study.trials[0].intermediate_values == {10: 0.5}
