@@ -56,35 +56,37 @@ def check_feasible(
     gpus_per_worker`` GPUs (the elastic run asks for its largest group; a smaller one may fit but
     never the requested size).
     """
-    s = cfg.scaling
+    scaling = cfg.scaling
     cap = capacity(cluster_total, autoscaler_max)
     ever = "the cluster has" if autoscaler_max is None else "the cluster can ever have (autoscaler limits included)"
-    if s.use_gpu:
+    if scaling.use_gpu:
         gpus = cap.get("GPU", 0.0)
         if gpus <= 0:
             return (
                 f"scaling.use_gpu: true but {ever} no GPU; set scaling.use_gpu: false or start Ray on GPU nodes "
                 f"(ray start --num-gpus)"
             )
-        need = s.max_workers * s.gpus_per_worker
+        need = scaling.max_workers * scaling.gpus_per_worker
         if need > gpus:
-            fit = math.floor(gpus / s.gpus_per_worker)
+            fit = math.floor(gpus / scaling.gpus_per_worker)
             return (
-                f"scaling.max_workers x gpus_per_worker: {s.max_workers} x {_g(s.gpus_per_worker)} = {_g(need)} "
+                f"scaling.max_workers x gpus_per_worker: {scaling.max_workers} x {_g(scaling.gpus_per_worker)} "
+                f"= {_g(need)} "
                 f"GPUs, but {ever} {_g(gpus)}; lower scaling.max_workers to at most {fit} or "
                 f"scaling.gpus_per_worker"
             )
     cpus = cap.get("CPU", 0.0)
-    need = s.max_workers * s.cpus_per_worker
+    need = scaling.max_workers * scaling.cpus_per_worker
     if need > cpus:
-        fit = math.floor(cpus / s.cpus_per_worker)
+        fit = math.floor(cpus / scaling.cpus_per_worker)
         fix = (
             f"lower scaling.max_workers to at most {fit} or scaling.cpus_per_worker"
             if fit >= 1
             else f"lower scaling.cpus_per_worker to at most {_g(cpus)}"
         )
         return (
-            f"scaling.max_workers x cpus_per_worker: {s.max_workers} x {_g(s.cpus_per_worker)} = {_g(need)} "
+            f"scaling.max_workers x cpus_per_worker: {scaling.max_workers} x {_g(scaling.cpus_per_worker)} "
+            f"= {_g(need)} "
             f"CPUs, but {ever} {_g(cpus)}; {fix}"
         )
     return None

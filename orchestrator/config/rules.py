@@ -29,30 +29,34 @@ def _choice(cfg: RootConfig) -> None:
     """A ``data``/``model`` section names a built-in or a factory, never both; ``data.val_split:
     test`` needs a dataset with an official test set."""
     for section in ("data", "model"):
-        s = getattr(cfg, section)
-        if s.name is not None and s.factory is not None:
+        part = getattr(cfg, section)
+        if part.name is not None and part.factory is not None:
             raise ConfigError(
-                f"{section}.factory: give either {section}.name ({s.name!r}) or {section}.factory "
-                f"({s.factory!r}), not both; remove one of them"
+                f"{section}.factory: give either {section}.name ({part.name!r}) or {section}.factory "
+                f"({part.factory!r}), not both; remove one of them"
             )
-        if section == "data" and s.val_split == "test" and (s.builtin is None or s.builtin.test_samples is None):
+        if (
+            section == "data"
+            and part.val_split == "test"
+            and (part.builtin is None or part.builtin.test_samples is None)
+        ):
             with_test_set = ", ".join(catalog.dataset_names(lambda d: d.test_samples is not None))
             raise ConfigError(
                 f"data.val_split: test needs a dataset with an official test set ({with_test_set}), "
-                f"not {s.factory or s.name!r}; set data.val_split: fraction"
+                f"not {part.factory or part.name!r}; set data.val_split: fraction"
             )
 
 
 def _weight_decay_rule(cfg: RootConfig) -> None:
     """``optimizer.wd_rule: timescale`` is AdamW's, with a weight decay to scale."""
-    o = cfg.optimizer
-    if o.wd_rule == "timescale":
-        if o.name != "adamw":
+    opt = cfg.optimizer
+    if opt.wd_rule == "timescale":
+        if opt.name != "adamw":
             raise ConfigError(
                 f"optimizer.wd_rule: timescale is defined for AdamW's decoupled weight decay, got "
-                f"optimizer.name '{o.name}'; set optimizer.name: adamw or wd_rule: none"
+                f"optimizer.name '{opt.name}'; set optimizer.name: adamw or wd_rule: none"
             )
-        if o.weight_decay <= 0:
+        if opt.weight_decay <= 0:
             raise ConfigError(
                 "optimizer.weight_decay: wd_rule timescale scales it with B, so it must be > 0; "
                 "set the value tuned at base_batch_size, e.g. 0.1"
@@ -62,94 +66,99 @@ def _weight_decay_rule(cfg: RootConfig) -> None:
 def _batch_sizes(cfg: RootConfig) -> None:
     """``batch.max_size`` caps ``batch.size`` and the schedule's entries; the schedule starts at or
     above ``batch.size`` (each entry against the one before: ``BatchConfig``'s own validator)."""
-    b = cfg.batch
-    if b.max_size is not None and b.max_size < b.size:
+    batch = cfg.batch
+    if batch.max_size is not None and batch.max_size < batch.size:
         raise ConfigError(
-            f"batch.max_size: {b.max_size} is below batch.size {b.size}; raise it to at least {b.size} or remove it"
+            f"batch.max_size: {batch.max_size} is below batch.size {batch.size}; "
+            f"raise it to at least {batch.size} or remove it"
         )
-    for i, (_, batch) in enumerate(b.schedule):
+    for i, (_, entry) in enumerate(batch.schedule):
         where = f"batch.schedule[{i}]"
-        if i == 0 and batch < b.size:
+        if i == 0 and entry < batch.size:
             raise ConfigError(
-                f"{where}: batch {batch} is below batch.size {b.size}; the batch only grows, "
+                f"{where}: batch {entry} is below batch.size {batch.size}; the batch only grows, "
                 "so list non-decreasing sizes"
             )
-        if b.max_size is not None and batch > b.max_size:
+        if batch.max_size is not None and entry > batch.max_size:
             raise ConfigError(
-                f"{where}: batch {batch} is above batch.max_size {b.max_size}; raise max_size or lower the entry"
+                f"{where}: batch {entry} is above batch.max_size {batch.max_size}; raise max_size or lower the entry"
             )
 
 
 def _batch_policy_fields(cfg: RootConfig) -> None:
     """``batch.schedule`` with the schedule policy only; ``ramp_to`` and ``ramp_epochs`` with the ramp
     only, the ramp growing B in whole ``round_to`` steps up to at most ``max_size``."""
-    b = cfg.batch
-    if b.policy == "schedule" and not b.schedule:
+    batch = cfg.batch
+    if batch.policy == "schedule" and not batch.schedule:
         raise ConfigError(
             "batch.schedule: required by batch.policy schedule; give [epoch, batch] pairs, e.g. [[0, 64], [3, 256]]"
         )
-    if b.policy != "schedule" and b.schedule:
+    if batch.policy != "schedule" and batch.schedule:
         raise ConfigError(
-            f"batch.schedule: given but batch.policy is {b.policy!r}; set batch.policy: schedule or remove the schedule"
+            f"batch.schedule: given but batch.policy is {batch.policy!r}; "
+            "set batch.policy: schedule or remove the schedule"
         )
-    if b.policy != "ramp":
+    if batch.policy != "ramp":
         for name in ("ramp_to", "ramp_epochs"):
-            if getattr(b, name) is not None:
+            if getattr(batch, name) is not None:
                 raise ConfigError(
-                    f"batch.{name}: given but batch.policy is {b.policy!r}; set batch.policy: ramp or remove {name}"
+                    f"batch.{name}: given but batch.policy is {batch.policy!r}; set batch.policy: ramp or remove {name}"
                 )
         return
-    if b.ramp_to is None or b.ramp_epochs is None:
-        missing = "ramp_to" if b.ramp_to is None else "ramp_epochs"
+    if batch.ramp_to is None or batch.ramp_epochs is None:
+        missing = "ramp_to" if batch.ramp_to is None else "ramp_epochs"
         raise ConfigError(
             f"batch.{missing}: required by batch.policy ramp; give both, e.g. ramp_to: 512 and ramp_epochs: 2"
         )
-    if b.ramp_to <= b.size:
+    if batch.ramp_to <= batch.size:
         raise ConfigError(
-            f"batch.ramp_to: {b.ramp_to} is not above batch.size {b.size}; the ramp grows B, so set it above {b.size}"
+            f"batch.ramp_to: {batch.ramp_to} is not above batch.size {batch.size}; "
+            f"the ramp grows B, so set it above {batch.size}"
         )
-    if (b.ramp_to - b.size) % b.round_to:
+    if (batch.ramp_to - batch.size) % batch.round_to:
         raise ConfigError(
-            f"batch.ramp_to: {b.ramp_to} - batch.size {b.size} is not a multiple of "
-            f"batch.round_to {b.round_to} (the ramp's increment); use ramp_to "
-            f"{b.size + round_up(b.ramp_to - b.size, b.round_to)} or another round_to"
+            f"batch.ramp_to: {batch.ramp_to} - batch.size {batch.size} is not a multiple of "
+            f"batch.round_to {batch.round_to} (the ramp's increment); use ramp_to "
+            f"{batch.size + round_up(batch.ramp_to - batch.size, batch.round_to)} or another round_to"
         )
-    if b.max_size is not None and b.ramp_to > b.max_size:
+    if batch.max_size is not None and batch.ramp_to > batch.max_size:
         raise ConfigError(
-            f"batch.ramp_to: {b.ramp_to} is above batch.max_size {b.max_size}; raise max_size or lower ramp_to"
+            f"batch.ramp_to: {batch.ramp_to} is above batch.max_size {batch.max_size}; raise max_size or lower ramp_to"
         )
 
 
 def _warmup_and_decay(cfg: RootConfig) -> None:
     """The ``schedule`` section's warmup, decay and scaling rule that only work together."""
-    s = cfg.schedule
-    if s.warmup not in ("none", "auto") and s.warmup_epochs <= 0:
-        raise ConfigError(f"schedule.warmup_epochs: must be > 0 when schedule.warmup is '{s.warmup}'; set it, e.g. 5")
-    if s.warmup == "legw" and s.scaling_rule != "sqrt":
+    schedule = cfg.schedule
+    if schedule.warmup not in ("none", "auto") and schedule.warmup_epochs <= 0:
+        raise ConfigError(
+            f"schedule.warmup_epochs: must be > 0 when schedule.warmup is '{schedule.warmup}'; set it, e.g. 5"
+        )
+    if schedule.warmup == "legw" and schedule.scaling_rule != "sqrt":
         raise ConfigError(
             f"schedule.scaling_rule: warmup 'legw' is defined with sqrt scaling (You et al.), "
-            f"got '{s.scaling_rule}'; set schedule.scaling_rule: sqrt"
+            f"got '{schedule.scaling_rule}'; set schedule.scaling_rule: sqrt"
         )
-    if s.warmup == "auto" and s.decay == "none":
+    if schedule.warmup == "auto" and schedule.decay == "none":
         raise ConfigError(
             "schedule.decay: warmup 'auto' decays from the LR it finds (Kim et al. use cosine); "
             "set schedule.decay: cosine"
         )
-    if s.decay in ("step", "seesaw") and not s.milestones:
-        raise ConfigError(f"schedule.milestones: required when schedule.decay is '{s.decay}'; e.g. [30, 60, 80]")
-    if s.decay == "seesaw" and s.scaling_rule != "sqrt":
+    if schedule.decay in ("step", "seesaw") and not schedule.milestones:
+        raise ConfigError(f"schedule.milestones: required when schedule.decay is '{schedule.decay}'; e.g. [30, 60, 80]")
+    if schedule.decay == "seesaw" and schedule.scaling_rule != "sqrt":
         raise ConfigError(
             f"schedule.scaling_rule: decay 'seesaw' keeps lr / sqrt(B) as the step schedule would "
-            f"(Meterez et al. 2025), got '{s.scaling_rule}'; set schedule.scaling_rule: sqrt"
+            f"(Meterez et al. 2025), got '{schedule.scaling_rule}'; set schedule.scaling_rule: sqrt"
         )
-    if s.decay == "seesaw" and s.decay_factor >= 1.0:
+    if schedule.decay == "seesaw" and schedule.decay_factor >= 1.0:
         raise ConfigError(
             "schedule.decay_factor: 1 makes seesaw neither cut the LR nor grow the batch; set it below 1, e.g. 0.5"
         )
-    if s.auto_max_lr <= s.auto_init_lr:
+    if schedule.auto_max_lr <= schedule.auto_init_lr:
         raise ConfigError(
-            f"schedule.auto_max_lr: {s.auto_max_lr} must be above schedule.auto_init_lr "
-            f"{s.auto_init_lr}; raise auto_max_lr or lower auto_init_lr"
+            f"schedule.auto_max_lr: {schedule.auto_max_lr} must be above schedule.auto_init_lr "
+            f"{schedule.auto_init_lr}; raise auto_max_lr or lower auto_init_lr"
         )
 
 
@@ -163,46 +172,46 @@ def _combine_section(cfg: RootConfig) -> None:
 
 
 def _worker_range(cfg: RootConfig) -> None:
-    s = cfg.scaling
-    if s.min_workers > s.max_workers:
+    scaling = cfg.scaling
+    if scaling.min_workers > scaling.max_workers:
         raise ConfigError(
-            f"scaling.min_workers: {s.min_workers} is above scaling.max_workers "
-            f"{s.max_workers}; lower min_workers or raise max_workers"
+            f"scaling.min_workers: {scaling.min_workers} is above scaling.max_workers "
+            f"{scaling.max_workers}; lower min_workers or raise max_workers"
         )
 
 
 def _within_training(cfg: RootConfig) -> None:
     """What a schedule or a batch policy does must fit in ``train.epochs``."""
-    s, total = cfg.schedule, cfg.train.epochs
-    if s.warmup in ("constant", "gradual", "linear") and s.warmup_epochs >= total:
+    schedule, total = cfg.schedule, cfg.train.epochs
+    if schedule.warmup in ("constant", "gradual", "linear") and schedule.warmup_epochs >= total:
         raise ConfigError(
-            f"schedule.warmup_epochs: {s.warmup_epochs} leaves no epoch after warmup "
+            f"schedule.warmup_epochs: {schedule.warmup_epochs} leaves no epoch after warmup "
             f"(train.epochs is {total}); lower it"
         )
-    late = [m for m in s.milestones if m >= total]
-    if s.decay in ("step", "seesaw") and late:
+    late = [m for m in schedule.milestones if m >= total]
+    if schedule.decay in ("step", "seesaw") and late:
         raise ConfigError(f"schedule.milestones: {late} at or after train.epochs {total} never apply; remove them")
 
 
 def _batch_with_schedule(cfg: RootConfig) -> None:
     """The seesaw batch policy and the seesaw decay go together; a ramp ends before training does."""
-    b, s, total = cfg.batch, cfg.schedule, cfg.train.epochs
-    if b.policy == "seesaw" and s.decay != "seesaw":
+    batch, schedule, total = cfg.batch, cfg.schedule, cfg.train.epochs
+    if batch.policy == "seesaw" and schedule.decay != "seesaw":
         raise ConfigError(
             f"schedule.decay: batch.policy seesaw grows B where the LR schedule's milestones "
-            f"cut the LR, got decay '{s.decay}'; set schedule.decay: seesaw (with "
+            f"cut the LR, got decay '{schedule.decay}'; set schedule.decay: seesaw (with "
             f"milestones and scaling_rule: sqrt)"
         )
-    if s.decay == "seesaw" and b.policy != "seesaw":
+    if schedule.decay == "seesaw" and batch.policy != "seesaw":
         raise ConfigError(
             f"batch.policy: schedule.decay seesaw cuts the LR by only sqrt(decay_factor) because "
-            f"the batch grows at the same milestones, got batch.policy '{b.policy}'; set "
+            f"the batch grows at the same milestones, got batch.policy '{batch.policy}'; set "
             f"batch.policy: seesaw (or schedule.decay: step)"
         )
-    if b.policy == "ramp" and b.ramp_epochs is not None and b.ramp_epochs >= total:
+    if batch.policy == "ramp" and batch.ramp_epochs is not None and batch.ramp_epochs >= total:
         raise ConfigError(
-            f"batch.ramp_epochs: {b.ramp_epochs:g} is not below train.epochs "
-            f"{total:g}, so B never reaches ramp_to {b.ramp_to}; lower it"
+            f"batch.ramp_epochs: {batch.ramp_epochs:g} is not below train.epochs "
+            f"{total:g}, so B never reaches ramp_to {batch.ramp_to}; lower it"
         )
 
 
@@ -225,8 +234,8 @@ def _sync_bn(cfg: RootConfig) -> None:
 
 def _token_data(cfg: RootConfig) -> bool:
     """Whether the data are a built-in set of token ids (a language model's inputs)."""
-    d = cfg.data
-    return d.factory is None and d.builtin is not None and d.builtin.inputs == "tokens"
+    data = cfg.data
+    return data.factory is None and data.builtin is not None and data.builtin.inputs == "tokens"
 
 
 def check_fast_path(cfg: RootConfig) -> None:
@@ -234,35 +243,35 @@ def check_fast_path(cfg: RootConfig) -> None:
     accelerator need GPUs; channels_last and augmentation need an image model and image inputs
     (known here for built-in data and models; a factory's model is checked once built, by
     ``trainers.accel.device.to_channels_last`` on the worker)."""
-    d, m, use_gpu = cfg.data, cfg.model, cfg.scaling.use_gpu
+    data, model, use_gpu = cfg.data, cfg.model, cfg.scaling.use_gpu
     try:  # the precision's own rule, which the worker also applies to the device it got
         check_precision(cfg.train.precision, "cuda" if use_gpu else "cpu")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if d.device == "accelerator" and not use_gpu:
+    if data.device == "accelerator" and not use_gpu:
         raise ConfigError(
             "data.device: accelerator keeps the dataset on the GPU and needs scaling.use_gpu: true; "
             "set data.device: host to train on CPUs"
         )
-    if m.channels_last and m.builtin is not None and not m.builtin.image:
+    if model.channels_last and model.builtin is not None and not model.builtin.image:
         raise ConfigError(
-            f"model.channels_last: {m.name} has no Conv2d layer (not a 4-D image model); set "
+            f"model.channels_last: {model.name} has no Conv2d layer (not a 4-D image model); set "
             f"model.channels_last: false, or use {'/'.join(catalog.model_names(lambda b: b.image))}"
         )
-    if d.in_memory:
-        shape = list(dataset_info(d).shape)
+    if data.in_memory:
+        shape = list(dataset_info(data).shape)
     elif _token_data(cfg):
-        shape = [d.context]
+        shape = [data.context]
     else:
         return
-    if m.channels_last and len(shape) != 3:
+    if model.channels_last and len(shape) != 3:
         raise ConfigError(
             f"model.channels_last: needs 4-D image batches (inputs shaped [C, H, W]); this "
             f"dataset's inputs are shaped {shape}; set model.channels_last: false"
         )
-    if d.augment and len(shape) != 3:
+    if data.augment and len(shape) != 3:
         raise ConfigError(
-            f"data.augment: {', '.join(d.augment)} need image inputs shaped [C, H, W]; this "
+            f"data.augment: {', '.join(data.augment)} need image inputs shaped [C, H, W]; this "
             f"dataset's inputs are shaped {shape}; remove data.augment"
         )
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.rules import goodput_chooses_batch, user_set
 from orchestrator.config.schema import ConfigError
+from trainers import catalog
 from trainers.combine.config import RULES
 from trainers.data.config import dataset_info
 from trainers.data.order import smallest_micro_batch
@@ -31,23 +32,23 @@ if TYPE_CHECKING:
 def known_size(cfg: RootConfig) -> int | None:
     """The samples of a built-in training set before the validation split, known without loading
     it (``trainers.catalog``; a generated set's: ``data.size``); None for a factory's or a text's."""
-    d = cfg.data
-    if d.factory is not None or d.builtin is None:
+    data = cfg.data
+    if data.factory is not None or data.builtin is None:
         return None
-    return d.size if d.builtin.generated else d.builtin.train_samples
+    return data.size if data.builtin.generated else data.builtin.train_samples
 
 
 def train_samples(cfg: RootConfig) -> tuple[int, str]:
     """The training samples after the validation split, as ``trainers.data.datasets.load_data`` cuts them,
     and how that number comes about (for messages); for a dataset of :func:`known_size`."""
-    d, n = cfg.data, known_size(cfg)
+    data, n = cfg.data, known_size(cfg)
     if n is None:
-        raise ValueError(f"the training set of {d.factory or d.name!r} is known only once loaded")
-    if d.val_split == "test":
-        return n, f"{d.name} {n}, validated on its test set (data.val_split: test)"
-    n_val = max(1, int(round(n * d.val_fraction)))
-    total = "data.size" if d.builtin is not None and d.builtin.generated else d.name
-    return n - n_val, f"{total} {n} minus {n_val} held out by data.val_fraction {d.val_fraction:g}"
+        raise ValueError(f"the training set of {data.factory or data.name!r} is known only once loaded")
+    if data.val_split == "test":
+        return n, f"{data.name} {n}, validated on its test set (data.val_split: test)"
+    n_val = max(1, int(round(n * data.val_fraction)))
+    total = "data.size" if data.builtin is not None and data.builtin.generated else data.name
+    return n - n_val, f"{total} {n} minus {n_val} held out by data.val_fraction {data.val_fraction:g}"
 
 
 def check_samples(cfg: RootConfig) -> None:
@@ -56,19 +57,38 @@ def check_samples(cfg: RootConfig) -> None:
     split_fix = " or lower data.val_fraction" if user_set(cfg, "data.val_fraction") else ""
     if n < 1:
         raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction:g} leaves no training sample ({how}); lower it")
-    b = cfg.batch
-    if b.size > n:
+    batch = cfg.batch
+    if batch.size > n:
         raise ConfigError(
-            f"batch.size: {b.size} is above the {n} training samples ({how}); lower batch.size to "
+            f"batch.size: {batch.size} is above the {n} training samples ({how}); lower batch.size to "
             f"at most {n}{split_fix}"
         )
-    for i, (_, size) in enumerate(b.schedule):
+    for i, (_, size) in enumerate(batch.schedule):
         if size > n:
             raise ConfigError(
                 f"batch.schedule[{i}]: batch {size} is above the {n} training samples ({how}) and "
                 f"would be cut to {n}; lower it to at most {n}{split_fix}"
             )
     # batch.max_size and batch.max_local_batch above n are caps that never bind (the training set caps B)
+
+
+def check_token_vocab(cfg: RootConfig) -> None:
+    """A built-in language model's embedding holds every id of the token shards (their manifest's
+    ``vocab_size``); after ``DataConfig.check_available`` read the manifest and found the shards."""
+    d, model = cfg.data, cfg.model
+    if d.factory is not None or d.builtin is not catalog.TOKENS or model.factory is not None:
+        return
+    if not model.language_model:
+        return  # an image model on tokens: trainers/workload/build.py model_factory says which to give
+    from trainers.data.shards.manifest import BYTE_VOCAB, read_manifest
+
+    vocab = int(model.params.get("vocab_size", BYTE_VOCAB))
+    m = read_manifest(str(d.root))
+    if m.vocab_size > vocab:
+        raise ConfigError(
+            f"model.params.vocab_size: {vocab} is below the {m.vocab_size} token ids of the shards at {d.root} "
+            f"({m.dtype}, tokenizer {m.tokenizer.get('kind', '?')}); set model.params.vocab_size: {m.vocab_size}"
+        )
 
 
 # --------------------------------------------------------------------------- model input
@@ -151,13 +171,15 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
     if not layers or n is None:
         return
 
-    b, s = cfg.batch, cfg.scaling
+    batch, scaling = cfg.batch, cfg.scaling
     noise_split = noise_probe_runs(
-        b.policy, cfg.schedule.scaling_rule, s.policy == "goodput", RULES[cfg.combine.method].uses_ddp
+        batch.policy, cfg.schedule.scaling_rule, scaling.policy == "goodput", RULES[cfg.combine.method].uses_ddp
     )
-    sizes = [("batch.size", b.size)] + [(f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(b.schedule)]
-    if (b.policy in ("noise_scale", "norm_test") or goodput_chooses_batch(cfg)) and b.max_size is not None:
-        sizes.append(("batch.max_size", b.max_size))
+    sizes = [("batch.size", batch.size)] + [
+        (f"batch.schedule[{i}]", size) for i, (_, size) in enumerate(batch.schedule)
+    ]
+    if (batch.policy in ("noise_scale", "norm_test") or goodput_chooses_batch(cfg)) and batch.max_size is not None:
+        sizes.append(("batch.max_size", batch.max_size))
     builtin = cfg.model.factory is None
     who = f"model {cfg.model.name}'s BatchNorm" if builtin else "the model's BatchNorm"
     where = f"layer {layers[0]} would see one value per channel" + (
@@ -165,11 +187,11 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
     )
     alt = ", or model.norm: group" if builtin else ", or GroupNorm/LayerNorm in model.factory's model"
     for field, size in sizes:
-        batch = min(size, n)
-        w = workers_for_batch(batch, b.max_local_batch, s.min_workers, s.max_workers)
-        if smallest_micro_batch(batch, w, b.max_local_batch, noise_split) > 1:
+        batch_size = min(size, n)
+        workers = workers_for_batch(batch_size, batch.max_local_batch, scaling.min_workers, scaling.max_workers)
+        if smallest_micro_batch(batch_size, workers, batch.max_local_batch, noise_split) > 1:
             continue
-        mlb, slice_ = b.max_local_batch, batch // w
+        mlb, slice_ = batch.max_local_batch, batch_size // workers
         if mlb == 1:
             raise ConfigError(
                 f"batch.max_local_batch: 1 puts one sample through the model at a time, and {who} "
@@ -177,26 +199,26 @@ def check_single_samples(cfg: RootConfig, n: int | None, layers: tuple[str, ...]
             )
         if slice_ <= 1:
             raise ConfigError(
-                f"scaling.min_workers: {w} workers share a batch of {batch} ({field}), so a worker "
+                f"scaling.min_workers: {workers} workers share a batch of {batch_size} ({field}), so a worker "
                 f"trains on one sample, and {who} cannot ({where}); raise {field} to at least "
-                f"{2 * w} or lower scaling.min_workers to at most {max(1, batch // 2)}{alt}"
+                f"{2 * workers} or lower scaling.min_workers to at most {max(1, batch_size // 2)}{alt}"
             )
-        if noise_split and w == 1 and slice_ <= min(3, mlb):
+        if noise_split and workers == 1 and slice_ <= min(3, mlb):
             why = (
-                f"batch.policy {b.policy}"
-                if BATCH_POLICIES[b.policy].needs
+                f"batch.policy {batch.policy}"
+                if BATCH_POLICIES[batch.policy].needs
                 else "scaling.policy goodput"
-                if s.policy == "goodput"
+                if scaling.policy == "goodput"
                 else "schedule.scaling_rule adascale"
             )
             raise ConfigError(
-                f"{field}: {batch} on one worker is cut in two halves for the gradient-noise estimate "
+                f"{field}: {batch_size} on one worker is cut in two halves for the gradient-noise estimate "
                 f"({why}), so a micro-batch holds one sample, and {who} cannot train on one "
                 f"({where}); raise {field} to at least 4{alt}"
             )
         odd = slice_ if slice_ % 2 else slice_ + 1
         raise ConfigError(
-            f"batch.max_local_batch: {mlb} cuts a worker's slice of {odd} samples ({field} {batch} "
-            f"over {w} worker{'s' if w > 1 else ''}) into micro-batches of 2 and 1, and {who} "
+            f"batch.max_local_batch: {mlb} cuts a worker's slice of {odd} samples ({field} {batch_size} "
+            f"over {workers} worker{'s' if workers > 1 else ''}) into micro-batches of 2 and 1, and {who} "
             f"cannot train on one sample ({where}); set batch.max_local_batch to at least 3{alt}"
         )

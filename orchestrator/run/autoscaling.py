@@ -208,7 +208,7 @@ class NodeSupply:
         self._settled = False
         self._send()
 
-    def keep(self) -> None:
+    def resend(self) -> None:
         """Every poll: while a change is under way, send the need again every :data:`RESEND_S`;
         and ask the plan whether the run will outgrow its group within a node's launch time."""
         if not self.active:

@@ -73,7 +73,7 @@ def room_outside(draining: Mapping[str, object], per_worker: Mapping[str, float]
 
 
 class DrainWatch:
-    """The driver's look at the draining nodes every ``every_s``: :meth:`look` gives them (an empty
+    """The driver's look at the draining nodes every ``every_s``: :meth:`poll_drain_notices` gives them (an empty
     dict: none) when a look is due, None between looks."""
 
     def __init__(
@@ -85,7 +85,7 @@ class DrainWatch:
         self.every_s, self.source, self.clock = every_s, source, clock
         self._looked = -math.inf
 
-    def look(self) -> dict[str, float | None] | None:
+    def poll_drain_notices(self) -> dict[str, float | None] | None:
         now = self.clock()
         if now - self._looked < self.every_s:
             return None

@@ -109,7 +109,7 @@ class CapacityWatch:
         self._grow_asked = now
         return True
 
-    def look(self, per_worker: Mapping[str, float]) -> str | None:
+    def poll_live_nodes(self, per_worker: Mapping[str, float]) -> str | None:
         now = self.clock()
         if now - self._looked < self.every_s:
             return None

@@ -151,7 +151,7 @@ class Starting(RunState):
 
 @dataclass
 class Running(RunState):
-    """One group trains; the driver pumps the monitor every poll.  An overlapping resize decided
+    """One group trains; the driver drains the monitor every poll.  An overlapping resize decided
     by the monitor starts the new group beside it."""
 
     cur: _Phase
@@ -227,7 +227,7 @@ class PhaseEnded(RunState):
     early: _Phase | None = None
 
     def step(self, run: PhaseRunner) -> RunState | Outcome:
-        run.pump()
+        run.drain_monitor()
         done = run.link.take_handovers()
         if "error" in self.cur.box or not done:
             if self.early is not None:
@@ -355,7 +355,7 @@ class PhaseRunner:
             self.link.request_stop()
             seen, deadline = len(self.book.events), time.monotonic() + wait_s
             while True:
-                self.pump(timeout=max(0.1, deadline - time.monotonic()))
+                self.drain_monitor(timeout=max(0.1, deadline - time.monotonic()))
                 if self.book.ended_since(seen) or time.monotonic() >= deadline:
                     return
                 time.sleep(0.05)
@@ -436,7 +436,7 @@ class PhaseRunner:
         )
 
     def start_phase(self, workers: int, idx: int, handover: bool) -> _Phase:
-        """Start ``fit()`` for one phase in a thread (the driver thread keeps pumping)."""
+        """Start ``fit()`` for one phase in a thread (the driver thread keeps draining the monitor)."""
         trainer = self._trainer(workers, idx, handover)
         ph = _Phase(idx, workers, trainer, self._hold(idx, workers))
         train_id = ray_train_run_id(trainer)
@@ -458,7 +458,7 @@ class PhaseRunner:
         return timeline.holds.group(idx, workers, self._resources()) if timeline is not None else None
 
     def await_room(self, workers: int, timeout_s: float = 60.0) -> bool:
-        """Wait (pumping) until the cluster has room for ``workers`` workers.  Ray frees a
+        """Wait (draining the monitor) until the cluster has room for ``workers`` workers.  Ray frees a
         finished group's resources a moment after its ``fit()`` returns; started before that, an
         elastic group (``min_workers < max_workers``) would start with fewer workers than wanted.
         On a loaded machine the old group's processes take many seconds to go: hence a minute; on an
@@ -474,8 +474,8 @@ class PhaseRunner:
                     f"waiting for the autoscaler's nodes: room for {workers} workers (at most {wait_s:g} s)"
                 )
                 said = True
-            self.pump()
-            self.nodes.keep()
+            self.drain_monitor()
+            self.nodes.resend()
             time.sleep(0.05)
         return True
 
@@ -498,7 +498,7 @@ class PhaseRunner:
     def wait(self, ph: _Phase) -> None:
         while ph.alive:
             ph.thread.join(self.poll_s)
-            self.pump()
+            self.drain_monitor()
 
     # -- the monitor -------------------------------------------------------------------------------
 
@@ -506,13 +506,13 @@ class PhaseRunner:
         self.link.create(self.cfg, self._resources(), grow_room=self.nodes.grow_room())
 
     def poll(self, ph: _Phase) -> Outcome | None:
-        """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then pump.  The run's end
+        """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then drain the monitor.  The run's end
         (None while it goes on) when the live nodes have had no room for ``scaling.min_workers``,
         or the tracking server no answer, for too long."""
         ph.thread.join(self.poll_s)
-        self.pump()
-        self.nodes.keep()
-        status = self.capacity.look(self._resources())
+        self.drain_monitor()
+        self.nodes.resend()
+        status = self.capacity.poll_live_nodes(self._resources())
         if status is not None:
             self.progress.write(status)
         if self.capacity.wait.expired():  # the checkpoints are kept: resume once the cluster has room again
@@ -538,12 +538,12 @@ class PhaseRunner:
         (:meth:`orchestrator.run.monitor.MonitorState.drain_notice`); rank 0 checkpoints and hands
         over at its next push, before the node's deadline.  A node that dies without notice keeps the
         lost node's path (Ray Train restarts the group from the newest checkpoint)."""
-        draining = self.capacity.drains.look()
+        draining = self.capacity.drains.poll_drain_notices()
         if not draining:
             return
         self.link.drain_notice(ph.idx, draining, room_outside(draining, self._resources()))
 
-    def pump(self, timeout: float | None = None) -> None:
+    def drain_monitor(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
         rides on the drain: one call to the monitor per poll)."""
 

@@ -102,13 +102,13 @@ def test_the_need_is_sent_again_while_a_change_is_under_way(tmp_path):
     supply, sent, clock = _supply(tmp_path)
     supply.starting(1)
     clock.t += RESEND_S / 2
-    supply.keep()
+    supply.resend()
     clock.t += RESEND_S
-    supply.keep()
+    supply.resend()
     assert sent == [1, 1]
     supply.on_event(FirstStep(step=1, phase=0))
     clock.t += 10 * RESEND_S
-    supply.keep()
+    supply.resend()
     assert sent == [1, 1]
 
 
@@ -120,7 +120,7 @@ def test_nothing_is_asked_without_an_autoscaler_or_with_request_ahead_off(tmp_pa
         assert not supply.active and supply.grow_room() is None and supply.room_wait_s(60.0) == 60.0
         supply.starting(1)
         supply.on_event(_decided(2, "restart"))
-        supply.keep()
+        supply.resend()
         supply.withdraw()
         assert sent == []
 
@@ -149,18 +149,18 @@ def test_the_plan_asks_ahead_for_a_batch_that_follows_the_epoch(tmp_path):
     supply.launched_in(20.0)  # a node took 20 s here: ask 30 s ahead
     listener.on_records([(1, {"epoch": 0.0, "batch/global": 32.0}, 100.0), (50, {"epoch": 1.0}, 150.0)])
     clock.t += 10
-    supply.keep()
+    supply.resend()
     assert sent == [1]  # at 1 epoch per 50 s, epoch 2 is 50 s away: not yet
     listener.on_records([(70, {"epoch": 1.5, "batch/global": 32.0}, 175.0)])
     clock.t += 10
-    supply.keep()
+    supply.resend()
     assert sent == [1, 2] and supply.foreseen == 2  # epoch 2 is 25 s away
     supply.on_event(_decided(2, "restart"))  # the decision: the same need, nothing new to send
     supply.on_event(_handed_over(1, 2, "restart"))
     assert sent == [1, 2]
     listener.on_records([(90, {"epoch": 2.5, "batch/global": 64.0}, 200.0)])
     clock.t += 10
-    supply.keep()  # B stays at 64 after epoch 2: nothing more foreseen
+    supply.resend()  # B stays at 64 after epoch 2: nothing more foreseen
     assert sent[-1] == 2 and supply.foreseen == 0
 
 

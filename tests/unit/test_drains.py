@@ -14,11 +14,11 @@ def test_the_draining_nodes_are_read_once_a_second_and_passed_on_as_read():
         return {"n1": 130.0} if now[0] >= 101.0 else {}
 
     watch = DrainWatch(every_s=1.0, source=source, clock=lambda: now[0])
-    assert watch.look() == {}  # the first look is due at once
+    assert watch.poll_drain_notices() == {}  # the first look is due at once
     now[0] = 100.5
-    assert watch.look() is None  # between looks: not asked
+    assert watch.poll_drain_notices() is None  # between looks: not asked
     now[0] = 101.0
-    assert watch.look() == {"n1": 130.0}
+    assert watch.poll_drain_notices() == {"n1": 130.0}
     assert reads == [100.0, 101.0]
 
 

@@ -51,13 +51,13 @@ def test_the_watch_looks_at_its_pace_and_says_so_now_and_then():
     w = CapacityWatch(min_workers=1, timeout_s=100, every_s=2.0, say_every_s=15.0, nodes=nodes, clock=lambda: now[0])
     said = []
     for _ in range(20):  # 20 polls, one a second
-        said.append(w.look({"CPU": 1.0}))
+        said.append(w.poll_live_nodes({"CPU": 1.0}))
         now[0] += 1.0
     assert looks == [float(t) for t in range(0, 20, 2)]
     assert [i for i, s in enumerate(said) if s] == [0, 16]
     now[0] += 2.0
-    assert w.look({"CPU": 0.5}) is None and w.wait.since is None
-    assert CapacityWatch(1, 10, nodes=lambda: None).look({"CPU": 1.0}) is None  # no Ray: nothing to say
+    assert w.poll_live_nodes({"CPU": 0.5}) is None and w.wait.since is None
+    assert CapacityWatch(1, 10, nodes=lambda: None).poll_live_nodes({"CPU": 1.0}) is None  # no Ray: nothing to say
 
 
 def test_a_node_lost_or_joined_has_ray_trains_view_refreshed_once():
@@ -72,7 +72,7 @@ def test_a_node_lost_or_joined_has_ray_trains_view_refreshed_once():
         now[0] = at
         if nodes is not None:
             listing[0] = nodes
-        w.look({"CPU": 0.0})
+        w.poll_live_nodes({"CPU": 0.0})
 
     look(0.0)
     look(1.0)

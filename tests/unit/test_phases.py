@@ -235,7 +235,7 @@ def test_listeners_get_records_and_events_in_step_order(tmp_path, monkeypatch):
     state = MonitorState(WorkerCount(WorkersForBatch(), 32, 1, 1))
     state.push([(s, {"train/loss": 1.0}, 0.0) for s in range(18, 23)], [BatchChange(step=20, old=16, new=32)])
     runner = make_runner(cfg, FakeTracker(), listeners=[Recorder()], link=StateLink(state))
-    runner.pump()
+    runner.drain_monitor()
     assert seen == [("record", 18), ("record", 19), ("record", 20), ("event", 20), ("record", 21), ("record", 22)]
 
 

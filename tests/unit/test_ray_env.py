@@ -111,5 +111,5 @@ def test_only_the_local_ray_this_process_started_counts_as_its_own(monkeypatch):
     once = DrainWatch(every_s=math.inf, source=lambda: looks.append(1) or {}, clock=lambda: clock[0])
     for t in (0.0, 5.0, 3600.0):
         clock[0] = t
-        once.look()
+        once.poll_drain_notices()
     assert looks == [1]  # the local Ray's drains: looked at once
