@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from orchestrator import tokens
 from orchestrator.config import command
 from orchestrator.config.code import runtime_env
 from orchestrator.config.flags import OneLineParser, number, set_without_equals
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--run", help="link this run id only")
     u.add_argument("--experiment", help="link the newest runs of this experiment (default: all experiments)")
     u.add_argument("--verbose", action="store_true", help="show the MLflow server's own log")
+    tokens.add_parser(sub)
     return p
 
 
@@ -339,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_resume(args)
         if args.command == "ui":
             return cmd_ui(args)
+        if args.command == "tokens":
+            return tokens.cmd_tokens(args)
     except ConfigError as e:
         print(f"error: {redact_text(str(e))}", file=sys.stderr)  # a message may quote a URI given
         return EXIT_BAD_INPUT

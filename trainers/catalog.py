@@ -125,10 +125,23 @@ TEXT = BuiltinDataset(
     generated=False,
     needs_root=False,
 )
+TOKENS = BuiltinDataset(
+    "token_shards",
+    "tokens",
+    shape=None,
+    num_classes=None,
+    train_samples=None,
+    test_samples=None,
+    in_memory=False,
+    generated=False,
+    needs_root=True,
+)
+"""Token shards and their manifest under ``data.root`` (a folder or an object-store prefix):
+trainers/data/shards/."""
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (MLP, CNN, RESNET18, RESNET50, GPT, LSTM)}
 """Every built-in model by name, in the order the config's messages list them."""
-BUILTIN_DATASETS: dict[str, BuiltinDataset] = {d.name: d for d in (DIGITS, SYNTHETIC, CIFAR10, TEXT)}
+BUILTIN_DATASETS: dict[str, BuiltinDataset] = {d.name: d for d in (DIGITS, SYNTHETIC, CIFAR10, TEXT, TOKENS)}
 """Every built-in dataset by name, in the order the config's messages list them."""
 
 MODEL_NAMES = tuple(BUILTIN_MODELS)

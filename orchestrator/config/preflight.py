@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.rules import check_combinations, goodput_chooses_batch, user_set
 from orchestrator.config.schema import ConfigError
-from orchestrator.config.workload_checks import check_model_input, check_samples, known_size
+from orchestrator.config.workload_checks import check_model_input, check_samples, check_token_vocab, known_size
 from trainers import catalog
 
 if TYPE_CHECKING:
@@ -273,6 +273,7 @@ def check_data_files(cfg: RootConfig) -> None:
         cfg.data.check_available()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_token_vocab(cfg)  # the shards' vocabulary against the model's embedding (their manifest is read)
 
 
 def check_workload(cfg: RootConfig, functions: Mapping[str, Callable[..., Any]] | None = None) -> Any:

@@ -85,12 +85,18 @@ def _small_data(name: str, tmp_path: Path) -> dict:
     if name == "text":
         (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
         return {"name": name, "path": str(tmp_path / "corpus.txt"), "context": 16}
+    if name == "token_shards":
+        from trainers.data.shards.prepare import prepare
+
+        (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+        prepare([str(tmp_path / "corpus.txt")], str(tmp_path / "shards"), shard_tokens=400, progress=False)
+        return {"name": name, "root": str(tmp_path / "shards"), "context": 16}
     if name == "synthetic":
         return {"name": name, "size": 64, "shape": [2, 3, 3], "num_classes": 4}
     return {"name": name}
 
 
-SMALL_DATA_KNOWN = ("digits", "synthetic", "cifar10", "text")
+SMALL_DATA_KNOWN = ("digits", "synthetic", "cifar10", "text", "token_shards")
 
 
 def test_every_dataset_has_a_small_case_here():

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trainers import catalog
 from trainers.accel.config import DataDeviceConfig
+from trainers.data.shards.manifest import check_corpus, is_uri
 from trainers.section import Section
 
 __all__ = [
@@ -92,7 +93,11 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     )
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
     loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="the DataLoader of map-style data")
-    root: str | None = Field(default=None, description="dataset directory (cifar10)")
+    root: str | None = Field(
+        default=None,
+        description="dataset directory (cifar10); token_shards: the folder or object-store prefix (s3://...) of the "
+        "shards and their manifest.json",
+    )
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share of the training set held out")
     val_split: Literal["fraction", "test"] = Field(
         default="fraction",
@@ -101,7 +106,19 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
     )
     # text only: byte-level tokens of a local text (default: Python's own standard library sources)
     path: str | None = Field(default=None, description="text: a text file (default: stdlib sources)")
-    context: int = Field(default=128, gt=0, description="text: tokens per sequence (T)")
+    context: int = Field(default=128, gt=0, description="text, token_shards: tokens per sequence (T)")
+    # token_shards only: shards of token ids under data.root (trainers/data/shards/)
+    shard_block: int = Field(
+        default=4,
+        ge=1,
+        description="token_shards: shards whose windows are shuffled together (a global batch reads <= 2x)",
+    )
+    cache_bytes: int = Field(
+        default=4 << 30,
+        gt=0,
+        description="token_shards in an object store: bytes of shards each worker keeps on its disk (the block read "
+        "now and the next one)",
+    )
     # synthetic only: a classification set labelled by a fixed random teacher network
     size: int = Field(default=4096, gt=1, description="synthetic: samples in the set")
     shape: list[int] = Field(default_factory=lambda: [1, 8, 8], description="synthetic: one input's shape")
@@ -122,6 +139,8 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
         # name and factory both given, data.val_split against the dataset: orchestrator/config/rules.py
         if self.name is None and self.factory is None:
             self.name = catalog.DEFAULT_DATASET
+        if self.name == catalog.TOKENS.name and self.root and "://" not in self.root:
+            self.root = os.path.abspath(os.path.expanduser(self.root))  # workers may start elsewhere
         return self
 
     @property
@@ -141,6 +160,8 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
                 f"data.path: no text file at {self.path!r}; give a text file, or leave data.path "
                 "unset for the corpus of Python's own standard library"
             )
+        if self.name == catalog.TOKENS.name:
+            self._check_shards()
         if self.name == catalog.CIFAR10.name:
             if not self.root:
                 raise ValueError("data.root: required for cifar10; set it to the folder holding cifar-10-batches-py")
@@ -150,6 +171,25 @@ class DataConfig(DataDeviceConfig, AugmentConfig):
                 raise ValueError(
                     f"data.root: no CIFAR-10 at {folder!r} (missing {', '.join(missing)}); "
                     "download cifar-10-python.tar.gz and extract it there"
+                )
+
+    def _check_shards(self) -> None:
+        """The manifest, every shard's presence and size, the context, and a cache that holds two blocks."""
+        if not self.root:
+            raise ValueError(
+                "data.root: required for token_shards; set it to the folder or s3:// prefix holding manifest.json "
+                "(python -m orchestrator tokens prepare SRC... --out DIR writes one)"
+            )
+        m = check_corpus(self.root, self.context)
+        if is_uri(self.root):
+            largest = max(s.bytes for s in m.shards)
+            need = (2 * min(self.shard_block, len(m.shards)) + 1) * largest
+            if self.cache_bytes < need:
+                raise ValueError(
+                    f"data.cache_bytes: {self.cache_bytes} cannot hold the block read now and the next "
+                    f"({self.shard_block} shards each, data.shard_block) plus a validation shard, {need} bytes at "
+                    f"the largest shard's {largest}; raise data.cache_bytes to at least {need} or lower "
+                    "data.shard_block"
                 )
 
 

@@ -30,7 +30,7 @@ batched ``(inputs, targets)`` tuple whose leading dimension is the micro-batch (
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         cursor: int = 0,
         epochs: int | None = 1,
         split_single: bool = False,
+        order: Callable[[int, int, int], np.ndarray] | None = None,
     ) -> None:
         if n <= 0:
             raise ValueError(f"n: the dataset is empty (n={n})")
@@ -110,6 +111,9 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.n, self.seed, self.rank, self.world = int(n), int(seed), int(rank), int(world)
         self.max_local_batch, self.split_single = int(max_local_batch), bool(split_single)
         self.epochs = epochs
+        # ``order(seed, epoch, n)``: the epoch's permutation (default :func:`epoch_permutation`); a
+        # dataset with a locality-aware order of its own (trainers/data/shards) gives its ``epoch_order``
+        self.order = order or epoch_permutation
         self.epoch, self.cursor, self.batch_size = 0, 0, 1
         self.plan(epoch=epoch, cursor=cursor, batch_size=batch_size)
 
@@ -128,7 +132,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         epoch, cursor = self.epoch, self.cursor
         last = None if self.epochs is None else self.epoch + self.epochs
         while last is None or epoch < last:
-            perm = epoch_permutation(self.seed, epoch, self.n)
+            perm = self.order(self.seed, epoch, self.n)
             while cursor < self.n:
                 ids = global_batch(perm, cursor, self.batch_size)
                 yield PlannedStep(
@@ -194,6 +198,11 @@ class RankLoader:
     stays the same the loader prefetches ahead; a different B re-plans from the current position
     and restarts the iterator (the prefetched micro-batches of the old B are dropped).
     :meth:`seek` moves to a checkpoint's ``(epoch, cursor)``.
+
+    A dataset may bring its own order and hear where the loop reads: ``dataset.epoch_order(seed,
+    epoch, n)`` replaces :func:`epoch_permutation` (still a pure function of ``(seed, epoch)``), and
+    ``dataset.reading_at(epoch, cursor)`` is called in this process before each global batch is
+    loaded (the token shards prefetch the shards the coming windows need: trainers/data/shards).
     """
 
     def __init__(
@@ -218,7 +227,9 @@ class RankLoader:
             batch_size=1,
             epochs=None,
             split_single=split_single,
+            order=getattr(dataset, "epoch_order", None),
         )
+        self._reading_at = getattr(dataset, "reading_at", None)
         workers = self.config.workers
         self.loader = DataLoader(
             dataset,
@@ -254,6 +265,8 @@ class RankLoader:
             self._replan(batch_size)
         assert self._steps is not None and self._data is not None
         step = next(self._steps)
+        if self._reading_at is not None:
+            self._reading_at(step.epoch, step.cursor)
         micro = [next(self._data) for _ in step.micro]
         self.epoch, self.cursor = step.next_position
         if self.cursor >= self.sampler.n:

@@ -112,6 +112,16 @@ def data_factory(
         from trainers.data.text import load_text
 
         return load_text, {"path": data.path, "context": data.context, "val_fraction": data.val_fraction}
+    if data.name == catalog.TOKENS.name:
+        from trainers.data.shards.dataset import load_tokens
+
+        return load_tokens, {
+            "root": data.root,
+            "context": data.context,
+            "val_fraction": data.val_fraction,
+            "block": data.shard_block,
+            "cache_bytes": data.cache_bytes,
+        }
 
     def in_memory() -> tuple[_TensorPairs, _TensorPairs]:
         d = load_data(data, seed)

@@ -1,0 +1,190 @@
+"""Token shards (trainers/data/shards/): the epoch order (a permutation with shard locality, a pure
+function of (seed, epoch)), the manifest's checks, ``tokens prepare``, and the windows of a local
+corpus read through the sampler.  The object-store cache is tested against moto's server:
+tests/integration/test_token_shards.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from trainers.data.sampler import GlobalBatchSampler, RankLoader, fetch
+from trainers.data.shards.dataset import load_tokens
+from trainers.data.shards.manifest import ShardError, check_corpus, read_manifest
+from trainers.data.shards.order import epoch_order, shard_of, shards_ahead, window_offsets
+from trainers.data.shards.prepare import prepare
+from trainers.data.text import token_cache
+
+COUNTS = [37, 50, 12, 64, 41, 29, 55, 8, 70, 33]
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 4, 10])
+def test_an_epoch_is_every_window_once(block):
+    offsets = window_offsets(COUNTS)
+    for epoch in range(3):
+        order = epoch_order(7, epoch, offsets, block)
+        assert sorted(order.tolist()) == list(range(sum(COUNTS)))
+
+
+def test_the_order_is_a_function_of_seed_and_epoch_only():
+    offsets = window_offsets(COUNTS)
+    a = epoch_order(7, 2, offsets, 3)
+    assert np.array_equal(a, epoch_order(7, 2, offsets, 3))
+    assert not np.array_equal(a, epoch_order(7, 3, offsets, 3))
+    assert not np.array_equal(a, epoch_order(8, 2, offsets, 3))
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16, 64, 200])
+def test_a_global_batch_reads_at_most_two_blocks_of_shards(batch):
+    offsets, block = window_offsets(COUNTS), 2
+    for epoch in range(3):
+        order = epoch_order(3, epoch, offsets, block)
+        for cursor in range(0, len(order), batch):
+            shards = set(shard_of(offsets, order[cursor : cursor + batch]).tolist())
+            assert len(shards) <= 2 * block or batch > min(COUNTS) * block
+
+
+def test_a_plain_permutation_would_read_every_shard():
+    """What the locality buys: the default order's batch of 64 touches nearly all ten shards."""
+    offsets = window_offsets(COUNTS)
+    perm = np.random.default_rng(0).permutation(sum(COUNTS))
+    assert len(set(shard_of(offsets, perm[:64]).tolist())) >= 9
+    assert len(set(shard_of(offsets, epoch_order(0, 0, offsets, 2)[:64]).tolist())) <= 4
+
+
+def test_the_shards_ahead_are_the_block_read_now_and_the_next():
+    offsets, block = window_offsets(COUNTS), 2
+    order = epoch_order(5, 1, offsets, block)
+    for cursor in (0, 30, 150, 398):
+        ahead = shards_ahead(5, 1, cursor, offsets, block)
+        now = int(shard_of(offsets, order[cursor : cursor + 1])[0])
+        assert now in ahead[:block] and block < len(ahead) <= 2 * block
+    last = shards_ahead(5, 1, len(order) - 1, offsets, block)  # the next block is the next epoch's first
+    first_next = shard_of(offsets, epoch_order(5, 2, offsets, block)[:1]).tolist()
+    assert first_next[0] in last
+
+
+# --------------------------------------------------------------------------- a corpus on disk
+
+
+def _corpus(tmp_path, text: bytes = b"", shard_tokens: int = 400, **kw):
+    src = tmp_path / "src.txt"
+    src.write_bytes(text or bytes(range(256)) * 12)
+    return prepare([str(src)], str(tmp_path / "shards"), shard_tokens=shard_tokens, progress=False, **kw)[0]
+
+
+def test_prepare_writes_the_bytes_of_the_text_set_and_is_idempotent(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_bytes(b"first file " * 50)
+    b.write_bytes(b"second " * 70)
+    m, written = prepare([str(a), str(b)], str(tmp_path / "out"), shard_tokens=200, progress=False)
+    assert written and m.dtype == "uint16" and m.vocab_size == 256 and m.eos_id is None
+    stream = np.concatenate([np.fromfile(tmp_path / "out" / s.name, dtype="<u2") for s in m.shards])
+    assert stream.astype(np.uint8).tobytes() == token_cache([a, b], tmp_path / "c").read_bytes()
+    assert all(s.tokens >= 100 for s in m.shards)  # the short tail joined the last shard
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    assert prepare([str(a), str(b)], str(tmp_path / "out"), shard_tokens=200, progress=False)[1] is False
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == before
+    m2, written = prepare([str(a), str(b)], str(tmp_path / "out"), shard_tokens=300, progress=False)
+    assert written and len(m2.shards) < len(m.shards)
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == sorted([*(s.name for s in m2.shards), "manifest.json"])
+
+
+def test_prepare_trains_a_byte_level_bpe_with_an_eos(tmp_path):
+    text = b"def f(x):\n    return x + 1\n" * 200
+    m = _corpus(tmp_path, text, shard_tokens=300, train_bpe=300)
+    assert m.vocab_size <= 300 and m.eos_id is not None
+    assert (tmp_path / "shards" / "tokenizer.json").is_file()
+    ids = np.concatenate([np.fromfile(tmp_path / "shards" / s.name, dtype="<u2") for s in m.shards])
+    assert ids.max() < m.vocab_size and ids[-1] == m.eos_id and len(ids) < len(text) / 2
+
+
+def test_prepare_refuses_a_corpus_of_one_shard(tmp_path):
+    with pytest.raises(ValueError, match="^--shard-tokens: .* lower --shard-tokens"):
+        _corpus(tmp_path, b"tiny", shard_tokens=400)
+
+
+def test_the_checks_of_a_good_corpus(tmp_path):
+    m = _corpus(tmp_path)
+    root = str(tmp_path / "shards")
+    assert check_corpus(root, 64).shards == m.shards
+    with pytest.raises(ShardError, match=r"^data\.context: 500 \+ 1 tokens do not fit in shard"):
+        check_corpus(root, 500)
+
+
+def test_a_missing_manifest_or_shard_and_a_wrong_size_are_one_line(tmp_path):
+    with pytest.raises(ShardError, match=r"^data\.root: no manifest\.json at .*tokens prepare"):
+        read_manifest(str(tmp_path))
+    m = _corpus(tmp_path)
+    root = tmp_path / "shards"
+    (root / m.shards[1].name).write_bytes(b"\0" * 10)
+    with pytest.raises(ShardError, match=r"^data\.root: shard 'shard-00001\.bin' has 10 bytes, the manifest says"):
+        check_corpus(str(root), 16)
+    os.unlink(root / m.shards[1].name)
+    with pytest.raises(ShardError, match=r"^data\.root: shard 'shard-00001\.bin' listed in manifest\.json is missing"):
+        check_corpus(str(root), 16)
+    raw = json.loads((root / "manifest.json").read_text())
+    (root / "manifest.json").write_text(json.dumps(raw | {"dtype": "float32"}))
+    with pytest.raises(ShardError, match=r"^data\.root: .*dtype 'float32' is not one of uint16, uint32"):
+        read_manifest(str(root))
+    (root / "manifest.json").write_text(json.dumps(raw | {"vocab_size": 70000}))
+    with pytest.raises(ShardError, match=r"vocab_size 70000 does not fit dtype uint16"):
+        read_manifest(str(root))
+    for e in (ShardError,):
+        assert all("\n" not in str(x) for x in [e("x")])
+
+
+def test_a_shard_whose_content_changed_is_refused_when_opened(tmp_path):
+    m = _corpus(tmp_path)
+    path = tmp_path / "shards" / m.shards[0].name
+    data = bytearray(path.read_bytes())
+    data[5] ^= 1  # same size, other content
+    path.write_bytes(bytes(data))
+    train, _ = load_tokens(str(tmp_path / "shards"), context=16, val_fraction=0.3)
+    with pytest.raises(ShardError, match=r"^data\.root: shard 'shard-00000\.bin' .* does not match the manifest"):
+        fetch(train, [0])
+
+
+def test_windows_are_next_token_pairs_and_validation_is_held_out_shards(tmp_path):
+    m = _corpus(tmp_path)
+    train, val = load_tokens(str(tmp_path / "shards"), context=16, val_fraction=0.3)
+    n_val = max(1, round(len(m.shards) * 0.3))
+    assert train.shards == m.shards[:-n_val] and val.shards == m.shards[-n_val:]
+    x, y = fetch(train, [0, len(train) - 1])
+    assert x.shape == (2, 16) and np.array_equal(x[:, 1:].numpy(), y[:, :-1].numpy())
+    first = np.fromfile(tmp_path / "shards" / m.shards[0].name, dtype="<u2")
+    assert np.array_equal(x[0].numpy(), first[:16]) and np.array_equal(y[0].numpy(), first[1:17])
+    assert val.epoch_order is None and val.reading_at is None  # validation reads in its plain order
+    restored = pickle.loads(pickle.dumps(train))  # what a DataLoader process gets
+    assert np.array_equal(fetch(restored, [3, 9])[0].numpy(), fetch(train, [3, 9])[0].numpy())
+
+
+@pytest.mark.parametrize(("world", "batch"), [(1, 7), (2, 7), (3, 10), (4, 3)])
+def test_the_loader_reads_the_same_global_batches_at_every_world(tmp_path, world, batch):
+    """The shard-local order goes through the sampler: every rank's share of each global batch is
+    the slice of the same windows, and the ranks' data together is the batch's windows."""
+    _corpus(tmp_path, shard_tokens=300)
+    train, _ = load_tokens(str(tmp_path / "shards"), context=16, val_fraction=0.2, block=2)
+    loaders = [RankLoader(train, seed=3, rank=r, world=world, max_local_batch=4) for r in range(world)]
+    ref = epoch_order(3, 0, train.offsets, 2)
+    for step in range(5):
+        got = [ld.next_global_batch(batch) for ld in loaders]
+        assert all(np.array_equal(g.ids, ref[step * batch : (step + 1) * batch]) for g in got)
+        mine = np.concatenate([np.concatenate(g.micro_ids) for g in got if g.micro_ids])
+        assert np.array_equal(mine, ref[step * batch : (step + 1) * batch])
+        x = np.concatenate([m[0].numpy() for g in got for m in g.micro])
+        assert np.array_equal(x, fetch(train, mine)[0].numpy())
+
+
+def test_the_sampler_takes_the_datasets_order():
+    offsets = window_offsets(COUNTS)
+    s = GlobalBatchSampler(
+        int(offsets[-1]), seed=1, rank=0, world=1, max_local_batch=1000, batch_size=1000,
+        order=lambda seed, epoch, n: epoch_order(seed, epoch, offsets, 2),
+    )  # fmt: skip
+    assert np.array_equal(next(s.steps()).ids, epoch_order(1, 0, offsets, 2)[:1000])

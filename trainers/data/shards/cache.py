@@ -1,0 +1,246 @@
+"""Shards of a remote corpus in a bounded local cache, fetched ahead of the step.
+
+Each worker keeps the shards its coming windows need in a folder on its own disk: the block the
+global order is reading and the next one (``trainers/data/shards/order.py`` :func:`shards_ahead`).
+``want(shards)`` (called by the dataset's ``reading_at`` before each global batch) pins that list
+and wakes a background thread that fetches the missing ones in order; a window whose shard is not
+there yet is fetched on demand (that wait is what ``wait_s`` counts).
+
+Every file in the cache is complete and verified: a download streams into a temporary file in the
+cache folder while its sha256 is computed, and is renamed into place (named by that sha256) only
+when both size and sha256 agree with the manifest.  A corrupt download is fetched again once; a
+second mismatch is a :class:`~trainers.data.shards.manifest.ShardError`.  A store that does not
+answer is retried with backoff (``RETRIES``) before the error ends the run (a resumable failure:
+the checkpoint holds only the data position).
+
+The cache never holds more than ``cache_bytes``: before a fetch, shards no longer wanted are
+evicted, least recently used first; a prefetch that does not fit waits for the next ``want``, and
+an on-demand fetch evicts whatever else it must.  ``peak`` is the largest total held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from trainers.data.shards.manifest import Manifest, Shard, ShardError, is_uri, join, local_path, remote
+
+CHUNK = 8 << 20
+RETRIES = (0.5, 2.0, 8.0)  # seconds before each retry of a download the store did not answer
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_cache_root() -> str:
+    """``$ELASTIC_CACHE_DIR/tokens`` or ``~/.cache/elastic-large-batch/tokens``."""
+    base = os.environ.get("ELASTIC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "elastic-large-batch")
+    return os.path.join(base, "tokens")
+
+
+class ShardCache:
+    """The shards of ``manifest`` as ``numpy.memmap`` arrays: opened in place for a local folder
+    (sha256 checked on first open in this process), fetched into ``directory`` for a store."""
+
+    def __init__(self, manifest: Manifest, cache_bytes: int, directory: str | None = None, prefetch: bool = True):
+        self.manifest, self.cache_bytes = manifest, int(cache_bytes)
+        self.remote = is_uri(manifest.location)
+        key = hashlib.sha256(manifest.location.encode()).hexdigest()[:16]
+        self.directory = directory or os.path.join(default_cache_root(), key)
+        self.prefetch = prefetch
+        self._lock = threading.Condition()
+        self._arrays: dict[str, np.memmap] = {}
+        self._held: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
+        self._inflight: set[str] = set()
+        self._wanted: list[Shard] = []
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.peak, self.fetched_bytes, self.fetches, self.wait_s = 0, 0, 0, 0.0
+        if self.remote:
+            os.makedirs(self.directory, exist_ok=True)
+            self._adopt()
+
+    # ------------------------------------------------------------------ state that crosses processes
+
+    def __getstate__(self) -> dict:
+        # a DataLoader process gets its own cache over the same folder: no thread, no open arrays
+        return {"manifest": self.manifest, "cache_bytes": self.cache_bytes, "directory": self.directory}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["manifest"], state["cache_bytes"], state["directory"], prefetch=False)
+
+    # ------------------------------------------------------------------ the files
+
+    def _path(self, shard: Shard) -> str:
+        return os.path.join(self.directory, f"{shard.sha256}.bin")
+
+    def _adopt(self) -> None:
+        """Files a previous run left (each verified before it was renamed there), within the bound."""
+        by_sha = {s.sha256: s for s in self.manifest.shards}
+        for entry in sorted(os.scandir(self.directory), key=lambda e: e.stat().st_mtime):
+            sha = entry.name[: -len(".bin")] if entry.name.endswith(".bin") else None
+            shard = by_sha.get(sha or "")
+            if shard is None or entry.stat().st_size != shard.bytes:
+                if entry.name.endswith((".tmp", ".bin")):
+                    os.unlink(entry.path)
+                continue
+            self._held[shard.sha256] = shard.bytes
+        while sum(self._held.values()) > self.cache_bytes:
+            self._drop(next(iter(self._held)))
+
+    def _drop(self, sha: str) -> None:
+        self._held.pop(sha, None)
+        self._arrays.pop(sha, None)  # a reader still holding the map keeps the unlinked pages until it lets go
+        try:
+            os.unlink(os.path.join(self.directory, f"{sha}.bin"))
+        except FileNotFoundError:
+            pass
+
+    def held(self) -> int:
+        return sum(self._held.values())
+
+    def _make_room(self, shard: Shard, keep: set[str]) -> bool:
+        """Evict least recently used shards outside ``keep`` until ``shard`` fits (lock held)."""
+        for sha in list(self._held):
+            if self.held() + shard.bytes <= self.cache_bytes:
+                break
+            if sha not in keep:
+                self._drop(sha)
+        return self.held() + shard.bytes <= self.cache_bytes
+
+    def _download(self, shard: Shard) -> None:
+        """Fetch ``shard`` into the cache, verified, renamed into place; once more on a mismatch."""
+        source = join(self.manifest.location, shard.name)
+        fs, path = remote(source)
+        for _attempt in range(2):
+            tmp = os.path.join(self.directory, f"{shard.sha256}.{os.getpid()}.{threading.get_ident()}.tmp")
+            h, n = hashlib.sha256(), 0
+            try:
+                for i, pause in enumerate((*RETRIES, None)):
+                    try:
+                        h, n = hashlib.sha256(), 0
+                        with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
+                            while block := src.read(CHUNK):
+                                h.update(block)
+                                dst.write(block)
+                                n += len(block)
+                        break
+                    except OSError as e:
+                        if pause is None:
+                            raise OSError(
+                                f"data.root: could not fetch shard {shard.name!r} from {self.manifest.location} "
+                                f"after {i + 1} tries ({str(e).splitlines()[0][:160]})"
+                            ) from None
+                        time.sleep(pause)
+                if n == shard.bytes and h.hexdigest() == shard.sha256:
+                    os.replace(tmp, self._path(shard))
+                    self.fetched_bytes += n
+                    self.fetches += 1
+                    return
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        raise ShardError(
+            f"data.root: shard {shard.name!r} fetched twice from {self.manifest.location} with {n} bytes and sha256 "
+            f"{h.hexdigest()[:12]}..., the manifest says {shard.bytes} bytes and {shard.sha256[:12]}...; "
+            "upload the shard again or prepare the corpus again"
+        )
+
+    def _fetch(self, shard: Shard, keep: set[str], demand: bool) -> bool:
+        """Make ``shard`` present; False when a prefetch does not fit now."""
+        with self._lock:
+            while shard.sha256 in self._inflight:
+                self._lock.wait()
+            if shard.sha256 in self._held:
+                self._held.move_to_end(shard.sha256)
+                return True
+            if not self._make_room(shard, keep | {shard.sha256}):
+                if not demand:
+                    return False
+                self._make_room(shard, {shard.sha256})
+                if self.held() + shard.bytes > self.cache_bytes:
+                    raise ShardError(
+                        f"data.cache_bytes: {self.cache_bytes} bytes cannot hold shard {shard.name!r} of "
+                        f"{shard.bytes} bytes; raise data.cache_bytes"
+                    )
+            self._inflight.add(shard.sha256)
+        try:
+            self._download(shard)
+        finally:
+            with self._lock:
+                self._inflight.discard(shard.sha256)
+                self._lock.notify_all()
+        with self._lock:
+            self._held[shard.sha256] = shard.bytes
+            self.peak = max(self.peak, self.held())
+        return True
+
+    # ------------------------------------------------------------------ what the dataset calls
+
+    def array(self, shard: Shard) -> np.memmap:
+        """The shard's tokens (fetched on demand from a store: the wait is counted in ``wait_s``)."""
+        arr = self._arrays.get(shard.sha256)
+        if arr is not None:
+            if self.remote:
+                with self._lock:
+                    if shard.sha256 in self._held:
+                        self._held.move_to_end(shard.sha256)
+            return arr
+        dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
+        if not self.remote:
+            path = join(self.manifest.location, shard.name)
+            size = os.path.getsize(local_path(path))
+            if size != shard.bytes or sha256_file(path) != shard.sha256:
+                raise ShardError(
+                    f"data.root: shard {shard.name!r} at {path} does not match the manifest (size or sha256); "
+                    "copy it again or prepare the corpus again"
+                )
+            arr = np.memmap(path, dtype=dtype, mode="r")
+        else:
+            if self._error is not None:
+                raise self._error
+            t0 = time.perf_counter()
+            keep = {s.sha256 for s in self._wanted}
+            self._fetch(shard, keep, demand=True)
+            self.wait_s += time.perf_counter() - t0
+            arr = np.memmap(self._path(shard), dtype=dtype, mode="r")
+        self._arrays[shard.sha256] = arr
+        return arr
+
+    def want(self, shards: Sequence[Shard]) -> None:
+        """The shards the coming windows need, in order: kept, and fetched ahead by the thread."""
+        if not self.remote:
+            return
+        with self._lock:
+            self._wanted = list(shards)
+            self._lock.notify_all()
+        if self.prefetch and self._thread is None:
+            self._thread = threading.Thread(target=self._prefetch, name="shard-prefetch", daemon=True)
+            self._thread.start()
+
+    def _prefetch(self) -> None:
+        done: list[Shard] | None = None
+        while True:
+            with self._lock:
+                while self._wanted is done:
+                    self._lock.wait()
+                wanted = done = self._wanted
+            keep = {s.sha256 for s in wanted}
+            try:
+                for shard in wanted:
+                    if self._wanted is not wanted or not self._fetch(shard, keep, demand=False):
+                        break
+            except BaseException as e:  # the reader raises it at its next fetch
+                self._error = e
+                return
