@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--register",
         metavar="NAME",
-        help="register the final model in MLflow's model registry under NAME (a new version each run)",
+        help="register the run's model in MLflow's model registry under NAME (a new version each run): the final "
+        "one, or with --set tracking.register_pick=best the checkpoint lowest in val/loss",
     )
 
     r = sub.add_parser(

@@ -125,6 +125,26 @@ class TrackingConfig(Section):
             "with the resume command"
         ),
     )
+    register_model: str | None = Field(
+        default=None,
+        description="register the run's model in MLflow's model registry under this name (as --register NAME; "
+        "a new version each run)",
+    )
+    register_pick: Literal["last", "best"] = Field(
+        default="last",
+        description="the model registered (--register, tracking.register_model): last = the final model; "
+        "best = the run's model (a checkpoint still stored, or the final one) with the lowest val/loss, "
+        "found by search_logged_models",
+    )
+
+    @field_validator("register_model")
+    @classmethod
+    def _register_named(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError(
+                "tracking.register_model: empty; give the name to register the model under, e.g. digits-cnn"
+            )
+        return v
 
     @field_validator("experiment")
     @classmethod

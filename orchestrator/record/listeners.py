@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from mlflow.entities import Metric
 
+from orchestrator.record.checkpoint_models import CheckpointModels
 from orchestrator.record.events import (
     CapacityReturned,
     GroupFailed,
@@ -31,6 +32,7 @@ from trainers.link.messages import (
     AutoWarmupEnd,
     BatchChange,
     CheckpointQuarantined,
+    CheckpointSaved,
     Diverged,
     Event,
     GoodputDecided,
@@ -41,6 +43,7 @@ from trainers.link.messages import (
     WorkerWarning,
     WorkloadFailed,
 )
+from trainers.loop.storage import store_for
 
 TAG_EVERY_S = 5.0  # goodput's latest reason is tagged at most this often (one MLflow call per tag)
 
@@ -71,10 +74,14 @@ class TrackingListener(RunListener):
 
     A resize's ``resize/*`` values are logged at its step and again at the last step of the stretch
     it opened (before the next resize, or the driver's last step): one point per resize would be a
-    lone dot in MLflow's charts, two make a step line across the stretch the resize paid for."""
+    lone dot in MLflow's charts, two make a step line across the stretch the resize paid for.
+
+    Each checkpoint is an MLflow LoggedModel with its step and its metrics, referring to where the
+    checkpoint lives (:class:`~orchestrator.record.checkpoint_models.CheckpointModels`)."""
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
+        self.checkpoints = CheckpointModels(tracker)
         self.warnings: list[str] = []
         self.quarantined: list[str] = []  # damaged checkpoints moved aside (trainers/loop/checkpoint.py)
         self.called_off = 0
@@ -99,6 +106,8 @@ class TrackingListener(RunListener):
             self._end_open_resize(max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0))
         except Exception:  # the other listeners still close (a store that does not answer)
             pass
+        if self.checkpoints.logged or self.checkpoints.pending:
+            self.checkpoints.close(exists=lambda path: store_for(path).kind(path) is not None)
 
     def continue_from(self, tags: dict[str, str]) -> None:
         """A resumed run: the run-level tags this listener adds to go on from what the earlier
@@ -119,6 +128,7 @@ class TrackingListener(RunListener):
 
     def on_records(self, records: list[Record]) -> None:
         self.tracker.log_metrics(records)
+        self.checkpoints.seen(records)
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -133,6 +143,8 @@ class TrackingListener(RunListener):
                 self.tracker.set_tags({T.RESTARTS: n})
             case WorkerWarning(message=message):
                 self._warn(message)
+            case CheckpointSaved(step=step, path=path) if path and not self.tracker.lost:
+                self.checkpoints.saved(step, path)
             case CheckpointQuarantined(path=path, reason=reason, moved_to=moved_to):  # the line: its warning
                 self.quarantined.append(f"{path} moved to {moved_to}: {reason}")
                 self.tracker.set_tags({T.CHECKPOINTS_QUARANTINED: "\n".join(self.quarantined)[-5000:]})

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config.schema import RootConfig, public_config
 from orchestrator.config.uris import mlflow_uri, redact_uri
+from orchestrator.record.datasets import describe_data, log_datasets
 from orchestrator.record.model_log import ModelLogger
 from orchestrator.record.params import applicable_params
 from orchestrator.record.plots import RunPlots
@@ -127,6 +128,7 @@ class RunTracker:
         for i in range(0, len(params), 90):
             self.client.log_batch(self.run_id, params=params[i : i + 90])
         self.log_text(yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
+        log_datasets(self.client, self.run_id, describe_data(cfg.data))  # "Datasets used": training, validation
 
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
@@ -248,8 +250,9 @@ class RunTracker:
         register: str | None = None,
         warn: Any = print,
     ) -> tuple[str | None, str | None]:
-        """The final weights and the MLflow model; its URI and registered version (:meth:`ModelLogger.log`)."""
-        return self._models().log(model_state, cfg, functions, register, warn)
+        """The final weights and the MLflow model at the newest step; its URI and registered version
+        (:meth:`ModelLogger.log`)."""
+        return self._models().log(model_state, cfg, functions, register, warn, step=max(self.newest_step, 0))
 
     # -- training starts on this driver ----------------------------------------------------------
 

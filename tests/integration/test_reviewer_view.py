@@ -1,5 +1,6 @@
 """What a reviewer finds in MLflow after a real run on a local Ray: the final
-model as an MLflow PyTorch model with a signature (loadable, registered), system metrics from the
+model as an MLflow PyTorch model with a signature (loadable), each checkpoint as a LoggedModel with its
+step and metrics, the best of them by val/loss registered, the datasets as inputs, system metrics from the
 driver and from the workers' node, the resize timeline (table and chart), only the params that
 apply, the git source, and the summary's stretches of B and W."""
 
@@ -34,7 +35,8 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
         batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
         scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
         train={"epochs": 2},
-        tracking={"uri": uri, "experiment": "review"},
+        tracking={"uri": uri, "experiment": "review", "register_pick": "best"},
+        checkpoint={"keep": 5},
     )
     s = run_training(cfg, progress=False, register_model="digits-mlp")
     assert s.status == "FINISHED" and len(s.resizes) == 1, s
@@ -52,10 +54,42 @@ def test_a_run_logs_its_model_system_metrics_timeline_and_source(ray_cluster, tm
     model = mlflow.pytorch.load_model(s.model_uri)
     x = torch.from_numpy(np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32))
     assert tuple(model(x).shape) == (3, 10)
-    (logged,) = client.search_logged_models([s.experiment_id])
-    assert logged.source_run_id == s.run_id
+    models = client.search_logged_models([s.experiment_id])
+    assert {m.source_run_id for m in models} == {s.run_id}
+    (final,) = [m for m in models if m.name == "final_model"]
+    assert s.model_uri == final.model_uri and {x.step for x in final.metrics} == {s.steps}
+    # each checkpoint a LoggedModel at its step, referring to the checkpoint's folder, its val metrics linked
+    checkpoints = {int(m.tags["elastic.checkpoint.step"]): m for m in models if m.model_type == "checkpoint"}
+    assert {45, s.steps} <= set(checkpoints), sorted(checkpoints)  # the resize's (epoch 1's end) and the last
+    for step, m in checkpoints.items():
+        assert (
+            os.path.isdir(m.tags["elastic.checkpoint.uri"])
+            and f"checkpoint_step{step:08d}" in m.tags["elastic.checkpoint.uri"]
+        )
+        assert {x.key for x in m.metrics} >= {"val/loss", "val/accuracy", "train/loss"}
+        assert {x.step for x in m.metrics} == {step}
+    outputs = {(o.model_id, o.step) for o in run.outputs.model_outputs}
+    assert {(m.model_id, step) for step, m in checkpoints.items()} <= outputs
+    assert len(metric_series(uri, s.run_id, "val/loss")) == len(
+        {st for st, _ in metric_series(uri, s.run_id, "val/loss")}
+    )
+    # the best by val/loss (search_logged_models ordered by it) is what --register registered
+    (best, *_) = client.search_logged_models(
+        [s.experiment_id],
+        filter_string=f"source_run_id = '{s.run_id}'",
+        order_by=[{"field_name": "metrics.val/loss", "ascending": True}],
+    )
     (version,) = client.search_model_versions("name='digits-mlp'")
     assert version.run_id == s.run_id and s.registered == f"digits-mlp/{version.version}"
+    registered = client.get_logged_model(version.source.removeprefix("models:/"))
+    best_step = {x.step for x in best.metrics}
+    assert registered.name in ("final_model", "best_model") and {x.step for x in registered.metrics} == best_step
+
+    # the datasets: digits, in the training and the validation context
+    inputs = {
+        ({t.key: t.value for t in d.tags}["mlflow.data.context"], d.dataset.name) for d in run.inputs.dataset_inputs
+    }
+    assert inputs == {("training", "digits"), ("validation", "digits")}
 
     # system metrics: the driver's (MLflow's monitor) and the workers' node (rank 0, over the link)
     keys = set(run.data.metrics)

@@ -166,6 +166,7 @@ class CheckpointSaved(Event):
     kind: ClassVar[str] = "checkpoint"
     step: int
     resize_to: int = 0
+    path: str = ""  # where it was written (a folder or an object-store URI): its MLflow LoggedModel refers to it
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,11 @@ RESIZES = "elastic.resizes"  # resizes over the whole run, every driver of it co
 MODEL_ERROR = "elastic.model_error"  # why the MLflow model was not logged (model/model.pt holds the weights)
 REGISTERED_MODEL = "elastic.registered_model"  # name/version of the registered model (--register)
 
+# -- on each checkpoint's MLflow LoggedModel (orchestrator/record/checkpoint_models.py) -----------------------
+CHECKPOINT_URI = "elastic.checkpoint.uri"  # where the checkpoint lives (a folder or an object-store URI)
+CHECKPOINT_STEP = "elastic.checkpoint.step"  # the optimizer step it holds
+CHECKPOINT_PRUNED = "elastic.checkpoint.pruned"  # "true": checkpoint.keep removed it since
+
 # -- what happened on the way (orchestrator/record/listeners.py TrackingListener) -----------------------------
 WARNINGS = "elastic.warnings"  # the run's warnings, one a line (the last 5000 characters)
 WORKER_THREADS = "elastic.worker_threads"  # torch's threads per worker (rank 0's, in the newest group)

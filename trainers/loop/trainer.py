@@ -213,7 +213,7 @@ class Trainer:
         if full is not None:
             raise full
         if self.checkpoints.writing:
-            self.report.emit(CheckpointSaved(step=self.state.step, resize_to=resize_to))
+            self.report.emit(CheckpointSaved(step=self.state.step, resize_to=resize_to, path=path))
         return path
 
     def hand_over(self, resize_to: int) -> None:
