@@ -62,7 +62,7 @@ class ShardCache:
         self._lock = threading.Condition()
         self._arrays: dict[str, np.memmap] = {}
         self._held: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
-        self._inflight: set[str] = set()
+        self._inflight: dict[str, int] = {}  # sha256 -> bytes of the downloads under way (room kept for them)
         self._wanted: list[Shard] = []
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -108,7 +108,8 @@ class ShardCache:
             pass
 
     def held(self) -> int:
-        return sum(self._held.values())
+        """Bytes of the shards held and of the downloads under way."""
+        return sum(self._held.values()) + sum(self._inflight.values())
 
     def _make_room(self, shard: Shard, keep: set[str]) -> bool:
         """Evict least recently used shards outside ``keep`` until ``shard`` fits (lock held)."""
@@ -160,26 +161,31 @@ class ShardCache:
     def _fetch(self, shard: Shard, keep: set[str], demand: bool) -> bool:
         """Make ``shard`` present; False when a prefetch does not fit now."""
         with self._lock:
-            while shard.sha256 in self._inflight:
-                self._lock.wait()
-            if shard.sha256 in self._held:
-                self._held.move_to_end(shard.sha256)
-                return True
-            if not self._make_room(shard, keep | {shard.sha256}):
+            while True:
+                while shard.sha256 in self._inflight:
+                    self._lock.wait()
+                if shard.sha256 in self._held:
+                    self._held.move_to_end(shard.sha256)
+                    return True
+                if self._make_room(shard, keep | {shard.sha256}):
+                    break
                 if not demand:
                     return False
-                self._make_room(shard, {shard.sha256})
-                if self.held() + shard.bytes > self.cache_bytes:
+                if self._make_room(shard, {shard.sha256}):
+                    break
+                if not self._inflight:
                     raise ShardError(
                         f"data.cache_bytes: {self.cache_bytes} bytes cannot hold shard {shard.name!r} of "
                         f"{shard.bytes} bytes; raise data.cache_bytes"
                     )
-            self._inflight.add(shard.sha256)
+                self._lock.wait()  # room is held for a download under way: wait for it, then evict
+            self._inflight[shard.sha256] = shard.bytes
+            self.peak = max(self.peak, self.held())
         try:
             self._download(shard)
         finally:
             with self._lock:
-                self._inflight.discard(shard.sha256)
+                self._inflight.pop(shard.sha256, None)
                 self._lock.notify_all()
         with self._lock:
             self._held[shard.sha256] = shard.bytes
