@@ -4,11 +4,15 @@ run on the shared Ray that grows B and W mid-epoch and trains every window once,
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -17,7 +21,7 @@ import yaml
 
 from orchestrator.config.prepare import load_config
 from orchestrator.config.schema import ConfigError
-from tests.helpers import make_config, read_sample_log
+from tests.helpers import migrated_store, read_sample_log
 from tests.s3_server import S3Server
 from trainers.data.sampler import fetch
 from trainers.data.shards.cache import ShardCache, default_cache_root
@@ -151,34 +155,90 @@ def test_an_unauthorised_bucket_is_one_line_and_exit_2(tmp_path):
         server.stop()
 
 
-def test_a_run_that_grows_b_and_w_mid_epoch_trains_every_window_once_in_order(ray_cluster, s3_server, tmp_path):
-    """B 8 on one worker, then 16 on two (a resize) half-way through the epoch; shards in the bucket,
-    each worker's cache smaller than the corpus.  The sample log, step by step, is the epoch's order."""
-    from orchestrator.run.runner import run_training
+def _newest_step(pattern: str) -> int:
+    steps = [int(re.search(r"checkpoint_step(\d+)", p).group(1)) for p in glob.glob(f"{pattern}/checkpoint_step*")]
+    return max(steps, default=-1)
 
-    root, m = _upload(s3_server, tmp_path)
+
+def test_a_run_that_grows_b_and_w_killed_and_resumed_trains_every_window_once_in_order(
+    ray_cluster, s3_server, tmp_path
+):
+    """B 8 on one worker, then 16 on two (a resize) half-way through the first of two epochs; shards in
+    the bucket, each worker's cache smaller than the corpus; the driver SIGKILLed after a checkpoint
+    past the resize and resumed.  The sample log, each step as its last attempt trained it, is the
+    epochs' order: no window skipped, none twice."""
+    from mlflow.tracking import MlflowClient
+
+    root, _ = _upload(s3_server, tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = make_config(
-        tmp_path,
-        uri,
-        data={"name": "token_shards", "root": root, "context": 16, "shard_block": 2, "cache_bytes": 5 * 3000},
-        model={"name": "gpt", "norm": "none", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
-        optimizer={"name": "adamw", "lr": 0.001, "base_batch_size": 8},
-        batch={"size": 8, "max_local_batch": 8, "policy": "schedule", "schedule": [[0.5, 16]]},
-        scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
-        train={"epochs": 1, "seed": 3, "sample_log_dir": str(tmp_path / "samples")},
-    )
+    migrated_store(uri)
+    raw = {
+        "data": {"name": "token_shards", "root": root, "context": 16, "shard_block": 2, "cache_bytes": 5 * 3000},
+        "model": {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}},
+        "optimizer": {"name": "adamw", "lr": 0.001, "base_batch_size": 8},
+        "batch": {"size": 8, "max_local_batch": 8, "policy": "schedule", "schedule": [[0.5, 16]]},
+        "scaling": {
+            "min_workers": 1,
+            "max_workers": 2,
+            "resize_mode": "restart",
+            "cpus_per_worker": 0.5,
+            "resize_when": "always",  # a short run: resize although it cannot pay for itself
+        },
+        "train": {"epochs": 2, "seed": 3, "sample_log_dir": str(tmp_path / "samples")},
+        "checkpoint": {"every_steps": 4, "storage_path": str(tmp_path / "ray_runs")},
+        "tracking": {"uri": uri, "experiment": "tests"},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
+    env.pop("ELASTIC_KEEP_RAY", None)
+    cache = os.path.join(default_cache_root(), hashlib.sha256(root.encode()).hexdigest()[:16])
     try:
-        summary = run_training(cfg, progress=False)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "train", str(path), "--no-progress"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        run_id, deadline = None, time.time() + 240
+        while time.time() < deadline:  # a checkpoint of the grown group (the resize is at step 35)
+            if driver.poll() is not None:
+                pytest.fail(f"the driver ended early ({driver.returncode}): {driver.communicate()}")
+            folders = glob.glob(f"{tmp_path}/ray_runs/elastic-*")
+            run_id = run_id or (os.path.basename(min(folders, key=len))[len("elastic-") :] if folders else None)
+            if run_id and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}*") > 40:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run never checkpointed past its resize")
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        out = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri, "--no-progress"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
-        shutil.rmtree(os.path.join(default_cache_root(), hashlib.sha256(root.encode()).hexdigest()[:16]), True)
-    assert summary.status == "FINISHED"
+        shutil.rmtree(cache, True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert MlflowClient(uri).get_run(run_id).data.tags["elastic.resumes"] == "1"
     rows = read_sample_log(str(tmp_path / "samples"))
+    last = {}
+    for r in rows:  # a step trained again after the kill: its last attempt counts
+        last[r["step"]] = max(last.get(r["step"], r["attempt"]), r["attempt"])
     by_step: dict[int, list[int]] = {}
     for r in sorted(rows, key=lambda r: (r["step"], r["rank"])):
-        by_step.setdefault(r["step"], []).extend(r["ids"])
-    train, _ = load_tokens(root, context=16, val_fraction=cfg.data.val_fraction, block=2, cache_dir=str(tmp_path / "c"))
-    expected = epoch_order(3, 0, train.offsets, 2)
+        if r["attempt"] == last[r["step"]]:
+            by_step.setdefault(r["step"], []).extend(r["ids"])
+    train, _ = load_tokens(root, context=16, val_fraction=0.2, block=2, cache_dir=str(tmp_path / "c"))
+    expected = np.concatenate([epoch_order(3, e, train.offsets, 2) for e in (0, 1)])
     assert [i for s in sorted(by_step) for i in by_step[s]] == expected.tolist()
-    assert {r["rank"] for r in rows} == {0, 1}  # both sizes of the group trained
-    assert {len(ids) for ids in by_step.values()} >= {8, 16}
+    assert sorted(by_step) == list(range(1, len(by_step) + 1))
+    assert {r["rank"] for r in rows} == {0, 1} and {len(ids) for ids in by_step.values()} >= {8, 16}
+    assert len({r["attempt"] for r in rows}) >= 3  # the first group, the grown one, the resumed one
