@@ -1,12 +1,19 @@
-"""The driver's own machine in its MLflow run, sampled by MLflow's system-metrics monitor.
+"""The driver's own machine in its MLflow run, sampled by MLflow's system-metrics monitor; the other nodes.
 
-CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  The workers' rank 0 reports
-its node as ``system/worker-<host>/<metric>`` over the link (trainers/link/system.py)."""
+CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  Every other node of the Ray
+cluster as ``system/<host>-<node id>/<metric>`` (orchestrator/record/node_metrics.py); the workers'
+rank 0 also reports its process's view of its node as ``system/worker-<host>/<metric>`` over the link
+(trainers/link/system.py)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+import ray
+from mlflow.tracking import MlflowClient
+
+from orchestrator.record.node_metrics import NodeSystemMetrics
 
 SYSTEM_EVERY_S = 5.0  # seconds between the driver's system-metrics samples (MLflow's monitor)
 
@@ -17,13 +24,13 @@ class DriverSystemMetrics:
     def __init__(self, run_id: str, mlflow_uri: str) -> None:
         self.run_id, self.mlflow_uri = run_id, mlflow_uri
         self._monitor: Any = None
+        self.nodes: NodeSystemMetrics | None = None  # the cluster's other nodes (a driver on Ray)
 
     def start(self, resume: bool = False) -> bool:
         """Sample every :data:`SYSTEM_EVERY_S` seconds (``resume``: go on at the run's next step);
         False where MLflow's monitor cannot run.  It needs ``psutil``, which Ray ships (importing Ray
         puts it on the path) when it is not installed."""
         try:
-            import ray  # noqa: F401
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         except ImportError:
             return False
@@ -34,11 +41,29 @@ class DriverSystemMetrics:
             self.run_id, sampling_interval=SYSTEM_EVERY_S, resume_logging=resume, tracking_uri=self.mlflow_uri
         )
         self._monitor.start()
+        self.start_nodes()
+        return True
+
+    def start_nodes(self) -> bool:
+        """Sample every node of the Ray cluster this driver joined, but its own (False: no Ray here)."""
+        if not ray.is_initialized() or self.nodes is not None:
+            return False
+        client = MlflowClient(self.mlflow_uri)  # its own: written from the sampler's thread
+        started = client.get_run(self.run_id).info.start_time / 1000.0
+        self.nodes = NodeSystemMetrics(
+            lambda rows: client.log_batch(self.run_id, metrics=rows),
+            ray.get_runtime_context().get_node_id(),
+            started,
+        )
+        self.nodes.start()
         return True
 
     def stop(self, lost: bool = False) -> None:
         """End the monitor; ``lost``: the store stays away, its last rows cannot be written (stopped
         without MLflow's flush and its error line)."""
+        if self.nodes is not None:
+            self.nodes.stop(last=not lost)
+            self.nodes = None
         if self._monitor is not None:
             if lost:
                 self._monitor._shutdown_event.set()

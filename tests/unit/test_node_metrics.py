@@ -1,0 +1,82 @@
+"""System metrics of every node (orchestrator/record/node_metrics.py): each node but the driver's under its
+own MLflow node id, nodes that join picked up and nodes that leave dropped, each (metric, step) once;
+the sampler's figures are MLflow's own (a real sample of this machine)."""
+
+from __future__ import annotations
+
+from orchestrator.record.node_metrics import NODE_EVERY_S, REFRESH_EVERY, NodeSampler, NodeSystemMetrics, node_label
+
+
+class Cluster:
+    """Nodes by id, and what each node's sampler answers (None: the node is gone)."""
+
+    def __init__(self, nodes: dict[str, str]) -> None:
+        self.nodes = dict(nodes)
+        self.spawned: list[str] = []
+        self.ended: list[str] = []
+        self.gone: set[str] = set()
+
+    def spawn(self, node: str) -> str:
+        self.spawned.append(node)
+        return node  # the "actor" is its node's id
+
+    def ask(self, samplers: dict) -> dict:
+        return {n: None if n in self.gone else {"cpu_utilization_percentage": 10.0} for n in samplers}
+
+    def end(self, samplers: dict) -> None:
+        self.ended += list(samplers)
+
+
+def _metrics(cluster: Cluster, rows: list) -> NodeSystemMetrics:
+    return NodeSystemMetrics(
+        rows.extend,
+        "head",
+        1000.0,
+        nodes=lambda: cluster.nodes,
+        spawn=cluster.spawn,
+        asker=cluster.ask,
+        ender=cluster.end,
+    )
+
+
+def test_each_node_but_the_drivers_logs_under_its_own_node_id():
+    cluster = Cluster({"head": "h0", "aaaaaaaa11": "gpu-1", "bbbbbbbb22": "gpu-1"})  # two nodes on one host
+    rows: list = []
+    nm = _metrics(cluster, rows)
+    assert nm.tick(now=1000.0 + 2 * NODE_EVERY_S) == 2
+    assert sorted(cluster.spawned) == ["aaaaaaaa11", "bbbbbbbb22"]  # no sampler on the driver's node
+    assert sorted((r.key, r.step) for r in rows) == [
+        ("system/gpu-1-aaaaaa/cpu_utilization_percentage", 2),
+        ("system/gpu-1-bbbbbb/cpu_utilization_percentage", 2),
+    ]
+    nm.tick(now=1000.0 + 2 * NODE_EVERY_S + 1)  # within the same window: the next step, not the same one twice
+    steps = sorted(r.step for r in rows if "aaaaaa" in r.key)
+    assert steps == [2, 3]
+
+
+def test_a_node_that_joins_is_sampled_and_one_that_leaves_is_dropped():
+    cluster = Cluster({"head": "h0", "n1": "w1"})
+    rows: list = []
+    nm = _metrics(cluster, rows)
+    nm.tick(now=1000.0)
+    cluster.nodes["n2"] = "w2"
+    cluster.gone.add("n1")  # drained: its actor died with it
+    del cluster.nodes["n1"]
+    for i in range(1, REFRESH_EVERY + 1):  # the new node is found at the next look at the cluster
+        nm.tick(now=1000.0 + i * NODE_EVERY_S)
+    assert set(nm.samplers) == {"n2"} and cluster.spawned == ["n1", "n2"]
+    keys = {r.key.split("/")[1] for r in rows}
+    assert keys == {node_label("w1", "n1"), node_label("w2", "n2")}
+    nm.stop()  # one last round, then the samplers end
+    assert cluster.ended == ["n1", "n2"] and not nm.samplers  # the gone node's sampler ended when it stopped answering
+
+
+def test_a_node_label_is_a_valid_metric_key_part():
+    assert node_label("ip-10-0-0-7.ec2.internal", "0123456789ab") == "ip-10-0-0-7.ec2.internal-012345"
+    assert node_label("host:with/odd chars", "abcdef99") == "host_with_odd_chars-abcdef"
+
+
+def test_the_sampler_takes_mlflows_figures_of_this_machine():
+    figures = NodeSampler().sample()
+    assert {"cpu_utilization_percentage", "system_memory_usage_megabytes", "network_receive_megabytes"} <= set(figures)
+    assert all(isinstance(v, float) for v in figures.values())
