@@ -110,7 +110,8 @@ class RunTracker:
         self.client, self.run_id = client, run.info.run_id
         # warn: where the outage's lines go (under the progress bar while one shows)
         self.writer = RunWriter(client, self.run_id, self.uri, cfg.tracking.outage_timeout_s, warn)
-        self.system = DriverSystemMetrics(run.info.run_id, seen_by_mlflow)
+        # a search's trial samples its own machine only (its study's trials share the nodes)
+        self.system = DriverSystemMetrics(run.info.run_id, seen_by_mlflow, nodes=parent_run_id is None)
         self.writer.on_back = self.system.revive  # its thread ended at the outage's first failed call
         self._released = time.monotonic()  # the held points were last logged (HOLD_S)
         if run_id is None:

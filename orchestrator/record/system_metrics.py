@@ -21,10 +21,11 @@ SYSTEM_EVERY_S = 5.0  # seconds between the driver's system-metrics samples (MLf
 class DriverSystemMetrics:
     """Run MLflow's system-metrics monitor for one run on the driver, anew after a tracking outage."""
 
-    def __init__(self, run_id: str, mlflow_uri: str) -> None:
+    def __init__(self, run_id: str, mlflow_uri: str, nodes: bool = True) -> None:
         self.run_id, self.mlflow_uri = run_id, mlflow_uri
         self._monitor: Any = None
-        self.nodes: NodeSystemMetrics | None = None  # the cluster's other nodes (a driver on Ray)
+        self.sample_nodes = nodes  # the cluster's other nodes too (False: this machine only)
+        self.nodes: NodeSystemMetrics | None = None
 
     def start(self, resume: bool = False) -> bool:
         """Sample every :data:`SYSTEM_EVERY_S` seconds (``resume``: go on at the run's next step);
@@ -46,7 +47,7 @@ class DriverSystemMetrics:
 
     def start_nodes(self) -> bool:
         """Sample every node of the Ray cluster this driver joined, but its own (False: no Ray here)."""
-        if not ray.is_initialized() or self.nodes is not None:
+        if not self.sample_nodes or not ray.is_initialized() or self.nodes is not None:
             return False
         client = MlflowClient(self.mlflow_uri)  # its own: written from the sampler's thread
         started = client.get_run(self.run_id).info.start_time / 1000.0

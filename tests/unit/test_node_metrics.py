@@ -80,3 +80,16 @@ def test_the_sampler_takes_mlflows_figures_of_this_machine():
     figures = NodeSampler().sample()
     assert {"cpu_utilization_percentage", "system_memory_usage_megabytes", "network_receive_megabytes"} <= set(figures)
     assert all(isinstance(v, float) for v in figures.values())
+
+
+def test_a_search_trial_samples_its_own_machine_only(tmp_path):
+    from orchestrator.config.schema import validate
+    from orchestrator.record.run_tracker import RunTracker
+
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
+    parent = RunTracker(cfg)
+    trial = RunTracker(cfg, parent_run_id=parent.run_id)
+    assert parent.system.sample_nodes and not trial.system.sample_nodes
+    assert trial.system.start_nodes() is False and trial.system.nodes is None
+    trial.end()
+    parent.end()
