@@ -93,6 +93,10 @@ def unpack(wheels: str, site: str) -> list[str]:
             continue
         with zipfile.ZipFile(os.path.join(wheels, name)) as z:
             z.extractall(site)
+            for info in z.infolist():  # extractall drops the mode: Ray's gcs_server and raylet must stay executable
+                mode = info.external_attr >> 16
+                if mode & 0o111 and not info.is_dir():
+                    os.chmod(os.path.join(site, info.filename), mode & 0o777)
         kept.append(wheel_project(name))
     return kept
 
