@@ -4,7 +4,7 @@ impossible request is a one-line error instead of a run that waits forever.
 Ray Train waits, and retries, for a worker group the cluster cannot place: ``use_gpu`` on a
 cluster without GPUs, or ``max_workers x cpus_per_worker`` above every CPU it will ever have,
 keeps a run "pending" forever.  :func:`check_feasible` answers before the first ``fit()``; it is
-a pure function of the config and two resource dicts, so it is tested without Ray.
+a pure function of the config's ``scaling`` section and two resource dicts, so it is tested without Ray.
 
 What the cluster can *ever* have is the larger of what it has now (``ray.cluster_resources()``)
 and what its autoscaler may grow it to.  Ray shows no public API for the latter: the driver reads
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from orchestrator.config.schema import RootConfig
+    from orchestrator.config.schema import ScalingConfig
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 """Where ``ray up`` puts the autoscaling config on the head node."""
@@ -45,9 +45,9 @@ def capacity(cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, fl
 
 
 def check_feasible(
-    cfg: RootConfig, cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, float] | None
+    scaling: ScalingConfig, cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, float] | None
 ) -> str | None:
-    """``None`` when the largest worker group of ``cfg`` fits what the cluster can ever have,
+    """``None`` when the largest worker group ``scaling`` asks for fits what the cluster can ever have,
     else one line naming the field, what it needs, what the cluster can have, and the fix.
 
     ``cluster_total``: ``ray.cluster_resources()``; ``autoscaler_max``: what the autoscaler may grow
@@ -56,7 +56,6 @@ def check_feasible(
     gpus_per_worker`` GPUs (the elastic run asks for its largest group; a smaller one may fit but
     never the requested size).
     """
-    scaling = cfg.scaling
     cap = capacity(cluster_total, autoscaler_max)
     ever = "the cluster has" if autoscaler_max is None else "the cluster can ever have (autoscaler limits included)"
     if scaling.use_gpu:

@@ -52,14 +52,13 @@ from functools import partial
 
 import ray
 
-from orchestrator.config.schema import RootConfig
+from orchestrator.config.schema import ScalingConfig
 from orchestrator.record.events import OverlapFellBack, ResizeCalledOff, ResizeHandedOver
 from orchestrator.record.listeners import RunListener
 from orchestrator.run.cluster_limits import ClusterLimits
 from orchestrator.run.resizing import has_room
 from trainers.link import metrics as M
 from trainers.link.messages import Event, FirstStep, Record, ResizeDecided, ResizeSkipped
-from trainers.policies.plan import workers_ahead
 
 log = logging.getLogger(__name__)
 
@@ -154,29 +153,26 @@ class NodeSupply:
     """The run's requests to the autoscaler and its waits for nodes (see the module docstring).
 
     ``active`` only on an autoscaling cluster with ``scaling.request_ahead``; inactive, every method
-    does what a run did before (no request, the waits of a fixed cluster).  ``limits``: what
-    orchestrator/run/cluster_limits.py read; ``per_worker``: a worker's resources; ``send``: Ray's
-    request (replaced in tests); ``ahead``: the plan's workers at a later epoch
-    (:func:`~trainers.policies.plan.workers_ahead` of the config)."""
+    does what a run did before (no request, the waits of a fixed cluster).  ``scaling``: the run's
+    section (a worker's resources, the node wait, the resize mode); ``limits``: what
+    orchestrator/run/cluster_limits.py read; ``ahead``: the plan's workers at a later epoch
+    (:func:`~trainers.policies.plan.workers_ahead` of the config; ``None``: nothing foreseen);
+    ``send``: Ray's request (replaced in tests)."""
 
     def __init__(
         self,
-        cfg: RootConfig | None = None,
+        scaling: ScalingConfig | None = None,
         limits: ClusterLimits | None = None,
-        per_worker: Mapping[str, float] | None = None,
+        ahead: Callable[[float, int, int], int | None] | None = None,
         send: Callable[[list[dict[str, float]]], None] = request_resources,
         clock: Callable[[], float] = time.monotonic,
-        ahead: Callable[[float, int, int], int | None] | None = None,
     ) -> None:
-        s = cfg.scaling if cfg is not None else None
         self.limits = limits or ClusterLimits()
-        self.active = bool(s is not None and s.request_ahead and self.limits.autoscaling)
-        self.per_worker = dict(per_worker or {})
-        self.wait_s = s.node_wait_s if s is not None else 0.0
-        self.overlap_mode = s is not None and s.resize_mode == "overlap"
+        self.active = bool(scaling is not None and scaling.request_ahead and self.limits.autoscaling)
+        self.per_worker = scaling.per_worker() if scaling is not None else {}
+        self.wait_s = scaling.node_wait_s if scaling is not None else 0.0
+        self.overlap_mode = scaling is not None and scaling.resize_mode == "overlap"
         self.send, self.clock = send, clock
-        if ahead is None and cfg is not None:
-            ahead = partial(workers_ahead, cfg)
         self.ahead = ahead
         self.need = NodeNeed()
         self.pace = Pace()

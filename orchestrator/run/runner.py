@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import ray
@@ -28,7 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config.code import runtime_env
 from orchestrator.config.feasibility import check_feasible
-from orchestrator.config.schema import ConfigError, RootConfig
+from orchestrator.config.schema import ConfigError, RootConfig, ScalingConfig
 from orchestrator.config.uris import redact_text
 from orchestrator.record.cost import Cost
 from orchestrator.record.history import earlier_timeline, holds_saver, resize_saver
@@ -62,6 +63,7 @@ from trainers.link import metrics as M
 from trainers.link import tags as T
 from trainers.loop.checkpoint import load_newest_checkpoint
 from trainers.loop.storage import StorageFull, no_room
+from trainers.policies.plan import workers_ahead
 
 __all__ = [
     "POLL_S",
@@ -170,7 +172,9 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     opts = RunOptions(**options)
     launched = opts.t_launched or time.time()
     t0 = opts.t_invoked or launched
-    started_ray, limits = _start_ray(cfg, opts.verbose, opts.own_ray)
+    started_ray, limits = _start_ray(
+        cfg.tracking.resolved_uri(), runtime_env(cfg), cfg.scaling, opts.verbose, opts.own_ray
+    )
     ray_up = time.time()
     try:
         # the MLflow run exists from here: every way out closes it
@@ -193,19 +197,23 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     return summary
 
 
-def _start_ray(cfg: RootConfig, verbose: bool, own: bool = False) -> tuple[bool, ClusterLimits]:
-    """Start (or join) Ray while MLflow's store opens; refuse, before any MLflow run exists, a
-    run the cluster can never hold.  Whether this process started Ray (``own``: its caller did,
-    for this run), and what the cluster's autoscaler may grow it to (orchestrator/run/cluster_limits.py)."""
+def _start_ray(
+    tracking_uri: str, code: dict[str, Any] | None, scaling: ScalingConfig, verbose: bool, own: bool = False
+) -> tuple[bool, ClusterLimits]:
+    """Start (or join) Ray, with the user's ``code`` for its workers (``config.code.runtime_env``),
+    while the MLflow store at ``tracking_uri`` opens; refuse, before any MLflow run exists, a run
+    whose ``scaling`` the cluster can never hold.  Whether this process started Ray (``own``: its
+    caller did, for this run), and what the cluster's autoscaler may grow it to
+    (orchestrator/run/cluster_limits.py)."""
     # Import MLflow and open its store (a fresh SQLite file takes seconds of schema migrations)
     # while Ray starts; the run itself is created once Ray is up.
-    warm = threading.Thread(target=open_tracking_store, args=(cfg.tracking.resolved_uri(),), daemon=True)
+    warm = threading.Thread(target=open_tracking_store, args=(tracking_uri,), daemon=True)
     warm.start()
 
-    started = ensure_ray(verbose, runtime_env=runtime_env(cfg)) or own
+    started = ensure_ray(verbose, runtime_env=code) or own
     warm.join()
     limits = read_limits()
-    why = _infeasible(cfg, limits)
+    why = _infeasible(scaling, limits)
     if why:  # Ray Train would wait for these resources forever
         if started:
             stop_ray()
@@ -286,7 +294,7 @@ class _Driver:
         search's trial: the cluster keeps one request, which one trial's would replace another's."""
         if self.opts.parent_run_id is not None:
             return NodeSupply()
-        return NodeSupply(self.cfg, self.limits, self.cfg.scaling.per_worker())
+        return NodeSupply(self.cfg.scaling, self.limits, ahead=partial(workers_ahead, self.cfg))
 
     def close(self, end: Outcome) -> Outcome:
         """After training: what is left to record for ``end`` (the records held back, the timeline;
@@ -457,15 +465,15 @@ def open_tracking_store(uri: str) -> None:
         pass
 
 
-def _infeasible(cfg: RootConfig, limits: ClusterLimits) -> str | None:
-    """What the cluster can never give this run (GPUs, workers x CPUs), counting what an
-    autoscaling cluster can grow to; None when it fits.  An autoscaling cluster whose limits
+def _infeasible(scaling: ScalingConfig, limits: ClusterLimits) -> str | None:
+    """What the cluster can never give this run's ``scaling`` (GPUs, workers x CPUs), counting what
+    an autoscaling cluster can grow to; None when it fits.  An autoscaling cluster whose limits
     cannot be read is not refused: one line says which limits the run assumes."""
-    assumed = limits.assumed(cfg.scaling.at_most())
+    assumed = limits.assumed(scaling.at_most())
     if assumed is not None:
         print(f"note: {assumed}", file=sys.stderr, flush=True)
         return None
-    return check_feasible(cfg, ray.cluster_resources(), limits.max_resources)
+    return check_feasible(scaling, ray.cluster_resources(), limits.max_resources)
 
 
 def _tracking_gone(e: BaseException) -> bool:

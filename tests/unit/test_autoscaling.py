@@ -7,6 +7,7 @@ a group small (a fake monitor and fake ``fit()`` phases, as tests/unit/test_phas
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 from orchestrator.record.events import OverlapFellBack, ResizeHandedOver, ResizeRecord
@@ -42,7 +43,8 @@ def _supply(tmp_path, limits: ClusterLimits = LIMITS, ahead=None, **scaling: Any
     )
     sent: list[int] = []
     clock = Clock()
-    supply = NodeSupply(cfg, limits, ONE, send=lambda b: sent.append(len(b)), clock=clock, ahead=ahead)
+    plan = ahead if ahead is not None else partial(workers_ahead, cfg)
+    supply = NodeSupply(cfg.scaling, limits, ahead=plan, send=lambda b: sent.append(len(b)), clock=clock)
     return supply, sent, clock
 
 
@@ -142,7 +144,9 @@ def test_the_plan_asks_ahead_for_a_batch_that_follows_the_epoch(tmp_path):
     )
     sent: list[int] = []
     clock = Clock()
-    supply = NodeSupply(cfg, LIMITS, ONE, send=lambda b: sent.append(len(b)), clock=clock)
+    supply = NodeSupply(
+        cfg.scaling, LIMITS, ahead=partial(workers_ahead, cfg), send=lambda b: sent.append(len(b)), clock=clock
+    )
     listener = NodeSupplyListener(supply)
     supply.starting(1)
     supply.on_event(FirstStep(step=1, phase=0))
@@ -229,7 +233,7 @@ def _runner(tmp_path, monkeypatch, plays, resize_mode: str, free: dict[str, floa
     )
     monkeypatch.setattr(ray, "available_resources", lambda: dict(free))
     sent: list[int] = []
-    supply = NodeSupply(cfg, LIMITS, ONE, send=lambda b: sent.append(len(b)))
+    supply = NodeSupply(cfg.scaling, LIMITS, ahead=partial(workers_ahead, cfg), send=lambda b: sent.append(len(b)))
     state = MonitorState(
         WorkerCount(WorkersForBatch(), 32, 1, 4),
         overlap_resources=ONE if resize_mode == "overlap" else None,

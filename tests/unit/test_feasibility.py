@@ -10,7 +10,8 @@ from orchestrator.config.schema import validate
 
 
 def cfg(**scaling):
-    return validate({"scaling": scaling})
+    """A validated config's scaling section (what ``check_feasible`` reads)."""
+    return validate({"scaling": scaling}).scaling
 
 
 LAPTOP = {"CPU": 8.0, "memory": 1e10, "node:127.0.0.1": 1.0}
