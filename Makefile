@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	@echo "install 3/4: $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX), (the biggest part: the default CUDA build is GBs; no GPU? see TORCH_INDEX in the README)) ..."
 	@$(BIN)/pip install -qq $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
 	@echo "install 4/4: this project and its dependencies (Ray, MLflow, Optuna, ...) ..."
-	@$(BIN)/pip install -qq -e '.[test]'
+	@$(BIN)/pip install -qq -e '.[test,dashboard]'
 	@touch $(STAMP)
 	@echo "installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 

@@ -106,6 +106,16 @@ def describe_data(data: Any) -> list[DatasetInput]:
     ]
 
 
-def log_datasets(client: Any, run_id: str, inputs: list[DatasetInput]) -> None:
-    """Log ``inputs`` on the run (one call)."""
-    client.log_inputs(run_id, datasets=inputs)
+def log_datasets(client: Any, run_id: str, inputs: list[DatasetInput], tries: int = 3) -> bool:
+    """Log ``inputs`` on the run; False where the store would not take them (the run goes on).
+
+    Runs of one experiment started at once (a search's parallel trials) may both create the same
+    dataset: the store refuses the second (its unique key), whose next try finds it and links it."""
+    for attempt in range(tries):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return True
+        except Exception:  # the dataset created meanwhile by another run, or the store away
+            if attempt == tries - 1:
+                return False
+    return False

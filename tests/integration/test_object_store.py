@@ -358,3 +358,33 @@ def test_bad_credentials_are_one_line_and_exit_2_before_ray(tmp_path):
         assert resume.stderr.startswith("error: run: cannot reach s3://some-bucket/runs/elastic-x (")
     finally:
         server.stop()
+
+
+def test_checkpoints_in_a_bucket_are_logged_models_that_refer_to_it(s3_server, bucket, tmp_path):
+    """Each checkpoint's MLflow LoggedModel names its place in the bucket (nothing copied into MLflow);
+    the ones pruned by checkpoint.keep before the run ended are tagged so."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.config.schema import validate
+    from orchestrator.record.listeners import TrackingListener
+    from orchestrator.record.run_tracker import RunTracker
+    from trainers.link.messages import CheckpointSaved
+    from trainers.link.tags import CHECKPOINT_PRUNED, CHECKPOINT_URI
+
+    tracker = RunTracker(validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "s3"}}))
+    listener = TrackingListener(tracker)
+    m = _manager(bucket, _Box(), keep=2)
+    for step in (10, 20, 30):
+        m.states["t"].state = {"step": step}
+        listener.on_records([(step, {"train/loss": 1.0 / step, "val/loss": 2.0 / step}, 100.0 + step)])
+        listener.on_event(CheckpointSaved(step=step, path=m.save(step)))
+    listener.close()
+    tracker.end()
+    models = MlflowClient(tracker.client.tracking_uri).search_logged_models([tracker.experiment_id])
+    where = {m.tags[CHECKPOINT_URI]: m.tags.get(CHECKPOINT_PRUNED) for m in models}
+    assert where == {
+        f"{bucket}/{RUN}/checkpoint_step00000010": "true",  # keep: 2
+        f"{bucket}/{RUN}/checkpoint_step00000020": None,
+        f"{bucket}/{RUN}/checkpoint_step00000030": None,
+    }
+    assert all(read_checkpoint(uri)["t"]["step"] for uri, pruned in where.items() if not pruned)

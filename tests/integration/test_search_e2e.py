@@ -8,9 +8,16 @@ one to three rounds of two."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import optuna
 import pytest
@@ -196,6 +203,70 @@ def test_show_prints_trials_and_a_ready_to_train_config(study_a, capsys, tmp_pat
     cfg = validate(yaml.safe_load(out_file.read_text()))
     assert cfg.optimizer.lr == pytest.approx(study.best_params["optimizer.lr"])
     assert cfg.batch.size == study.best_params["batch.size"]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+DASHBOARD = importlib.util.find_spec("optuna_dashboard") is not None
+
+
+def _text(url: str) -> str:
+    """The page's text as headless Chromium renders it (scripts run, tags dropped)."""
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2000"]
+        + ["--virtual-time-budget=20000", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    dom = re.sub(r"<(script|style).*?</\1>", " ", dom, flags=re.S)
+    return " ".join(re.sub(r"<[^>]+>", " ", dom).split())
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's 'chromium' package)")
+@pytest.mark.skipif(not DASHBOARD, reason="optuna-dashboard is not installed (pip install -e '.[dashboard]')")
+def test_optuna_dashboard_shows_the_studys_trials_and_intermediate_values(study_a, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "dashboard.log", "w")
+    # the documented command (README): the study's journal file as the storage
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from optuna_dashboard._cli import main; main()", study_a["storage"]]
+        + ["--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        studies = None
+        for _ in range(120):  # until it answers (bounded)
+            try:
+                with urllib.request.urlopen(f"{base}/api/studies", timeout=5) as r:
+                    studies = json.load(r)["study_summaries"]
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "dashboard.log").read_text()
+                time.sleep(0.5)
+        (sid,) = [x["study_id"] for x in studies if x["study_name"] == "study_a"]
+        trials = load(study_a["storage"], "study_a").trials
+        reported = [t for t in trials if t.intermediate_values]
+        assert reported, "the trials report their validation metric as intermediate values"
+        page = _text(f"{base}/dashboard/studies/{sid}")
+        assert "study_a" in page and "Intermediate values" in page, page[:2000]
+        for t in reported:  # each trial's curve in the intermediate values chart's legend
+            assert f"trial #{t.number}" in page
+        listing = _text(f"{base}/dashboard/studies/{sid}/trials")
+        assert f"{len(trials)} Trials" in listing, listing[:2000]
+        for t in trials:
+            assert f"Trial {t.number} Complete" in listing
+        first = trials[0]  # the trial shown first: its intermediate values, step then value
+        step = min(first.intermediate_values)
+        assert "Intermediate Values" in listing and f" {step} " in listing.split("Intermediate Values", 1)[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
 
 
 # --------------------------------------------------------------------------- (b) pruning stops hopeless trials

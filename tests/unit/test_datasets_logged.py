@@ -67,3 +67,34 @@ def test_no_credential_in_a_logged_source():
     di = dataset_input("shards", uri, "0123abcd", "training")
     assert "s3cr3t" not in di.dataset.source and "Signature" not in di.dataset.source
     assert di.dataset.source_type == "s3" and di.dataset.name == "shards" and di.dataset.digest == "0123abcd"
+
+
+def test_a_dataset_another_run_created_meanwhile_is_linked_on_the_next_try(tmp_path):
+    from orchestrator.record.datasets import log_datasets
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = validate({"tracking": {"uri": uri, "experiment": "d"}})
+    first, second = RunTracker(cfg), RunTracker(cfg)  # two trials of one study, both logged digits
+    client = second.client
+    calls = []
+
+    class Racing:  # the first call meets the unique key the other run's insert just took
+        def log_inputs(self, run_id, datasets):
+            calls.append(run_id)
+            if len(calls) == 1:
+                raise RuntimeError("UNIQUE constraint failed: datasets.experiment_id, datasets.name, datasets.digest")
+            client.log_inputs(run_id, datasets=datasets)
+
+    assert log_datasets(Racing(), second.run_id, describe_data(cfg.data)) and len(calls) == 2
+    got = MlflowClient(uri).get_run(second.run_id).inputs.dataset_inputs
+    assert sorted(d.dataset.digest for d in got) == sorted(
+        d.dataset.digest for d in MlflowClient(uri).get_run(first.run_id).inputs.dataset_inputs
+    )
+
+    class Away:
+        def log_inputs(self, run_id, datasets):
+            raise ConnectionError("the tracking server does not answer")
+
+    assert log_datasets(Away(), second.run_id, describe_data(cfg.data)) is False  # the run goes on
+    first.end()
+    second.end()
