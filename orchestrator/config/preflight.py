@@ -94,6 +94,7 @@ _RESIDUAL_MODELS = catalog.model_names(lambda m: m.residual)
 _LANGUAGE_MODELS = catalog.model_names(lambda m: m.language_model)
 _ROOT_DATASETS = catalog.dataset_names(lambda d: d.needs_root)
 _GENERATED_DATASETS = catalog.dataset_names(lambda d: d.generated)
+_SHARD_DATASETS = (catalog.TOKENS.name,)
 
 
 _ADAPTIVE = ("noise_scale", "norm_test")
@@ -223,6 +224,15 @@ IGNORED_UNLESS: tuple[Needs, ...] = (
             "data.name: synthetic",
         )
         for f in ("size", "shape", "num_classes")
+    ),
+    *(
+        Needs(
+            f"data.{f}",
+            _dataset(*_SHARD_DATASETS),
+            f"data.name is {' or '.join(_SHARD_DATASETS)}",
+            f"data.name: {_SHARD_DATASETS[0]}",
+        )
+        for f in ("shard_block", "cache_bytes")
     ),
     Needs(
         "data.val_fraction",

@@ -188,3 +188,28 @@ def test_the_sampler_takes_the_datasets_order():
         order=lambda seed, epoch, n: epoch_order(seed, epoch, offsets, 2),
     )  # fmt: skip
     assert np.array_equal(next(s.steps()).ids, epoch_order(1, 0, offsets, 2)[:1000])
+
+
+def test_the_config_refuses_token_shards_settings_in_one_line(tmp_path):
+    from orchestrator.config.prepare import load_config
+    from orchestrator.config.schema import ConfigError
+
+    _corpus(tmp_path)
+    model = {"name": "gpt", "params": {"n_layer": 1, "n_head": 2, "d_model": 16}}
+
+    def refused(data: dict, match: str, **more) -> None:
+        with pytest.raises(ConfigError, match=match) as e:
+            load_config({"data": data, "model": model, **more})
+        assert "\n" not in str(e.value)
+
+    good = {"name": "token_shards", "root": str(tmp_path / "shards"), "context": 16}
+    cfg = load_config({"data": good, "model": model, "batch": {"size": 8, "max_local_batch": 8}})
+    assert os.path.isabs(cfg.data.root)
+    refused({"name": "token_shards"}, r"^data\.root: required for token_shards")
+    refused({"name": "text", "cache_bytes": 1000}, r"^data\.cache_bytes: has no effect unless data\.name is token_")
+    refused({**good, "root": str(tmp_path)}, r"^data\.root: no manifest\.json at ")
+    fewer = r"^data\.name: the training set has \d+ samples, fewer than the global batch of 512"
+    refused(good, fewer, batch={"size": 512})
+    big = json.loads((tmp_path / "shards" / "manifest.json").read_text()) | {"vocab_size": 4096}
+    (tmp_path / "shards" / "manifest.json").write_text(json.dumps(big))
+    refused(good, r"^model\.params\.vocab_size: 256 is below the 4096 token ids of the shards at .*; set model")

@@ -15,7 +15,9 @@ the checkpoint holds only the data position).
 
 The cache never holds more than ``cache_bytes``: before a fetch, shards no longer wanted are
 evicted, least recently used first; a prefetch that does not fit waits for the next ``want``, and
-an on-demand fetch evicts whatever else it must.  ``peak`` is the largest total held.
+an on-demand fetch evicts whatever else it must.  ``peak`` is the largest total held.  With
+``data.loader.workers > 0`` each loader process keeps its own account over the same folder (a shard
+one process fetched, the others take from the disk): the bound then holds per process.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class ShardCache:
         self.directory = directory or os.path.join(default_cache_root(), key)
         self.prefetch = prefetch
         self._lock = threading.Condition()
-        self._arrays: dict[str, np.memmap] = {}
+        self._arrays: dict[str, np.ndarray] = {}  # plain ndarray views of the memmaps (no subclass overhead)
         self._held: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
         self._inflight: dict[str, int] = {}  # sha256 -> bytes of the downloads under way (room kept for them)
         self._wanted: list[Shard] = []
@@ -98,6 +100,12 @@ class ShardCache:
             self._held[shard.sha256] = shard.bytes
         while sum(self._held.values()) > self.cache_bytes:
             self._drop(next(iter(self._held)))
+
+    def _on_disk(self, shard: Shard) -> bool:
+        try:
+            return os.path.getsize(self._path(shard)) == shard.bytes
+        except OSError:
+            return False
 
     def _drop(self, sha: str) -> None:
         self._held.pop(sha, None)
@@ -167,6 +175,9 @@ class ShardCache:
                 if shard.sha256 in self._held:
                     self._held.move_to_end(shard.sha256)
                     return True
+                if self._on_disk(shard):  # renamed there, verified, by another process on this machine
+                    self._held[shard.sha256] = shard.bytes
+                    return True
                 if self._make_room(shard, keep | {shard.sha256}):
                     break
                 if not demand:
@@ -194,7 +205,7 @@ class ShardCache:
 
     # ------------------------------------------------------------------ what the dataset calls
 
-    def array(self, shard: Shard) -> np.memmap:
+    def array(self, shard: Shard) -> np.ndarray:
         """The shard's tokens (fetched on demand from a store: the wait is counted in ``wait_s``)."""
         arr = self._arrays.get(shard.sha256)
         if arr is not None:
@@ -212,7 +223,7 @@ class ShardCache:
                     f"data.root: shard {shard.name!r} at {path} does not match the manifest (size or sha256); "
                     "copy it again or prepare the corpus again"
                 )
-            arr = np.memmap(path, dtype=dtype, mode="r")
+            arr = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
         else:
             if self._error is not None:
                 raise self._error
@@ -220,7 +231,7 @@ class ShardCache:
             keep = {s.sha256 for s in self._wanted}
             self._fetch(shard, keep, demand=True)
             self.wait_s += time.perf_counter() - t0
-            arr = np.memmap(self._path(shard), dtype=dtype, mode="r")
+            arr = np.memmap(self._path(shard), dtype=dtype, mode="r").view(np.ndarray)
         self._arrays[shard.sha256] = arr
         return arr
 

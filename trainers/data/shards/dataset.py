@@ -35,6 +35,7 @@ class TokenWindows(torch.utils.data.Dataset):
         self._span = np.arange(self.context + 1)
         self._seed: int | None = None
         self._order: tuple[tuple[int, int], np.ndarray] | None = None
+        self._ahead: list[int] = []
         if not shuffle:  # validation: no order of its own, nothing to hear
             self.epoch_order = None
             self.reading_at = None
@@ -53,21 +54,25 @@ class TokenWindows(torch.utils.data.Dataset):
     def reading_at(self, epoch: int, cursor: int) -> None:
         """The loop is about to read the global batch at ``(epoch, cursor)``: keep the shards of its
         block and the next, and fetch them ahead (a remote corpus)."""
-        if self._seed is None:
-            return
+        if self._seed is None or not self.cache.remote:
+            return  # a local folder is read in place: nothing to fetch
         ahead = shards_ahead(self._seed, epoch, cursor, self.offsets, self.block, ahead=1)
-        self.cache.want([self.shards[i] for i in ahead])
+        if ahead != self._ahead:
+            self._ahead = ahead
+            self.cache.want([self.shards[i] for i in ahead])
 
     def _windows(self, ids: np.ndarray) -> np.ndarray:
         if len(ids) and (ids.min() < 0 or ids.max() >= self.n):
             raise IndexError(f"window ids outside [0, {self.n})")
         shard = shard_of(self.offsets, ids)
         starts = (ids - self.offsets[shard]) * self.context
+        first = int(shard[0]) if len(ids) else 0
+        if len(ids) and (shard == first).all():  # the common case in a block of few shards: one gather
+            return self.cache.array(self.shards[first])[starts[:, None] + self._span].astype(np.int64)
         out = np.empty((len(ids), self.context + 1), dtype=np.int64)
         for s in np.unique(shard):
             rows = np.nonzero(shard == s)[0]
-            tokens = self.cache.array(self.shards[int(s)])
-            out[rows] = tokens[starts[rows, None] + self._span]
+            out[rows] = self.cache.array(self.shards[int(s)])[starts[rows, None] + self._span]
         return out
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
