@@ -36,11 +36,13 @@ def test_a_verdict_covers_every_relayed_value_and_names_the_judged_step(tmp_path
     pruning, r = setup(tmp_path)
     assert pruning.judged_metrics == ["val/accuracy"]  # the run waits for the verdict at its next evaluation
     assert pruning.verdict_for(r, []) is None
-    assert pruning.verdict_for(r, [(10, "val/accuracy", 0.1, 320, None)]) == Verdict(10, False)  # warmup: no pruning yet
+    assert pruning.verdict_for(r, [(10, "val/accuracy", 0.1, 320, None)]) == Verdict(
+        10, False
+    )  # warmup: no pruning yet
     # the driver lags: two evaluations arrive at once; the first past the warmup condemns the trial
-    assert pruning.verdict_for(r, [(20, "val/accuracy", 0.2, 640, None), (30, "val/accuracy", 0.9, 960, None)]) == Verdict(
-        30, True
-    )
+    assert pruning.verdict_for(
+        r, [(20, "val/accuracy", 0.2, 640, None), (30, "val/accuracy", 0.9, 960, None)]
+    ) == Verdict(30, True)
     assert r.pruned == Pruned(20, 0.2, 640)
     assert pruning.verdict_for(r, [(40, "val/accuracy", 0.95, 1280, None)]) == Verdict(40, True)
     frozen = pruning.study.trials[0]
