@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         b.note("  " + " | ".join(ln.strip() for ln in text.strip().splitlines()[-3:])[-400:])
         for ln in text.splitlines():
             if "to the first step" in ln or ln.lstrip().startswith(("finished", "wall")):
-                b.note("  " + ln.strip()[:300])  # where the start went on this machine (issue 48's table)
+                b.note("  " + ln.strip()[:300])  # where the start went on this machine
         if rc != 0:
             b.note("smoke failed: stopping")
             return 3

@@ -619,3 +619,81 @@ def test_a_trainer_restores_what_a_trainer_saved(tmp_path, fmt):
     fresh = _trainer(tmp_path)
     assert fresh.restore() is True
     _same(fresh.checkpoints.state_dict(), saved)
+
+
+# --------------------------------------------------------------------------- written beside the loop
+
+
+def _write_held_back(monkeypatch):
+    """``write_checkpoint`` waits until the returned event is set (a slow store), then writes."""
+    import threading
+
+    go, real = threading.Event(), ckpt.write_checkpoint
+
+    def held(directory, payload):
+        assert go.wait(10), "the test never released the write"
+        return real(directory, payload)
+
+    monkeypatch.setattr(ckpt, "write_checkpoint", held)
+    return go
+
+
+def test_a_checkpoint_written_beside_the_loop_holds_the_state_of_its_step(tmp_path, monkeypatch):
+    states, _ = _states(0)
+    states["train"].step = 7
+    m = _manager(tmp_path, states)
+    go = _write_held_back(monkeypatch)
+    saved = states["model"].weight.detach().clone()
+    m.save_beside(7)
+    assert m.take_written() == []  # still being written: nothing to announce
+    with torch.no_grad():  # the loop's next steps change the parameters in place
+        states["model"].weight.add_(1.0)
+    states["train"].step = 8
+    go.set()
+    m.settle()
+    assert m.take_written() == [(7, str(tmp_path / RUN / "checkpoint_step00000007"))]
+    assert m.take_written() == []  # announced once
+    fresh, _ = _states(1)
+    assert _manager(tmp_path, fresh).load() is True
+    torch.testing.assert_close(fresh["model"].weight, saved)
+    assert fresh["train"].step == 7
+
+
+def test_every_other_use_of_the_manager_waits_for_the_write_beside_the_loop(tmp_path, monkeypatch):
+    states, _ = _states(0)
+    m = _manager(tmp_path, states)
+    import threading
+
+    go = _write_held_back(monkeypatch)
+    m.save_beside(3)
+    threading.Timer(0.05, go.set).start()  # the write finishes only after the listing below has begun
+    assert m.checkpoints() == [str(tmp_path / RUN / "checkpoint_step00000003")]  # listed: it was waited for
+    m.save(4)
+    assert m.take_written() == [(3, str(tmp_path / RUN / "checkpoint_step00000003"))]
+
+
+def test_a_failed_write_beside_the_loop_is_raised_at_the_next_checkpoint_not_announced(tmp_path, monkeypatch):
+    states, _ = _states(0)
+    m = _manager(tmp_path, states)
+
+    def full(directory, payload):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "write_checkpoint", full)
+    m.save_beside(5)
+    m._pending[1].exception(timeout=10)  # the thread has failed
+    assert m.take_written() == []  # a failure is never announced as a checkpoint
+    with pytest.raises(storage.StorageFull) as info:
+        m.save_beside(6)  # the next checkpoint raises it, in the loop's thread
+    assert "checkpoint_step00000005" in info.value.path
+    m.close()
+
+
+def test_host_copy_is_independent_of_the_live_state():
+    t = torch.ones(3)
+    state = {"a": [t, {"b": (t, 2)}], "c": np.arange(3), "d": "x"}
+    snap = ckpt.host_copy(state)
+    t.add_(1)
+    state["c"][0] = 9
+    assert snap["a"][0].tolist() == [1.0, 1.0, 1.0] and snap["a"][1]["b"][0].tolist() == [1.0, 1.0, 1.0]
+    assert snap["a"][1]["b"][1] == 2 and snap["c"].tolist() == [0, 1, 2] and snap["d"] == "x"

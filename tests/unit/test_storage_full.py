@@ -124,6 +124,7 @@ def test_the_group_ends_without_raising_and_says_why(tmp_path, monkeypatch):
 
     t = _trainer(tmp_path)
     t.cfg.checkpoint.every_steps = 2
+    t.cfg.checkpoint.background = False  # each save in the loop's thread (the one beside it: below)
     events = []
     monkeypatch.setattr(t.report, "emit", events.append)
     saves = []
@@ -142,6 +143,35 @@ def test_the_group_ends_without_raising_and_says_why(tmp_path, monkeypatch):
     assert failed.step == 4 and failed.code == errno.ENOSPC
     assert failed.checkpoint.endswith("checkpoint_step00000002") and "checkpoint_step00000004" in failed.path
     assert t.state.step == 4  # it stopped there
+
+
+def test_a_full_disk_beside_the_loop_ends_the_group_at_the_next_checkpoint(tmp_path, monkeypatch):
+    """Written beside the loop (``checkpoint.background``), checkpoint 4's failure is known at the
+    next checkpoint (6): the group ends there the same way, and checkpoint 2 is the one announced."""
+    import trainers.loop.checkpoint as ckpt
+    from tests.unit.test_checkpoint import _trainer
+
+    t = _trainer(tmp_path)
+    t.cfg.checkpoint.every_steps = 2
+    events = []
+    monkeypatch.setattr(t.report, "emit", events.append)
+    writes, real = [], ckpt.write_checkpoint
+
+    def write(directory, payload):
+        writes.append(directory)
+        if len(writes) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(directory, payload)
+
+    monkeypatch.setattr(ckpt, "write_checkpoint", write)
+    t.run()  # returns: no exception reaches Ray Train
+    assert [os.path.basename(w) for w in writes] == ["checkpoint_step00000002", "checkpoint_step00000004"]
+    (failed,) = [e for e in events if isinstance(e, StorageFailed)]
+    assert failed.step == 6 and failed.code == errno.ENOSPC and "checkpoint_step00000004" in failed.path
+    assert failed.checkpoint.endswith("checkpoint_step00000002")
+    saved = [e.step for e in events if type(e).__name__ == "CheckpointSaved"]
+    assert saved == [2]  # the failed one is never announced
+    assert t.state.step == 6
 
 
 def test_the_driver_ends_the_run_with_one_line_and_the_resume_command(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ storage path, one Ray Train run each) share its checkpoints; the newest one by s
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -46,6 +47,7 @@ import posixpath
 import re
 import socket
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -444,6 +446,21 @@ def load_newest_checkpoint(
     return None
 
 
+def host_copy(state: Any) -> Any:
+    """A copy of ``state`` that the loop's next steps cannot change: every tensor copied to host
+    memory, containers rebuilt, other values deep-copied (what a checkpoint written beside the
+    loop pickles while the parameters and buffers it came from are updated in place)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: host_copy(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [host_copy(v) for v in state]
+    if isinstance(state, tuple) and not hasattr(state, "_fields"):
+        return tuple(host_copy(v) for v in state)
+    return copy.deepcopy(state)
+
+
 # --------------------------------------------------------------------------- the manager
 
 
@@ -486,6 +503,9 @@ class CheckpointManager:
         self.keep, self.writer, self.warn, self.map_location = keep, writer, warn, map_location
         self.quarantined = quarantined  # told of each damaged checkpoint the writer moved aside
         self.corrupt: set[str] = set()  # checkpoints found corrupt by load(): not counted by prune()
+        self._thread: ThreadPoolExecutor | None = None  # writes checkpoints beside the loop (save_beside)
+        self._pending: tuple[int, Future[str]] | None = None
+        self._written: list[tuple[int, str]] = []  # (step, path) written beside the loop, not yet taken
         if self.writing:
             for path in remove_stale_tmp(storage, run_prefix):
                 logger.info("removed the partial checkpoint %s of a writer that died", path)
@@ -497,10 +517,12 @@ class CheckpointManager:
 
     def checkpoints(self) -> list[str]:
         """The training run's checkpoints, newest first (every phase's folder)."""
+        self.settle()
         return run_checkpoints(self.storage, self.run_prefix) if self.storage else []
 
     def load_path(self, path: str) -> None:
         """Restore the checkpoint at ``path`` into the components (``CorruptCheckpoint`` if it is not intact)."""
+        self.settle()
         self.load_state_dict(read_checkpoint(path, map_location=self.map_location))
 
     def state_dict(self) -> dict[str, Any]:
@@ -518,16 +540,60 @@ class CheckpointManager:
         """Write the components as checkpoint ``step`` into this phase's folder, then prune the
         run to ``keep``.  Returns the path (the bare name where this process writes nothing).
         A disk that is full, over its quota or read-only raises :class:`StorageFull` with nothing
-        of the write left behind."""
+        of the write left behind.  A write still going on beside the loop ends first."""
         name = checkpoint_name(step, resize)
         if not self.writing:
             return name
-        path = join(self.storage, self.run_name, name)
+        self.settle()
+        return self._write(step, resize, self.state_dict())
+
+    def save_beside(self, step: int) -> None:
+        """Checkpoint ``step`` written beside the loop: the components' state is copied to host
+        memory now (the loop then goes on changing it), and a thread writes and prunes while the
+        next steps train.  :meth:`take_written` hands over what has been written; :meth:`settle`
+        waits for it (every other method of the manager does so first) and raises its error."""
+        if not self.writing:
+            return
+        self.settle()
+        payload = host_copy(self.state_dict())
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending = (step, self._thread.submit(self._write, step, False, payload))
+
+    def settle(self) -> None:
+        """Wait for the write beside the loop, if one is going on; its error (``StorageFull``, ...)
+        is raised here, in the loop's thread."""
+        if self._pending is None:
+            return
+        step, future = self._pending
+        self._pending = None
+        self._written.append((step, future.result()))
+
+    def take_written(self) -> list[tuple[int, str]]:
+        """``(step, path)`` of each checkpoint written beside the loop since the last call (a write
+        that failed stays pending: :meth:`settle` raises it at the loop's next checkpoint)."""
+        if self._pending is not None and self._pending[1].done() and self._pending[1].exception() is None:
+            self.settle()
+        taken, self._written = self._written, []
+        return taken
+
+    def close(self) -> None:
+        """Let a write beside the loop finish (the process is ending); its error is logged, not raised."""
+        try:
+            self.settle()
+        except Exception as e:  # noqa: BLE001 - closing after another error: that one is what the run reports
+            logger.warning("the checkpoint written beside the loop failed: %s", e)
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    def _write(self, step: int, resize: bool, payload: dict[str, Any]) -> str:
+        path = join(self.storage, self.run_name, checkpoint_name(step, resize))
         store = store_for(path)
         if store.kind(path) is not None:  # a corrupt one this group skipped on restore and has now passed again
             store.remove(path)
         try:
-            write_checkpoint(path, self.state_dict())
+            write_checkpoint(path, payload)
         except Exception as e:
             full = no_room(e)  # a full (or read-only) disk: no retry can cure it (StorageFull)
             if full is None:
@@ -549,6 +615,7 @@ class CheckpointManager:
         :func:`load_newest_checkpoint`."""
         if not self.storage:
             return False
+        self.settle()
         payload = load_newest_checkpoint(
             self.storage,
             self.run_prefix,

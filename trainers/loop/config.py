@@ -86,6 +86,12 @@ class CheckpointConfig(Section):
     """The ``checkpoint`` section."""
 
     every_steps: int = Field(default=0, ge=0, description="0 = only at epoch ends")
+    background: bool = Field(
+        default=True,
+        description="write the periodic checkpoints beside the loop (a thread; the state is copied to host "
+        "memory first, so the steps go on); false: each step waits for the write. The last checkpoint of a "
+        "group (its end, a resize) is always written before the group ends",
+    )
     keep: int = Field(
         default=2, description="newest checkpoints of the run kept (at least 2: the newest and one to fall back to)"
     )

@@ -190,7 +190,7 @@ class Trainer:
                 return None
         return self.checkpoints.load(expect=handover)
 
-    def save_checkpoint(self, finished: bool = False, resize_to: int = 0) -> str:
+    def save_checkpoint(self, finished: bool = False, resize_to: int = 0, beside: bool = False) -> str:
         """Rank 0 writes the checkpoint straight into this phase's run folder and prunes the
         training run's checkpoints to ``checkpoint.keep``; the other ranks have nothing to do.
 
@@ -199,22 +199,37 @@ class Trainer:
         sooner waits for it, which made a checkpoint per short epoch cost seconds.  The workers
         find checkpoints by listing the run's folders (:class:`~trainers.loop.checkpoint.CheckpointManager`).
         Returns the checkpoint's path (its name where nothing was written).  A storage that is full
-        (or read-only) raises :class:`StorageFull` on every rank (:meth:`run` ends the group)."""
+        (or read-only) raises :class:`StorageFull` on every rank (:meth:`run` ends the group).
+
+        ``beside``: written by a thread while the next steps train (``checkpoint.background``, the
+        periodic ones); it is announced (``CheckpointSaved``) once written, and its error, if any,
+        is raised here at the next checkpoint, on every rank as any other."""
         self.state.finished = finished
         self.learner.combine.before_save(self.state.step, final=finished)  # the state rank 0 saves: every rank's
         full: StorageFull | None = None
+        path = ""
         try:
-            path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
+            self.checkpoints.settle()  # the previous one, if it is still being written beside the loop
+            self.announce_written()
+            if beside:
+                self.checkpoints.save_beside(self.state.step)
+            else:
+                path = self.checkpoints.save(self.state.step, resize=bool(resize_to))
         except StorageFull as e:
-            full, path = e, ""
+            full = e
         if self.group.world > 1:  # rank 0's outcome on every rank: a full disk ends the whole group here
             told = self.group.agree_object(full.as_dict() if full is not None else None)
             full = StorageFull.from_dict(told) if told is not None else None
         if full is not None:
             raise full
-        if self.checkpoints.writing:
+        if self.checkpoints.writing and not beside:
             self.report.emit(CheckpointSaved(step=self.state.step, resize_to=resize_to, path=path))
         return path
+
+    def announce_written(self) -> None:
+        """Tell the driver of each checkpoint written beside the loop since the last call."""
+        for step, path in self.checkpoints.take_written():
+            self.report.emit(CheckpointSaved(step=step, resize_to=0, path=path))
 
     def hand_over(self, resize_to: int) -> None:
         """End this group at a checkpoint that the group of ``resize_to`` workers restores."""
@@ -499,10 +514,13 @@ class Trainer:
                 return self.hand_over(overlap_to or decision.to)
             if self.should_checkpoint(epoch_ended):
                 with self.report.aside():
-                    self.save_checkpoint()
+                    self.save_checkpoint(beside=self.cfg.checkpoint.background)
+            else:
+                self.announce_written()
         self.report.flush(wait=True)
 
     def close(self) -> None:
+        self.checkpoints.close()
         self.learner.batches.close()
         if self.samples is not None:
             self.samples.close()
