@@ -357,6 +357,8 @@ IGNORED_CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any]]] = {
     # the GPU fast path's fields
     "data.val_fraction": (0.1, {}, {"data.name": "cifar10", "data.root": "/data", "data.val_split": "test"}),
     "data.crop_padding": (2, {"data.augment": ["random_crop"]}, {"data.augment": ["hflip"]}),
+    "data.shard_block": (2, {"data.name": "token_shards"}, {}),
+    "data.cache_bytes": (1 << 20, {"data.name": "token_shards"}, {}),
     "train.loss_scale_init": (1024.0, {"train.precision": "fp16", "scaling.use_gpu": True}, {}),
     "train.loss_scale_growth_interval": (100, {"train.precision": "fp16", "scaling.use_gpu": True}, {}),
     "train.compile_backend": ("aot_eager", {"train.compile": True}, {}),

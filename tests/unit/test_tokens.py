@@ -213,3 +213,58 @@ def test_the_config_refuses_token_shards_settings_in_one_line(tmp_path):
     big = json.loads((tmp_path / "shards" / "manifest.json").read_text()) | {"vocab_size": 4096}
     (tmp_path / "shards" / "manifest.json").write_text(json.dumps(big))
     refused(good, r"^model\.params\.vocab_size: 256 is below the 4096 token ids of the shards at .*; set model")
+
+
+class _FlakyStore:
+    """A pyarrow-like filesystem whose reads fail ``failures`` times, then serve ``data``."""
+
+    def __init__(self, data: bytes, failures: int) -> None:
+        self.data, self.failures, self.opened = data, failures, 0
+
+    def open_input_stream(self, path):
+        import io
+
+        self.opened += 1
+        if self.opened <= self.failures:
+            raise OSError("When reading information for key 'corpus/shard-00000.bin': connection refused")
+        return io.BytesIO(self.data)
+
+
+@pytest.mark.parametrize("failures", [0, 3, 4])
+def test_a_store_that_does_not_answer_is_retried_with_backoff_then_one_line(tmp_path, monkeypatch, failures):
+    from trainers.data.shards import cache as cache_module
+    from trainers.data.shards.cache import RETRIES, ShardCache
+    from trainers.data.shards.manifest import Manifest
+
+    m = _corpus(tmp_path)
+    data = (tmp_path / "shards" / m.shards[0].name).read_bytes()
+    store = _FlakyStore(data, failures)
+    monkeypatch.setattr(cache_module, "remote", lambda location: (store, location.split("://", 1)[1]))
+    remote = Manifest("s3://b/corpus", m.dtype, m.vocab_size, m.eos_id, m.tokenizer, m.shards)
+    cache = ShardCache(remote, 1 << 20, str(tmp_path / "c"), prefetch=False)
+    pauses: list[float] = []
+    cache.sleep = pauses.append
+    if failures > len(RETRIES):
+        with pytest.raises(OSError, match=r"^data\.root: could not fetch shard 'shard-00000\.bin' from s3://b/corpus "):
+            cache.array(m.shards[0])
+        assert pauses == list(RETRIES) and not os.listdir(tmp_path / "c")
+        return
+    assert np.array_equal(cache.array(m.shards[0]), np.frombuffer(data, dtype="<u2"))
+    assert pauses == list(RETRIES[:failures]) and cache.fetches == 1
+
+
+def test_tokens_prepare_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    assert main(["tokens", "prepare", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: SRC: no file or folder at ") and len(err.splitlines()) == 1
+    (tmp_path / "a.txt").write_text("x" * 100)
+    assert main(["tokens", "prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --shard-tokens: the corpus's 100 tokens make 1 shard")
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    args = [str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--shard-tokens", "40", "--no-progress"]
+    assert main(["tokens", "prepare", *args]) == 0
+    assert capsys.readouterr().out.startswith("wrote 3 shards, 100 uint16 tokens (vocabulary 256)")
+    assert main(["tokens", "prepare", *args]) == 0
+    assert capsys.readouterr().out.startswith("up to date: 3 shards")

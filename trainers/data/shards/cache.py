@@ -61,6 +61,7 @@ class ShardCache:
         key = hashlib.sha256(manifest.location.encode()).hexdigest()[:16]
         self.directory = directory or os.path.join(default_cache_root(), key)
         self.prefetch = prefetch
+        self.sleep = time.sleep  # between retries (a test passes its own clock)
         self._lock = threading.Condition()
         self._arrays: dict[str, np.ndarray] = {}  # plain ndarray views of the memmaps (no subclass overhead)
         self._held: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
@@ -151,7 +152,7 @@ class ShardCache:
                                 f"data.root: could not fetch shard {shard.name!r} from {self.manifest.location} "
                                 f"after {i + 1} tries ({str(e).splitlines()[0][:160]})"
                             ) from None
-                        time.sleep(pause)
+                        self.sleep(pause)
                 if n == shard.bytes and h.hexdigest() == shard.sha256:
                     os.replace(tmp, self._path(shard))
                     self.fetched_bytes += n
