@@ -136,8 +136,11 @@ class TrackingListener(RunListener):
 
     def on_event(self, event: Event) -> None:
         match event:
-            case PhaseStart(threads=threads):
+            case PhaseStart(threads=threads, nodes=nodes):
                 self.tracker.set_tags({T.WORKER_THREADS: threads})
+                system = getattr(self.tracker, "system", None)  # (a test's tracker samples nothing)
+                if system is not None:
+                    system.follow(nodes)  # each node of the new group logs its system metrics
             case GroupRestarted(step=step, restarts=n):
                 self.tracker.log_metrics([(step, {M.RESTARTS: float(n)})], flush=True)
                 self.tracker.set_tags({T.RESTARTS: n})

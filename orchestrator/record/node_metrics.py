@@ -1,12 +1,15 @@
-"""System metrics of every node of the Ray cluster but the driver's, each under its own MLflow node id.
+"""System metrics of every node the run's workers are on (the driver's aside), each under its MLflow node id.
 
 MLflow names a node's figures ``system/<node_id>/<metric>`` (its ``node_id`` for system metrics);
 here each node's id is its host name and the start of its Ray node id (``gpu-7-1a2b3c``: nodes that
-share a host stay apart).  A small actor on each node (no CPU asked, pinned to its node) samples it
-with MLflow's own monitors: CPU, memory, disk, network and, with ``nvidia-ml-py``, each GPU's
-utilization and memory.  The driver asks every actor every :data:`NODE_EVERY_S` seconds, writes
-the figures to the run (its own MLflow client, from its own thread), and picks up nodes that join;
-a node that leaves (drained, lost) is dropped.  The driver's machine: orchestrator/record/system_metrics.py."""
+share a host stay apart).  The nodes are those of the run's newest worker group (each group's start
+says where its ranks are: :meth:`NodeSystemMetrics.follow`), so a node the run leaves is let go
+(an autoscaler may remove it) and another job's nodes are not logged.  A small actor on each node
+(no CPU asked, pinned to its node) samples it with MLflow's own monitors: CPU, memory, disk, network
+and, with ``nvidia-ml-py``, each GPU's utilization and memory.  The driver asks every actor every
+:data:`NODE_EVERY_S` seconds and writes the figures to the run (its own MLflow client, from its own
+thread); a node that is lost (drained, failed) is dropped.  The driver's machine:
+orchestrator/record/system_metrics.py."""
 
 from __future__ import annotations
 
@@ -107,24 +110,34 @@ class NodeSystemMetrics:
         self.nodes, self.spawn, self.asker, self.ender = nodes, spawn, asker, ender
         self.samplers: dict[str, Any] = {}
         self.labels: dict[str, str] = {}
+        self.wanted: frozenset[str] = frozenset()  # the nodes of the run's newest group
+        self._moved = False  # the group's nodes changed since the last look
         self.last_step: dict[str, int] = {}
         self.rounds = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def follow(self, nodes: Any) -> None:
+        """The run's newest worker group is on ``nodes`` (Ray node ids, one per rank): sample those."""
+        self.wanted, self._moved = frozenset(nodes), True
+
     def refresh(self) -> None:
-        """A sampler on each live node that has none (the driver's excepted); the gone ones dropped."""
-        live = self.nodes()
-        for node in [n for n in self.samplers if n not in live]:
+        """A sampler on each live node of the group that has none (the driver's excepted); the others ended."""
+        self._moved = False
+        live = {n: h for n, h in self.nodes().items() if n in self.wanted and n != self.driver_node}
+        left = {n: a for n, a in self.samplers.items() if n not in live}
+        for node in left:
             self.samplers.pop(node)
+        if left:
+            self.ender(left)
         for node, host in live.items():
-            if node != self.driver_node and node not in self.samplers:
+            if node not in self.samplers:
                 self.samplers[node] = self.spawn(node)
                 self.labels[node] = node_label(host, node)
 
     def tick(self, now: float | None = None) -> int:
         """One round: look at the nodes when due, ask every sampler, write what came back; the rows written."""
-        if self.rounds % REFRESH_EVERY == 0:
+        if self._moved or self.rounds % REFRESH_EVERY == 0:
             self.refresh()
         self.rounds += 1
         if not self.samplers:
@@ -152,7 +165,6 @@ class NodeSystemMetrics:
                 pass
 
     def start(self) -> None:
-        self.refresh()
         self._thread = threading.Thread(target=self._loop, name="node-system-metrics", daemon=True)
         self._thread.start()
 

@@ -1,9 +1,9 @@
 """The driver's own machine in its MLflow run, sampled by MLflow's system-metrics monitor; the other nodes.
 
-CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  Every other node of the Ray
-cluster as ``system/<host>-<node id>/<metric>`` (orchestrator/record/node_metrics.py); the workers'
-rank 0 also reports its process's view of its node as ``system/worker-<host>/<metric>`` over the link
-(trainers/link/system.py)."""
+CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  Every other node the run's
+workers are on as ``system/<host>-<node id>/<metric>`` (orchestrator/record/node_metrics.py); the
+workers' rank 0 also reports its process's view of its node as ``system/worker-<host>/<metric>``
+over the link (trainers/link/system.py)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ class DriverSystemMetrics:
         )
         self.nodes.start()
         return True
+
+    def follow(self, nodes: Any) -> None:
+        """The run's newest worker group is on ``nodes``: the nodes sampled (the driver's aside)."""
+        if self.nodes is not None and nodes:
+            self.nodes.follow(nodes)
 
     def stop(self, lost: bool = False) -> None:
         """End the monitor; ``lost``: the store stays away, its last rows cannot be written (stopped

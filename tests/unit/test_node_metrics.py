@@ -1,6 +1,6 @@
-"""System metrics of every node (orchestrator/record/node_metrics.py): each node but the driver's under its
-own MLflow node id, nodes that join picked up and nodes that leave dropped, each (metric, step) once;
-the sampler's figures are MLflow's own (a real sample of this machine)."""
+"""System metrics of every node (orchestrator/record/node_metrics.py): each node of the run's newest worker
+group but the driver's under its own MLflow node id, a node the run leaves let go and a lost one
+dropped, each (metric, step) once; the sampler's figures are MLflow's own (a real sample of this machine)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,13 @@ def _metrics(cluster: Cluster, rows: list) -> NodeSystemMetrics:
     )
 
 
-def test_each_node_but_the_drivers_logs_under_its_own_node_id():
-    cluster = Cluster({"head": "h0", "aaaaaaaa11": "gpu-1", "bbbbbbbb22": "gpu-1"})  # two nodes on one host
+def test_each_node_of_the_group_but_the_drivers_logs_under_its_own_node_id():
+    cluster = Cluster({"head": "h0", "aaaaaaaa11": "gpu-1", "bbbbbbbb22": "gpu-1", "cccccccc33": "other-job"})
     rows: list = []
     nm = _metrics(cluster, rows)
+    assert nm.tick(now=1000.0) == 0  # no group yet: nothing sampled
+    nm.follow(["head", "aaaaaaaa11", "bbbbbbbb22", "bbbbbbbb22"])  # rank per node: two nodes on one host
+    rows.clear()
     assert nm.tick(now=1000.0 + 2 * NODE_EVERY_S) == 2
     assert sorted(cluster.spawned) == ["aaaaaaaa11", "bbbbbbbb22"]  # no sampler on the driver's node
     assert sorted((r.key, r.step) for r in rows) == [
@@ -54,21 +57,29 @@ def test_each_node_but_the_drivers_logs_under_its_own_node_id():
     assert steps == [2, 3]
 
 
-def test_a_node_that_joins_is_sampled_and_one_that_leaves_is_dropped():
-    cluster = Cluster({"head": "h0", "n1": "w1"})
+def test_a_resized_group_moves_the_samplers_and_a_lost_node_is_dropped():
+    cluster = Cluster({"head": "h0", "n1": "w1", "n2": "w2", "n3": "w3"})
     rows: list = []
     nm = _metrics(cluster, rows)
+    nm.follow(["n1", "n2"])
     nm.tick(now=1000.0)
-    cluster.nodes["n2"] = "w2"
-    cluster.gone.add("n1")  # drained: its actor died with it
-    del cluster.nodes["n1"]
-    for i in range(1, REFRESH_EVERY + 1):  # the new node is found at the next look at the cluster
+    nm.follow(["n2", "n3"])  # the next group left n1 (an autoscaler may now remove it)
+    nm.tick(now=1000.0 + NODE_EVERY_S)
+    assert set(nm.samplers) == {"n2", "n3"} and cluster.ended == ["n1"]
+    cluster.gone.add("n3")  # lost: its actor died with it
+    del cluster.nodes["n3"]
+    nm.tick(now=1000.0 + 2 * NODE_EVERY_S)
+    assert set(nm.samplers) == {"n2"} and cluster.ended == ["n1", "n3"]
+    for i in range(3, REFRESH_EVERY + 3):  # a lost node is not looked for again
         nm.tick(now=1000.0 + i * NODE_EVERY_S)
-    assert set(nm.samplers) == {"n2"} and cluster.spawned == ["n1", "n2"]
-    keys = {r.key.split("/")[1] for r in rows}
-    assert keys == {node_label("w1", "n1"), node_label("w2", "n2")}
+    assert cluster.spawned == ["n1", "n2", "n3"]
+    assert {r.key.split("/")[1] for r in rows} == {
+        node_label("w1", "n1"),
+        node_label("w2", "n2"),
+        node_label("w3", "n3"),
+    }
     nm.stop()  # one last round, then the samplers end
-    assert cluster.ended == ["n1", "n2"] and not nm.samplers  # the gone node's sampler ended when it stopped answering
+    assert cluster.ended == ["n1", "n3", "n2"] and not nm.samplers
 
 
 def test_a_node_label_is_a_valid_metric_key_part():
