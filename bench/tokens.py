@@ -9,7 +9,9 @@ into shards of ``--shard-tokens`` uint16 tokens; context 128, shard blocks of 2.
 1. Local shards, one worker: tokens per second that :class:`~trainers.data.sampler.RankLoader`
    (the loop's loader: the sampler, the DataLoader, ``__getitems__``) hands out, against a plain
    ``numpy.memmap`` reader of the same windows in the same order (one memmap per shard, one fancy
-   index per shard per batch), alternated, median of ``--repeats``.  Aim: ratio >= 0.95.
+   index per shard per batch), alternated, median of ``--repeats``; and the dataset's
+   ``__getitems__`` alone on the same index lists (what the loader adds is the difference).  Aim:
+   ratio >= 0.95.
 2. The shards in moto's S3 server on this machine (tests/s3_server.py), each worker's cache at
    2 blocks + 1 shard (smaller than the corpus): the 1.9M GPT of configs/lm_shards.yaml trained for
    ``--steps`` steps at B = ``--batch`` (AdamW, fp32, this CPU), the time each step waits for its
@@ -75,16 +77,27 @@ def ours(train, batch: int, steps: int) -> float:
     return rate
 
 
-def local(folder: str, batch: int, steps: int, repeats: int) -> tuple[float, float]:
+def dataset_alone(train, order: np.ndarray, batch: int, steps: int) -> float:
+    """Tokens/s of ``TokenWindows.__getitems__`` on the same index lists, without the sampler and DataLoader."""
+    lists = [order[i * batch : (i + 1) * batch].tolist() for i in range(steps)]
+    t0 = time.perf_counter()
+    for ids in lists:
+        train.__getitems__(ids)
+    return steps * batch * CONTEXT / (time.perf_counter() - t0)
+
+
+def local(folder: str, batch: int, steps: int, repeats: int) -> tuple[float, float, float]:
+    """Median tokens/s of the loop's loader, the dataset alone and the plain reader, alternated."""
     train, _ = load_tokens(folder, context=CONTEXT, val_fraction=0.1, block=BLOCK)
     order = train.epoch_order(0, 0, len(train))
     steps = min(steps, len(order) // batch)
     ours(train, batch, 2), plain_reader(folder, train, order, batch, 2)  # first opens (sha256) and page cache
-    a, b = [], []
+    a, d, b = [], [], []
     for _ in range(repeats):
         a.append(ours(train, batch, steps))
+        d.append(dataset_alone(train, order, batch, steps))
         b.append(plain_reader(folder, train, order, batch, steps))
-    return median(a), median(b)
+    return median(a), median(d), median(b)
 
 
 def remote(folder: str, batch: int, steps: int) -> dict:
@@ -154,24 +167,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shard-tokens", type=int, default=32768, help="tokens per shard")
     a = parse_args(ap, quick={"steps": 16, "local_steps": 200, "repeats": 1})
+    os.environ["ELASTIC_CACHE_DIR"] = scratch_dir("elastic-tokens-cache-")  # the verification markers too
     folder = os.path.join(scratch_dir("elastic-tokens-bench-"), "shards")
     m, _ = prepare([str(p) for p in default_corpus()], folder, shard_tokens=a.shard_tokens, progress=False)
     print(f"corpus: {len(m.shards)} shards, {m.total_tokens:,} uint16 tokens; context {CONTEXT}, blocks of {BLOCK}")
     rows, ratios = [], {}
     for b in (a.batch, 8 * a.batch):
-        mine, plain = local(folder, b, a.local_steps, a.repeats)
+        mine, alone, plain = local(folder, b, a.local_steps, a.repeats)
         ratios[b] = mine / plain
-        rows.append(
-            (
-                b,
-                f"{mine:,.0f}",
-                f"{plain:,.0f}",
-                f"{mine / plain:.3f}",
-                f"{(b * CONTEXT) * (1 / mine - 1 / plain) * 1e6:.0f}",
-            )
-        )
+        us = [f"{b * CONTEXT / r * 1e6:.0f}" for r in (mine, alone, plain)]
+        rows.append((b, f"{mine:,.0f}", f"{plain:,.0f}", f"{mine / plain:.3f}", *us))
     print(f"\nlocal shards, one worker, median of {a.repeats} runs of {a.local_steps} global batches (or an epoch)")
-    print(table(rows, ("B", "ours tokens/s", "plain memmap tokens/s", "ratio", "extra us/batch")))
+    header = ("B", "ours tokens/s", "plain memmap tokens/s", "ratio", "us/batch: ours", "dataset alone", "plain")
+    print(table(rows, header))
     r = remote(folder, a.batch, a.steps)
     print(f"\nmoto S3 on this machine, cache bound {r['bound']:,} B (corpus {r['corpus']:,} B), 1.9M GPT, B={a.batch}")
     print(

@@ -22,6 +22,12 @@ from trainers.data.text import token_cache
 COUNTS = [37, 50, 12, 64, 41, 29, 55, 8, 70, 33]
 
 
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path, monkeypatch):
+    """Shard caches and verification markers under the test's folder, not the user's ~/.cache."""
+    monkeypatch.setenv("ELASTIC_CACHE_DIR", str(tmp_path / "cache"))
+
+
 @pytest.mark.parametrize("block", [1, 2, 3, 4, 10])
 def test_an_epoch_is_every_window_once(block):
     offsets = window_offsets(COUNTS)
@@ -142,9 +148,15 @@ def test_a_missing_manifest_or_shard_and_a_wrong_size_are_one_line(tmp_path):
 def test_a_shard_whose_content_changed_is_refused_when_opened(tmp_path):
     m = _corpus(tmp_path)
     path = tmp_path / "shards" / m.shards[0].name
+    first, _ = load_tokens(str(tmp_path / "shards"), context=16, val_fraction=0.3)
+    fetch(first, [0])  # verified once on this machine: a marker remembers it (same inode, size, mtime)
+    assert len(os.listdir(os.path.join(first.cache.directory, "verified"))) == 1
+    again, _ = load_tokens(str(tmp_path / "shards"), context=16, val_fraction=0.3)
+    fetch(again, [0])
     data = bytearray(path.read_bytes())
-    data[5] ^= 1  # same size, other content
+    data[5] ^= 1  # same size, other content (and another mtime: the marker no longer applies)
     path.write_bytes(bytes(data))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     train, _ = load_tokens(str(tmp_path / "shards"), context=16, val_fraction=0.3)
     with pytest.raises(ShardError, match=r"^data\.root: shard 'shard-00000\.bin' .* does not match the manifest"):
         fetch(train, [0])

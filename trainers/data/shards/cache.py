@@ -53,7 +53,8 @@ def default_cache_root() -> str:
 
 class ShardCache:
     """The shards of ``manifest`` as ``numpy.memmap`` arrays: opened in place for a local folder
-    (sha256 checked on first open in this process), fetched into ``directory`` for a store."""
+    (size checked on open, sha256 the first time this machine opens that file), fetched into
+    ``directory`` for a store."""
 
     def __init__(self, manifest: Manifest, cache_bytes: int, directory: str | None = None, prefetch: bool = True):
         self.manifest, self.cache_bytes = manifest, int(cache_bytes)
@@ -107,6 +108,27 @@ class ShardCache:
             return os.path.getsize(self._path(shard)) == shard.bytes
         except OSError:
             return False
+
+    def _verified_before(self, path: str, shard: Shard) -> bool:
+        """A local shard's size, and its sha256 the first time this file (same inode, size and mtime) is
+        opened on this machine: a marker in the cache folder remembers the check, so a large local
+        corpus is hashed once, not by every worker of every run.  False: it does not match."""
+        st = os.stat(local_path(path))
+        if st.st_size != shard.bytes:
+            return False
+        marker = os.path.join(
+            self.directory, "verified", f"{shard.sha256}-{st.st_dev}-{st.st_ino}-{st.st_size}-{st.st_mtime_ns}"
+        )
+        if os.path.exists(marker):
+            return True
+        if sha256_file(path) != shard.sha256:
+            return False
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            open(marker, "a").close()
+        except OSError:
+            pass  # a read-only cache folder: hashed again next time
+        return True
 
     def _drop(self, sha: str) -> None:
         self._held.pop(sha, None)
@@ -218,8 +240,7 @@ class ShardCache:
         dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         if not self.remote:
             path = join(self.manifest.location, shard.name)
-            size = os.path.getsize(local_path(path))
-            if size != shard.bytes or sha256_file(path) != shard.sha256:
+            if not self._verified_before(path, shard):
                 raise ShardError(
                     f"data.root: shard {shard.name!r} at {path} does not match the manifest (size or sha256); "
                     "copy it again or prepare the corpus again"
