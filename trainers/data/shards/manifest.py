@@ -131,7 +131,7 @@ def _reason(e: BaseException) -> str:
     """The first line of a store's error, cut short (pyarrow's messages name the operation and the
     key, never the credentials)."""
     line = next((s.strip() for s in str(e).splitlines() if s.strip()), type(e).__name__)
-    return line[:200]
+    return line if len(line) <= 200 else line[:200].rstrip() + "..."
 
 
 def read_bytes(location: str) -> bytes:
