@@ -24,7 +24,9 @@ from trainers.link import metrics as M
 from trainers.link.tags import CHECKPOINT_PRUNED, CHECKPOINT_STEP, CHECKPOINT_URI
 
 MODEL_TYPE = "checkpoint"  # the LoggedModels' model_type (search: model_type = 'checkpoint')
-RECENT = 16  # records whose metrics are kept for a checkpoint event that follows them
+# records whose metrics are kept for a checkpoint event that follows them: a checkpoint written beside
+# the loop (checkpoint.background) is announced once written, possibly many fast steps later
+RECENT = 4096
 
 
 def model_name(step: int) -> str:
@@ -100,9 +102,14 @@ class CheckpointModels:
         metrics, when = self.recent.get(step, ({}, 0.0))
         if metrics:
             # the very rows the run's writer logs for this step (same key, value, time, step): the
-            # store keeps one row per (metric, step) in the run and links it to the model
-            ms = int(1000 * when)
-            rows = [Metric(k, v, ms, step, model_id=mid) for k, v in sorted(metrics.items())]
+            # store keeps one row per (metric, step) in the run and links it to the model.  A step an
+            # earlier driver of a resumed run logged (and this one trained again from a checkpoint)
+            # keeps that driver's row: its time, not the retrained step's
+            ms, earlier = int(1000 * when), self.tracker.earlier_rows
+            rows = [Metric(k, *earlier.get((k, step), (v, ms)), step, model_id=mid) for k, v in sorted(metrics.items())]
+            # the run's buffered rows first: a linked row written ahead of the steps before it would
+            # leave a gap in the run's history that a resumed driver's timeline reads as trained
+            self.tracker.flush()
             client.log_batch(run_id, metrics=rows)
         return mid
 

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config.schema import RootConfig, public_config
 from orchestrator.config.uris import mlflow_uri, redact_uri
+from orchestrator.record.checkpoint_models import linked_metrics
 from orchestrator.record.datasets import describe_data, log_datasets
 from orchestrator.record.model_log import ModelLogger
 from orchestrator.record.params import applicable_params
@@ -107,6 +108,9 @@ class RunTracker:
             run = client.get_run(run_id)
             self.experiment_id = run.info.experiment_id
         self.series = SeriesCompressor()
+        # (metric, step) -> (value, ms) of the rows an earlier driver of a resumed run logged that a
+        # checkpoint's LoggedModel links to (orchestrator/record/checkpoint_models.py): the same rows
+        self.earlier_rows: dict[tuple[str, int], tuple[float, int]] = {}
         self.client, self.run_id = client, run.info.run_id
         # warn: where the outage's lines go (under the progress bar while one shows)
         self.writer = RunWriter(client, self.run_id, self.uri, cfg.tracking.outage_timeout_s, warn)
@@ -169,12 +173,11 @@ class RunTracker:
     def _load_history(self) -> None:
         """For a resumed run: what is already logged, so nothing is logged twice."""
         run = self.client.get_run(self.run_id)
-        self.series.restore(
-            {
-                key: [(m.step, m.value) for m in self.client.get_metric_history(self.run_id, key)]
-                for key in run.data.metrics
-            }
-        )
+        history = {key: self.client.get_metric_history(self.run_id, key) for key in run.data.metrics}
+        self.series.restore({key: [(m.step, m.value) for m in rows] for key, rows in history.items()})
+        for key in linked_metrics(dict.fromkeys(history, 0.0)):
+            for m in history[key]:
+                self.earlier_rows.setdefault((key, m.step), (m.value, m.timestamp))
 
     def log_metrics(self, records: list[tuple], flush: bool = False) -> None:
         """Log per-step records ``(step, metrics, time)``: the points that keep each series exact
