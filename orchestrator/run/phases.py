@@ -62,7 +62,7 @@ from orchestrator.run.outcome import (
     Resume,
     TrackingGone,
 )
-from orchestrator.run.ray_env import on_own_local_ray
+from orchestrator.run.ray_env import on_own_local_ray, raise_pending_interrupt
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room
@@ -338,6 +338,7 @@ class PhaseRunner:
         state: RunState | Outcome = Starting()
         try:
             while isinstance(state, RunState):
+                raise_pending_interrupt()  # a SIGTERM whose KeyboardInterrupt a garbage collection swallowed
                 state = state.step(self)
             return state
         except KeyboardInterrupt:  # what the workers trained until they stop reaches MLflow
