@@ -25,6 +25,7 @@ from orchestrator.record import ui
 from orchestrator.run.outcome import EXIT_INTERRUPTED
 from orchestrator.run.ray_env import ensure_ray, quiet_libraries, quiet_ray_env, stop_ray, terminate_as_interrupt
 from trainers.link.messages import process_started
+from trainers.link.tags import RUN_KEY as RUN_KEY_TAG
 from trainers.loop.storage import join
 
 EXIT_BAD_INPUT = 2  # a run's own exit statuses: orchestrator/run/outcome.py
@@ -60,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="register the run's model in MLflow's model registry under NAME (a new version each run): the final "
         "one, or with --set tracking.register_pick=best the checkpoint lowest in val/loss",
+    )
+
+    t.add_argument(
+        "--run-key",
+        metavar="KEY",
+        help="the run's idempotency key (default: tracking.run_key, else the Ray job's submission id under ray job "
+        "submit): a train with the key of an unfinished run resumes that run, of a finished one exits 0",
     )
 
     r = sub.add_parser(
@@ -177,8 +185,31 @@ def cmd_train(args: argparse.Namespace) -> int:
             "--register: empty model name; give the name to register the model under, e.g. --register digits-cnn"
         )
     cfg = prepare(args.config, args.overrides, tracking_uri=args.tracking_uri)  # ConfigError before anything starts
+    from orchestrator.run.run_key import decide, find_keyed, run_key
+
+    key = run_key(args.run_key, cfg.tracking.run_key)
+    tags = None
+    if key is not None:  # a restarted entrypoint (RayJob backoffLimit, a retried ray job submit) goes on with its run
+        from mlflow.tracking import MlflowClient
+
+        from orchestrator.config.uris import mlflow_uri
+
+        uri = cfg.tracking.resolved_uri()
+        start = decide(find_keyed(MlflowClient(mlflow_uri(uri)), cfg.tracking.experiment, key))
+        if start.action == "finished":
+            print(f"run {start.run_id} (run key {key}) is FINISHED: nothing to train")
+            return 0
+        if start.action == "resume":
+            print(f"run key {key}: resuming run {start.run_id} from its newest checkpoint", file=sys.stderr)
+            return _resume(start.run_id, uri, args, t_invoked, register_model=args.register)
+        tags = {RUN_KEY_TAG: key}
     return _train_and_report(
-        cfg, verbose=args.verbose, progress=not args.no_progress, t_invoked=t_invoked, register_model=args.register
+        cfg,
+        verbose=args.verbose,
+        progress=not args.no_progress,
+        t_invoked=t_invoked,
+        register_model=args.register,
+        tags=tags,
     )
 
 
@@ -241,10 +272,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    t_invoked = invoked()
+    return _resume(args.run, args.tracking_uri, args, invoked())
+
+
+def _resume(ref: str, tracking_uri: str | None, args: argparse.Namespace, t_invoked: float, **kwargs) -> int:
+    """Continue the run ``ref`` (an MLflow run id or its folder) with its recorded config: ``resume``,
+    and a ``train`` whose run key names an unfinished run."""
     from orchestrator.run.run_info import DriverLock, check_resumable, find_run, run_folder
 
-    run_id, uri, raw = find_run(args.run, args.tracking_uri)
+    run_id, uri, raw = find_run(ref, tracking_uri)
     from orchestrator.api import resume_hint
 
     hint = resume_hint(run_id, raw)  # functions sent by value from Python: resume there
@@ -262,6 +298,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         t_invoked=t_invoked,
         resume_run_id=run_id,
         driver_lock=lock,
+        **kwargs,
     )
 
 

@@ -125,6 +125,12 @@ class TrackingConfig(Section):
             "with the resume command"
         ),
     )
+    run_key: str | None = Field(
+        default=None,
+        description="the run's idempotency key (as --run-key KEY; unset: the Ray job's submission id under ray job "
+        "submit): a train whose key names an unfinished run resumes it from its newest checkpoint, a finished one "
+        "is not trained again (RayJob retries, backoffLimit)",
+    )
     register_model: str | None = Field(
         default=None,
         description="register the run's model in MLflow's model registry under this name (as --register NAME; "

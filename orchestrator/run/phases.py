@@ -57,11 +57,12 @@ from orchestrator.run.monitor_link import MonitorLink
 from orchestrator.run.nodes import CapacityWatch
 from orchestrator.run.outcome import (
     CapacityLost,
+    Finished,
     Outcome,
     Resume,
     TrackingGone,
 )
-from orchestrator.run.ray_env import on_own_local_ray
+from orchestrator.run.ray_env import on_own_local_ray, raise_pending_interrupt
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room
@@ -143,6 +144,9 @@ class Starting(RunState):
     """Create the monitor and start phase 0 with enough workers for the (restored) batch."""
 
     def step(self, run: PhaseRunner) -> RunState | Outcome:
+        done = run.finished_before() if run.start.resumed else None
+        if done is not None:  # a resume of a run whose last step is trained: no group to start
+            return done
         run.make_monitor()
         workers = run.initial_workers()
         run.await_first_nodes(workers)
@@ -334,6 +338,7 @@ class PhaseRunner:
         state: RunState | Outcome = Starting()
         try:
             while isinstance(state, RunState):
+                raise_pending_interrupt()  # a SIGTERM whose KeyboardInterrupt a garbage collection swallowed
                 state = state.step(self)
             return state
         except KeyboardInterrupt:  # what the workers trained until they stop reaches MLflow
@@ -345,6 +350,17 @@ class PhaseRunner:
             for listener in self.listeners:
                 listener.close()
             self.link.kill()
+
+    def finished_before(self) -> Finished | None:
+        """A resumed run whose newest checkpoint is its planned end (stopped after its last step
+        was trained, before its driver closed it): the records that checkpoint carries reach the
+        listeners (what MLflow already holds is not logged again) and the run is Finished without
+        a worker group.  None: there is training left."""
+        records = self.names.finished_records(self.progress.write)
+        if records is None:
+            return None
+        self._deliver(sorted(records, key=lambda r: r[0]))
+        return Finished(None)
 
     def stop_and_drain(self, wait_s: float) -> None:
         """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the

@@ -23,8 +23,24 @@ _local_address = ""  # the GCS address of the local Ray this process started las
 _term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
 
 
+_interrupt_pending = False  # a SIGTERM came: its KeyboardInterrupt may have been lost (see raise_pending_interrupt)
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
+    global _interrupt_pending
+    _interrupt_pending = True
     raise KeyboardInterrupt
+
+
+def raise_pending_interrupt() -> None:
+    """Raise the KeyboardInterrupt of a SIGTERM whose own was lost: Python runs a signal's handler
+    wherever the main thread is, and one that raises inside a weakref callback or ``__del__`` (a
+    garbage collection) is printed as "Exception ignored" and dropped, so the stop would never
+    reach the run.  The driver's loop calls this at every poll."""
+    global _interrupt_pending
+    if _interrupt_pending:
+        _interrupt_pending = False
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -35,16 +51,16 @@ def terminate_as_interrupt() -> Iterator[None]:
     ``ray.init`` installs its own SIGTERM handler (``sys.exit``: the driver then dies in teardown,
     without a status message); :func:`ensure_ray` puts this one back while the block is active.
     Outside the main thread (where Python cannot set handlers) it does nothing."""
-    global _term_as_interrupt
+    global _term_as_interrupt, _interrupt_pending
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    _term_as_interrupt = True
+    _term_as_interrupt, _interrupt_pending = True, False
     try:
         yield
     finally:
-        _term_as_interrupt = False
+        _term_as_interrupt, _interrupt_pending = False, False
         signal.signal(signal.SIGTERM, old)
 
 

@@ -33,7 +33,7 @@ from orchestrator.run.outcome import (
 )
 from trainers.link import messages as msg
 from trainers.link.messages import Event, FirstStep, PhaseStart, Resize, ResizeDecided, WorkloadFailed
-from trainers.loop.checkpoint import checkpoint_step, run_checkpoints
+from trainers.loop.checkpoint import CorruptCheckpoint, checkpoint_step, load_newest_checkpoint, run_checkpoints
 from trainers.loop.storage import join, resolve
 
 
@@ -100,6 +100,22 @@ class RunNames:
         except OSError:
             return None
         return checkpoint_step(found[0]) if found else None
+
+    def finished_records(self, warn: Callable[[str], None]) -> list[msg.Record] | None:
+        """For a resumed run: whether its newest intact checkpoint is the run's planned end (its
+        ``train`` state ``finished``: the last step was trained and the group ended there, the run
+        only was not closed).  Then nothing is left to train: the step records that checkpoint
+        carries (those its driver had not confirmed logging) are returned, to be logged by the
+        driver instead of a worker group; None when there is training left (or no checkpoint is
+        readable: the group's own restore says why)."""
+        try:
+            payload = load_newest_checkpoint(self.storage_path, self.train_run_name, "cpu", warn=warn)
+        except (CorruptCheckpoint, OSError):
+            return None
+        if payload is None or not dict(payload.get("train") or {}).get("finished"):
+            return None
+        rows = dict(payload.get("reporter") or {}).get("records") or []
+        return [msg.record_from_list(row) for row in rows]
 
 
 class EventBook:

@@ -386,8 +386,9 @@ class _Driver:
             return cost
         try:
             self.timeline.save_holds()
-            # as rows: a later driver that ends at the same step still logs its (larger) figure
-            step, ms = _logged_steps(self.tracker), int(time.time() * 1000)
+            # as rows, at the last step; a later driver that ends at the same step (a resume with
+            # nothing left to train) logs its total at the next free step: no (metric, step) twice
+            step, ms = _cost_step(self.tracker), int(time.time() * 1000)
             rows = [Metric(M.COST_WORKER_SECONDS, cost.worker_s, ms, step)]
             if cost.gpu_s:
                 rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
@@ -453,6 +454,16 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
 def _logged_steps(tracker: RunTracker) -> int:
     """The newest step whose training loss is logged."""
     return max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
+
+
+def _cost_step(tracker: RunTracker) -> int:
+    """The step the run's cost is logged at: the last trained one, or past the steps an earlier
+    driver of the run already logged its cost at."""
+    step = _logged_steps(tracker)
+    taken = {s for key in (M.COST_WORKER_SECONDS, M.COST_GPU_SECONDS) for s, _ in tracker.history.get(key, [])}
+    while step in taken:
+        step += 1
+    return step
 
 
 def open_tracking_store(uri: str) -> None:

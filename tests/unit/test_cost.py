@@ -195,3 +195,19 @@ def test_the_runner_writes_down_each_phases_hold_from_its_fit_call_to_its_return
     assert (a.phase, a.workers, a.cpus, a.gpus, b.phase, b.workers) == (0, 1, 0.5, 0.0, 1, 2)
     assert a.start <= a.end <= b.start <= b.end and a.started and b.started
     assert saved and saved[-1]["holds"][0]["end"] == a.end
+
+
+def test_a_resume_that_ends_at_the_same_step_logs_its_cost_at_the_next_free_step():
+    """The cost rows go at the last trained step; a later driver that ends at a step an earlier one
+    already logged its cost at (a resume with nothing left to train) takes the next free one, so
+    no (metric, step) is logged twice and the newest row is the run's whole cost."""
+    from orchestrator.run.runner import _cost_step
+
+    class Logged:
+        def __init__(self, history):
+            self.history = history
+
+    assert _cost_step(Logged({"train/loss": [(1, 2.0), (58, 0.5)]})) == 58
+    earlier = {"train/loss": [(58, 0.5)], "cost/worker_seconds": [(30, 9.0), (58, 21.0)]}
+    assert _cost_step(Logged(earlier)) == 59
+    assert _cost_step(Logged({**earlier, "cost/gpu_seconds": [(59, 3.0)]})) == 60

@@ -527,3 +527,45 @@ def test_a_group_starts_without_ray_datas_manager_unless_given_datasets():
     assert {"BackendSetupCallback", "PlacementGroupCleanerCallback"} <= set(ours)
     with_data = GroupTrainer(lambda c: None, scaling_config=scaling, datasets={"train": [1, 2]})
     assert names(with_data) == ray_train
+
+
+def _checkpoint_at(runner: PhaseRunner, step: int, finished: bool, records: list) -> None:
+    """A real checkpoint of the run at ``step`` (trainers/loop/checkpoint.py's format)."""
+    from trainers.loop.checkpoint import checkpoint_name, write_checkpoint
+    from trainers.loop.storage import join
+
+    payload = {
+        "train": {"step": step, "epoch": 1, "cursor": 0, "samples_seen": 32 * step, "finished": finished},
+        "reporter": {"records": records},
+    }
+    write_checkpoint(join(runner.names.folder, checkpoint_name(step)), payload)
+
+
+def test_a_resume_at_the_planned_end_closes_without_a_group_and_logs_what_the_checkpoint_carries(tmp_path):
+    """A run stopped after its last step was trained, before its driver closed it: the newest
+    checkpoint is the finished one, so a resume starts no worker group (no phase, no monitor) and
+    ends Finished; the step records that checkpoint still carried reach MLflow (the tracker drops
+    what it already holds); a checkpoint that is not the planned end still starts a group."""
+    cfg = make_config(tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32})
+    tracker = FakeTracker()
+    runner = make_runner(cfg, tracker, RunStart(resumes=1))
+    _checkpoint_at(runner, 50, finished=False, records=[])
+    _checkpoint_at(runner, 58, finished=True, records=[[58, {"train/loss": 0.5}, 12.0], [57, {"val/loss": 0.7}, 11.0]])
+
+    def no_group(*_: Any, **__: Any) -> None:
+        raise AssertionError("a worker group was started for a run with nothing left to train")
+
+    runner.start_phase = no_group  # type: ignore[method-assign]
+    runner.make_monitor = no_group  # type: ignore[method-assign]
+    assert isinstance(runner.run(), Finished)
+    assert tracker.metrics == [(57, {"val/loss": 0.7}, 11.0), (58, {"train/loss": 0.5}, 12.0)]
+
+    unfinished = make_runner(
+        make_config(tmp_path / "b", "mem://", batch={"size": 32}), FakeTracker(), RunStart(resumes=1)
+    )
+    _checkpoint_at(unfinished, 58, finished=False, records=[])
+    assert unfinished.finished_before() is None
+    fresh = make_runner(cfg, FakeTracker())  # a new run never looks (its folder is another run's here)
+    fresh.make_monitor = no_group  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match="worker group was started"):
+        fresh.run()

@@ -113,3 +113,24 @@ def test_only_the_local_ray_this_process_started_counts_as_its_own(monkeypatch):
         clock[0] = t
         once.poll_drain_notices()
     assert looks == [1]  # the local Ray's drains: looked at once
+
+
+def test_a_sigterm_whose_interrupt_was_swallowed_still_reaches_the_drivers_loop():
+    """Python runs a signal's handler wherever the main thread is: a KeyboardInterrupt raised inside
+    a weakref callback (a garbage collection) is printed and dropped.  The driver's loop asks again
+    at its next poll (orchestrator/run/phases.py), once; outside the block nothing is pending."""
+    from orchestrator.run.ray_env import raise_pending_interrupt, terminate_as_interrupt
+
+    with terminate_as_interrupt():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            pass  # as "Exception ignored in: <function WeakValueDictionary...remove>" drops it
+        with pytest.raises(KeyboardInterrupt):
+            raise_pending_interrupt()
+        raise_pending_interrupt()  # once: the stop is on its way
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            pass
+    raise_pending_interrupt()  # the block's end leaves nothing pending

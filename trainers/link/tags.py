@@ -14,6 +14,7 @@ TRAIN_RUN_NAME = "elastic.train_run_name"  # the run's folder under checkpoint.s
 STORAGE_PATH = "elastic.storage_path"  # checkpoint.storage_path as the run used it (an absolute folder or a URI)
 RESUMES = "elastic.resumes"  # how many times the run was resumed (each resume adds one)
 RAY_TRAIN_RUNS = "elastic.ray_train_runs"  # its newest groups' Ray Train run ids, space-separated (reservations.py)
+RUN_KEY = "elastic.run_key"  # the run's idempotency key (train --run-key, tracking.run_key, a Ray job's submission id)
 GIT_DIRTY = "elastic.git.dirty"  # "true" when the project's checkout had uncommitted changes
 
 # -- how the run ended ---------------------------------------------------------------------------------
