@@ -64,10 +64,12 @@ def manifest(
     image: str = IMAGE,
     code: str | None = None,
     head_env: list[dict[str, Any]] | None = None,
+    retries: int = 0,
 ) -> dict[str, Any]:
     """A ``ray.io/v1`` RayJob: the entrypoint, a head group without CPUs for Ray, and one worker group of
     ``min_replicas`` to ``max_replicas`` pods sized for one training worker each.  ``code``: a URI of
-    the project's code (a zip) for the job's ``working_dir``; None: the image holds it."""
+    the project's code (a zip) for the job's ``working_dir``; None: the image holds it.  ``retries``: the
+    RayJob's ``backoffLimit`` (only for an entrypoint that resumes its own run when started again)."""
     image = image.replace(f"-{PY}", f"-{PY}-gpu") if scaling.use_gpu and image == IMAGE else image
     env: list[dict[str, Any]] = [{"name": "MLFLOW_TRACKING_URI", "value": TRACKING}]
     head = env + (head_env or [])
@@ -75,8 +77,7 @@ def manifest(
         "entrypoint": entrypoint,
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": 600,
-        # a retried entrypoint would start a new run beside the first: resume it yourself (README)
-        "backoffLimit": 0,
+        "backoffLimit": retries,
         "rayClusterSpec": {
             "rayVersion": ray.__version__,
             "enableInTreeAutoscaling": True,
@@ -120,8 +121,13 @@ def train_manifest(config: str, storage: str = STORAGE, **kw: Any) -> dict[str, 
     raw = schema.apply_overrides(schema.read_yaml(os.path.join(ROOT, config)), [f"checkpoint.storage_path={storage}"])
     cfg: schema.RootConfig = schema.validate(raw)  # the fields only: the data is on the cluster, not here
     s = cfg.scaling
-    entry = f"python -m orchestrator train {config} --no-progress --set checkpoint.storage_path={storage}"
-    return manifest(_job_name(config, "train"), entry, s, s.min_workers, s.max_workers, **kw)
+    name = _job_name(config, "train")
+    # the RayJob's name as the run key: a retry (backoffLimit) resumes the same MLflow run from its newest
+    # checkpoint instead of starting a second one (README, "RayJob retries and backoffLimit")
+    entry = (
+        f"python -m orchestrator train {config} --no-progress --run-key {name} --set checkpoint.storage_path={storage}"
+    )
+    return manifest(name, entry, s, s.min_workers, s.max_workers, retries=2, **kw)
 
 
 def search_manifest(space: str, parallel: int, trials: int, study: str = STUDY, **kw: Any) -> dict[str, Any]:

@@ -182,3 +182,11 @@ def test_a_search_holds_its_parallel_trials_and_no_password():
     assert secret == {"name": gen.STUDY_SECRET, "key": "password"}
     study = doc["spec"]["entrypoint"].split("--storage ")[1].split()[0]
     assert "@" in study and ":" not in study.split("//")[1].split("@")[0]  # a user, never its password
+
+
+def test_a_training_rayjob_retries_into_its_own_run():
+    doc = _generator().train_manifest("configs/quickstart.yaml")
+    name = doc["metadata"]["name"]
+    assert f"--run-key {name} " in doc["spec"]["entrypoint"] and doc["spec"]["backoffLimit"] == 2
+    search = _generator().search_manifest("configs/search_quickstart.yaml", parallel=2, trials=4)
+    assert search["spec"]["backoffLimit"] == 0 and "--run-key" not in search["spec"]["entrypoint"]
