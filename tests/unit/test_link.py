@@ -61,8 +61,7 @@ def test_channel_without_a_monitor_is_silent():
 
 
 def test_channel_keeps_unacknowledged_records_and_the_newest_one():
-    ch = Channel(None, None, enabled=False)
-    ch._handle = object()  # a monitor is there: records are kept until acknowledged
+    ch = Channel(None, None, enabled=False, monitor=object())  # records kept until acknowledged
     for s in range(1, 6):
         ch.log(s, {"train/loss": 1.0 / s}, when=100.0 + s)
     ch.receive(PushAnswer(acked=3))
@@ -75,14 +74,12 @@ def test_channel_keeps_unacknowledged_records_and_the_newest_one():
 
 
 def test_checkpoint_records_old_and_new_replay():
-    ch = Channel(None, None, enabled=False)
-    ch._handle = object()
+    ch = Channel(None, None, enabled=False, monitor=object())
     ch.load_state_dict({"pending_metrics": [[3, {"lr": 1}, 50.0], [4, {"lr": 2.0}]]})  # new, then old format
     (s3, m3, t3), (s4, m4, t4) = ch.pending()
     assert (s3, m3, t3) == (3, {"lr": 1.0}, 50.0) and isinstance(m3["lr"], float)
     assert (s4, m4) == (4, {"lr": 2.0}) and t4 > 1e9  # no time recorded: the time of the replay
-    again = Channel(None, None, enabled=False)
-    again._handle = object()
+    again = Channel(None, None, enabled=False, monitor=object())
     again.load_state_dict(ch.state_dict())
     assert again.pending() == ch.pending()
     assert record_from_list([7, {"x": 1}], now=5.0) == (7, {"x": 1.0}, 5.0)

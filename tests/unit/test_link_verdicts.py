@@ -15,44 +15,33 @@ from trainers.link.messages import PushAnswer
 from trainers.link.runtime import Runtime
 
 
-class _Remote:
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.remote = fn
-
-
 class FakeMonitor:
-    """A ``MonitorState`` whose methods answer ``.remote(...)`` at once; ``on_push`` plays the
-    driver between two pushes."""
+    """The channel's seam to the monitor (``MonitorCalls``) over a ``MonitorState``, answering at
+    once; ``on_push`` plays the driver between two pushes."""
 
     def __init__(self, state: MonitorState, on_push: Callable[[int], None]) -> None:
         self.state, self.on_push, self.pushes = state, on_push, 0
 
-    def __getattr__(self, name: str) -> _Remote:
-        if name == "push":
+    def send(self, method: str, *args: Any) -> Any:
+        answer = getattr(self.state, method)(*args)
+        if method == "push":
+            self.pushes += 1
+            self.on_push(self.pushes)
+        return answer
 
-            def push(records, events):
-                self.pushes += 1
-                answer = self.state.push(records, events)
-                self.on_push(self.pushes)
-                return answer
-
-            return _Remote(push)
-        return _Remote(getattr(self.state, name))
+    def answer(self, pending: Any) -> Any:
+        return pending
 
 
 @pytest.fixture(autouse=True)
-def _no_ray(monkeypatch):
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda x, timeout=None: x)
+def _no_verdict_poll_wait(monkeypatch):
     monkeypatch.setattr("trainers.link.channel.VERDICT_POLL_S", 0.0)
 
 
 def channel(on_push: Callable[[int], None]) -> tuple[Channel, MonitorState, FakeMonitor]:
     state = MonitorState()
-    ch = Channel(None, None, enabled=False, judged=["val/accuracy"])
-    ch._handle = FakeMonitor(state, on_push)
-    return ch, state, ch._handle
+    mon = FakeMonitor(state, on_push)
+    return Channel(None, None, enabled=True, judged=["val/accuracy"], monitor=mon), state, mon
 
 
 def test_the_monitor_answers_with_the_drivers_verdict():

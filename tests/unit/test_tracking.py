@@ -103,8 +103,7 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     seen = _samples_seen([64] * 9 + [30] + [64] * 5)  # bends at step 10 (an epoch tail)
     records = [(s, {"samples_seen": v, "train/loss": 1.0}, 1.7e9 + s) for s, v in enumerate(seen, start=1)]
     tr, uri = _tracker(tmp_path)
-    rep = Channel(None, None, enabled=False)
-    rep._handle = object()  # a monitor is there: records are kept until acknowledged
+    rep = Channel(None, None, enabled=False, monitor=object())  # records kept until acknowledged
     for r in records[:9]:
         rep.log(*r)
     tr.log_metrics(records[:9], flush=True)
@@ -118,8 +117,7 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     again.end()
     assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))
     # a checkpoint written before records carried their time still replays
-    old = Channel(None, None, enabled=False)
-    old._handle = object()
+    old = Channel(None, None, enabled=False, monitor=object())
     old.replay([[9, records[8][1]]])
     assert old.pending()[0][:2] == [9, records[8][1]] and old.pending()[0][2] > 1.7e9 + 100
 
@@ -156,8 +154,7 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
 
     monkeypatch.setattr(run_writer, "FLUSH_S", 3600.0)
     tr, uri = _tracker(tmp_path)
-    rep = Channel(None, None, enabled=False)
-    rep._handle = object()
+    rep = Channel(None, None, enabled=False, monitor=object())
     records = [(s, {"train/loss": 1.0 / s, "workers": 1.0}) for s in range(1, 13)]
     for r in records[:4]:
         rep.log(*r)

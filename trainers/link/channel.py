@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from trainers.link.messages import Event, HandoverAnswer, PushAnswer, Record, ResizeAnswer, record_from_list
 
@@ -26,21 +26,55 @@ VERDICT_POLL_S = 0.02  # how often rank 0 asks for a verdict it waits for
 VERDICT_WAIT_S = 120.0  # the longest it waits for one (a driver that no longer answers: train on)
 
 
+class MonitorCalls(Protocol):
+    """How rank 0 reaches the monitor: the one seam between the channel and Ray (a unit test gives
+    one that calls a ``MonitorState`` directly)."""
+
+    def send(self, method: str, *args: Any) -> Any:
+        """Call the monitor's ``method`` without waiting; what :meth:`answer` takes."""
+        ...
+
+    def answer(self, pending: Any) -> Any:
+        """Wait for the answer to a call :meth:`send` made."""
+        ...
+
+
+class RayMonitor:
+    """The monitor as a named Ray actor (the product's :class:`MonitorCalls`)."""
+
+    def __init__(self, name: str, namespace: str | None) -> None:
+        import ray
+
+        self._ray = ray
+        self._actor = ray.get_actor(name, namespace=namespace)
+
+    def send(self, method: str, *args: Any) -> Any:
+        return getattr(self._actor, method).remote(*args)
+
+    def answer(self, pending: Any) -> Any:
+        return self._ray.get(pending)
+
+
 class Channel:
     """Rank 0's buffered channel; on other ranks (or without a monitor) every call is a no-op
     (``flush`` returns False, ``ask_resize`` keeps the group)."""
 
     def __init__(
-        self, monitor_name: str | None, namespace: str | None, enabled: bool, judged: Sequence[str] = ()
+        self,
+        monitor_name: str | None,
+        namespace: str | None,
+        enabled: bool,
+        judged: Sequence[str] = (),
+        monitor: MonitorCalls | None = None,
     ) -> None:
-        self._handle: Any = None
+        """Rank 0 (``enabled``) reaches the monitor actor ``monitor_name`` through Ray, or through
+        ``monitor`` where one is given."""
+        self._monitor = monitor
         self._system: Any = None  # the node's system metrics, sent with the records (trainers/link/system.py)
-        if enabled and monitor_name:
-            import ray
-
+        if monitor is None and enabled and monitor_name:
             from trainers.link.system import SystemSampler
 
-            self._handle = ray.get_actor(monitor_name, namespace=namespace)
+            self._monitor = RayMonitor(monitor_name, namespace)
             self._system = SystemSampler()
         self._records: list[Record] = []
         # Unconfirmed records (and always the newest one): they ride in each checkpoint.
@@ -58,14 +92,14 @@ class Channel:
 
     def log(self, step: int, metrics: dict[str, float], when: float | None = None) -> None:
         """Buffer a step's metrics; ``when`` (default: now) becomes the rows' MLflow timestamp."""
-        if self._handle is not None:
+        if self._monitor is not None:
             record = (step, metrics, time.time() if when is None else when)
             self._records.append(record)
             self._unacked.append(record)
 
     def emit(self, event: Event) -> None:
         """Buffer an event for the next push."""
-        if self._handle is not None:
+        if self._monitor is not None:
             self._events.append(event)
 
     # -- checkpoint state ---------------------------------------------------------------------
@@ -112,21 +146,20 @@ class Channel:
 
     def flush(self, wait: bool = False) -> bool:
         """Send what is buffered; return the latest stop decision known to rank 0."""
-        if self._handle is None:
+        monitor = self._monitor
+        if monitor is None:
             return False
-        import ray
-
         if self._pending is not None:
-            self.receive(ray.get(self._pending))
+            self.receive(monitor.answer(self._pending))
             self._pending = None
         if self._system is not None and self._records and self._system.due():
             self._records[-1][1].update(self._system.sample())
         judged = max((s for s, m, _ in self._records if any(k in m for k in self._judged_metrics)), default=-1)
         if self._records or self._events or wait:
-            self._pending = self._handle.push.remote(self._records, self._events)
+            self._pending = monitor.send("push", self._records, self._events)
             self._records, self._events = [], []
             if wait:
-                self.receive(ray.get(self._pending))
+                self.receive(monitor.answer(self._pending))
                 self._pending = None
         if judged >= 0 and not wait:  # (a last push, wait=True, ends the group anyway)
             self._await_verdict()
@@ -136,16 +169,15 @@ class Channel:
     def _await_verdict(self) -> None:
         """Called at a push that carries a judged value: wait until the driver has judged the
         previous one (or stopped the run); the push just sent brings its answer first."""
-        import ray
-
+        monitor = self._monitor
         deadline = time.monotonic() + VERDICT_WAIT_S
         while not self._stop and self._judged < self._awaiting:
             if self._pending is None:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(VERDICT_POLL_S)
-                self._pending = self._handle.push.remote([], [])
-            self.receive(ray.get(self._pending))
+                self._pending = monitor.send("push", [], [])
+            self.receive(monitor.answer(self._pending))
             self._pending = None
 
     # -- resizes ----------------------------------------------------------------------------------
@@ -163,30 +195,28 @@ class Channel:
         keep the group), and how; the samples training has left and its measured throughput let the
         driver judge whether a resize pays; ``inputs``: goodput's measurements
         (:class:`~trainers.policies.goodput.GoodputInputs`), whose answer may carry a new batch."""
-        if self._handle is None:
+        monitor = self._monitor
+        if monitor is None:
             return ResizeAnswer()
-        import ray
-
         self.flush()
-        return ray.get(
-            self._handle.on_batch_change.remote(step, batch_size, workers, remaining_samples, samples_per_s, inputs)
+        return monitor.answer(
+            monitor.send("on_batch_change", step, batch_size, workers, remaining_samples, samples_per_s, inputs)
         )
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
-        if self._handle is not None:
-            import ray
-
-            ray.get(self._handle.handed_over.remote(phase, step, path))
+        monitor = self._monitor
+        if monitor is not None:
+            monitor.answer(monitor.send("handed_over", phase, step, path))
 
     def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
         """A new group started early: say it is ready, then wait for the old group's last
         checkpoint; its path, or None when the resize was called off."""
-        import ray
-
-        ray.get(self._handle.ready.remote(phase))
+        monitor = self._monitor
+        assert monitor is not None, "a group started early has a monitor"
+        monitor.answer(monitor.send("ready", phase))
         while True:
-            answer: HandoverAnswer = ray.get(self._handle.handover.remote(phase))
+            answer: HandoverAnswer = monitor.answer(monitor.send("handover", phase))
             if answer.decided:
                 return answer.path
             time.sleep(poll_s)
