@@ -144,13 +144,8 @@ class Starting(RunState):
     """Create the monitor and start phase 0 with enough workers for the (restored) batch."""
 
     def step(self, run: PhaseRunner) -> RunState | Outcome:
-        done = run.finished_before() if run.start.resumed else None
-        if done is not None:  # a resume of a run whose last step is trained: no group to start
-            return done
-        run.make_monitor()
-        workers = run.initial_workers()
-        run.await_first_nodes(workers)
-        return Running(run.start_phase(workers, 0, handover=False))
+        first = run.begin()
+        return first if isinstance(first, Finished) else Running(first)
 
 
 @dataclass
@@ -351,16 +346,21 @@ class PhaseRunner:
                 listener.close()
             self.link.kill()
 
-    def finished_before(self) -> Finished | None:
-        """A resumed run whose newest checkpoint is its planned end (stopped after its last step
-        was trained, before its driver closed it): the records that checkpoint carries reach the
-        listeners (what MLflow already holds is not logged again) and the run is Finished without
-        a worker group.  None: there is training left."""
-        records = self.names.finished_records(self.progress.write)
-        if records is None:
-            return None
-        self._deliver(sorted(records, key=lambda r: r[0]))
-        return Finished(None)
+    def begin(self) -> _Phase | Finished:
+        """The run's first phase: the monitor, then phase 0 with enough workers for the (restored)
+        batch, on an autoscaling cluster once their nodes are up.  A resumed run whose newest
+        checkpoint is its planned end (stopped after its last step was trained, before its driver
+        closed it) starts no group: the records that checkpoint carries reach the listeners (what
+        MLflow already holds is not logged again) and the run is Finished."""
+        if self.start.resumed:
+            records = self.names.finished_records(self.progress.write)
+            if records is not None:
+                self._deliver(sorted(records, key=lambda r: r[0]))
+                return Finished(None)
+        self._make_monitor()
+        workers = self.initial_workers()
+        self._await_first_nodes(workers)
+        return self.start_phase(workers, 0, handover=False)
 
     def stop_and_drain(self, wait_s: float) -> None:
         """Ask the group to stop (rank 0 checkpoints at its next push and ends) and drain the
@@ -499,7 +499,7 @@ class PhaseRunner:
         """Whether the cluster's free resources hold ``workers`` workers now."""
         return has_room(ray.available_resources(), self._resources(), workers)
 
-    def await_first_nodes(self, workers: int) -> None:
+    def _await_first_nodes(self, workers: int) -> None:
         """An autoscaling cluster: ask for the first group's nodes and wait (at most
         ``scaling.node_wait_s``) until they are up; how long they took is a node's launch time here."""
         if not self.nodes.active:
@@ -518,7 +518,7 @@ class PhaseRunner:
 
     # -- the monitor -------------------------------------------------------------------------------
 
-    def make_monitor(self) -> None:
+    def _make_monitor(self) -> None:
         self.link.create(self.cfg, self._resources(), grow_room=self.nodes.grow_room())
 
     def poll(self, ph: _Phase) -> Outcome | None:

@@ -556,7 +556,7 @@ def test_a_resume_at_the_planned_end_closes_without_a_group_and_logs_what_the_ch
         raise AssertionError("a worker group was started for a run with nothing left to train")
 
     runner.start_phase = no_group  # type: ignore[method-assign]
-    runner.make_monitor = no_group  # type: ignore[method-assign]
+    runner._make_monitor = no_group  # type: ignore[method-assign]
     assert isinstance(runner.run(), Finished)
     assert tracker.metrics == [(57, {"val/loss": 0.7}, 11.0), (58, {"train/loss": 0.5}, 12.0)]
 
@@ -564,8 +564,8 @@ def test_a_resume_at_the_planned_end_closes_without_a_group_and_logs_what_the_ch
         make_config(tmp_path / "b", "mem://", batch={"size": 32}), FakeTracker(), RunStart(resumes=1)
     )
     _checkpoint_at(unfinished, 58, finished=False, records=[])
-    assert unfinished.finished_before() is None
+    assert unfinished.names.finished_records(print) is None
     fresh = make_runner(cfg, FakeTracker())  # a new run never looks (its folder is another run's here)
-    fresh.make_monitor = no_group  # type: ignore[method-assign]
+    fresh._make_monitor = no_group  # type: ignore[method-assign]
     with pytest.raises(AssertionError, match="worker group was started"):
         fresh.run()
