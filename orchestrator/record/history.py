@@ -4,7 +4,8 @@
 The stretches of constant B and W come from the logged step metrics (every step's ``train/loss``
 with when it ran; ``batch/global``, ``workers``, ``batch/samples`` where they change), the
 measured resizes from the artifact :data:`RESIZES_ARTIFACT`, which the driver rewrites at each
-measured resize (a killed driver loses nothing it measured), and what each worker group held (the
+measured resize (a killed driver loses nothing it measured), the drained nodes it left from
+:data:`DRAINS_ARTIFACT`, rewritten at each notice acted on, and what each worker group held (the
 run's cost, orchestrator/record/cost.py) from :data:`HOLDS_ARTIFACT`, rewritten at each change of
 a hold and at the driver's end.  See orchestrator/record/timeline.py.
 """
@@ -24,6 +25,7 @@ from trainers.link import metrics as M
 
 RESIZES_ARTIFACT = "timeline/resizes.json"
 HOLDS_ARTIFACT = "timeline/holds.json"
+DRAINS_ARTIFACT = "timeline/drains.json"
 
 
 def _value_at(points: list[tuple[int, float]], step: int) -> float | None:
@@ -58,6 +60,13 @@ def earlier_resizes(client: Any, run_id: str) -> list[dict[str, Any]]:
     return [r for r in resizes if isinstance(r, dict)] if isinstance(resizes, list) else []
 
 
+def earlier_drains(client: Any, run_id: str) -> list[dict[str, Any]]:
+    """The drained nodes the run's earlier drivers left (``Timeline.add_drain``'s dicts); [] when
+    there were none (or the artifact cannot be read)."""
+    drains = _read_json(client, run_id, DRAINS_ARTIFACT)
+    return [d for d in drains if isinstance(d, dict)] if isinstance(drains, list) else []
+
+
 def earlier_holds(client: Any, run_id: str) -> Holds:
     """What the run's earlier drivers' groups held (:meth:`Holds.as_dict`); none when the artifact
     is not there (a run recorded before it was written: its cost counts the later drivers only)."""
@@ -71,6 +80,8 @@ def earlier_timeline(client: Any, run_id: str) -> Timeline:
     timeline.holds = earlier_holds(client, run_id)
     for r in earlier_resizes(client, run_id):
         timeline.add_resize(r)
+    for d in earlier_drains(client, run_id):
+        timeline.add_drain(d)
     steps = _series(client, run_id, M.TRAIN_LOSS)
     bends = {
         k: [(s, v) for s, v, _ in _series(client, run_id, k)] for k in (M.BATCH_GLOBAL, M.WORKERS, M.BATCH_SAMPLES)
@@ -109,6 +120,12 @@ def resize_saver(log_text: Callable[[str, str], None], warn: Callable[[str], Non
     """What the timeline listener calls with the run's resizes after each measured one: they are
     written to :data:`RESIZES_ARTIFACT` (a store that does not take it now: a warning, the run goes on)."""
     return _saver(log_text, warn, RESIZES_ARTIFACT, "resizes")
+
+
+def drain_saver(log_text: Callable[[str, str], None], warn: Callable[[str], None]) -> Callable[[list], None]:
+    """What the timeline listener calls with the drained nodes the run left after each one: written to
+    :data:`DRAINS_ARTIFACT` (a store that does not take it now: a warning, the run goes on)."""
+    return _saver(log_text, warn, DRAINS_ARTIFACT, "drained nodes")
 
 
 def holds_saver(log_text: Callable[[str, str], None], warn: Callable[[str], None]) -> Callable[[dict], None]:

@@ -360,8 +360,10 @@ class TimelineListener(RunListener):
         timeline: Timeline | None = None,
         on_resize: Callable[[list[dict]], None] | None = None,
         on_holds: Callable[[dict], None] | None = None,
+        on_drain: Callable[[list[dict]], None] | None = None,
     ) -> None:
         self.timeline = timeline or Timeline()
+        self.on_drain = on_drain  # given the run's drains after each one (a resume's timeline shows them)
         self.on_resize = on_resize  # given the run's resizes after each one measured (orchestrator/record/history.py)
         self.on_holds = on_holds  # given the holds (Holds.as_dict) after they changed (orchestrator/record/history.py)
         self.saved_holds = self.timeline.holds.version  # the version of the holds saved last
@@ -400,6 +402,8 @@ class TimelineListener(RunListener):
                         "mode": event.mode,
                     }
                 )
+                if self.on_drain is not None:
+                    self.on_drain(self.timeline.drains)
 
 
 class RecordsCallback(RunListener):

@@ -5,9 +5,9 @@ Built from the step records (every step carries ``batch/global``, ``workers``, `
 and the time it ran) and the measured resizes (orchestrator/record/events.py ``ResizeRecord``).  It gives
 the end-of-run summary table (:func:`format_table`), the MLflow table artifact ``timeline.json``
 (:meth:`Timeline.table`) and the chart ``plots/timeline.png`` (:func:`plot`).  Pure Python: no
-Ray, no MLflow.  A resumed run's timeline covers the whole run: the earlier drivers' stretches
-and resizes are read back from MLflow (orchestrator/record/history.py) before this driver adds its own,
-and the time the run stood still between two drivers is not counted in any stretch's ``wall_s``.
+Ray, no MLflow.  A resumed run's timeline covers the whole run: the earlier drivers' stretches,
+resizes and drained nodes are read back from MLflow (orchestrator/record/history.py) before this
+driver adds its own, and the time the run stood still between two drivers is not counted in any stretch's ``wall_s``.
 
 What the run cost (orchestrator/record/cost.py): the worker groups' holds, shared out over the
 stretches (``worker_s``, ``gpu_s`` of each row; :meth:`Timeline.cost` for the whole run).

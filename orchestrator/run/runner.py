@@ -32,7 +32,7 @@ from orchestrator.config.feasibility import check_feasible
 from orchestrator.config.schema import ConfigError, RootConfig, ScalingConfig
 from orchestrator.config.uris import redact_text
 from orchestrator.record.cost import Cost
-from orchestrator.record.history import earlier_timeline, holds_saver, resize_saver
+from orchestrator.record.history import drain_saver, earlier_timeline, holds_saver, resize_saver
 from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.note import changes, describe
 from orchestrator.record.progress_bar import Progress, total_samples
@@ -258,6 +258,7 @@ class _Driver:
             start.timeline,
             on_resize=resize_saver(tracker.log_text, progress.write),
             on_holds=holds_saver(tracker.log_text, progress.write),
+            on_drain=drain_saver(tracker.log_text, progress.write),
         )
         wanted = opts.on_records is not None or opts.on_event is not None
         listeners = [RecordsCallback(opts.on_records, opts.on_event)] if wanted else []

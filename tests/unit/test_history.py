@@ -5,7 +5,13 @@ resizes it measured, and the stand-still between the drivers left out of the str
 from __future__ import annotations
 
 from orchestrator.config.schema import validate
-from orchestrator.record.history import RESIZES_ARTIFACT, earlier_resizes, earlier_timeline, resize_saver
+from orchestrator.record.history import (
+    RESIZES_ARTIFACT,
+    earlier_drains,
+    earlier_resizes,
+    earlier_timeline,
+    resize_saver,
+)
 from orchestrator.record.run_tracker import RunTracker
 
 
@@ -57,6 +63,7 @@ def test_a_run_without_resizes_or_steps_reads_back_empty(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
     tr = RunTracker(cfg)
     assert earlier_resizes(tr.client, tr.run_id) == [] and earlier_timeline(tr.client, tr.run_id).rows() == []
+    assert earlier_drains(tr.client, tr.run_id) == [] and earlier_timeline(tr.client, tr.run_id).drains == []
     assert RESIZES_ARTIFACT.startswith("timeline/")
 
 
@@ -81,3 +88,39 @@ def test_a_killed_drivers_holds_come_back_with_its_timeline_and_its_open_group_e
     tl = earlier_timeline(killed.client, killed.run_id)
     assert [(h.phase, h.workers, h.start, h.end) for h in tl.holds.holds] == [(0, 1, 90.0, 147.0), (1, 2, 148.0, 156.0)]
     assert tl.cost().worker_s == 57.0 + 2 * 8.0 and tl.holds.driver == 1
+
+
+def test_a_drained_drivers_drain_rows_come_back_in_the_resumed_runs_timeline(tmp_path):
+    """A driver that left a drained node (its NodeDrained through the timeline listener, which saves
+    the drains at once) and was then killed: the resumed driver's timeline, read back from MLflow,
+    holds the first driver's ``drain`` row at its step, with its notice and deadline, beside the
+    stretches, and the new driver's rows come after it."""
+    from orchestrator.record.events import NodeDrained
+    from orchestrator.record.history import DRAINS_ARTIFACT, drain_saver
+    from orchestrator.record.listeners import TimelineListener
+
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
+    killed = RunTracker(cfg)
+    first = TimelineListener(on_drain=drain_saver(killed.log_text, print))
+    records = [_rec(s, 48, 3, 100.0 + s) for s in range(1, 41)]
+    first.on_records(records)
+    killed.log_metrics(records)
+    notice = NodeDrained(
+        step=40, node="1a2b3c4d" * 7, deadline=170.0, time=141.0, workers=3, lost=1, to=2, mode="restart",
+        waits=False, reason="node 1a2b3c4d drained (preemption, 29 s): moving W 3 -> 2 at step 40",
+    )  # fmt: skip
+    first.on_event(notice)
+    tail = [_rec(s, 48, 2, 105.0 + s) for s in range(41, 46)]
+    first.on_records(tail)
+    killed.log_metrics(tail)
+    killed.flush()  # then SIGKILL: nothing else of this driver reaches MLflow
+    want = {"step": 40, "time": 141.0, "node": "1a2b3c4d" * 7, "deadline": 170.0, "from": 3, "to": 2, "mode": "restart"}
+    assert DRAINS_ARTIFACT.startswith("timeline/") and earlier_drains(killed.client, killed.run_id) == [want]
+
+    resumed = earlier_timeline(killed.client, killed.run_id)
+    resumed.add_records([_rec(s, 48, 2, 300.0 + s) for s in range(46, 50)])  # the new driver's steps
+    table = resumed.table()
+    kinds = list(zip(table["kind"], table["first_step"], table["last_step"], table["workers"]))
+    assert kinds == [("train", 1, 40, 3), ("drain", 40, 40, 2), ("train", 41, 49, 2)]
+    row = table["kind"].index("drain")
+    assert (table["begin_s"][row], table["end_s"][row], table["mode"][row]) == (141.0 - 101.0, 170.0 - 101.0, "restart")
