@@ -30,3 +30,10 @@ def one_line(e: BaseException, limit: int | None = 200, *, name: bool = True) ->
     line = first_line(str(e), None)
     text = (f"{type(e).__name__}: {line}" if name else line) if line else type(e).__name__
     return text if limit is None else text[:limit]
+
+
+class EndsRun(Exception):
+    """Mixed into an error of what the run reads from (a store that did not answer through its
+    retries) that ends the run at once, without a restart that would meet it again, its checkpoints
+    kept: the run resumes where it stopped once the cause is gone (trainers/link/failure.py).  Its
+    message is one line, ``field: problem; fix``, and the type is built from a message alone."""

@@ -1,6 +1,10 @@
 """An exception on a worker, told apart as the user's (raised in the user's own files: a dataset's
 ``__getitem__``, a model's ``forward``) and sent to the driver as one line with its place.
 
+An error of what the run reads that its own retries could not cure (``trainers/errors.py``
+:class:`EndsRun`: a store that stopped answering) is sent the same way, as not retried, its place the
+config field it names: the run ends at once with its checkpoints, for a resume.
+
 Such an error is not retried when a restart would meet it again: the worker reports it to the
 run's monitor (orchestrator/run/monitor.py) before raising, and the group Ray Train restarts for it
 asks the monitor first (:func:`ended_by_user_error`) and returns at once.  See
@@ -16,7 +20,7 @@ import sysconfig
 import traceback
 from typing import Any
 
-from trainers.errors import one_line
+from trainers.errors import EndsRun, first_line, one_line
 from trainers.link.messages import WorkloadFailed
 
 _PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,6 +93,30 @@ def user_error(exc: BaseException, rank: int = 0, phase: int = 0) -> WorkloadFai
     return None
 
 
+def run_ending_error(exc: BaseException, rank: int = 0, phase: int = 0) -> WorkloadFailed | None:
+    """The event for ``exc`` when it (or its cause) is an :class:`EndsRun` error: its place is the
+    field its one-line message names (``data.root: shard ...``), never retried.  None otherwise."""
+    for cause in (exc, exc.__cause__, exc.__context__):
+        if not isinstance(cause, EndsRun):
+            continue
+        text = str(cause)
+        if "Traceback (most recent call last)" in text:  # re-raised from a DataLoader process: its last line
+            line = [s for s in text.strip().splitlines() if s.strip()][-1].strip()
+            line = line.split(": ", 1)[1] if ": " in line else line  # "module.Type: message"
+        else:
+            line = first_line(text, None)
+        where, _, error = line.partition(": ")
+        return WorkloadFailed(
+            rank=rank,
+            phase=phase,
+            where=where if error else type(cause).__name__,
+            error=(error or where)[:400],
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            deterministic=True,
+        )
+    return None
+
+
 def _monitor(runtime: Any) -> Any:
     import ray
 
@@ -101,9 +129,10 @@ def _monitor(runtime: Any) -> Any:
 
 
 def report_user_error(exc: BaseException, runtime: Any, rank: int) -> WorkloadFailed | None:
-    """Tell the run's monitor about ``exc`` if it is the user's (waits for the monitor to have it,
-    so the driver knows before Ray Train's error reaches it); returns the event sent."""
-    event = user_error(exc, rank=rank, phase=runtime.phase)
+    """Tell the run's monitor about ``exc`` if it is the user's, or one that ends the run
+    (:func:`run_ending_error`; waits for the monitor to have it, so the driver knows before Ray
+    Train's error reaches it); returns the event sent."""
+    event = run_ending_error(exc, rank=rank, phase=runtime.phase) or user_error(exc, rank=rank, phase=runtime.phase)
     monitor = _monitor(runtime) if event is not None else None
     if monitor is not None:
         import ray

@@ -10,8 +10,12 @@ Every file in the cache is complete and verified: a download streams into a temp
 cache folder while its sha256 is computed, and is renamed into place (named by that sha256) only
 when both size and sha256 agree with the manifest.  A corrupt download is fetched again once; a
 second mismatch is a :class:`~trainers.data.shards.manifest.ShardError`.  A store that does not
-answer is retried with backoff (``RETRIES``) before the error ends the run (a resumable failure:
-the checkpoint holds only the data position).
+answer, or a shard that is gone from it, is retried with backoff (:class:`Backoff`: after 0.5, 2
+and 8 s, none started past 30 s); then :class:`ShardUnavailable` ends the run without a restart
+(trainers/link/failure.py), its checkpoints kept: the run resumes where it stopped once the store
+answers (a checkpoint holds only the data position, ``(epoch, cursor)``).  A prefetch that gives up
+is not held against the store: the reader's own fetch of that shard tries again, unless it was
+waiting on that very download.
 
 The cache never holds more than ``cache_bytes``: before a fetch, shards no longer wanted are
 evicted, least recently used first; a prefetch that does not fit waits for the next ``want``, and
@@ -27,14 +31,79 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from trainers.data.shards.manifest import Manifest, Shard, ShardError, is_uri, join, local_path, remote
+from trainers.errors import EndsRun, first_line
 
 CHUNK = 8 << 20
 RETRIES = (0.5, 2.0, 8.0)  # seconds before each retry of a download the store did not answer
+RETRY_LIMIT_S = 30.0  # no retry starts this long after the first try (a try that hangs: the client's timeout)
+T = TypeVar("T")
+
+
+class ShardUnavailable(EndsRun, OSError):
+    """A shard the store did not serve through every retry (it did not answer, or the shard is gone).
+    The run ends at once, without a restart, its checkpoints kept for a resume; the message is one
+    line ``data.root: ...; fix``.  Built from its message alone (a DataLoader process re-raises it so)."""
+
+
+class GaveUp(Exception):
+    """:meth:`Backoff.call` retried ``tries`` times over ``elapsed_s`` seconds; ``error`` the last."""
+
+    def __init__(self, tries: int, elapsed_s: float, error: OSError) -> None:
+        super().__init__(f"{tries} tries in {elapsed_s:.1f} s: {error}")
+        self.tries, self.elapsed_s, self.error = tries, elapsed_s, error
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a download the store did not answer is retried: after each of ``pauses`` seconds in
+    turn, and no retry started ``limit_s`` seconds after the first try (a try that hangs is ended
+    by the store client's own timeout)."""
+
+    pauses: tuple[float, ...] = RETRIES
+    limit_s: float = RETRY_LIMIT_S
+
+    def call(
+        self,
+        attempt: Callable[[], T],
+        sleep: Callable[[float], object] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> T:
+        """``attempt()``'s value; an ``OSError`` is retried as above, then :class:`GaveUp`."""
+        t0, tries = clock(), 0
+        while True:
+            try:
+                return attempt()
+            except OSError as e:
+                tries += 1
+                elapsed = clock() - t0
+                if tries > len(self.pauses) or elapsed + self.pauses[tries - 1] > self.limit_s:
+                    raise GaveUp(tries, elapsed, e) from None
+            sleep(self.pauses[tries - 1])
+
+
+def unavailable(shard: Shard, location: str, gave_up: GaveUp) -> ShardUnavailable:
+    """The one line for ``shard`` that ``location`` did not serve: which, how long it was tried, the
+    store's reason, and how the run goes on."""
+    e = gave_up.error
+    reason = first_line(str(e), 160) or type(e).__name__
+    if isinstance(e, FileNotFoundError):
+        reason, fix = (
+            f"{reason}: gone from the store",
+            "put the shard back (or prepare the corpus again), then resume it",
+        )
+    else:
+        fix = "resume it once the store answers again"
+    return ShardUnavailable(
+        f"data.root: could not fetch shard {shard.name!r} from {location} after {gave_up.tries} tries in "
+        f"{gave_up.elapsed_s:.1f} s ({reason}); the run stopped at its newest checkpoint: {fix}"
+    )
 
 
 def sha256_file(path: str) -> str:
@@ -62,14 +131,16 @@ class ShardCache:
         key = hashlib.sha256(manifest.location.encode()).hexdigest()[:16]
         self.directory = directory or os.path.join(default_cache_root(), key)
         self.prefetch = prefetch
-        self.sleep = time.sleep  # between retries (a test passes its own clock)
+        self.backoff = Backoff()
+        self.sleep, self.clock = time.sleep, time.monotonic  # between retries (a test passes its own)
         self._lock = threading.Condition()
         self._arrays: dict[str, np.ndarray] = {}  # plain ndarray views of the memmaps (no subclass overhead)
         self._held: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
         self._inflight: dict[str, int] = {}  # sha256 -> bytes of the downloads under way (room kept for them)
         self._wanted: list[Shard] = []
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # the prefetch thread's, raised at the next fetch
+        self._failed: dict[str, ShardUnavailable] = {}  # sha256 -> a download that gave up (not yet fetched since)
         self.peak, self.fetched_bytes, self.fetches, self.wait_s = 0, 0, 0, 0.0
         if self.remote:
             os.makedirs(self.directory, exist_ok=True)
@@ -152,30 +223,29 @@ class ShardCache:
         return self.held() + shard.bytes <= self.cache_bytes
 
     def _download(self, shard: Shard) -> None:
-        """Fetch ``shard`` into the cache, verified, renamed into place; once more on a mismatch."""
+        """Fetch ``shard`` into the cache, verified, renamed into place; once more on a mismatch.
+        A store that does not serve it is retried (:attr:`backoff`), then :class:`ShardUnavailable`."""
         source = join(self.manifest.location, shard.name)
         fs, path = remote(source)
-        for _attempt in range(2):
-            tmp = os.path.join(self.directory, f"{shard.sha256}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = os.path.join(self.directory, f"{shard.sha256}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+        def attempt() -> tuple[str, int]:
             h, n = hashlib.sha256(), 0
+            with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
+                while block := src.read(CHUNK):
+                    h.update(block)
+                    dst.write(block)
+                    n += len(block)
+            return h.hexdigest(), n
+
+        digest, n = "", 0
+        for _ in range(2):
             try:
-                for i, pause in enumerate((*RETRIES, None)):
-                    try:
-                        h, n = hashlib.sha256(), 0
-                        with fs.open_input_stream(path) as src, open(tmp, "wb") as dst:
-                            while block := src.read(CHUNK):
-                                h.update(block)
-                                dst.write(block)
-                                n += len(block)
-                        break
-                    except OSError as e:
-                        if pause is None:
-                            raise OSError(
-                                f"data.root: could not fetch shard {shard.name!r} from {self.manifest.location} "
-                                f"after {i + 1} tries ({str(e).splitlines()[0][:160]})"
-                            ) from None
-                        self.sleep(pause)
-                if n == shard.bytes and h.hexdigest() == shard.sha256:
+                try:
+                    digest, n = self.backoff.call(attempt, self.sleep, self.clock)
+                except GaveUp as e:
+                    raise unavailable(shard, self.manifest.location, e) from None
+                if n == shard.bytes and digest == shard.sha256:
                     os.replace(tmp, self._path(shard))
                     self.fetched_bytes += n
                     self.fetches += 1
@@ -185,7 +255,7 @@ class ShardCache:
                     os.unlink(tmp)
         raise ShardError(
             f"data.root: shard {shard.name!r} fetched twice from {self.manifest.location} with {n} bytes and sha256 "
-            f"{h.hexdigest()[:12]}..., the manifest says {shard.bytes} bytes and {shard.sha256[:12]}...; "
+            f"{digest[:12]}..., the manifest says {shard.bytes} bytes and {shard.sha256[:12]}...; "
             "upload the shard again or prepare the corpus again"
         )
 
@@ -193,8 +263,14 @@ class ShardCache:
         """Make ``shard`` present; False when a prefetch does not fit now."""
         with self._lock:
             while True:
+                waited = False
                 while shard.sha256 in self._inflight:
+                    waited = True
                     self._lock.wait()
+                if waited and shard.sha256 in self._failed:  # the download waited on gave up: no second wait
+                    raise ShardUnavailable(str(self._failed[shard.sha256]))
+                if shard.sha256 in self._held and not self._on_disk(shard):
+                    self._held.pop(shard.sha256)  # another loader process on this machine evicted it: fetch again
                 if shard.sha256 in self._held:
                     self._held.move_to_end(shard.sha256)
                     return True
@@ -217,11 +293,16 @@ class ShardCache:
             self.peak = max(self.peak, self.held())
         try:
             self._download(shard)
+        except ShardUnavailable as e:
+            with self._lock:
+                self._failed[shard.sha256] = e
+            raise
         finally:
             with self._lock:
                 self._inflight.pop(shard.sha256, None)
                 self._lock.notify_all()
         with self._lock:
+            self._failed.pop(shard.sha256, None)
             self._held[shard.sha256] = shard.bytes
             self.peak = max(self.peak, self.held())
         return True
@@ -280,6 +361,8 @@ class ShardCache:
                 for shard in wanted:
                     if self._wanted is not wanted or not self._fetch(shard, keep, demand=False):
                         break
+            except ShardUnavailable:
+                continue  # the reader's fetch of that shard tries again (or ends the run)
             except BaseException as e:  # the reader raises it at its next fetch
                 self._error = e
                 return
