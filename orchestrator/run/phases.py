@@ -62,7 +62,7 @@ from orchestrator.run.outcome import (
     Resume,
     TrackingGone,
 )
-from orchestrator.run.ray_env import on_own_local_ray, raise_pending_interrupt
+from orchestrator.run.ray_env import dashboard_running, on_own_local_ray, raise_pending_interrupt
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room
@@ -88,13 +88,17 @@ class GroupTrainer(TorchTrainer):
     """Ray Train's ``TorchTrainer`` without the Ray Data part it starts for every group even when
     it is given no datasets (as here: the data order is ours): a ``DatasetManager`` actor, one more
     process that imports Ray Data at each group start and stays beside the loop.  Where Ray names
-    its callbacks otherwise, nothing is left out."""
+    its callbacks otherwise, nothing is left out.  On a Ray whose dashboard does not answer (the
+    orchestrator's own local Ray, started without one) Ray Train's ``PlacementGroupCleaner`` is left out
+    too: it needs Ray's State API, so there it is a detached process per group that fails an ask every
+    second and never cleans (orchestrator/run/ray_env.py ``dashboard_running``)."""
 
     def _create_default_callbacks(self) -> list:
         callbacks = super()._create_default_callbacks()
-        if self.datasets:
-            return callbacks
-        return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+        left_out = set() if self.datasets else {"DatasetsCallback"}
+        if not dashboard_running():
+            left_out.add("PlacementGroupCleanerCallback")
+        return [c for c in callbacks if type(c).__name__ not in left_out]
 
 
 class _Phase:

@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -255,3 +256,25 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
         for name in ("ray", "ray.train", "ray.tune", "ray.data"):
             logging.getLogger(name).setLevel(logging.ERROR)
     return True
+
+
+def dashboard_running() -> bool:
+    """Whether the connected Ray's dashboard answers (Ray's State API is served by it).  Ray Train's
+    ``PlacementGroupCleaner``, a detached actor that each group starts to ask the State API every
+    second whether the group's controller still lives, needs it: without it (``ray.init(...,
+    include_dashboard=False)``, as the orchestrator's own local Ray) every ask fails, the cleaner never
+    cleans, and after a killed driver it stays, failing every second, until its Ray ends.  False only
+    when nothing listens at the dashboard's address; True where it cannot be told (Ray's default kept)."""
+    try:
+        from ray._private import ray_constants  # Ray's private names of the dashboard's GCS entry
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        url = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+        host, _, port = url.decode().rpartition(":")
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except Exception as e:  # no entry, a Ray that moved it, a timeout: keep what Ray Train does
+        logging.getLogger(__name__).debug("could not tell whether Ray's dashboard answers: %s", e)
+        return True

@@ -134,3 +134,41 @@ def test_a_sigterm_whose_interrupt_was_swallowed_still_reaches_the_drivers_loop(
         except KeyboardInterrupt:
             pass
     raise_pending_interrupt()  # the block's end leaves nothing pending
+
+
+def test_ray_trains_placement_group_cleaner_is_left_out_only_where_the_dashboard_does_not_answer(monkeypatch):
+    """Ray Train's PlacementGroupCleaner asks Ray's State API (the dashboard) every second: where
+    nothing listens at the dashboard's address it can never clean, so a group starts without it;
+    where something answers, or the address cannot be read, Ray Train's default stays."""
+    import socket
+
+    import ray.experimental.internal_kv as kv
+    from ray.train import ScalingConfig
+
+    from orchestrator.run import phases, ray_env
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    free = socket.create_server(("127.0.0.1", 0))
+    free_port = free.getsockname()[1]
+    free.close()  # nothing listens there now
+    try:
+        for port, expected in ((listening.getsockname()[1], True), (free_port, False)):
+            monkeypatch.setattr(kv, "_internal_kv_get", lambda *a, port=port, **k: f"127.0.0.1:{port}".encode())
+            assert ray_env.dashboard_running() is expected
+    finally:
+        listening.close()
+
+    def unreadable(*a, **k):
+        raise RuntimeError("not connected")
+
+    monkeypatch.setattr(kv, "_internal_kv_get", unreadable)
+    assert ray_env.dashboard_running() is True
+
+    def names(up: bool) -> list[str]:
+        monkeypatch.setattr(phases, "dashboard_running", lambda: up)
+        trainer = phases.GroupTrainer(lambda c: None, scaling_config=ScalingConfig(num_workers=1))
+        return [type(c).__name__ for c in trainer._create_default_callbacks()]
+
+    assert "PlacementGroupCleanerCallback" in names(True)
+    assert "PlacementGroupCleanerCallback" not in names(False)
+    assert "BackendSetupCallback" in names(False)
