@@ -222,3 +222,47 @@ def test_an_empty_slice_gets_no_micro_batches_but_can_fetch_a_sample():
     x, y = loader.fetch(gb.ids[:1])
     assert x.shape == (1, 2) and int(x[0, 0]) == int(gb.ids[0])
     assert (loader.epoch, loader.cursor) == (0, 2)
+
+
+class PlannedSquares(BatchedSquares):
+    """The same samples through the planned protocol (``plan_fetch`` / ``load_planned``), recording the plans."""
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.planned: list[list[list[int]]] = []
+
+    def plan_fetch(self, micro):
+        self.planned.append([m.tolist() for m in micro])
+        return [("plan", m.copy()) for m in micro]
+
+    def load_planned(self, plan):
+        tag, ids = plan
+        assert tag == "plan"
+        return self.__getitems__(ids.tolist())
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 1)])
+def test_a_planned_dataset_gets_the_same_batches_planned_up_to_an_epochs_end(world, rank):
+    ds = PlannedSquares(23)
+    loader = RankLoader(ds, seed=5, rank=rank, world=world, max_local_batch=2)
+    assert run_loader(loader, SIZES) == expected_steps(23, 5, rank, world, 2, SIZES)
+    # a plan starts at each change of B and each new epoch, and holds the rest of that epoch at that B
+    want, epoch, cursor, last_b = [], 0, 0, None
+    for B in SIZES:
+        if B != last_b or cursor == 0:
+            want.append(in_memory_ids(23, 5, epoch, cursor, B, rank, world, 2))
+        last_b, cursor = B, cursor + len(global_batch(np.arange(23), cursor, B))
+        if cursor >= 23:
+            epoch, cursor = epoch + 1, 0
+    assert ds.planned == want
+
+
+def test_without_loader_processes_no_dataloader_and_no_draw_from_torchs_generator():
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    loader = RankLoader(BatchedSquares(23), seed=5, rank=0, world=2, max_local_batch=2)
+    run_loader(loader, SIZES)
+    loader.seek(0, 3)
+    loader.next_global_batch(5)
+    assert loader.loader is None and loader.replans == 6
+    assert torch.equal(torch.get_rng_state(), before)  # a DataLoader draws a base seed at every restart

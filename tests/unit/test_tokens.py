@@ -11,6 +11,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from trainers.data.sampler import GlobalBatchSampler, RankLoader, fetch
 from trainers.data.shards.dataset import load_tokens
@@ -191,6 +192,53 @@ def test_the_loader_reads_the_same_global_batches_at_every_world(tmp_path, world
         assert np.array_equal(mine, ref[step * batch : (step + 1) * batch])
         x = np.concatenate([m[0].numpy() for g in got for m in g.micro])
         assert np.array_equal(x, fetch(train, mine)[0].numpy())
+
+
+def _from_files(folder, train, ids):
+    """Each window read straight from its shard's file: the reference for the planned gather."""
+    rows = []
+    for i in ids:
+        s = int(np.searchsorted(train.offsets, i, side="right") - 1)
+        tokens = np.fromfile(os.path.join(folder, train.shards[s].name), dtype="<u2")
+        start = (int(i) - int(train.offsets[s])) * train.context
+        rows.append(tokens[start : start + train.context + 1].astype(np.int64))
+    return np.array(rows, dtype=np.int64).reshape(len(rows), train.context + 1)
+
+
+def test_planned_loads_are_the_windows_in_their_order(tmp_path):
+    """``plan_fetch`` locates many micro-batches at once (grouped by shard) and ``load_planned`` puts
+    every window back in its row: one shard, several, none, repeats, a shard's last window."""
+    _corpus(tmp_path, shard_tokens=300)
+    folder = str(tmp_path / "shards")
+    train, _ = load_tokens(folder, context=16, val_fraction=0.2, block=2)
+    rng = np.random.default_rng(0)
+    last = train.offsets[1:] - 1
+    micro = [rng.integers(0, len(train), k) for k in (1, 6, 0, 40)]
+    micro += [np.arange(train.offsets[2], train.offsets[3]), np.array([last[0], 0, 0, last[-1], last[0]])]
+    plans = train.plan_fetch(micro)
+    assert len(plans) == len(micro) and train.plan_fetch([]) == []
+    for ids, plan in zip(micro, plans):
+        x, y = train.load_planned(plan)
+        ref = _from_files(folder, train, ids)
+        assert x.dtype == torch.int64 and x.shape == (len(ids), 16)
+        assert np.array_equal(x.numpy(), ref[:, :-1]) and np.array_equal(y.numpy(), ref[:, 1:])
+        assert np.array_equal(train.__getitems__(ids.tolist())[0].numpy(), ref[:, :-1])
+    assert plans[4][2] is None  # one shard: rows in order, a single gather
+    with pytest.raises(IndexError, match="window ids outside"):
+        train.plan_fetch([np.array([0, len(train)])])
+
+
+def test_the_loaders_batches_are_the_windows_of_the_order(tmp_path):
+    """What the loop's loader hands out (planned ahead, no DataLoader at workers 0) against the files."""
+    _corpus(tmp_path, shard_tokens=300)
+    folder = str(tmp_path / "shards")
+    train, _ = load_tokens(folder, context=16, val_fraction=0.2, block=2)
+    loader = RankLoader(train, seed=3, rank=1, world=2, max_local_batch=3)
+    for batch in (7, 7, 12, 12, 12, 5):
+        gb = loader.next_global_batch(batch)
+        for ids, (x, y) in zip(gb.micro_ids, gb.micro):
+            ref = _from_files(folder, train, ids)
+            assert np.array_equal(x.numpy(), ref[:, :-1]) and np.array_equal(y.numpy(), ref[:, 1:])
 
 
 def test_the_sampler_takes_the_datasets_order():

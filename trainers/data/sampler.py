@@ -30,6 +30,7 @@ batched ``(inputs, targets)`` tuple whose leading dimension is the micro-batch (
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +39,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from trainers.data.config import LoaderConfig
 from trainers.data.order import epoch_permutation, global_batch, micro_batches, slice_bounds
+
+PLAN_SAMPLES = 8192
+"""About how many samples of global batches :class:`RankLoader` plans at a time with ``workers: 0``."""
 
 
 def rank_micro_batches(
@@ -115,6 +120,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         # dataset with a locality-aware order of its own (trainers/data/shards) gives its ``epoch_order``
         self.order = order or epoch_permutation
         self.epoch, self.cursor, self.batch_size = 0, 0, 1
+        self._cut_cache: dict[int, list[tuple[int, int]]] = {}
         self.plan(epoch=epoch, cursor=cursor, batch_size=batch_size)
 
     def plan(self, *, epoch: int, cursor: int, batch_size: int) -> None:
@@ -127,6 +133,17 @@ class GlobalBatchSampler(Sampler[list[int]]):
             epoch, cursor = epoch + 1, 0
         self.epoch, self.cursor, self.batch_size = int(epoch), int(cursor), int(batch_size)
 
+    def _cuts(self, batch_len: int) -> list[tuple[int, int]]:
+        """Where this rank's micro-batches of a global batch of ``batch_len`` lie in it: :func:`rank_micro_batches`
+        of ``arange(batch_len)`` (each is a contiguous range), computed once per length."""
+        cuts = self._cut_cache.get(batch_len)
+        if cuts is None:
+            micro = rank_micro_batches(
+                np.arange(batch_len), self.rank, self.world, self.max_local_batch, self.split_single
+            )
+            cuts = self._cut_cache[batch_len] = [(int(m[0]), int(m[-1]) + 1) for m in micro]
+        return cuts
+
     def steps(self) -> Iterator[PlannedStep]:
         """The planned global batches from the planned position, with this rank's micro-batches."""
         epoch, cursor = self.epoch, self.cursor
@@ -135,12 +152,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
             perm = self.order(self.seed, epoch, self.n)
             while cursor < self.n:
                 ids = global_batch(perm, cursor, self.batch_size)
-                yield PlannedStep(
-                    epoch,
-                    cursor,
-                    ids,
-                    rank_micro_batches(ids, self.rank, self.world, self.max_local_batch, self.split_single),
-                )
+                yield PlannedStep(epoch, cursor, ids, [ids[a:b] for a, b in self._cuts(len(ids))])
                 cursor += len(ids)
             epoch, cursor = epoch + 1, 0
 
@@ -191,18 +203,32 @@ class GlobalBatch:
 
 
 class RankLoader:
-    """A ``DataLoader`` over ``dataset`` in the global order; the loop asks for one global batch at a time.
+    """This rank's micro-batches in the global order; the loop asks for one global batch at a time.
 
     ``next_global_batch(B)`` returns this rank's micro-batches of the global batch that starts at
     the current position and advances the position (rolling over to the next epoch).  While B
-    stays the same the loader prefetches ahead; a different B re-plans from the current position
-    and restarts the iterator (the prefetched micro-batches of the old B are dropped).
+    stays the same the loader plans (and, with loader processes, loads) ahead; a different B
+    re-plans from the current position (what was planned or prefetched at the old B is dropped).
     :meth:`seek` moves to a checkpoint's ``(epoch, cursor)``.
+
+    Two ways to load, the same tensors in the same order.  With ``data.loader.workers > 0`` a
+    ``DataLoader`` over :class:`GlobalBatchSampler` (its processes load ahead of the step).  With
+    ``workers: 0`` there is nothing for a ``DataLoader`` to overlap, so it is skipped: each
+    micro-batch is loaded in this process the way its single-process iterator would
+    (:func:`fetch`: ``__getitems__`` or one ``__getitem__`` a sample, :func:`collate`, pinned when
+    ``pin_memory`` and an accelerator is present) without its per-batch index lists and hooks.  One
+    difference: a ``DataLoader`` draws a base seed from torch's global generator at each (re)start
+    of its iterator (a change of B, a resume); this path draws nothing, so the model's random
+    stream no longer depends on when B changed.
 
     A dataset may bring its own order and hear where the loop reads: ``dataset.epoch_order(seed,
     epoch, n)`` replaces :func:`epoch_permutation` (still a pure function of ``(seed, epoch)``), and
     ``dataset.reading_at(epoch, cursor)`` is called in this process before each global batch is
     loaded (the token shards prefetch the shards the coming windows need: trainers/data/shards).
+    With ``workers: 0`` it may also locate many micro-batches at once: ``dataset.plan_fetch(micro)``
+    (a list of id arrays) returns one plan each, and ``dataset.load_planned(plan)`` loads one; the
+    loader plans about :data:`PLAN_SAMPLES` samples of global batches at a time (never past an
+    epoch's end).
     """
 
     def __init__(
@@ -231,20 +257,28 @@ class RankLoader:
         )
         self._reading_at = getattr(dataset, "reading_at", None)
         workers = self.config.workers
-        self.loader = DataLoader(
-            dataset,
-            batch_sampler=self.sampler,
-            num_workers=workers,
-            collate_fn=collate,
-            pin_memory=self.config.pin_memory,
-            prefetch_factor=self.config.prefetch if workers > 0 else None,
-            persistent_workers=workers > 0,
-        )
+        self.loader: DataLoader | None = None
+        if workers > 0:
+            self.loader = DataLoader(
+                dataset,
+                batch_sampler=self.sampler,
+                num_workers=workers,
+                collate_fn=collate,
+                pin_memory=self.config.pin_memory,
+                prefetch_factor=self.config.prefetch,
+                persistent_workers=True,
+            )
+        self._pin = self.config.pin_memory and torch.accelerator.is_available()
+        self._plan_fetch = getattr(dataset, "plan_fetch", None)
+        self._load_planned = getattr(dataset, "load_planned", None)
+        if self._plan_fetch is None or self._load_planned is None:
+            self._plan_fetch = self._load_planned = None
+        self._ahead: deque[tuple[PlannedStep, list[Any]]] = deque()
         self.epoch, self.cursor = 0, 0
         self._planned_b: int | None = None
         self._steps: Iterator[PlannedStep] | None = None
         self._data: Iterator[Any] | None = None
-        self.replans = 0  # how many times a change of B or a seek restarted the iterator
+        self.replans = 0  # how many times a change of B or a seek restarted the plan
 
     def seek(self, epoch: int, cursor: int) -> None:
         """Continue at ``(epoch, cursor)`` (a resume); the next call re-plans."""
@@ -255,19 +289,51 @@ class RankLoader:
         self.sampler.plan(epoch=self.epoch, cursor=self.cursor, batch_size=batch_size)
         self.epoch, self.cursor = self.sampler.epoch, self.sampler.cursor
         self._steps = self.sampler.steps()
-        self._data = iter(self.loader)  # re-iterating resets a persistent iterator: prefetch dropped
+        self._ahead.clear()
+        if self.loader is not None:
+            self._data = iter(self.loader)  # re-iterating resets a persistent iterator: prefetch dropped
         self._planned_b = batch_size
         self.replans += 1
 
+    def _plan_ahead(self, batch_size: int) -> None:
+        """The next global batches (about :data:`PLAN_SAMPLES` samples), each with its micro-batches'
+        plans: the dataset's ``plan_fetch`` over all of them at once, or the id arrays themselves."""
+        assert self._steps is not None
+        steps: list[PlannedStep] = []
+        while len(steps) < max(1, PLAN_SAMPLES // batch_size):
+            steps.append(next(self._steps))
+            if steps[-1].next_position[1] >= self.sampler.n:
+                break  # the epoch's last batch: the next epoch's order is made when it is read
+        if self._plan_fetch is None:
+            self._ahead.extend((step, step.micro) for step in steps)
+            return
+        plans = self._plan_fetch([m for step in steps for m in step.micro])
+        at = 0
+        for step in steps:
+            self._ahead.append((step, plans[at : at + len(step.micro)]))
+            at += len(step.micro)
+
+    def _load(self, plan: Any) -> Any:
+        data = self._load_planned(plan) if self._load_planned is not None else fetch(self.dataset, plan.tolist())
+        return pin_memory(data) if self._pin else data
+
     def next_global_batch(self, batch_size: int) -> GlobalBatch:
         """This rank's micro-batches of the global batch of ``batch_size`` at the current position."""
-        if batch_size != self._planned_b or self._steps is None or self._data is None:
+        if batch_size != self._planned_b or self._steps is None:
             self._replan(batch_size)
-        assert self._steps is not None and self._data is not None
-        step = next(self._steps)
-        if self._reading_at is not None:
-            self._reading_at(step.epoch, step.cursor)
-        micro = [next(self._data) for _ in step.micro]
+        if self.loader is None:
+            if not self._ahead:
+                self._plan_ahead(batch_size)
+            step, plans = self._ahead.popleft()
+            if self._reading_at is not None:
+                self._reading_at(step.epoch, step.cursor)
+            micro = [self._load(p) for p in plans]
+        else:
+            assert self._steps is not None and self._data is not None
+            step = next(self._steps)
+            if self._reading_at is not None:
+                self._reading_at(step.epoch, step.cursor)
+            micro = [next(self._data) for _ in step.micro]
         self.epoch, self.cursor = step.next_position
         if self.cursor >= self.sampler.n:
             self.epoch, self.cursor = self.epoch + 1, 0
@@ -282,5 +348,6 @@ class RankLoader:
         self._data = None
         self._steps = None
         self._planned_b = None
-        if getattr(self.loader, "_iterator", None) is not None:
+        self._ahead.clear()
+        if self.loader is not None and getattr(self.loader, "_iterator", None) is not None:
             self.loader._iterator = None  # the last reference: its __del__ shuts the workers down

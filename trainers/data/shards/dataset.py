@@ -21,6 +21,11 @@ from trainers.data.shards.order import epoch_order, shard_of, shards_ahead, wind
 
 DEFAULT_CACHE_BYTES = 4 << 30
 
+Located = tuple[int, np.ndarray, "np.ndarray | None", tuple[tuple[int, int, int], ...]]
+"""A micro-batch's windows located (:meth:`TokenWindows.plan_fetch`): its size, each window's index in
+its shard grouped by shard, the row of each in the batch (``None``: one shard, in order), and the
+runs ``(shard, start, stop)`` of that grouping."""
+
 
 class TokenWindows(torch.utils.data.Dataset):
     """Windows of ``context + 1`` tokens at stride ``context`` in each of ``shards`` (none crosses two).
@@ -61,27 +66,70 @@ class TokenWindows(torch.utils.data.Dataset):
             self._ahead = ahead
             self.cache.want([self.shards[i] for i in ahead])
 
-    def _windows(self, ids: np.ndarray) -> np.ndarray:
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.n):
+    def plan_fetch(self, micro: Sequence[np.ndarray]) -> list[Located]:
+        """Locate the windows of many micro-batches in one vectorised pass (what :meth:`load_planned`
+        takes, one per micro-batch): each window's shard and index in it, grouped by shard.
+
+        The loop's loader (``RankLoader`` with ``data.loader.workers: 0``) plans a run of global
+        batches at once, so a batch's load is a gather per shard it touches and nothing else."""
+        sizes = np.fromiter((len(m) for m in micro), dtype=np.int64, count=len(micro))
+        if not len(micro):
+            return []
+        ids = np.concatenate(micro).astype(np.int64, copy=False)
+        if not len(ids):
+            return [(0, ids, None, ()) for _ in micro]
+        if ids.min() < 0 or ids.max() >= self.n:
             raise IndexError(f"window ids outside [0, {self.n})")
         shard = shard_of(self.offsets, ids)
-        starts = (ids - self.offsets[shard]) * self.context
-        first = int(shard[0]) if len(ids) else 0
-        if len(ids) and (shard == first).all():  # the common case in a block of few shards: one gather
-            return self.cache.array(self.shards[first])[starts[:, None] + self._span].astype(np.int64)
-        out = np.empty((len(ids), self.context + 1), dtype=np.int64)
-        for s in np.unique(shard):
-            rows = np.nonzero(shard == s)[0]
-            out[rows] = self.cache.array(self.shards[int(s)])[starts[rows, None] + self._span]
+        which = np.repeat(np.arange(len(micro), dtype=np.int64), sizes)
+        key = which * len(self.shards) + shard
+        order = np.argsort(key, kind="stable")  # by micro-batch, then shard; a shard's windows keep their order
+        first = np.cumsum(sizes) - sizes  # each micro-batch's start in ``ids``
+        rows = order - first[which[order]]  # the row of each sorted window in its micro-batch
+        local = (ids - self.offsets[shard])[order]
+        sorted_key = key[order]
+        edges = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
+        run_start = np.concatenate([[0], edges]).astype(np.int64)
+        run_stop = np.concatenate([edges, [len(ids)]]).astype(np.int64)
+        starts = first.tolist()
+        runs: list[list[tuple[int, int, int]]] = [[] for _ in micro]
+        head = order[run_start]
+        for j, s, a, b in zip(which[head].tolist(), shard[head].tolist(), run_start.tolist(), run_stop.tolist()):
+            runs[j].append((s, a - starts[j], b - starts[j]))
+        out: list[Located] = []
+        for j, (lo, n) in enumerate(zip(starts, sizes.tolist())):
+            one = len(runs[j]) <= 1  # one shard (or none): the rows are in order
+            out.append((n, local[lo : lo + n], None if one else rows[lo : lo + n], tuple(runs[j])))
         return out
 
+    def _view(self, s: int) -> np.ndarray:
+        """Shard ``s`` as its windows, ``(windows, context + 1)``, a strided view (no copy): a window is
+        a row, so a batch is a row gather (a copy of ``context + 1`` tokens each), not one index a token."""
+        arr = self.cache.array(self.shards[s])
+        rows = int(self.offsets[s + 1] - self.offsets[s])
+        step = arr.strides[0]
+        # built on each call (under 1 us): a cached view would keep an evicted shard's file mapped
+        return np.ndarray((rows, self.context + 1), arr.dtype, arr, 0, (self.context * step, step))
+
+    def load_planned(self, located: Located) -> tuple[torch.Tensor, torch.Tensor]:
+        """One micro-batch located by :meth:`plan_fetch`: ``(inputs, targets)``, int64, ``(n, context)``."""
+        n, local, rows, runs = located
+        if rows is None:
+            w = self._view(runs[0][0])[local].astype(np.int64) if runs else np.empty((0, self.context + 1), np.int64)
+        else:
+            w = np.empty((n, self.context + 1), dtype=np.int64)
+            for s, a, b in runs:
+                w[rows[a:b]] = self._view(s)[local[a:b]]
+        t = torch.from_numpy(w)
+        return t[:, :-1], t[:, 1:]
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        w = torch.from_numpy(self._windows(np.asarray([int(i)], dtype=np.int64))[0])
-        return w[:-1], w[1:]
+        x, y = self.__getitems__([int(i)])
+        return x[0], y[0]
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        w = torch.from_numpy(self._windows(np.asarray(indices, dtype=np.int64)))
-        return w[:, :-1], w[:, 1:]
+        """An already batched ``(inputs, targets)``: the ``DataLoader``'s path (loader processes)."""
+        return self.load_planned(self.plan_fetch([np.asarray(indices, dtype=np.int64)])[0])
 
 
 def load_tokens(
