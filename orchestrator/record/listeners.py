@@ -261,12 +261,15 @@ class ProgressListener(RunListener):
     """The progress bar, and a line for each thing a person watching should know.  A batch change
     or a resize is written once the first step with the new B and W has run, with the LR and MF
     that step used (:class:`_Change`); while a group restarts the bar says ``restarting``.  The bar's
-    total is ``epochs`` (``train.epochs``) times the training set its workers report at their start."""
+    total is ``epochs`` (``train.epochs``) times the training set its workers report at their start.
+    An error that ends the run is written once however many ranks met it, and the group's failure
+    that follows it is not announced as a restart."""
 
     def __init__(self, progress: Progress, epochs: float = 1.0) -> None:
         self.progress = progress
         self.epochs = epochs
         self.pending: list[_Change] = []
+        self.ending: set[str] = set()  # the errors that end the run, written (every rank may meet one)
 
     def on_records(self, records: list[Record]) -> None:
         self.progress.update(records)
@@ -296,6 +299,8 @@ class ProgressListener(RunListener):
                 write(f"worker group restarted from step {step} with {workers} workers (restart {n})")
                 if hasattr(self.progress, "restarting"):  # restoring its checkpoint: no rate until it steps
                     self.progress.restarting(f"after a failure, restart {n}")
+            case GroupFailed() if self.ending:  # the run ends: the restarted group returns at once
+                pass
             case GroupFailed(message=message):
                 write(
                     f"warning: a worker failed ({message}); the group restarts from its last checkpoint "
@@ -305,7 +310,10 @@ class ProgressListener(RunListener):
                     self.progress.restarting("a worker failed")
             case Diverged():
                 write(f"error: {event.message}")
+            case WorkloadFailed(deterministic=True) if event.message in self.ending:
+                pass
             case WorkloadFailed(deterministic=True):
+                self.ending.add(event.message)
                 write(f"error: {event.message}")
             case WorkloadFailed():
                 write(

@@ -174,3 +174,27 @@ def test_the_error_re_raised_from_a_dataloader_process_is_the_same_event():
     ev = run_ending_error(e.value)
     assert ev is not None and ev.where == "data.root" and ev.error.startswith("could not fetch shard 'shard-00003.bin'")
     assert ev.error.endswith("(x)")
+
+
+class _Bar:
+    """A progress bar's stand-in: the lines written under it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_the_driver_writes_the_error_once_whichever_ranks_met_it_and_announces_no_restart():
+    from orchestrator.record.events import GroupFailed
+    from orchestrator.record.listeners import ProgressListener
+
+    bar = _Bar()
+    listener = ProgressListener(bar)  # type: ignore[arg-type]
+    events = [run_ending_error(_shard_unavailable(), rank=r, phase=1) for r in (1, 0)]
+    for ev in [*events, GroupFailed(phase=1, message="ShardUnavailable: data.root: could not fetch ...")]:
+        listener.on_event(ev)
+    assert bar.lines == [f"error: {events[0].message}"]
+    ProgressListener(other := _Bar()).on_event(GroupFailed(phase=1, message="RayActorError: died"))
+    assert other.lines[0].startswith("warning: a worker failed (RayActorError: died); the group restarts")
