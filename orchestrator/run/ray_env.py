@@ -259,20 +259,27 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
 
 
 def dashboard_running() -> bool:
-    """Whether the connected Ray's dashboard answers (Ray's State API is served by it).  Ray Train's
-    ``PlacementGroupCleaner``, a detached actor that each group starts to ask the State API every
-    second whether the group's controller still lives, needs it: without it (``ray.init(...,
-    include_dashboard=False)``, as the orchestrator's own local Ray) every ask fails, the cleaner never
-    cleans, and after a killed driver it stays, failing every second, until its Ray ends.  False only
-    when nothing listens at the dashboard's address; True where it cannot be told (Ray's default kept)."""
+    """Whether the connected Ray's own dashboard answers (Ray's State API is served by it).  Ray
+    Train's ``PlacementGroupCleaner``, a detached actor that each group starts to ask the State API
+    every second whether the group's controller still lives, needs it.  Without one
+    (``ray.init(..., include_dashboard=False)``, as the orchestrator's own local Ray) every ask fails,
+    the cleaner never cleans, and after a killed driver it stays, failing every second, until its Ray
+    ends.  Worse, another Ray's dashboard at the address (the default port, taken by a second Ray on
+    the same machine) answers that the controller is unknown, and the cleaner removes the placement
+    group of a group that is training.  False: nothing listens at the address, or what answers does
+    not know this Ray's node; True where it cannot be told (Ray Train's default kept)."""
     try:
+        import ray
         from ray._private import ray_constants  # Ray's private names of the dashboard's GCS entry
         from ray.experimental.internal_kv import _internal_kv_get
+        from ray.util.state import get_node
 
         url = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
         host, _, port = url.decode().rpartition(":")
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-            return True
+            pass
+        context = ray.get_runtime_context()
+        return get_node(context.get_node_id(), address=context.gcs_address, timeout=5) is not None
     except ConnectionRefusedError:
         return False
     except Exception as e:  # no entry, a Ray that moved it, a timeout: keep what Ray Train does

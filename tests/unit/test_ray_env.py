@@ -138,21 +138,39 @@ def test_a_sigterm_whose_interrupt_was_swallowed_still_reaches_the_drivers_loop(
 
 def test_ray_trains_placement_group_cleaner_is_left_out_only_where_the_dashboard_does_not_answer(monkeypatch):
     """Ray Train's PlacementGroupCleaner asks Ray's State API (the dashboard) every second: where
-    nothing listens at the dashboard's address it can never clean, so a group starts without it;
-    where something answers, or the address cannot be read, Ray Train's default stays."""
+    nothing listens at the dashboard's address it can never clean, and where another Ray's dashboard
+    answers there it would remove a training group's placement group, so a group starts without it;
+    where this Ray's dashboard answers, or the address cannot be read, Ray Train's default stays."""
     import socket
 
+    import ray
     import ray.experimental.internal_kv as kv
+    import ray.util.state as state
     from ray.train import ScalingConfig
 
     from orchestrator.run import phases, ray_env
 
+    class Context:  # the driver's view of its Ray (no Ray here)
+        gcs_address = "127.0.0.1:6379"
+
+        def get_node_id(self) -> str:
+            return "our-node"
+
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    known: set[str] = set()  # the nodes the dashboard that answers knows
+    monkeypatch.setattr(state, "get_node", lambda node, **k: {"node_id": node} if node in known else None)
     listening = socket.create_server(("127.0.0.1", 0))
     free = socket.create_server(("127.0.0.1", 0))
     free_port = free.getsockname()[1]
     free.close()  # nothing listens there now
     try:
-        for port, expected in ((listening.getsockname()[1], True), (free_port, False)):
+        for port, nodes, expected in (
+            (listening.getsockname()[1], {"our-node"}, True),  # this Ray's dashboard
+            (listening.getsockname()[1], {"another-ray's-node"}, False),  # another Ray's, on the same port
+            (free_port, {"our-node"}, False),  # none
+        ):
+            known.clear()
+            known.update(nodes)
             monkeypatch.setattr(kv, "_internal_kv_get", lambda *a, port=port, **k: f"127.0.0.1:{port}".encode())
             assert ray_env.dashboard_running() is expected
     finally:
