@@ -17,6 +17,15 @@ each rank runs on (``PhaseStart.nodes``), so the monitor knows whether a drain t
 or newer one that moved it) is read as "no node draining": a drained node is then met as a lost
 one, with a restart once it is gone.
 
+The driver's own node may be drained too (a driver started off the head: ``python train.py`` on a
+worker node, a Ray Client's host): the run cannot move the driver, so the driver stops the group at
+a checkpoint (rank 0 saves at its next push) and exits resumable with the command that resumes it
+elsewhere (orchestrator/run/outcome.py ``DriverDrained``; exit status 75, "try again", so a job
+system's retry resumes the run by its key).  Which node the driver is on is Ray's
+``get_runtime_context().get_node_id()``: the node whose raylet this process joined, the one whose
+drain ends it.  Ray never drains the head node (a drain of it is accepted and ignored: checked on
+Ray 2.60), where a driver started by ``ray job submit`` or a KubeRay RayJob runs.
+
 Ray also rejects an idle-termination drain of a node that still runs work, so a drain that touches
 a running group is a preemption (or a person's ``ray drain-node`` of that kind).
 """
@@ -50,6 +59,13 @@ def draining_nodes() -> dict[str, float | None]:
     return {str(node): (ms / 1000.0 if ms else None) for node, ms in (raw or {}).items()}
 
 
+def driver_node() -> str | None:
+    """The Ray node this driver joined (None without a Ray)."""
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
 def room_outside(draining: Mapping[str, object], per_worker: Mapping[str, float]) -> int:
     """Workers of ``per_worker`` that fit the free resources of the live nodes that are not draining
     (new work is not placed on a draining node)."""
@@ -74,16 +90,31 @@ def room_outside(draining: Mapping[str, object], per_worker: Mapping[str, float]
 
 class DrainWatch:
     """The driver's look at the draining nodes every ``every_s``: :meth:`poll_drain_notices` gives them (an empty
-    dict: none) when a look is due, None between looks."""
+    dict: none) when a look is due, None between looks; :meth:`own_drain` whether the driver's own
+    node (``own``, asked once) is among them."""
 
     def __init__(
         self,
         every_s: float = EVERY_S,
         source: Callable[[], dict[str, float | None]] = draining_nodes,
         clock: Callable[[], float] = time.monotonic,
+        own: Callable[[], str | None] = driver_node,
     ) -> None:
         self.every_s, self.source, self.clock = every_s, source, clock
         self._looked = -math.inf
+        self._own = own
+        self._node: str | None = None
+
+    def own_drain(self, draining: Mapping[str, float | None]) -> tuple[str, float | None] | None:
+        """``(the driver's node, its deadline)`` when ``draining`` holds the node this driver runs
+        on, else None."""
+        if not draining:
+            return None
+        if self._node is None:
+            self._node = self._own()
+        if self._node is None or self._node not in draining:
+            return None
+        return self._node, draining[self._node]
 
     def poll_drain_notices(self) -> dict[str, float | None] | None:
         now = self.clock()

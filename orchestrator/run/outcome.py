@@ -14,15 +14,18 @@ The driver's loop (orchestrator/run/phases.py) steps its states until one of the
     RayTrainFailed  fit() raised an error not the user's (max_failures spent) FAILED    1  (raised on)
     DriverFailed    the driver's own code raised                              FAILED    1  (raised on)
     Interrupted     Ctrl-C or SIGTERM                                         KILLED  130  (RunInterrupted)
+    DriverDrained   the driver's own node is being drained (a preemption      KILLED   75  (resumable)
+                    notice): the group stopped at a checkpoint
 
 :func:`ending` is the one place that turns a terminal state into the MLflow status, the CLI's exit
-status and the one line printed and tagged ``elastic.failure``.  Two rules live here too, once
-each: the resume command (:meth:`Resume.command`) and which user error ends a run (:func:`is_fatal`).
-See ``docs/architecture.md``.
+status and the one line printed and tagged ``elastic.failure`` (a drain's: ``elastic.drain_reason``).
+Two rules live here too, once each: the resume command (:meth:`Resume.command`) and which user
+error ends a run (:func:`is_fatal`).  See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
+import time
 import traceback as tb
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,9 +35,11 @@ from orchestrator.config.command import cli
 from orchestrator.config.uris import absolute_tracking_uri, redact_uri
 from trainers.errors import one_line
 from trainers.link import messages as msg
+from trainers.link import tags as T
 from trainers.loop.storage import StorageFull
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_DRAINED = 75  # EX_TEMPFAIL: try again (a job system's retry resumes the run by its key)
 TRACEBACK_ARTIFACT = "failure/traceback.txt"
 
 
@@ -155,19 +160,32 @@ class Interrupted(Outcome):
     checkpoint: int | None
 
 
+@dataclass(frozen=True)
+class DriverDrained(Outcome):
+    """The node the driver runs on is being drained (``deadline``: epoch seconds, None: none given):
+    the group was asked to stop at a checkpoint.  ``steps``: the newest step logged;
+    ``checkpoint``: the newest checkpoint's step (None: none)."""
+
+    node: str
+    deadline: float | None
+    steps: int
+    checkpoint: int | None
+
+
 # --------------------------------------------------------------------------- what each means
 
 
 @dataclass(frozen=True)
 class Ending:
     """What a terminal state means: the MLflow run's status, the CLI's exit status, the one line
-    printed and tagged ``elastic.failure`` (None: none), and the traceback logged as
+    printed and tagged ``tag`` (None: none), and the traceback logged as
     :data:`TRACEBACK_ARTIFACT` (None: none)."""
 
     status: str
     exit_code: int
     message: str | None = None
     traceback: str | None = None
+    tag: str = T.FAILURE  # a drain of the driver's node: T.DRAIN_REASON
 
 
 def ending(end: Outcome, resume: Resume) -> Ending:
@@ -213,7 +231,22 @@ def ending(end: Outcome, resume: Resume) -> Ending:
                 f"stopped by Ctrl-C or SIGTERM after step {steps}; it continues "
                 f"from its checkpoint at step {step} with: {how}",
             )
+        case DriverDrained():
+            return Ending("KILLED", EXIT_DRAINED, drained_message(end, resume), tag=T.DRAIN_REASON)
     raise TypeError(f"not a terminal state: {end!r}")
+
+
+def drained_message(end: DriverDrained, resume: Resume) -> str:
+    """One line for a run whose driver's node was drained: the node, the notice, where it stopped, how it goes on."""
+    left = "no deadline" if end.deadline is None else f"{max(0.0, end.deadline - time.time()):.0f} s left"
+    head = f"the driver's node {end.node[:8]} is being drained (preemption, {left})"
+    if end.checkpoint is None:
+        return f"{head}: stopped after step {end.steps}, before its first checkpoint: nothing to resume; train it anew"
+    how = ("from Python: " if resume.from_python else "") + resume.command(store=False)
+    return (
+        f"{head}: stopped after step {end.steps} at its checkpoint at step {end.checkpoint}; "
+        f"resume it from another node with: {how}"
+    )
 
 
 def user_error_message(ev: msg.WorkloadFailed) -> str:
