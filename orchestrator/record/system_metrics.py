@@ -1,9 +1,10 @@
 """The driver's own machine in its MLflow run, sampled by MLflow's system-metrics monitor; the other nodes.
 
 CPU, memory, disk, network (GPU with ``pynvml``) as ``system/<metric>``.  Every other node the run's
-workers are on as ``system/<host>-<node id>/<metric>`` (orchestrator/record/node_metrics.py); the
-workers' rank 0 also reports its process's view of its node as ``system/worker-<host>/<metric>``
-over the link (trainers/link/system.py)."""
+workers are on as ``system/<host>-<node id>/<metric>`` (orchestrator/record/node_metrics.py).  Each
+node once: the workers' rank 0 reports its process's view of its node (``system/worker-<host>/<metric>``,
+over the link: trainers/link/system.py) only where the driver samples neither (:meth:`DriverSystemMetrics.sampled`:
+a search's trial, which samples its own machine only, with rank 0 on another node)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ class DriverSystemMetrics:
         )
         self.nodes.start()
         return True
+
+    def sampled(self) -> dict[str, Any]:
+        """What this driver samples itself, for the workers (``Runtime.driver_node``,
+        ``Runtime.nodes_sampled``): rank 0 sends its node's figures only where neither covers it,
+        so no node is logged twice under two names."""
+        own = self._monitor is not None and ray.is_initialized()
+        return {
+            "driver_node": ray.get_runtime_context().get_node_id() if own else "",
+            "nodes_sampled": self.nodes is not None,
+        }
 
     def follow(self, nodes: Any) -> None:
         """The run's newest worker group is on ``nodes``: the nodes sampled (the driver's aside)."""

@@ -104,3 +104,29 @@ def test_a_search_trial_samples_its_own_machine_only(tmp_path):
     assert trial.system.start_nodes() is False and trial.system.nodes is None
     trial.end()
     parent.end()
+
+
+def test_each_node_once_rank_0_sends_its_node_only_where_the_driver_samples_neither():
+    """The duplicate: rank 0 sent its process's view of its node (``system/worker-<host>/...``) on top
+    of the driver's samples of the same node (MLflow's monitor for the driver's machine, a sampler
+    per node of the group).  The driver says what it samples (``DriverSystemMetrics.sampled``, into
+    the workers' Runtime) and rank 0 sends its node only where neither covers it."""
+    from orchestrator.record.system_metrics import DriverSystemMetrics
+    from trainers.link.runtime import Runtime
+
+    training = Runtime(driver_node="head", nodes_sampled=True)  # a training run: every node of the group
+    assert not training.sends_system_metrics("head") and not training.sends_system_metrics("worker-1")
+    trial = Runtime(driver_node="head", nodes_sampled=False)  # a search trial: its own machine only
+    assert not trial.sends_system_metrics("head") and trial.sends_system_metrics("worker-1")
+    # a driver whose monitor could not start (no Ray, no psutil) samples nothing: rank 0 sends its node
+    idle = DriverSystemMetrics("run", "sqlite:///unused.db")
+    assert idle.sampled() == {"driver_node": "", "nodes_sampled": False}
+    assert Runtime(**idle.sampled()).sends_system_metrics("worker-1")
+
+
+def test_a_channel_told_not_to_send_system_metrics_samples_nothing(monkeypatch):
+    from trainers.link import channel as ch
+
+    monkeypatch.setattr(ch, "RayMonitor", lambda name, namespace: object())  # no Ray: the seam only
+    assert ch.Channel("monitor", None, enabled=True, system=False)._system is None
+    assert ch.Channel("monitor", None, enabled=True)._system is not None

@@ -66,16 +66,18 @@ class Channel:
         enabled: bool,
         judged: Sequence[str] = (),
         monitor: MonitorCalls | None = None,
+        system: bool = True,
     ) -> None:
         """Rank 0 (``enabled``) reaches the monitor actor ``monitor_name`` through Ray, or through
-        ``monitor`` where one is given."""
+        ``monitor`` where one is given; with ``system`` it sends its node's system metrics too
+        (False where the driver samples that node itself: :meth:`Runtime.sends_system_metrics`)."""
         self._monitor = monitor
         self._system: Any = None  # the node's system metrics, sent with the records (trainers/link/system.py)
         if monitor is None and enabled and monitor_name:
             from trainers.link.system import SystemSampler
 
             self._monitor = RayMonitor(monitor_name, namespace)
-            self._system = SystemSampler()
+            self._system = SystemSampler() if system else None
         self._records: list[Record] = []
         # Unconfirmed records (and always the newest one): they ride in each checkpoint.
         self._unacked: list[Record] = []

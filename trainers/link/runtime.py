@@ -27,6 +27,16 @@ class Runtime(BaseModel):
     # ``scaling.policy: goodput`` (a driver's section the workers' config lacks): the loop measures
     # step times and the noise scale and asks the driver every batch.check_every steps.
     goodput: bool = False
+    # Which nodes the driver samples itself (orchestrator/record/system_metrics.py): its own machine
+    # (MLflow's monitor, ``system/<metric>``) on ``driver_node``, and with ``nodes_sampled`` every node
+    # of the group (``system/<host>-<node id>/<metric>``).  Rank 0 sends its node's figures only
+    # where neither does (a search trial on a node of its own), so each node is logged once.
+    driver_node: str = ""
+    nodes_sampled: bool = False
+
+    def sends_system_metrics(self, node: str) -> bool:
+        """Whether rank 0, on Ray node ``node``, sends its node's system metrics (no one else logs them)."""
+        return not self.nodes_sampled and node != self.driver_node
 
     def judges(self, metrics: dict[str, float]) -> bool:
         """Whether a step's ``metrics`` carry a value the driver judges (the same on every rank)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import ray
 import torch
 
 from trainers.link import metrics as M
@@ -20,6 +21,11 @@ from trainers.loop.group import Group
 from trainers.loop.meter import ThroughputMeter
 
 
+def _node_id() -> str:
+    """The Ray node this worker runs on ("" outside Ray)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 class Reporter:
     """The group's side of the link: ``channel`` (rank 0's; a no-op elsewhere), the throughput
     ``meter``, and the step of the next push."""
@@ -29,7 +35,11 @@ class Reporter:
     ) -> None:
         self.runtime, self.group = runtime, group
         self.channel = Channel(
-            runtime.monitor_name, runtime.namespace, enabled=group.rank == 0, judged=runtime.judged_metrics
+            runtime.monitor_name,
+            runtime.namespace,
+            enabled=group.rank == 0,
+            judged=runtime.judged_metrics,
+            system=group.rank == 0 and runtime.sends_system_metrics(_node_id()),
         )
         self.log_every, self.push_every_s = log_every, push_every_s
         self.tokens = tokens_per_sample  # T of a language model: tokens ride beside samples
