@@ -25,6 +25,7 @@ from orchestrator.config.schema import RootConfig, public_config
 from orchestrator.config.uris import mlflow_uri, redact_uri
 from orchestrator.record.checkpoint_models import linked_metrics
 from orchestrator.record.datasets import describe_data, log_datasets
+from orchestrator.record.history import earlier_timeline
 from orchestrator.record.model_log import ModelLogger
 from orchestrator.record.params import applicable_params
 from orchestrator.record.plots import RunPlots
@@ -35,6 +36,7 @@ from orchestrator.record.run_writer import (
 )
 from orchestrator.record.series import SeriesCompressor
 from orchestrator.record.system_metrics import DriverSystemMetrics
+from orchestrator.record.timeline import Timeline
 from orchestrator.record.ui import experiment_id
 from trainers.link import tags as T
 
@@ -138,9 +140,10 @@ class RunTracker:
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
 
-    def logged_tags(self) -> dict[str, str]:
-        """The run's tags as the store holds them (a resumed run's, from its earlier drivers)."""
-        return self.client.get_run(self.run_id).data.tags
+    def earlier_run(self) -> tuple[dict[str, str], Timeline]:
+        """What a resumed run's earlier drivers left: its tags as the store holds them, and its
+        timeline (orchestrator/record/history.py)."""
+        return dict(self.client.get_run(self.run_id).data.tags), earlier_timeline(self.client, self.run_id)
 
     # -- what is logged so far ----------------------------------------------------------------
 

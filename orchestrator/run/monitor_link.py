@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.config.schema import RootConfig
+from orchestrator.config.schema import ScalingConfig
 from orchestrator.run.monitor import Monitor
 from trainers.link.messages import Event, Record, Resize
 from trainers.link.runtime import Runtime
@@ -35,16 +35,19 @@ class MonitorLink:
         return self.actor is not None
 
     def create(
-        self, cfg: RootConfig, resources: dict[str, float], grow_room: Callable[[], dict[str, float]] | None = None
+        self,
+        workers: WorkerCount,
+        s: ScalingConfig,
+        resources: dict[str, float],
+        grow_room: Callable[[], dict[str, float]] | None = None,
     ) -> None:
-        s = cfg.scaling
         self.namespace = ray.get_runtime_context().namespace
         self.name = f"elastic-monitor-{uuid.uuid4().hex[:12]}"
         overlap = resources if s.resize_mode == "overlap" else None
         # On the driver's own node: a lost worker node must not take the driver's link with it.
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         self.actor = Monitor.options(name=self.name, namespace=self.namespace, scheduling_strategy=here).remote(
-            WorkerCount.from_config(cfg),
+            workers,
             overlap_resources=overlap,
             only_if_pays=s.resize_when == "pays",
             per_worker=resources,

@@ -37,7 +37,7 @@ import math
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,6 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from orchestrator.config.schema import RootConfig
 from orchestrator.record.cost import GroupHold
 from orchestrator.record.listeners import ProgressListener, RunListener, TimelineListener, TrackingListener
 from orchestrator.record.progress_bar import Progress
@@ -66,11 +65,10 @@ from orchestrator.run.ray_env import dashboard_running, on_own_local_ray, raise_
 from orchestrator.run.reservations import ray_train_run_id, recorded
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room
-from orchestrator.run.run_books import EventBook, ResizeBook, RunNames, RunStart
+from orchestrator.run.run_books import EventBook, GroupPlan, ResizeBook, RunNames, RunStart
 from trainers.link import tags as T
 from trainers.link.messages import Event, FirstStep, Record, Resize, WorkloadFailed
 from trainers.loop.trainer import train_loop_per_worker
-from trainers.policies.resize import WorkerCount
 
 POLL_S = 0.5
 SAY_WAIT_S = 5.0  # a wait for an autoscaler's nodes is said once it lasts this long
@@ -268,36 +266,35 @@ class Resizing(RunState):
 class PhaseRunner:
     """Runs one training run as a sequence of ``fit()`` phases (the context the states act on).
 
-    Everything it needs comes to its constructor: what the run brings (``start``, a
-    :class:`RunStart`), the progress bar, the caller's listeners, the functions sent by value, how
-    often to poll and the metrics the driver judges.  What it keeps is split by concern: ``names``
-    (where phases go), ``link`` (the monitor actor), ``book`` (what the workers' events said),
-    ``resize_book`` (measured resizes), ``listeners`` (what is done with records and events)."""
+    Everything it needs comes to its constructor: what its groups start with (``plan``, a
+    :class:`GroupPlan`), what the run brings (``start``, a :class:`RunStart`), the progress bar, the
+    caller's listeners, how often to poll and the metrics the driver judges.  What it keeps is split
+    by concern: ``names`` (where phases go), ``link`` (the monitor actor), ``book`` (what the workers'
+    events said), ``resize_book`` (measured resizes), ``listeners`` (what is done with records and
+    events)."""
 
     def __init__(
         self,
-        cfg: RootConfig,
+        plan: GroupPlan,
         tracker: RunTracker,
         start: RunStart,
         progress: Progress,
         listeners: Sequence[RunListener] = (),
-        functions: dict[str, Callable[..., Any]] | None = None,
         poll_s: float = POLL_S,
         judged: Sequence[str] = (),
         nodes: NodeSupply | None = None,
         link: MonitorLink | None = None,
     ):
-        self.cfg, self.tracker, self.start = cfg, tracker, start
-        self.functions = functions  # factories sent by value (trainers/workload/build.py), in the payload
+        self.plan, self.tracker, self.start = plan, tracker, start
         self.progress = progress
         tracking = TrackingListener(tracker)
         tracking.continue_from(start.tags)  # a resumed run's tags go on from what its earlier drivers set
         # an autoscaling cluster's nodes, asked ahead (inactive: nothing asked): its request is
         # withdrawn with the listeners' close, however the run ends
         supply = NodeSupplyListener(nodes or NodeSupply())
-        self.listeners: list[RunListener] = [tracking, ProgressListener(progress, cfg.train.epochs), *listeners, supply]
+        self.listeners: list[RunListener] = [tracking, ProgressListener(progress, plan.epochs), *listeners, supply]
         self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
-        self.names = RunNames(tracker.run_id, cfg.checkpoint.storage_path, start.resumes, start.ray_train_runs)
+        self.names = RunNames(tracker.run_id, plan.storage_path, start.resumes, start.ray_train_runs)
         self.link = link or MonitorLink(judged)  # (a test gives one that calls a MonitorState directly)
         self.book = EventBook(restarts=start.restarts, t_start=start.t0)
         self.resize_book = ResizeBook(self.link, self.emit)
@@ -306,10 +303,10 @@ class PhaseRunner:
         # that came back cost the loop's cores for nothing, so each is made once
         once = on_own_local_ray()
         self.capacity = CapacityWatch(
-            cfg.scaling.min_workers,
-            cfg.scaling.capacity_timeout_s,
+            plan.scaling.min_workers,
+            plan.scaling.capacity_timeout_s,
             every_s=math.inf if once else 2.0,
-            grow_every_s=math.inf if once else cfg.scaling.capacity_check_s,
+            grow_every_s=math.inf if once else plan.scaling.capacity_check_s,
             on_change=refresh_nodes,
             drains=DrainWatch(every_s=math.inf) if once else None,
         )
@@ -326,7 +323,7 @@ class PhaseRunner:
 
     def resume(self) -> Resume:
         """How a person continues this run (the messages of the ends a resume cures)."""
-        return Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(self.functions))
+        return Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(self.plan.functions))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -405,19 +402,19 @@ class PhaseRunner:
         """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
 
         # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
-        s = self.cfg.scaling
-        workers = WorkerCount.from_config(self.cfg).initial(self.cfg.batch.size)
+        s = self.plan.scaling
+        workers = self.plan.workers.initial(self.plan.batch_size)
         last = min(self.start.workers, s.max_workers)
         if s.policy == "goodput" and last:  # goodput may have shrunk the group: a resumed run goes on at its W
             return max(last, s.min_workers)
         return max(workers, last)
 
     def _resources(self) -> dict[str, float]:
-        return self.cfg.scaling.per_worker()
+        return self.plan.scaling.per_worker()
 
     def _trainer(self, workers: int, phase: int, handover: bool) -> Any:
 
-        s = self.cfg.scaling
+        plan, s = self.plan, self.plan.scaling
         num_workers: int | tuple[int, int] = workers
         if s.min_workers < workers:
             num_workers = (s.min_workers, workers)
@@ -431,9 +428,9 @@ class PhaseRunner:
             run_name=names.phase_run_name(phase),
             goodput=s.policy == "goodput",
         )
-        payload: dict[str, Any] = {"config": self.cfg.loop_dict(), "runtime": runtime.model_dump()}
-        if self.functions:
-            payload["functions"] = dict(self.functions)  # cloudpickled by Ray
+        payload: dict[str, Any] = {"config": plan.loop_config, "runtime": runtime.model_dump()}
+        if plan.functions:
+            payload["functions"] = dict(plan.functions)  # cloudpickled by Ray
         return GroupTrainer(
             train_loop_per_worker,
             train_loop_config=payload,
@@ -466,7 +463,7 @@ class PhaseRunner:
         if not handover:  # a cold start: what a resize's new group costs here
             self.link.starting(idx, time.time())
         self.names.last_idx = max(self.names.last_idx, idx)  # a failed early start keeps its index (and run name)
-        if self.nodes.active and self.cfg.scaling.min_workers < workers:
+        if self.nodes.active and self.plan.scaling.min_workers < workers:
             refresh_nodes()  # an elastic group is sized on the nodes that came for it, not on a 20 s old view
         self.book.fit_called.setdefault(idx, time.time())
         ph.thread.start()
@@ -523,7 +520,7 @@ class PhaseRunner:
     # -- the monitor -------------------------------------------------------------------------------
 
     def _make_monitor(self) -> None:
-        self.link.create(self.cfg, self._resources(), grow_room=self.nodes.grow_room())
+        self.link.create(self.plan.workers, self.plan.scaling, self._resources(), grow_room=self.nodes.grow_room())
 
     def poll(self, ph: _Phase) -> Outcome | None:
         """Wait up to ``poll_s`` for the phase's ``fit()`` to return, then drain the monitor.  The run's end

@@ -1,5 +1,6 @@
 """What the phase runner (orchestrator/run/phases.py) keeps, one concern per class.
 
+:class:`GroupPlan`: what its worker groups are started with, read once from the config;
 :class:`RunStart`: what a run brings to its driver; :class:`RunNames`: where its phases go;
 :class:`EventBook`: what the workers' events said; :class:`ResizeBook`: the run's resizes (it also
 tells the monitor what a resize's steps decided)."""
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from orchestrator.config.schema import RootConfig, ScalingConfig
 from orchestrator.record.events import (
     GroupRestarted,
     OverlapFellBack,
@@ -35,6 +37,7 @@ from trainers.link import messages as msg
 from trainers.link.messages import Event, FirstStep, PhaseStart, Resize, ResizeDecided, WorkloadFailed
 from trainers.loop.checkpoint import CorruptCheckpoint, checkpoint_step, load_newest_checkpoint, run_checkpoints
 from trainers.loop.storage import join, resolve
+from trainers.policies.resize import WorkerCount
 
 
 class StartedGroup(Protocol):
@@ -47,6 +50,32 @@ class StartedGroup(Protocol):
 
     @property
     def alive(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What the phase runner starts the run's worker groups with, read once from the config
+    (:meth:`from_config`): the runner never sees the config itself."""
+
+    scaling: ScalingConfig
+    workers: WorkerCount  # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
+    batch_size: int  # the initial global batch
+    epochs: float  # train.epochs (the progress bar's total is this times the training set)
+    storage_path: str  # checkpoint.storage_path
+    loop_config: dict[str, Any]  # the trainers' own config, sent to every worker
+    functions: dict[str, Callable[..., Any]] | None = None  # factories sent by value, in the payload
+
+    @classmethod
+    def from_config(cls, cfg: RootConfig, functions: dict[str, Callable[..., Any]] | None = None) -> GroupPlan:
+        return cls(
+            scaling=cfg.scaling,
+            workers=WorkerCount.from_config(cfg),
+            batch_size=cfg.batch.size,
+            epochs=cfg.train.epochs,
+            storage_path=cfg.checkpoint.storage_path,
+            loop_config=cfg.loop_dict(),
+            functions=functions,
+        )
 
 
 @dataclass

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -32,10 +33,10 @@ from orchestrator.config.feasibility import check_feasible
 from orchestrator.config.schema import ConfigError, RootConfig, ScalingConfig
 from orchestrator.config.uris import redact_text
 from orchestrator.record.cost import Cost
-from orchestrator.record.history import drain_saver, earlier_timeline, holds_saver, resize_saver
+from orchestrator.record.history import drain_saver, holds_saver, resize_saver
 from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.note import changes, describe
-from orchestrator.record.progress_bar import Progress, total_samples
+from orchestrator.record.progress_bar import Progress
 from orchestrator.record.run_tracker import RunTracker, TrackingLost
 from orchestrator.record.run_writer import short_error, unavailable
 from orchestrator.run.autoscaling import NodeSupply
@@ -57,7 +58,7 @@ from orchestrator.run.outcome import (
 from orchestrator.run.phases import POLL_S, PhaseRunner
 from orchestrator.run.ray_env import ensure_ray, quiet_ray_env, stop_ray
 from orchestrator.run.reservations import release
-from orchestrator.run.run_books import RunStart
+from orchestrator.run.run_books import GroupPlan, RunStart
 from orchestrator.run.run_info import RUN_INFO, DriverLock, find_run, write_run_info
 from trainers.link import metrics as M
 from trainers.link import tags as T
@@ -143,10 +144,11 @@ class RunInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-def final_metrics(tracker: RunTracker) -> dict[str, float]:
+def final_metrics(history: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """The last value of each headline metric in a run's logged ``history`` (``RunTracker.history``)."""
     out = {}
     for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
-        pts = tracker.history.get(key)
+        pts = history.get(key)
         if pts:
             out[key] = max(pts)[1]
     return out
@@ -213,7 +215,10 @@ def _start_ray(
     started = ensure_ray(verbose, runtime_env=code) or own
     warm.join()
     limits = read_limits()
-    why = _infeasible(scaling, limits)
+    assumed = limits.assumed(scaling.at_most())
+    if assumed is not None:  # an autoscaling cluster whose limits cannot be read is not refused
+        print(f"note: {assumed}", file=sys.stderr, flush=True)
+    why = None if assumed is not None else check_feasible(scaling, ray.cluster_resources(), limits.max_resources)
     if why:  # Ray Train would wait for these resources forever
         if started:
             stop_ray()
@@ -236,8 +241,8 @@ class _Driver:
         self.cfg, self.opts, self.t0 = cfg, opts, t0
         self.marks = marks or (None, None)  # when training was called, when Ray was up (RunSummary.start)
         self.limits = limits or ClusterLimits()
-        # sized from the config where it says the training set's size, else by the workers' PhaseStart
-        self.progress = Progress(total_samples(cfg), enabled=opts.progress)
+        # no total until the workers' PhaseStart says how many samples their training set holds
+        self.progress = Progress(None, enabled=opts.progress)
         # the tracking server's "does not answer" lines go under the bar, not through it
         self.tracker = RunTracker(
             cfg, run_id=opts.resume_run_id, parent_run_id=opts.parent_run_id, tags=opts.tags, warn=self.progress.write
@@ -263,12 +268,11 @@ class _Driver:
         wanted = opts.on_records is not None or opts.on_event is not None
         listeners = [RecordsCallback(opts.on_records, opts.on_event)] if wanted else []
         self.runner = runner = PhaseRunner(
-            cfg,
+            GroupPlan.from_config(cfg, opts.functions),
             tracker,
             start,
             progress,
             [*listeners, self.timeline],
-            functions=opts.functions,
             poll_s=opts.poll_s,
             judged=opts.judged,
             nodes=self._node_supply(),
@@ -314,25 +318,24 @@ class _Driver:
         return end
 
     def _log_final_model(self) -> None:
-
-        tracker, runner = self.tracker, self.runner
+        """A run that finished or stopped: no earlier driver's failure on it, its final workers and
+        resizes as tags, its plots and its newest checkpoint's model."""
+        tracker, names, warn = self.tracker, self.runner.names, self.progress.write
         tracker.clear_failure()
         tracker.set_tags(
             {T.FINAL_WORKERS: int(tracker.last_value(M.WORKERS, 0)), T.RESIZES: len(self.timeline.timeline.resizes)}
         )
         tracker.log_plots()
-        payload = load_newest_checkpoint(
-            runner.names.storage_path, runner.names.train_run_name, "cpu", warn=runner.progress.write
-        )
+        payload = load_newest_checkpoint(names.storage_path, names.train_run_name, "cpu", warn=warn)
         if payload is not None:
             self.model = tracker.log_model(
-                payload["model"], self.cfg, self.opts.functions, self.opts.register_model, warn=runner.progress.write
+                payload["model"], self.cfg, self.opts.functions, self.opts.register_model, warn=warn
             )
 
     def interrupted(self) -> Interrupted:
         """Ctrl-C or SIGTERM: where the run stopped (the runner stopped its group at a checkpoint)."""
         newest = self.runner.names.newest_checkpoint_step() if self.runner is not None else None
-        return Interrupted(steps=_logged_steps(self.tracker), checkpoint=newest)
+        return Interrupted(steps=_logged_steps(self.tracker.history), checkpoint=newest)
 
     def failed(self, e: Exception) -> Outcome:
         """The end an exception brought: the tracking server gone while the run was closed (its
@@ -362,11 +365,10 @@ class _Driver:
         """Close the MLflow run as ``end`` says (orchestrator/run/outcome.py), release the driver lock,
         and sum the run up."""
         said = ending(end, self.resume)
-        if said.message is not None:
-            self._record_failure(said)
-        cost = self._record_cost(end)
-        _write_note(self.tracker, self.cfg, said.status, self.runner, cost)
+        timeline = self.timeline.timeline
+        timeline.holds.close_open(time.time())  # the groups this driver still holds end now
         try:
+            self._record_end(end, said, timeline.cost())
             self.tracker.end(said.status)
         except Exception:  # the store is on the full disk, or gone: the message says so
             if not isinstance(end, (OutOfStorage, TrackingGone)):
@@ -376,56 +378,57 @@ class _Driver:
                 self.lock.release()
         return self._summary(end, said)
 
-    def _record_cost(self, end: Outcome) -> Cost:
-        """What the run cost (orchestrator/record/cost.py), every driver's: the groups this driver
-        still holds end now; the holds saved (a resume carries them) and the totals logged as
-        ``cost/worker_seconds`` (``cost/gpu_seconds`` where workers held GPUs) at the last step."""
-        timeline = self.timeline.timeline
-        timeline.holds.close_open(time.time())
-        cost = timeline.cost()
-        if isinstance(end, TrackingGone) or self.tracker.lost:  # nothing reaches the store now
-            return cost
-        try:
-            self.timeline.save_holds()
-            # as rows, at the last step; a later driver that ends at the same step (a resume with
-            # nothing left to train) logs its total at the next free step: no (metric, step) twice
-            step, ms = _cost_step(self.tracker), int(time.time() * 1000)
-            rows = [Metric(M.COST_WORKER_SECONDS, cost.worker_s, ms, step)]
-            if cost.gpu_s:
-                rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
-            self.tracker.log_rows(rows)
-        except Exception:  # the run still ends with its status (a store on a full disk)
-            pass
-        return cost
-
-    def _record_failure(self, said: Ending) -> None:
-        """The end on the MLflow run: the tag ``elastic.failure`` and any traceback as an artifact."""
-        try:
-            self.tracker.set_tags({T.FAILURE: said.message})
-            if said.traceback is not None:
-                self.tracker.log_text(redact_text(said.traceback), TRACEBACK_ARTIFACT)
-        except Exception:  # the run still ends with its status (a store on a full disk)
-            pass
+    def _record_end(self, end: Outcome, said: Ending, cost: Cost) -> None:
+        """What the end leaves on the MLflow run: the failure (tag ``elastic.failure``, any traceback
+        as an artifact), what the run cost (orchestrator/record/cost.py: every driver's groups; the
+        holds saved, for a resume, and ``cost/worker_seconds``, ``cost/gpu_seconds`` where workers
+        held GPUs, at the last step) and the run's description (orchestrator/record/note.py).  Each
+        is tried alone: the run still ends with its status (a store on a full disk)."""
+        tracker = self.tracker
+        if said.message is not None:
+            with suppress(Exception):
+                tracker.set_tags({said.tag: said.message})  # a drain of the driver's node: not a failure
+                if said.traceback is not None:
+                    tracker.log_text(redact_text(said.traceback), TRACEBACK_ARTIFACT)
+        if not (isinstance(end, TrackingGone) or tracker.lost):  # else nothing reaches the store now
+            with suppress(Exception):
+                self.timeline.save_holds()
+                # as rows, at the last step; a later driver that ends at the same step (a resume with
+                # nothing left to train) logs its total at the next free step: no (metric, step) twice
+                step, ms = _cost_step(tracker.history), int(time.time() * 1000)
+                rows = [Metric(M.COST_WORKER_SECONDS, cost.worker_s, ms, step)]
+                if cost.gpu_s:
+                    rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
+                tracker.log_rows(rows)
+        with suppress(Exception):  # a description must never fail a run (a store that does not answer)
+            tracker.release_held()  # the newest point of every piecewise series, B and W included
+            history = tracker.history
+            resizes = len(changes(history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+            resumes = self.runner.names.resumes if self.runner is not None else 0
+            note = describe(self.cfg, history, said.status, resizes=resizes, resumes=resumes, cost=cost)
+            tracker.set_tags({T.NOTE: note})
 
     def _summary(self, end: Outcome, said: Ending) -> RunSummary:
         tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
+        history = tracker.history
+        cost = timeline.cost()
         summary = RunSummary(
             run_id=tracker.run_id,
             tracking_uri=tracker.uri,
             experiment_id=tracker.experiment_id,
             status=said.status,
-            steps=_logged_steps(tracker),
+            steps=_logged_steps(history),
             wall_s=time.time() - self.t0,
-            final=final_metrics(tracker),
+            final=final_metrics(history),
             error=said.message,
             phases=timeline.rows(),
+            worker_seconds=cost.worker_s,
+            gpu_seconds=cost.gpu_s if any(h.gpus for h in timeline.holds.snapshot()) else None,
+            model_uri=self.model[0],
+            registered=self.model[1],
             exit_code=said.exit_code,
             outcome=end,
         )
-        cost = timeline.cost()
-        summary.worker_seconds = cost.worker_s
-        summary.gpu_seconds = cost.gpu_s if any(h.gpus for h in timeline.holds.snapshot()) else None
-        summary.model_uri, summary.registered = self.model
         if runner is not None:  # None only when the run ended before its runner existed
             summary.storage_path, summary.train_run_name = runner.names.storage_path, runner.names.train_run_name
             summary.first_step_s = runner.book.first_step_s()
@@ -440,7 +443,7 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
     left in MLflow (their tags, timeline, restarts and last worker count)."""
     if not resumed:
         return RunStart(t0=t0)
-    tags = tracker.logged_tags()
+    tags, timeline = tracker.earlier_run()
     return RunStart(
         t0=t0,
         resumes=int(tags.get(T.RESUMES, "0")) + 1,
@@ -448,20 +451,20 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
         restarts=int(tracker.last_value(M.RESTARTS, 0)),
         workers=int(tracker.last_value(M.WORKERS, 0)),
         tags=dict(tags),
-        timeline=earlier_timeline(tracker.client, tracker.run_id),
+        timeline=timeline,
     )
 
 
-def _logged_steps(tracker: RunTracker) -> int:
+def _logged_steps(history: dict[str, list[tuple[int, float]]]) -> int:
     """The newest step whose training loss is logged."""
-    return max((s for s, _ in tracker.history.get(M.TRAIN_LOSS, [])), default=0)
+    return max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0)
 
 
-def _cost_step(tracker: RunTracker) -> int:
+def _cost_step(history: dict[str, list[tuple[int, float]]]) -> int:
     """The step the run's cost is logged at: the last trained one, or past the steps an earlier
     driver of the run already logged its cost at."""
-    step = _logged_steps(tracker)
-    taken = {s for key in (M.COST_WORKER_SECONDS, M.COST_GPU_SECONDS) for s, _ in tracker.history.get(key, [])}
+    step = _logged_steps(history)
+    taken = {s for key in (M.COST_WORKER_SECONDS, M.COST_GPU_SECONDS) for s, _ in history.get(key, [])}
     while step in taken:
         step += 1
     return step
@@ -493,27 +496,3 @@ def _tracking_gone(e: BaseException) -> bool:
     reaches the driver inside Ray Train's own errors)."""
 
     return isinstance(e, MlflowException) and unavailable(e)
-
-
-def _write_note(
-    tracker: RunTracker, cfg: RootConfig, status: str, runner: PhaseRunner | None, cost: Cost | None = None
-) -> None:
-    """The run's description in MLflow (orchestrator/record/note.py), rewritten by every driver of the run."""
-
-    try:
-        tracker.release_held()  # the newest point of every piecewise series, B and W included
-        resizes = len(changes(tracker.history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
-        tracker.set_tags(
-            {
-                T.NOTE: describe(
-                    cfg,
-                    tracker.history,
-                    status,
-                    resizes=resizes,
-                    resumes=runner.names.resumes if runner is not None else 0,
-                    cost=cost,
-                )
-            }
-        )
-    except Exception:  # a description must never fail a run (a store that does not answer)
-        pass

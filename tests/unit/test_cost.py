@@ -203,11 +203,7 @@ def test_a_resume_that_ends_at_the_same_step_logs_its_cost_at_the_next_free_step
     no (metric, step) is logged twice and the newest row is the run's whole cost."""
     from orchestrator.run.runner import _cost_step
 
-    class Logged:
-        def __init__(self, history):
-            self.history = history
-
-    assert _cost_step(Logged({"train/loss": [(1, 2.0), (58, 0.5)]})) == 58
+    assert _cost_step({"train/loss": [(1, 2.0), (58, 0.5)]}) == 58
     earlier = {"train/loss": [(58, 0.5)], "cost/worker_seconds": [(30, 9.0), (58, 21.0)]}
-    assert _cost_step(Logged(earlier)) == 59
-    assert _cost_step(Logged({**earlier, "cost/gpu_seconds": [(59, 3.0)]})) == 60
+    assert _cost_step(earlier) == 59
+    assert _cost_step({**earlier, "cost/gpu_seconds": [(59, 3.0)]}) == 60

@@ -13,7 +13,7 @@ from orchestrator.record.progress_bar import Progress
 from orchestrator.run.monitor import MonitorState
 from orchestrator.run.outcome import CapacityLost, Finished, RayTrainFailed
 from orchestrator.run.phases import PhaseRunner
-from orchestrator.run.run_books import RunStart
+from orchestrator.run.run_books import GroupPlan, RunStart
 from tests.helpers import StateLink, make_config
 from trainers.link.messages import FirstStep, PhaseStart
 from trainers.policies.resize import WorkerCount, WorkersForBatch
@@ -43,7 +43,8 @@ class FakeTracker:
 
 def make_runner(cfg, tracker, start: RunStart | None = None, **kwargs: Any) -> PhaseRunner:
     """A runner without a progress bar, for a run that brings ``start`` (a new run by default)."""
-    return PhaseRunner(cfg, tracker, start or RunStart(), Progress(0, enabled=False), **kwargs)
+    plan = GroupPlan.from_config(cfg, kwargs.pop("functions", None))
+    return PhaseRunner(plan, tracker, start or RunStart(), Progress(0, enabled=False), **kwargs)
 
 
 class FakeFit:

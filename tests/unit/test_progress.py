@@ -280,7 +280,7 @@ def test_a_factorys_total_arrives_with_the_workers_phase_start_and_a_resume_gets
     from orchestrator.run.monitor import MonitorState
     from orchestrator.run.outcome import Finished
     from orchestrator.run.phases import PhaseRunner
-    from orchestrator.run.run_books import RunStart
+    from orchestrator.run.run_books import GroupPlan, RunStart
     from tests.helpers import StateLink
     from tests.unit.test_phases import FakeFit, FakeTracker
     from trainers.link.messages import PhaseStart
@@ -290,9 +290,8 @@ def test_a_factorys_total_arrives_with_the_workers_phase_start_and_a_resume_gets
     for start, step in ((RunStart(), 0), (RunStart(resumes=1, workers=1), 30)):
         progress = Progress(total_samples(cfg), enabled=True)
         state = MonitorState(available=lambda: {"CPU": 8.0})
-        runner = PhaseRunner(
-            cfg, FakeTracker(), start, progress, functions=functions, poll_s=0.01, link=StateLink(state)
-        )
+        plan = GroupPlan.from_config(cfg, functions)
+        runner = PhaseRunner(plan, FakeTracker(), start, progress, poll_s=0.01, link=StateLink(state))
         before: list = []
 
         def group(m: MonitorState, phase: int, step=step, progress=progress, before=before) -> str:
