@@ -1,6 +1,7 @@
 """Token shards in a real S3-compatible server (moto's, tests/s3_server.py): the bounded cache that
 fetches ahead, verifies and re-fetches; the one-line refusals before anything starts; and one short
-run on the shared Ray that grows B and W mid-epoch and trains every window once, in the epoch's order."""
+run on the shared Ray that grows B and W mid-epoch, is killed, loses its shards in the store while
+resumed (one line, a resumable failure), and trains every window once, in the epoch's order."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -160,16 +162,29 @@ def _newest_step(pattern: str) -> int:
     return max(steps, default=-1)
 
 
+def _tag(db: str, run_id: str, key: str) -> str | None:
+    """A tag of the run, read from its sqlite store while a driver writes it."""
+    try:
+        with sqlite3.connect(db) as c:
+            row = c.execute("select value from tags where run_uuid = ? and key = ?", (run_id, key)).fetchone()
+    except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
 def test_a_run_that_grows_b_and_w_killed_and_resumed_trains_every_window_once_in_order(
     ray_cluster, s3_server, tmp_path
 ):
     """B 8 on one worker, then 16 on two (a resize) half-way through the first of two epochs; shards in
     the bucket, each worker's cache smaller than the corpus; the driver SIGKILLed after a checkpoint
-    past the resize and resumed.  The sample log, each step as its last attempt trained it, is the
-    epochs' order: no window skipped, none twice."""
+    past the resize and resumed.  While the resumed driver runs, the shards vanish from the bucket
+    (its checks passed, its cache empty): its workers retry, then the run ends in one line as a
+    resumable failure (FAILED, exit 1, no restart spent); the shards put back, a second ``resume``
+    finishes it.  The sample log, each step as its last attempt trained it, is the epochs' order:
+    no window skipped, none twice."""
     from mlflow.tracking import MlflowClient
 
-    root, _ = _upload(s3_server, tmp_path)
+    root, m = _upload(s3_server, tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     migrated_store(uri)
     raw = {
@@ -216,18 +231,43 @@ def test_a_run_that_grows_b_and_w_killed_and_resumed_trains_every_window_once_in
             pytest.fail("the run never checkpointed past its resize")
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-        out = subprocess.run(
-            [sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri, "--no-progress"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
+        resume = [sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri, "--no-progress"]
+        shutil.rmtree(cache, True)  # the resumed workers must fetch from the store
+        first = subprocess.Popen(
+            resume, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+        db, deadline = f"{tmp_path}/mlflow.db", time.time() + 120
+        while _tag(db, run_id, "elastic.resumes") != "1":  # its checks passed (they list the shards)
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.1)
+        bucket_key = root[len("s3://") :]
+        store = s3_server.filesystem()
+        for shard in m.shards:  # the store loses the corpus's shards (its manifest stays)
+            store.delete_file(f"{bucket_key}/{shard.name}")
+        said, err = first.communicate(timeout=300)
+        failed = MlflowClient(uri).get_run(run_id)  # before the next driver
+        for shard in m.shards:  # the shards are back
+            with store.open_output_stream(f"{bucket_key}/{shard.name}") as f:
+                f.write((tmp_path / "shards" / shard.name).read_bytes())
+        out = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(cache, True)
+    assert first.returncode == 1, said[-3000:] + err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]  # written once, whichever ranks met it
+    assert len(lines) == 1 and "Traceback" not in said + err, said[-3000:] + err[-3000:]
+    assert re.match(
+        rf"error: data\.root: could not fetch shard 'shard-\d+\.bin' from {re.escape(root)} after 4 tries in "
+        r"[\d.]+ s \(gone from the store: .*\); the run stopped at its newest checkpoint: put the shard back "
+        r"\(or prepare the corpus again\), then resume it$",
+        lines[0],
+    ), lines[0]
+    assert "the group restarts" not in err, err[-3000:]
+    summary = re.search(r"^  error +(.*)$", said, re.M).group(1)  # the run's line, with the rank and the traceback
+    assert summary.startswith(lines[0][len("error: ") :] + " (rank ") and "not retried" in summary, summary
+    assert failed.info.status == "FAILED" and failed.data.tags["elastic.failure"] == summary
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert MlflowClient(uri).get_run(run_id).data.tags["elastic.resumes"] == "1"
+    tags = MlflowClient(uri).get_run(run_id).data.tags
+    assert tags["elastic.resumes"] == "2" and "elastic.restarts" not in tags  # no restart spent on the store
     rows = read_sample_log(str(tmp_path / "samples"))
     last = {}
     for r in rows:  # a step trained again after the kill: its last attempt counts
@@ -241,4 +281,4 @@ def test_a_run_that_grows_b_and_w_killed_and_resumed_trains_every_window_once_in
     assert [i for s in sorted(by_step) for i in by_step[s]] == expected.tolist()
     assert sorted(by_step) == list(range(1, len(by_step) + 1))
     assert {r["rank"] for r in rows} == {0, 1} and {len(ids) for ids in by_step.values()} >= {8, 16}
-    assert len({r["attempt"] for r in rows}) >= 3  # the first group, the grown one, the resumed one
+    assert len({r["attempt"] for r in rows}) >= 3  # the first group, the grown one, the resumed one(s)

@@ -137,7 +137,7 @@ def test_a_shard_gone_from_the_store_says_so(tmp_path, monkeypatch):
         tmp_path, monkeypatch, FileNotFoundError("Path does not exist 'b/corpus/shard-00000.bin'")
     )
     gone = r"^data\.root: could not fetch shard 'shard-00000\.bin' from s3://b/corpus after 4 tries in 10\.5 s "
-    tail = r"\(Path does not exist .*: gone from the store\); .*: put the shard back .*, then resume it$"
+    tail = r"\(gone from the store: Path does not exist .*\); .*: put the shard back .*, then resume it$"
     with pytest.raises(ShardUnavailable, match=gone + tail) as e:
         cache.array(m.shards[0])
     assert "\n" not in str(e.value)

@@ -95,7 +95,7 @@ def unavailable(shard: Shard, location: str, gave_up: GaveUp) -> ShardUnavailabl
     reason = first_line(str(e), 160) or type(e).__name__
     if isinstance(e, FileNotFoundError):
         reason, fix = (
-            f"{reason}: gone from the store",
+            f"gone from the store: {reason}",
             "put the shard back (or prepare the corpus again), then resume it",
         )
     else:
