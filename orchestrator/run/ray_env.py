@@ -226,14 +226,17 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
     # default): a group that ended (a resize's checkpoint, the planned end, a stop) is seen that much
     # later, at every phase end; a poll is one small call to each worker
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(CONTROLLER_POLL_S))
+    # Ray Train's preemption watcher (an actor per group, polling the nodes' drains every 5 s) only
+    # feeds ray.train.get_preemption_info(), which the loop does not read: the driver watches the
+    # drains itself and leaves a drained node by a planned resize (orchestrator/run/drains.py).  Off
+    # on every cluster, joined or local (~10% of training throughput on 2 cores); a user's own train
+    # function that reads it sets RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     address = os.environ.get("RAY_ADDRESS")
     if address:
         with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below
             ray.init(**kwargs)
     else:
-        # A local cluster we start ourselves has no node that a cloud provider could preempt:
-        # Ray Train's preemption watcher only costs training throughput there (~10% on 2 cores).
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         # Without a dashboard nothing reads Ray's own metrics: their collection is CPU for nothing.
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
         if not verbose:
@@ -264,10 +267,10 @@ def dashboard_running() -> bool:
     every second whether the group's controller still lives, needs it.  Without one
     (``ray.init(..., include_dashboard=False)``, as the orchestrator's own local Ray) every ask fails,
     the cleaner never cleans, and after a killed driver it stays, failing every second, until its Ray
-    ends.  Worse, another Ray's dashboard at the address (the default port, taken by a second Ray on
-    the same machine) answers that the controller is unknown, and the cleaner removes the placement
-    group of a group that is training.  False: nothing listens at the address, or what answers does
-    not know this Ray's node; True where it cannot be told (Ray Train's default kept)."""
+    ends.  And where what answers at the address is another Ray's dashboard (Ray's default port,
+    taken by another cluster), the controller is unknown there and the cleaner would remove the
+    placement group of a group that is training.  False: nothing listens at the address, or what
+    answers does not know this Ray's node; True where it cannot be told (Ray Train's default kept)."""
     try:
         import ray
         from ray._private import ray_constants  # Ray's private names of the dashboard's GCS entry

@@ -190,3 +190,24 @@ def test_ray_trains_placement_group_cleaner_is_left_out_only_where_the_dashboard
     assert "PlacementGroupCleanerCallback" in names(True)
     assert "PlacementGroupCleanerCallback" not in names(False)
     assert "BackendSetupCallback" in names(False)
+
+
+def test_ray_trains_preemption_watcher_is_off_on_a_joined_cluster_too(monkeypatch):
+    """The driver watches drains itself (orchestrator/run/drains.py); Ray Train's preemption watcher
+    (an actor per group) only feeds get_preemption_info(), which the loop does not read: off whether
+    the driver joins a cluster (RAY_ADDRESS, as under ``ray job submit``) or starts one, unless the
+    user set it."""
+    import ray
+
+    from orchestrator.run import ray_env
+
+    joined: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: joined.append(kw))
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    ray_env.ensure_ray()
+    assert len(joined) == 1 and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's word stands
+    ray_env.ensure_ray()
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
