@@ -110,7 +110,9 @@ def end_orphan_cleaners() -> int:
     ``ensure_ray`` starts it) that API never answers, so the cleaner of a driver a test killed polls
     on for good (1.5-1.8% of a core each; seven took half a core late in one suite run).  A dead
     job's placement groups are removed by Ray with the job, so its cleaner has nothing left to do.
-    Read from the GCS (no dashboard needed); the processes are this machine's."""
+    The orchestrator's own groups start without one where no dashboard answers
+    (orchestrator/run/ray_env.py ``dashboard_running``); the tests' bare Ray Train runs still start
+    one.  Read from the GCS (no dashboard needed); the processes are this machine's."""
     import signal
     import sys
 
