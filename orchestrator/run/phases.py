@@ -56,6 +56,7 @@ from orchestrator.run.monitor_link import MonitorLink
 from orchestrator.run.nodes import CapacityWatch
 from orchestrator.run.outcome import (
     CapacityLost,
+    DriverDrained,
     Finished,
     Outcome,
     Resume,
@@ -77,6 +78,9 @@ NEVER_S = 1e9  # Ray Train's own look for capacity that came back: the driver do
 # After Ctrl-C/SIGTERM the workers are asked to stop (a last checkpoint at their next push) and the
 # driver drains them for at most this long: `ray job stop` sends SIGKILL 3 s after its SIGTERM.
 STOP_WAIT_S = 2.0
+# The driver's own node drained: the group's stop at a checkpoint is waited for until this long
+# before the node's deadline, and never longer than DRAIN_STOP_WAIT_S.
+DRAIN_MARGIN_S, DRAIN_STOP_WAIT_S = 5.0, 60.0
 # Once the tracking server has stayed away for tracking.outage_timeout_s, the group is stopped at a
 # checkpoint; nothing hurries the driver then, but it must end.
 TRACKING_STOP_WAIT_S = 60.0
@@ -164,7 +168,9 @@ class Running(RunState):
         if not self.cur.alive:
             return PhaseEnded(self.cur)
         run.look_for_capacity(self.cur)
-        run.look_for_drains(self.cur)
+        drained = run.look_for_drains(self.cur)
+        if drained is not None:  # the driver's own node is being drained
+            return drained
         want = run.book.take_overlap_wanted()
         if want is not None:
             if run.nodes.active and not run.room_for(want):
@@ -427,6 +433,7 @@ class PhaseRunner:
             run_prefix=names.train_run_name,
             run_name=names.phase_run_name(phase),
             goodput=s.policy == "goodput",
+            **self.tracker.system.sampled(),  # rank 0 sends its node's system metrics only where no one else does
         )
         payload: dict[str, Any] = {"config": plan.loop_config, "runtime": runtime.model_dump()}
         if plan.functions:
@@ -549,16 +556,31 @@ class PhaseRunner:
 
         self.link.capacity_check(ph.idx, ph.workers)
 
-    def look_for_drains(self, ph: _Phase) -> None:
+    def look_for_drains(self, ph: _Phase) -> DriverDrained | None:
         """Every second: nodes being drained (a preemption's notice, orchestrator/run/drains.py) that
         hold workers of ``ph``'s group make the monitor decide a planned resize to the other nodes
         (:meth:`orchestrator.run.monitor.MonitorState.drain_notice`); rank 0 checkpoints and hands
         over at its next push, before the node's deadline.  A node that dies without notice keeps the
-        lost node's path (Ray Train restarts the group from the newest checkpoint)."""
+        lost node's path (Ray Train restarts the group from the newest checkpoint).  The driver's own
+        node drained: the group stops at a checkpoint and the run ends resumable (returned)."""
         draining = self.capacity.drains.poll_drain_notices()
         if not draining:
-            return
+            return None
+        own = self.capacity.drains.own_drain(draining)
+        if own is not None:
+            return self.driver_drained(*own)
         self.link.drain_notice(ph.idx, draining, room_outside(draining, self._resources()))
+        return None
+
+    def driver_drained(self, node: str, deadline: float | None) -> DriverDrained:
+        """The node this driver runs on is being drained: no resize can move the driver, so the
+        group stops (rank 0 checkpoints at its next push) and is waited for until a few seconds
+        before the node's deadline (:data:`DRAIN_STOP_WAIT_S` at most)."""
+        left = DRAIN_STOP_WAIT_S if deadline is None else deadline - time.time() - DRAIN_MARGIN_S
+        self.progress.write(f"the driver's node {node[:8]} is being drained: stopping the run at a checkpoint")
+        self.stop_and_drain(min(DRAIN_STOP_WAIT_S, max(left, STOP_WAIT_S)))
+        newest = self.names.newest_checkpoint_step()
+        return DriverDrained(node, deadline, steps=max(self.tracker.newest_step, 0), checkpoint=newest)
 
     def drain_monitor(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,

@@ -16,6 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.helpers import metric_series
 from tests.multinode.runs import (
@@ -146,6 +147,77 @@ def test_a_drained_node_is_left_before_its_deadline_without_a_restart(cluster, t
     assert not client.get_metric_history(rid, "restarts")
     trained = [json.loads(line)["step"] for f in glob.glob(f"{tmp}/samples/*-rank0-*.jsonl") for line in open(f)]
     assert sorted(trained) == list(range(1, STEPS + 1)), "every step trained once (rank 0's lines, all groups)"
+
+
+# A driver joined to the node named in P51_DRIVER_NODE (a test cluster's nodes share one address, where
+# Ray joins the head; the head is never drained: Ray accepts its drain and ignores it), then the CLI.
+_ON_NODE = (
+    "import os, runpy, sys\n"
+    "import ray._private.services as s\n"
+    "pick = s.get_node_to_connect_for_driver\n"
+    "name = os.environ['P51_DRIVER_NODE']\n"
+    "s.get_node_to_connect_for_driver = lambda gcs, **kw: pick(gcs, **{**kw, 'node_name': name})\n"
+    "sys.argv = ['orchestrator', *sys.argv[1:]]\n"
+    "runpy.run_module('orchestrator', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def test_a_drain_of_the_drivers_own_node_stops_at_a_checkpoint_and_exits_resumable(cluster, tmp_path, reference):
+    """The driver runs on a node of its own (no CPUs) that gets a preemption notice: it cannot be
+    moved, so the group stops at a checkpoint (rank 0 saves at its next push) and the driver exits
+    75 with one line that names the node and the exact resume command; MLflow says KILLED with the
+    line as the drain's tag, no failure.  The command, run from another node, finishes the run as
+    the uninterrupted one, every step logged once."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.multinode.runs import ROOT
+
+    _three_nodes(cluster)
+    host = cluster.add_node(num_cpus=0, node_name="p51-driver")
+    cluster.wait_for_nodes()
+    tmp = tmp_path / "driver_drained"
+    try:
+        cfg = config(tmp, sleep_s=0.05, brake=True)
+        os.makedirs(tmp, exist_ok=True)
+        with open(tmp / "cfg.yaml", "w") as f:
+            yaml.safe_dump(cfg, f)
+        env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=ROOT, P51_DRIVER_NODE="p51-driver")
+        env.pop("ELASTIC_KEEP_RAY", None)
+        run = subprocess.Popen(
+            [sys.executable, "-c", _ON_NODE, "train", str(tmp / "cfg.yaml"), "--no-progress"],
+            cwd=tmp,
+            env=env,
+            stdout=open(tmp / "out.txt", "w"),
+            stderr=open(tmp / "err.txt", "w"),
+            text=True,
+        )
+        wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
+        assert alive_actor_nodes(cluster, "MonitorState") == {host.node_id}, "the driver joined its own node"
+        drain(cluster, host.node_id, 30)
+        rc, text = finish(run, tmp, timeout=120)
+        rid = run_id(tmp)
+        line = re.search(
+            rf"the driver's node {host.node_id[:8]} is being drained \(preemption, \d+ s left\): stopped after step "
+            r"(\d+) at its checkpoint at step (\d+); resume it from another node with: (.+ -m orchestrator resume \S+)",
+            text,
+        )
+        assert rc == 75 and line, (rc, text)
+        assert line.group(1) == line.group(2), "the stop's checkpoint holds every step logged"
+        assert line.group(3).endswith(f" -m orchestrator resume {rid}") and "Traceback" not in text, text
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        run_info = MlflowClient(uri).get_run(rid)
+        assert run_info.info.status == "KILLED" and "elastic.failure" not in run_info.data.tags
+        assert run_info.data.tags["elastic.drain_reason"] == line.group(0)
+    finally:
+        cluster.remove_node(host, allow_graceful=False)  # the cloud takes it
+    lift_brake(tmp)
+    rc, text = resume(cluster, tmp, rid)  # the printed command, from another node (the head)
+    assert rc == 0, text
+    _same_training(tmp, text, reference, rid)
+    assert MlflowClient(uri).get_run(rid).data.tags["elastic.resumes"] == "1"
 
 
 def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(cluster, tmp_path, reference, s3_server):
