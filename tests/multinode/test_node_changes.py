@@ -149,6 +149,73 @@ def test_a_drained_node_is_left_before_its_deadline_without_a_restart(cluster, t
     assert sorted(trained) == list(range(1, STEPS + 1)), "every step trained once (rank 0's lines, all groups)"
 
 
+def _busy(cluster) -> set[str]:
+    """The worker nodes whose CPUs are held (a training worker on each), asked of the GCS from a
+    process of its own (Ray's State API needs the dashboard, which another Ray's may keep from its port)."""
+    import subprocess
+    import sys
+
+    from tests.multinode.runs import ROOT
+
+    code = (
+        "from orchestrator.run.ray_env import ensure_ray; ensure_ray(); "
+        "from ray._private.state import available_resources_per_node as free; "
+        "print(' '.join(n for n, r in free().items() if r.get('CPU', 0.0) < 0.5))"
+    )
+    env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split()) & {n.node_id for n in cluster.worker_nodes}
+
+
+def test_a_drain_during_an_overlapping_resize_moves_the_run_off_both_drained_nodes(cluster, tmp_path, reference):
+    """Five 1-CPU nodes, W=3 with overlapping resizes: a notice on a node of the group starts the new
+    group of 2 beside the old one, on the two idle nodes; a second notice arrives for one of those
+    while the overlap is under way.  The run hands over and leaves that node at once too (W stays 2,
+    on nodes not drained): no step trained twice, no restart counted, FINISHED as the uninterrupted run."""
+    worker_nodes(cluster, 5, cpus=1)
+    deadline = time.time() + 120
+    while free_cpus(cluster) < 5:
+        assert time.time() < deadline, "the five worker nodes' CPUs are not free after 120 s"
+        time.sleep(1)
+    refresh_train_view(cluster)
+    tmp = tmp_path / "overlap_drained"
+    cfg = config(tmp, sleep_s=0.05, brake=True, resize_mode="overlap")
+    cfg["train"]["sample_log_dir"] = f"{tmp}/samples"
+    run = driver(cluster, str(tmp), cfg)
+    wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
+    old = _busy(cluster)
+    assert len(old) == 3, old
+    first = sorted(old)[0]
+    drain(cluster, first, 60)
+    idle = {n.node_id for n in cluster.worker_nodes} - old
+    # the new group's workers come up on the idle nodes while the old group trains on
+    wait_for(run, tmp, "the new group beside the old one", lambda: idle & _busy(cluster))
+    second = sorted(idle & _busy(cluster))[0]
+    drain(cluster, second, 60)
+    drained = {first, second}
+    wait_for(
+        run,
+        tmp,
+        "the run off both drained nodes",
+        lambda: len(on := _busy(cluster)) == 2 and not on & drained and 2 in workers_logged(tmp),
+        timeout=120,
+    )
+    for node in [n for n in cluster.worker_nodes if n.node_id in drained]:
+        cluster.remove_node(node, allow_graceful=False)  # the cloud takes them
+    lift_brake(tmp)
+    rc, text = finish(run, tmp)
+    assert rc == 0, text
+    uri, rid = _same_training(tmp, text, reference)
+    assert logged_workers(uri, rid) == [3, 2], "W goes 3 -> 2 and stays 2, off the drained nodes"
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(uri).get_run(rid).data.tags
+    assert tags.get("elastic.restarts", "0") == "0" and tags["elastic.drains"] == "2", tags
+    trained = [json.loads(line)["step"] for f in glob.glob(f"{tmp}/samples/*-rank0-*.jsonl") for line in open(f)]
+    assert sorted(trained) == list(range(1, STEPS + 1)), "every step trained once (rank 0's lines, all groups)"
+
+
 # A driver joined to the node named in P51_DRIVER_NODE (a test cluster's nodes share one address, where
 # Ray joins the head; the head is never drained: Ray accepts its drain and ignores it), then the CLI.
 _ON_NODE = (
