@@ -1,8 +1,10 @@
 """`ray job submit` against a local head started with `ray start --head` on 127.0.0.1 (token
 auth, as the README says): the quickstart from the repository root, and the example user project
 (examples/user_project) as the job's working directory, each run as a job, SUCCEEDED, and land
-FINISHED in the MLflow store the command names."""
+FINISHED in the MLflow store the command names; a job stopped and submitted again with its run key
+finishes its own run."""
 
+import glob
 import json
 import os
 import re
@@ -64,9 +66,10 @@ def ray_head():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _submit(ray_bin, dash, env, working_dir, entrypoint, runtime_env=None):
-    """`ray job submit` of ``entrypoint``; retried while the head's job agent is not up yet."""
-    extra = ["--runtime-env-json", json.dumps(runtime_env)] if runtime_env else []
+def _submit(ray_bin, dash, env, working_dir, entrypoint, runtime_env=None, extra=()):
+    """`ray job submit` of ``entrypoint`` (``extra``: more of its options); retried while the head's
+    job agent is not up yet."""
+    extra = [*extra, *(["--runtime-env-json", json.dumps(runtime_env)] if runtime_env else [])]
     cmd = [
         ray_bin,
         "job",
@@ -222,3 +225,63 @@ def _stop_head(temp_dir: str, gcs_port: int) -> None:
             except OSError:
                 pass
         time.sleep(3)
+
+
+def test_a_stopped_job_submitted_again_with_its_run_key_finishes_its_own_run(ray_head, tmp_path):
+    """``ray job submit ... train --run-key K``, stopped by ``ray job stop`` after a checkpoint (the
+    driver's SIGTERM, a SIGKILL 3 s later), then submitted again with the same key:
+    the same MLflow run resumes, FINISHES, every step trained, no (metric, step) logged twice."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    ray_bin, dash, env = ray_head
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    brake = tmp_path / "brake"  # every step >= 30 ms while it exists: the stop lands mid-run on any machine
+    brake.touch()
+    epochs, steps = 4, 4 * 29  # ceil(1438 / 50) steps an epoch
+    cfg = {
+        "data": {"name": "digits", "val_fraction": 0.2},
+        "model": {"factory": "tests.byo_workloads:slow_mlp", "params": {"sleep_s": 0.03, "brake": str(brake)}},
+        "optimizer": {"name": "sgd", "lr": 0.05, "base_batch_size": 50},
+        "batch": {"size": 50},
+        "scaling": {"min_workers": 1, "max_workers": 1, "cpus_per_worker": 0.5},
+        "train": {"epochs": epochs, "log_every": 5},
+        "checkpoint": {"every_steps": 5, "storage_path": f"{tmp_path}/ray_runs"},
+        "tracking": {"uri": uri, "experiment": "keyed-job"},
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    train = ["python", "-m", "orchestrator", "train", str(tmp_path / "cfg.yaml"), "--no-progress", "--run-key", "job-7"]
+    job = "p51-keyed-first"
+    out = _submit(ray_bin, dash, env, ROOT, train, extra=["--no-wait", "--submission-id", job])
+    assert out.returncode == 0, out.stdout + out.stderr
+    deadline = time.time() + 240
+    while not glob.glob(f"{tmp_path}/ray_runs/elastic-*/checkpoint_step*"):
+        assert time.time() < deadline, "no checkpoint in 240 s"
+        time.sleep(0.5)
+    stop = subprocess.run(
+        [ray_bin, "job", "stop", "--address", f"http://127.0.0.1:{dash}", job],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    client = MlflowClient(uri)
+    (first,) = client.search_runs([client.get_experiment_by_name("keyed-job").experiment_id])
+    # KILLED when the driver closed it within the stop's grace (3 s before Ray's SIGKILL), else RUNNING
+    assert client.get_run(first.info.run_id).info.status in ("KILLED", "RUNNING")
+    done = {int(p.rsplit("checkpoint_step", 1)[1][:8]) for p in glob.glob(f"{tmp_path}/ray_runs/*/checkpoint_step*")}
+    assert max(done) < steps, "the job finished before it was stopped"
+
+    brake.unlink()
+    again = _submit(ray_bin, dash, env, ROOT, train)
+    log = again.stdout + again.stderr
+    assert again.returncode == 0 and f"run key job-7: resuming run {first.info.run_id}" in log, log
+    run = client.get_run(first.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["elastic.resumes"] == "1"
+    assert len(client.search_runs([run.info.experiment_id])) == 1, "the same run, no new one"
+    for key in run.data.metrics:
+        logged = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(logged) == len(set(logged)), f"{key} logged twice at a step"
+    losses = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(losses) == list(range(1, steps + 1)), "every step trained, each once"
