@@ -369,7 +369,8 @@ class ResizeCoordinator:
         workers left on the other nodes (``scaling.min_workers`` at least: then the new group waits
         for capacity, as after a lost node), B unchanged: an overlap where ``room`` (workers that
         fit the free resources outside the draining nodes) holds the new group beside the old one,
-        else a restart; rank 0 checkpoints and hands over at its next push.  Returns the workers to
+        else a restart (a group that has moved onto a node drained since, as during an overlapping
+        resize, moves off it so too); rank 0 checkpoints and hands over at its next push.  Returns the workers to
         move to (0: the drain does not touch the group, or a resize is under way already)."""
         nodes = self._nodes.get(phase, ())
         hit = sorted({n for n in nodes if n in draining})
@@ -386,7 +387,9 @@ class ResizeCoordinator:
         lost = sum(n in draining for n in nodes)
         floor = self._workers.min_workers
         to = max(world - lost, floor)
-        waits = world - lost < floor
+        # below min_workers on the group's other nodes, the new group needs more: the free room outside
+        # the drained nodes, and the group's own nodes there once it ends (a restart); none: it waits
+        waits = world - lost < floor and room + world - lost < floor
         mode = "overlap" if self._overlap is not None and not waits and room >= to else "restart"
         self._begin(world, to, mode, step)
         deadline = min((d for n in hit if (d := draining[n]) is not None), default=None)

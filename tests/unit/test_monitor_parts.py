@@ -168,8 +168,13 @@ def test_a_drain_overlaps_where_room_allows_and_waits_below_min_workers():
     c, h, said = _drained(overlap=None)
     assert c.drain_notice(0, {"a": None}, room=2) == 2 and h.resize.mode == "restart"  # resize_mode: restart
     c, h, said = _drained(min_workers=3)
-    assert c.drain_notice(0, {"c": None}, room=5) == 3  # min_workers 3: 2 are left, the new group waits
+    assert c.drain_notice(0, {"c": None}, room=0) == 3  # min_workers 3: 2 are left, the new group waits
     assert h.resize.mode == "restart" and said[-2].waits and "below scaling.min_workers 3" in said[-2].reason
+    c, h, said = _drained(min_workers=3)
+    assert c.drain_notice(0, {"c": None}, room=1) == 3  # one free beside the 2 left: a restart, no wait
+    assert h.resize.mode == "restart" and not said[-2].waits and "min_workers" not in said[-2].reason
+    c, h, said = _drained(min_workers=3)
+    assert c.drain_notice(0, {"c": None}, room=3) == 3 and h.resize.mode == "overlap" and not said[-2].waits
     c, h, said = _drained()
     assert c.drain_notice(0, {"a": None, "c": None}, room=0) == 2  # two of three gone: min_workers 2 still
     assert said[-2].lost == 2 and said[-2].waits
