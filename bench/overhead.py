@@ -213,6 +213,25 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def label(pid: int) -> str:
+    """What a process is, for the side-CPU table: a Ray worker's title (``ray::MonitorActor``), a
+    daemon's name (``raylet``), a Python command's module or script (``python -m orchestrator``)."""
+    argv = [a.decode(errors="replace") for a in _cmdline(pid).split(b"\0") if a]
+    if not argv:
+        return "?"
+    if argv[0].startswith("ray::"):
+        return argv[0].split()[0].split(".")[0]
+    name = os.path.basename(argv[0])
+    if name.startswith("python") and len(argv) > 1:
+        rest = argv[1:]
+        while len(rest) > 1 and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+            rest = rest[1:]  # python's own flags (-u, -X ...)
+        if rest[0] == "-m" and len(rest) > 1:
+            return f"python -m {rest[1]}"
+        return f"python {os.path.basename(rest[0])}"
+    return name
+
+
 def processes() -> dict[int, tuple[int, int]]:
     """Every process's (parent, CPU ticks), from one pass over /proc."""
     out = {}
@@ -259,6 +278,9 @@ class Slices:
     def __init__(self, a: list[str], b: list[str], slice_s: float, log: str):
         self.slices: list[tuple[str, float, float]] = []  # (who, start, end)
         self.cpu: list[tuple[str, int, int]] = []  # (who, machine's busy ticks, the loop's own) per slice
+        self.side: dict[int, int] = {}  # CPU ticks of each process of ``a``'s tree but its loop, in ``a``'s slices
+        self.labels: dict[int, str] = {}  # what each of them is (:func:`label`), as last seen
+        self.a_running_s = 0.0  # the length of ``a``'s sliced slices
         with open(log, "w") as out:
             self.a = subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
             self.b = subprocess.Popen(b, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -301,6 +323,8 @@ class Slices:
                         ),
                     )
                 )
+                if who == "a" and len(self.slices) > 1:
+                    self._count_side(before, after, end - start)
                 if self.a.poll() is not None:
                     break
                 if done is not None and done():
@@ -345,6 +369,30 @@ class Slices:
         procs = processes()
         trees = {"a": tree(self.a.pid, procs), "b": tree(self.b.pid, procs)}
         return busy_ticks(), trees, {p: procs[p][1] for p in trees["a"] + trees["b"] if p in procs}
+
+    def _count_side(self, before, after, seconds: float) -> None:
+        """Adds one slice of ``a`` to each side process's CPU ticks (all of ``a``'s tree but its
+        busiest process, the loop's)."""
+        deltas = {p: after[2][p] - before[2].get(p, after[2][p]) for p in after[1]["a"] if p in after[2]}
+        if not deltas:
+            return
+        loop = max(deltas, key=deltas.get)
+        for p, d in deltas.items():
+            if p != loop:
+                self.side[p] = self.side.get(p, 0) + d
+                self.labels[p] = label(p)
+        self.a_running_s += seconds
+
+    def side_shares(self, top: int = 8) -> list[tuple[str, float]]:
+        """The side processes' CPU, summed by :func:`label`, as a share of one core during ``a``'s
+        slices (its first, lead slice left out), busiest first."""
+        if self.a_running_s <= 0:
+            return []
+        by: dict[str, int] = {}
+        for p, ticks in self.side.items():
+            by[self.labels[p]] = by.get(self.labels[p], 0) + ticks
+        per_s = os.sysconf("SC_CLK_TCK") * self.a_running_s
+        return sorted(((k, v / per_s) for k, v in by.items() if v), key=lambda kv: -kv[1])[:top]
 
     def ran_for(self, upto: float) -> float:
         """Seconds ``a`` ran from its launch to the wall time ``upto``."""
@@ -411,6 +459,7 @@ def paired(run: Slices, a_gaps, b_gaps) -> dict:
         "pairs": len(ratios),
         "median": median(ratios),
         "beside": median(beside),
+        "side": run.side_shares(),
     }
 
 
@@ -626,6 +675,10 @@ def main() -> None:
             ("loop", "samples/s", "plain samples/s", "ratio", "median pair", "pairs", "CPU beside"),
         )
     )
+    for k, r in results.items():
+        if k in ("ray", "orchestrator") and r.get("side"):
+            shares = ", ".join(f"{name} {100 * v:.1f}%" for name, v in r["side"])
+            print(f"{ROWS[k]}, its own processes beside the loop (share of a core in its slices): {shares}")
     if orch is not None:
         print(
             f"time from train invocation to first step: {orch[0]:.1f} s; whole run {orch[1]:.1f} s "
