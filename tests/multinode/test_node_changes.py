@@ -262,11 +262,10 @@ def test_a_drain_of_the_drivers_own_node_stops_at_a_checkpoint_and_exits_resumab
             text=True,
         )
         wait_for(run, tmp, "a first checkpoint", lambda: checkpointed(tmp))
-        assert alive_actor_nodes(cluster, "MonitorState") == {host.node_id}, "the driver joined its own node"
         drain(cluster, host.node_id, 30)
         rc, text = finish(run, tmp, timeout=120)
         rid = run_id(tmp)
-        line = re.search(
+        line = re.search(  # the node named is the one the driver joined (the head is never drained)
             rf"the driver's node {host.node_id[:8]} is being drained \(preemption, \d+ s left\): stopped after step "
             r"(\d+) at its checkpoint at step (\d+); resume it from another node with: (.+ -m orchestrator resume \S+)",
             text,
