@@ -81,8 +81,9 @@ def _same_training(tmp, text: str, reference: tuple[str, str], rid: str | None =
 
 
 def test_a_lost_node_shrinks_the_group_and_a_node_that_comes_back_grows_it(cluster, tmp_path, reference):
-    """The node lost holds Ray Train's preemption watcher (a driver-side helper Ray places on a
-    worker node) and a worker; the monitor, on the head, keeps the run's link all along.  The run
+    """The node lost holds a worker (and Ray Train's preemption watcher where one runs: the
+    orchestrator turns it off, orchestrator/run/ray_env.py); the monitor, on the head, keeps the run's
+    link all along.  The run
     goes on at W=2 from its newest checkpoint; a node that joins then grows it back to W=3."""
     nodes = _three_nodes(cluster)
     tmp = tmp_path / "lost"
