@@ -307,8 +307,7 @@ class _Driver:
         now and stays away ends the run TrackingGone instead."""
         if isinstance(end, (TrackingGone, RayTrainFailed)):
             return end
-        self.tracker.release_held()
-        lost = self.tracker.await_store()  # a server away at the end: wait for it, bounded
+        lost = self.tracker.await_store()  # every held point; a server away at the end: wait for it, bounded
         if lost is not None:
             return self.runner.tracking_gone(lost)
         self.timeline.timeline.holds.close_open(time.time())  # a group called off and not waited for
