@@ -19,9 +19,17 @@ into shards of ``--shard-tokens`` uint16 tokens; context 128, shard blocks of 2.
    the cache's peak at most its bound.  The store is local (no network latency): what it shows is
    that fetch, verification and eviction stay off the step's path, not a WAN's behaviour.
 
+3. MosaicML Streaming beside ours (bench/mosaic/streaming_compare.py; skipped, with the reason,
+   when ``streaming`` does not import: it is not a dependency, the install line is there): the
+   same windows written by its ``MDSWriter``, tokens/s of its ``StreamingDataLoader`` at B, locally
+   and from moto's S3 server with ``cache_limit`` = our cache bound (its default shuffle block, and
+   one as local as ours), the bytes each fetched; then its resume when the per-device batch or W
+   changes mid-epoch (``state_dict`` / ``load_state_dict``, each phase its own processes) beside
+   ours (``(epoch, cursor)``): the samples of that epoch repeated and skipped.
+
 Last line: ``local_ratio=<ours / plain memmap at B> local_ratio_8b=<the same at 8 B>
-wait_share=<data wait / step time after the first shard> cache_peak_ratio=<peak / bound>``.
-(MosaicML Streaming is not installed here: no comparison with its loader.)
+wait_share=<data wait / step time after the first shard> cache_peak_ratio=<peak / bound>``, then
+``streaming_local_ratio=<ours / Streaming, local, at B>`` or ``streaming=skipped``.
 """
 
 from __future__ import annotations
@@ -54,12 +62,8 @@ def plain_reader(folder: str, train, order: np.ndarray, batch: int, steps: int) 
     gather per shard per batch: the same gather the dataset does, so the ratio is what our order,
     plan and loader add (before 2026-11-28 it gathered token by token, ~1.5x slower at B = 32)."""
     maps = [np.memmap(os.path.join(folder, s.name), dtype="<u2", mode="r") for s in train.shards]
-    views = [
-        np.lib.stride_tricks.as_strided(m, shape=(len(m) // CONTEXT, CONTEXT + 1), strides=(2 * CONTEXT, 2))[
-            : train.offsets[i + 1] - train.offsets[i]
-        ]
-        for i, m in enumerate(maps)
-    ]
+    rows = np.diff(train.offsets)
+    views = [np.ndarray((int(rows[i]), CONTEXT + 1), m.dtype, m, 0, (2 * CONTEXT, 2)) for i, m in enumerate(maps)]
     t0 = time.perf_counter()
     for step in range(steps):
         ids = order[step * batch : (step + 1) * batch]
@@ -100,6 +104,8 @@ def local(folder: str, batch: int, steps: int, repeats: int) -> tuple[float, flo
     train, _ = load_tokens(folder, context=CONTEXT, val_fraction=0.1, block=BLOCK)
     order = train.epoch_order(0, 0, len(train))
     steps = min(steps, len(order) // batch)
+    for shard in train.shards:  # first opens (a sha256 check once per shard) outside the timer, as the plain reader's
+        train.cache.array(shard)
     ours(train, batch, 2), plain_reader(folder, train, order, batch, 2)  # first opens (sha256) and page cache
     a, d, b = [], [], []
     for _ in range(repeats):
@@ -168,6 +174,63 @@ def remote(folder: str, batch: int, steps: int) -> dict:
         server.stop()
 
 
+def mosaic(folder: str, batch: int, steps: int, quick: bool) -> str:
+    """Section 3: MosaicML Streaming beside ours; the summary's last pair."""
+    from bench.mosaic import streaming_compare as sc
+
+    reason = sc.available()
+    if reason is not None:
+        print(
+            f"\nMosaicML Streaming: skipped, it does not import ({reason}); install: bench/mosaic/streaming_compare.py"
+        )
+        return "streaming=skipped"
+    train, _ = load_tokens(folder, context=CONTEXT, val_fraction=0.1, block=BLOCK)
+    shard_bytes = max(s.bytes for s in train.shards)
+    mds = os.path.join(scratch_dir("elastic-mds-"), "mds")
+    mds_bytes = sc.write_mds(train, mds, shard_bytes * (CONTEXT + 1) // CONTEXT + 4096)
+    n_mds = sum(1 for f in os.listdir(mds) if f.endswith(".mds"))
+    mine = max(ours(train, batch, steps) for _ in range(2))
+    theirs = sc.rate_apart(mds, None, batch, steps, None)
+    bound = (2 * BLOCK + 1) * shard_bytes
+    store = sc.from_store(folder, mds, context=CONTEXT, block=BLOCK, batch=batch, steps=steps, bound=bound)
+    print(
+        f"\nMosaicML Streaming beside ours: the same {len(train):,} windows "
+        f"({n_mds} MDS shards, {mds_bytes:,} B), B={batch}"
+    )
+    rows = [
+        ("ours (RankLoader)", "local", f"{mine:,.0f}", "-", "-"),
+        ("Streaming", "local", f"{theirs['tokens_s']:,.0f}", f"{theirs['first_s'] * 1000:.0f}", "-"),
+    ]
+    for key, name in (
+        ("ours", "ours"),
+        ("streaming", "Streaming, its shuffle"),
+        ("streaming_local", "Streaming, blocks"),
+    ):
+        r = store[key]
+        fetched = f"{r['fetched']:,} ({r['files']})"
+        rows.append((name, f"S3, cache {bound:,} B", f"{r['tokens_s']:,.0f}", f"{r['first_s'] * 1000:.0f}", fetched))
+    print(table(rows, ("loader", "source", "tokens/s", "first batch ms", "fetched B (files)")))
+    print(
+        f"(Streaming from S3: its default shuffle block over {store['streaming']['steps']} batches; "
+        f"'blocks': shuffle_block_size={store['streaming_local']['shuffle_block']} samples, {BLOCK} shards' worth)"
+    )
+    scenarios = [((1, 16), (1, 64)), ((1, 32), (2, 16))] + ([] if quick else [((2, 8), (2, 32)), ((1, 16), (3, 16))])
+    work = scratch_dir("elastic-streaming-resume-")
+    rows = []
+    for first, then in scenarios:
+        for name, r in (
+            ("Streaming", sc.streaming_resume(mds, len(train), work, first, then, 10)),
+            ("ours", sc.ours_resume(train, first, then, 10)),
+        ):
+            label = f"W={first[0]} b={first[1]} -> W={then[0]} b={then[1]}"
+            rows.append((label, name, r["first"], r["handed"], r["repeated"], r["skipped"]))
+    print(
+        f"\nresume mid-epoch after 10 batches with another per-device batch b or W (an epoch of {len(train):,} windows)"
+    )
+    print(table(rows, ("change", "loader", "before", "handed in the epoch", "repeated", "skipped")))
+    return f"streaming_local_ratio={mine / theirs['tokens_s']:.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=120, help="GPT steps trained from the store")
@@ -206,9 +269,10 @@ def main() -> None:
             ("steps", "step ms", "first wait ms", "wait after 1st shard", "cache peak B", "fetched B (shards)"),
         )
     )
+    last = mosaic(folder, a.batch, a.local_steps, a.quick)
     print(
         f"local_ratio={ratios[a.batch]:.3f} local_ratio_8b={ratios[8 * a.batch]:.3f} "
-        f"wait_share={r['wait_share']:.4f} cache_peak_ratio={r['peak'] / r['bound']:.3f}"
+        f"wait_share={r['wait_share']:.4f} cache_peak_ratio={r['peak'] / r['bound']:.3f} {last}"
     )
 
 

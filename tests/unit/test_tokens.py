@@ -224,6 +224,8 @@ def test_planned_loads_are_the_windows_in_their_order(tmp_path):
         assert np.array_equal(x.numpy(), ref[:, :-1]) and np.array_equal(y.numpy(), ref[:, 1:])
         assert np.array_equal(train.__getitems__(ids.tolist())[0].numpy(), ref[:, :-1])
     assert plans[4][2] is None  # one shard: rows in order, a single gather
+    assert train.reading_at is None  # a local folder: nothing to fetch ahead
+    assert train._views and pickle.loads(pickle.dumps(train))._views == {}  # a loader process maps its own
     with pytest.raises(IndexError, match="window ids outside"):
         train.plan_fetch([np.array([0, len(train)])])
 

@@ -41,12 +41,21 @@ class TokenWindows(torch.utils.data.Dataset):
         self._seed: int | None = None
         self._order: tuple[tuple[int, int], np.ndarray] | None = None
         self._ahead: list[int] = []
+        self._views: dict[int, np.ndarray] | None = None if cache.remote else {}
         if not shuffle:  # validation: no order of its own, nothing to hear
             self.epoch_order = None
+            self.reading_at = None
+        elif not cache.remote:  # a local folder is read in place: nothing to fetch ahead
             self.reading_at = None
 
     def __len__(self) -> int:
         return self.n
+
+    def __getstate__(self) -> dict:
+        """What a loader process gets: no views (pickled, a view would carry its shard's tokens)."""
+        state = dict(self.__dict__)
+        state["_views"] = None if state["_views"] is None else {}
+        return state
 
     def epoch_order(self, seed: int, epoch: int, n: int) -> np.ndarray:
         """The epoch's windows: shards permuted, windows shuffled within blocks of ``block`` shards."""
@@ -59,8 +68,8 @@ class TokenWindows(torch.utils.data.Dataset):
     def reading_at(self, epoch: int, cursor: int) -> None:
         """The loop is about to read the global batch at ``(epoch, cursor)``: keep the shards of its
         block and the next, and fetch them ahead (a remote corpus)."""
-        if self._seed is None or not self.cache.remote:
-            return  # a local folder is read in place: nothing to fetch
+        if self._seed is None:
+            return
         ahead = shards_ahead(self._seed, epoch, cursor, self.offsets, self.block, ahead=1)
         if ahead != self._ahead:
             self._ahead = ahead
@@ -105,11 +114,16 @@ class TokenWindows(torch.utils.data.Dataset):
     def _view(self, s: int) -> np.ndarray:
         """Shard ``s`` as its windows, ``(windows, context + 1)``, a strided view (no copy): a window is
         a row, so a batch is a row gather (a copy of ``context + 1`` tokens each), not one index a token."""
+        if self._views is not None and s in self._views:  # a local folder's shards stay mapped
+            return self._views[s]
         arr = self.cache.array(self.shards[s])
         rows = int(self.offsets[s + 1] - self.offsets[s])
         step = arr.strides[0]
-        # built on each call (under 1 us): a cached view would keep an evicted shard's file mapped
-        return np.ndarray((rows, self.context + 1), arr.dtype, arr, 0, (self.context * step, step))
+        view = np.ndarray((rows, self.context + 1), arr.dtype, arr, 0, (self.context * step, step))
+        if self._views is not None:
+            self._views[s] = view
+        # a store's: built on each call (under 1 us), a kept view would keep an evicted shard's file mapped
+        return view
 
     def load_planned(self, located: Located) -> tuple[torch.Tensor, torch.Tensor]:
         """One micro-batch located by :meth:`plan_fetch`: ``(inputs, targets)``, int64, ``(n, context)``."""
