@@ -196,6 +196,13 @@ def ending(end: Outcome, resume: Resume) -> Ending:
             return Ending("FINISHED", EXIT_OK)
         case Diverged(event=ev):  # no final model; the checkpoints kept (the last finite one named)
             return Ending("FAILED", EXIT_FAILED, ev.message)
+        case UserCodeFailed(event=ev) if ev.resumable:  # a store that did not answer: the checkpoints kept
+            return Ending(
+                "FAILED",
+                EXIT_FAILED,
+                f"{ev.message} (rank {ev.rank}; not retried: a restart would meet it again): {resume.command()}",
+                ev.traceback,
+            )
         case UserCodeFailed(event=ev):
             return Ending("FAILED", EXIT_FAILED, user_error_message(ev), ev.traceback)
         case OutOfStorage(full=msg.StorageFailed() as ev):

@@ -264,6 +264,7 @@ def test_a_run_that_grows_b_and_w_killed_and_resumed_trains_every_window_once_in
     assert "the group restarts" not in err, err[-3000:]
     summary = re.search(r"^  error +(.*)$", said, re.M).group(1)  # the run's line, with the rank and the traceback
     assert summary.startswith(lines[0][len("error: ") :] + " (rank ") and "not retried" in summary, summary
+    assert f"python -m orchestrator resume {run_id}" in summary, summary  # the command that goes on
     assert failed.info.status == "FAILED" and failed.data.tags["elastic.failure"] == summary
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     tags = MlflowClient(uri).get_run(run_id).data.tags

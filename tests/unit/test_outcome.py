@@ -83,6 +83,26 @@ def test_the_users_error_fails_the_run_with_where_and_why_and_its_traceback(dete
     assert said.traceback == ev.traceback
 
 
+def test_a_store_that_did_not_answer_fails_the_run_with_the_resume_command():
+    """An error of what the run reads from (trainers/errors.EndsRun: a shard store that did not
+    answer through its retries) ends the run at once, its checkpoints kept: its line ends with the
+    command that resumes it."""
+    from trainers.data.shards.cache import ShardUnavailable
+    from trainers.link.failure import run_ending_error
+
+    err = ShardUnavailable(
+        "data.root: could not fetch shard 'shard_00003.bin' from s3://b/corpus after 4 tries in 30.2 s "
+        "(connection refused); the run stopped at its newest checkpoint: resume it once the store answers again"
+    )
+    ev = run_ending_error(err, rank=2)
+    assert ev is not None and ev.resumable and ev.deterministic
+    said = ending(UserCodeFailed(ev), RUN)
+    assert (said.status, said.exit_code) == ("FAILED", 1)
+    assert said.message.startswith("data.root: could not fetch shard 'shard_00003.bin'")
+    assert said.message.endswith(f"(rank 2; not retried: a restart would meet it again): {RUN.command()}")
+    assert "\n" not in said.message and said.traceback == ev.traceback
+
+
 def test_a_full_checkpoint_storage_fails_the_run_with_what_is_kept_and_the_resume_command():
     ev = msg.StorageFailed(
         step=40,

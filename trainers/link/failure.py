@@ -113,6 +113,7 @@ def run_ending_error(exc: BaseException, rank: int = 0, phase: int = 0) -> Workl
             error=(error or where)[:400],
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
             deterministic=True,
+            resumable=True,
         )
     return None
 

@@ -262,6 +262,7 @@ class WorkloadFailed(Event):
     error: str
     traceback: str
     deterministic: bool
+    resumable: bool = False  # what the run reads from did not answer (trainers/errors.EndsRun): resume once it does
 
     @property
     def signature(self) -> tuple[str, str]:
