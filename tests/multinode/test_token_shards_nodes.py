@@ -2,7 +2,9 @@
 S3-compatible server (every node reaches it), at W = 3 on three 1-CPU nodes, loses a node mid-run;
 the run goes on at W = 2 from its newest checkpoint and trains the windows of a W = 1 run of the
 same config, in the same order: each step's global batch (the ranks' ids of the step's last attempt,
-in rank order) is the W = 1 run's, which is the epochs' order (trainers/data/shards/order.py)."""
+in rank order) is the epochs' order (trainers/data/shards/order.py), which is what a run at a fixed
+W trains (tests/integration/test_token_shards.py: a run at W = 1 then 2 against the same order; the
+order is a function of the seed and the epoch alone, tests/unit): no W = 1 run is repeated here."""
 
 from __future__ import annotations
 
@@ -125,11 +127,7 @@ def test_w3_on_three_nodes_losing_one_trains_the_windows_of_w1_in_order(cluster,
     worker_nodes(cluster, 3, cpus=1)
     root = _corpus(s3_server, tmp_path)
     try:
-        ref = tmp_path / "w1"
-        rc, text = finish(driver(cluster, str(ref), _config(ref, root, workers=1)), ref)
-        assert rc == 0 and "Traceback" not in text, text
-
-        deadline = time.time() + 120  # the reference's worker released, every node free
+        deadline = time.time() + 120  # an earlier test's workers released, every node free
         while free_cpus(cluster) < 3:
             assert time.time() < deadline, "the three worker nodes' CPUs not free after 120 s"
             time.sleep(1)
@@ -152,5 +150,4 @@ def test_w3_on_three_nodes_losing_one_trains_the_windows_of_w1_in_order(cluster,
     assert logged_workers(f"sqlite:///{lost}/mlflow.db", run_id(lost))[-2:] == [3, 2], "W goes 3 -> 2 and stays"
     train, _ = load_tokens(root, context=CONTEXT, val_fraction=0.2, block=BLOCK, cache_dir=str(tmp_path / "c"))
     expected = np.concatenate([epoch_order(SEED, e, train.offsets, BLOCK) for e in range(EPOCHS)]).tolist()
-    assert _trained(ref) == expected, "the W = 1 run trains the epochs' order"
     assert _trained(lost) == expected, "W = 3 losing a node trains the same windows in the same order"
