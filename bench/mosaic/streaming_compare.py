@@ -1,7 +1,8 @@
-"""MosaicML Streaming beside the token shards (bench/tokens.py, issue 50): the same windows written
-with its ``MDSWriter``, read by its ``StreamingDataset`` / ``StreamingDataLoader``, locally and from
-moto's S3 server with its own ``cache_limit``; and what its resume does when the batch or the world
-changes mid-epoch, beside ours.
+"""MosaicML Streaming beside the token shards (bench/tokens.py, section 3): its loader's speed and
+the bytes it fetches on the same windows, and what its resume does when the batch or the world changes.
+
+The same windows are written with its ``MDSWriter``, read by its ``StreamingDataset`` /
+``StreamingDataLoader``, locally and from moto's S3 server with its own ``cache_limit``.
 
 Streaming is not a dependency of the product (its pins, ``numpy<2.2`` and ``transformers<5``, would
 replace this venv's numpy and huggingface_hub).  To run this part, install it beside the venv::
