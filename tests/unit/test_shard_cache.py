@@ -143,9 +143,9 @@ def test_a_shard_gone_from_the_store_says_so(tmp_path, monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def _shard_unavailable() -> ShardUnavailable:
+def _shard_unavailable(seconds: float = 10.5) -> ShardUnavailable:
     return ShardUnavailable(
-        "data.root: could not fetch shard 'shard-00003.bin' from s3://b/c after 4 tries in 10.5 s (x)"
+        f"data.root: could not fetch shard 'shard-00003.bin' from s3://b/c after 4 tries in {seconds} s (x)"
     )
 
 
@@ -192,7 +192,8 @@ def test_the_driver_writes_the_error_once_whichever_ranks_met_it_and_announces_n
 
     bar = _Bar()
     listener = ProgressListener(bar)  # type: ignore[arg-type]
-    events = [run_ending_error(_shard_unavailable(), rank=r, phase=1) for r in (1, 0)]
+    # each rank's line says how long it tried (10.6 s on one, 10.5 s on the other): the first is written
+    events = [run_ending_error(_shard_unavailable(10.5 + r / 10), rank=r, phase=1) for r in (1, 0)]
     for ev in [*events, GroupFailed(phase=1, message="ShardUnavailable: data.root: could not fetch ...")]:
         listener.on_event(ev)
     assert bar.lines == [f"error: {events[0].message}"]
