@@ -251,7 +251,7 @@ def test_a_stopped_job_submitted_again_with_its_run_key_finishes_its_own_run(ray
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     train = ["python", "-m", "orchestrator", "train", str(tmp_path / "cfg.yaml"), "--no-progress", "--run-key", "job-7"]
-    job = "p51-keyed-first"
+    job = "keyed-first"
     out = _submit(ray_bin, dash, env, ROOT, train, extra=["--no-wait", "--submission-id", job])
     assert out.returncode == 0, out.stdout + out.stderr
     deadline = time.time() + 240

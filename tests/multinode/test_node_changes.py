@@ -217,13 +217,13 @@ def test_a_drain_during_an_overlapping_resize_moves_the_run_off_both_drained_nod
     assert sorted(trained) == list(range(1, STEPS + 1)), "every step trained once (rank 0's lines, all groups)"
 
 
-# A driver joined to the node named in P51_DRIVER_NODE (a test cluster's nodes share one address, where
+# A driver joined to the node named in TEST_DRIVER_NODE (a test cluster's nodes share one address, where
 # Ray joins the head; the head is never drained: Ray accepts its drain and ignores it), then the CLI.
 _ON_NODE = (
     "import os, runpy, sys\n"
     "import ray._private.services as s\n"
     "pick = s.get_node_to_connect_for_driver\n"
-    "name = os.environ['P51_DRIVER_NODE']\n"
+    "name = os.environ['TEST_DRIVER_NODE']\n"
     "s.get_node_to_connect_for_driver = lambda gcs, **kw: pick(gcs, **{**kw, 'node_name': name})\n"
     "sys.argv = ['orchestrator', *sys.argv[1:]]\n"
     "runpy.run_module('orchestrator', run_name='__main__', alter_sys=True)\n"
@@ -244,7 +244,7 @@ def test_a_drain_of_the_drivers_own_node_stops_at_a_checkpoint_and_exits_resumab
     from tests.multinode.runs import ROOT
 
     _three_nodes(cluster)
-    host = cluster.add_node(num_cpus=0, node_name="p51-driver")
+    host = cluster.add_node(num_cpus=0, node_name="driver-node")
     cluster.wait_for_nodes()
     tmp = tmp_path / "driver_drained"
     try:
@@ -252,7 +252,7 @@ def test_a_drain_of_the_drivers_own_node_stops_at_a_checkpoint_and_exits_resumab
         os.makedirs(tmp, exist_ok=True)
         with open(tmp / "cfg.yaml", "w") as f:
             yaml.safe_dump(cfg, f)
-        env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=ROOT, P51_DRIVER_NODE="p51-driver")
+        env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=ROOT, TEST_DRIVER_NODE="driver-node")
         env.pop("ELASTIC_KEEP_RAY", None)
         run = subprocess.Popen(
             [sys.executable, "-c", _ON_NODE, "train", str(tmp / "cfg.yaml"), "--no-progress"],
