@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mlflow.entities import Metric
 
@@ -399,7 +400,7 @@ class TimelineListener(RunListener):
             case ResizeCalledOff(workers=workers):
                 self.timeline.called_off.append(workers)
             case NodeDrained():
-                self.timeline.add_drain(
+                self.add_drain(
                     {
                         "step": event.step,
                         "time": event.time,
@@ -410,8 +411,13 @@ class TimelineListener(RunListener):
                         "mode": event.mode,
                     }
                 )
-                if self.on_drain is not None:
-                    self.on_drain(self.timeline.drains)
+
+    def add_drain(self, drain: dict[str, Any]) -> None:
+        """A drained node the run left (a planned resize's, or the driver's own node's: ``mode``
+        ``stop``, ``to`` 0), in the timeline and saved for a resumed run's timeline."""
+        self.timeline.add_drain(drain)
+        if self.on_drain is not None:
+            self.on_drain(self.timeline.drains)
 
 
 class RecordsCallback(RunListener):

@@ -3,12 +3,15 @@ and the stretches of constant B and W (``timeline.json``, ``plots/timeline.png``
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
 
 import matplotlib
 import matplotlib.pyplot as plt
+import pandas as pd
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
 from orchestrator.record.note import (
     changes as resize_steps,
@@ -60,6 +63,20 @@ class RunPlots:
             self.client.log_artifact(self.run_id, path, "plots")
         plt.close(fig)
 
+    def _replace_table(self, table: dict[str, list[Any]], artifact_file: str) -> None:
+        """``table`` as the run's table artifact ``artifact_file``, in place of one an earlier driver
+        of the run logged.  MLflow's ``log_table`` appends to an existing one (a resumed run's
+        timeline would hold the first driver's rows and then the whole run's again); this writes
+        the same file (pandas' ``split`` JSON) and the same tag that shows it in the UI's table view."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, os.path.basename(artifact_file))
+            pd.DataFrame(table).to_json(path, orient="split", index=False, date_format="iso")
+            self.client.log_artifact(self.run_id, path, os.path.dirname(artifact_file) or None)
+        logged = json.loads(self.client.get_run(self.run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+        entry = {"path": artifact_file, "type": "table"}
+        if entry not in logged:
+            self.client.set_tag(self.run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps([*logged, entry]))
+
     def timeline(self, timeline: Any) -> None:
         """The run's stretches of constant B and W and its resizes (orchestrator/record/timeline.py): the
         table artifact ``timeline.json`` (MLflow's table view) and the chart ``plots/timeline.png``."""
@@ -67,7 +84,7 @@ class RunPlots:
         table = timeline.table()
         if not table:
             return
-        self.client.log_table(self.run_id, data=table, artifact_file="timeline.json")
+        self._replace_table(table, "timeline.json")
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "timeline.png")
             if plot(timeline, path):

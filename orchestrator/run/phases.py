@@ -568,19 +568,26 @@ class PhaseRunner:
             return None
         own = self.capacity.drains.own_drain(draining)
         if own is not None:
-            return self.driver_drained(*own)
+            return self.driver_drained(*own, workers=ph.workers)
         self.link.drain_notice(ph.idx, draining, room_outside(draining, self._resources()))
         return None
 
-    def driver_drained(self, node: str, deadline: float | None) -> DriverDrained:
+    def driver_drained(self, node: str, deadline: float | None, workers: int) -> DriverDrained:
         """The node this driver runs on is being drained: no resize can move the driver, so the
-        group stops (rank 0 checkpoints at its next push) and is waited for until a few seconds
-        before the node's deadline (:data:`DRAIN_STOP_WAIT_S` at most)."""
-        left = DRAIN_STOP_WAIT_S if deadline is None else deadline - time.time() - DRAIN_MARGIN_S
+        group of ``workers`` stops (rank 0 checkpoints at its next push) and is waited for until a
+        few seconds before the node's deadline (:data:`DRAIN_STOP_WAIT_S` at most).  The timeline
+        keeps the drain (a ``drain`` row, ``mode`` stop), carried into the resumed run's."""
+        seen = time.time()
+        left = DRAIN_STOP_WAIT_S if deadline is None else deadline - seen - DRAIN_MARGIN_S
         self.progress.write(f"the driver's node {node[:8]} is being drained: stopping the run at a checkpoint")
         self.stop_and_drain(min(DRAIN_STOP_WAIT_S, max(left, STOP_WAIT_S)))
         newest = self.names.newest_checkpoint_step()
-        return DriverDrained(node, deadline, steps=max(self.tracker.newest_step, 0), checkpoint=newest)
+        steps = max(self.tracker.newest_step, 0)
+        drain = {"step": steps, "time": seen, "node": node, "deadline": deadline, "from": workers, "to": 0}
+        for listener in self.listeners:
+            if isinstance(listener, TimelineListener):
+                listener.add_drain({**drain, "mode": "stop"})
+        return DriverDrained(node, deadline, steps=steps, checkpoint=newest)
 
     def drain_monitor(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,

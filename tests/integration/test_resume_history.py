@@ -115,5 +115,6 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     table = json.load(open(client.download_artifacts(run_id, "timeline.json", str(tmp_path))))
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     assert [r["kind"] for r in rows[:3]] == ["train", "resize", "train"], table
+    assert len({(r["kind"], r["first_step"], r["last_step"]) for r in rows}) == len(rows), "a row twice"
     assert sorted(r["first_step"] for r in rows if r["kind"] == "resize") == measured
     assert sum(r["worker_s"] for r in rows if r["kind"] == "train") == pytest.approx(cost)

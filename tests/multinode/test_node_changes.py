@@ -284,7 +284,12 @@ def test_a_drain_of_the_drivers_own_node_stops_at_a_checkpoint_and_exits_resumab
     rc, text = resume(cluster, tmp, rid)  # the printed command, from another node (the head)
     assert rc == 0, text
     _same_training(tmp, text, reference, rid)
-    assert MlflowClient(uri).get_run(rid).data.tags["elastic.resumes"] == "1"
+    client = MlflowClient(uri)
+    assert client.get_run(rid).data.tags["elastic.resumes"] == "1"
+    # the first driver's drain is carried into the resumed run's timeline: a `drain` row, the run stopped there
+    table = json.load(open(client.download_artifacts(rid, "timeline.json", str(tmp))))
+    drains = [r for r in (dict(zip(table["columns"], row)) for row in table["data"]) if r["kind"] == "drain"]
+    assert [(d["first_step"], d["workers"], d["mode"]) for d in drains] == [(int(line.group(1)), 0, "stop")], table
 
 
 def test_a_killed_driver_resumes_from_the_bucket_with_nothing_on_local_disk(cluster, tmp_path, reference, s3_server):

@@ -124,3 +124,28 @@ def test_a_drained_drivers_drain_rows_come_back_in_the_resumed_runs_timeline(tmp
     assert kinds == [("train", 1, 40, 3), ("drain", 40, 40, 2), ("train", 41, 49, 2)]
     row = table["kind"].index("drain")
     assert (table["begin_s"][row], table["end_s"][row], table["mode"][row]) == (141.0 - 101.0, 170.0 - 101.0, "restart")
+
+
+def test_a_resumed_runs_timeline_table_replaces_the_earlier_drivers_one(tmp_path):
+    """Each driver of a run logs the whole run's timeline as ``timeline.json``: the resumed driver's
+    table replaces the killed one's (MLflow's ``log_table`` would append it: the first driver's rows,
+    then the whole run's again) and stays a table in MLflow's UI (its ``mlflow.loggedArtifacts`` tag)."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.record.plots import RunPlots
+    from orchestrator.record.timeline import Timeline
+
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
+    tracker = RunTracker(cfg)
+    client = MlflowClient(cfg.tracking.uri)
+    for upto in (40, 90):  # the first driver's timeline, then the resumed run's, which holds it
+        timeline = Timeline()
+        timeline.add_records([_rec(s, 48, 3, 100.0 + s) for s in range(1, upto + 1)])
+        RunPlots(client, tracker.run_id).timeline(timeline)
+    table = json.load(open(client.download_artifacts(tracker.run_id, "timeline.json", str(tmp_path))))
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [(r["kind"], r["first_step"], r["last_step"]) for r in rows] == [("train", 1, 90)]
+    tag = json.loads(client.get_run(tracker.run_id).data.tags["mlflow.loggedArtifacts"])
+    assert tag == [{"path": "timeline.json", "type": "table"}]
