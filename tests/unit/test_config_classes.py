@@ -410,9 +410,20 @@ def test_defaults_are_never_reported():
     assert validate(cfg.model_dump(mode="json")) == cfg
 
 
-@pytest.mark.parametrize(
-    "path", ["configs/quickstart.yaml", "configs/cifar10_resnet.yaml", "configs/cifar10_resnet50.yaml"]
+TRAINING_CONFIGS = sorted(  # every shipped training config (the search specs and cluster files aside)
+    f"configs/{name}"
+    for name in os.listdir(os.path.join(ROOT, "configs"))
+    if name.endswith(".yaml") and not name.startswith(("search_", "cluster"))
 )
+
+
+def test_the_shipped_training_configs_are_all_checked():
+    assert {"configs/quickstart.yaml", "configs/lm_shards.yaml", "configs/cifar10_resnet50.yaml"} <= set(
+        TRAINING_CONFIGS
+    )
+
+
+@pytest.mark.parametrize("path", TRAINING_CONFIGS)
 def test_shipped_configs_pass(path):
     cfg = validate(read_yaml(os.path.join(ROOT, path)))
     check_config(cfg)
