@@ -35,6 +35,7 @@ import sys
 import time
 from collections import Counter
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -149,9 +150,10 @@ def from_store(folder: str, mds: str, *, context: int, block: int, batch: int, s
     from trainers.data.shards.dataset import load_tokens
 
     server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in [*server.env, "S3_ENDPOINT_URL"]}
+    # the store's variables for this section only (Streaming's boto3 reads S3_ENDPOINT_URL)
+    env = mock.patch.dict(os.environ, {**server.env, "S3_ENDPOINT_URL": server.endpoint})
     try:
-        os.environ.update(server.env, S3_ENDPOINT_URL=server.endpoint)  # Streaming's boto3 reads the latter
+        env.start()
         bucket = server.create_bucket(f"bench-{uuid.uuid4().hex[:8]}")
         fs = server.filesystem()
         upload(fs, folder, f"{bucket}/corpus")
@@ -199,11 +201,7 @@ def from_store(folder: str, mds: str, *, context: int, block: int, batch: int, s
             out[name] = {**r, "fetched": fetched, "files": files, "shuffle_block": shuffle_block}
         return out
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        env.stop()
         server.stop()
 
 
