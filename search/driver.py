@@ -39,6 +39,7 @@ import optuna
 from orchestrator.config.preflight import check_data_files
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError
+from orchestrator.run.ray_env import raise_pending_interrupt
 from search.capacity import trial_needs
 from search.liveness import DEFAULT_HEARTBEAT_S, DriverLife, StudyStore, request_key
 from search.pool import Slots
@@ -178,6 +179,7 @@ class SearchDriver:
         self.slots.to_ask, self.slots.pending = n_trials, None
         timed_out = False
         while True:
+            raise_pending_interrupt()  # a SIGTERM whose KeyboardInterrupt a garbage collection swallowed
             timed_out = self.opts.timeout_s is not None and time.time() - t0 >= self.opts.timeout_s
             self._ask_into_free_slot(timed_out)
             if self._settle_twin() or self._launch_pending():

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -44,6 +45,20 @@ def raise_pending_interrupt() -> None:
         raise KeyboardInterrupt
 
 
+def _quiet_lost_interrupt(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable hook that drops the "Exception ignored in: ..." report of a SIGTERM's
+    KeyboardInterrupt lost in a weakref callback or ``__del__``: it is not lost (it is pending, and
+    the driver's loop raises it again), and its traceback on the run's stderr reads as a crash.
+    Every other unraisable exception goes to the hook that was there."""
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is KeyboardInterrupt and _interrupt_pending:
+            return
+        previous(unraisable)
+
+    return hook
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """Within this block SIGTERM (``ray job stop``, ``kill``, a scheduler) stops the driver as Ctrl-C
@@ -57,12 +72,15 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
         return
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_lost_interrupt(old_hook)
     _term_as_interrupt, _interrupt_pending = True, False
     try:
         yield
     finally:
         _term_as_interrupt, _interrupt_pending = False, False
         signal.signal(signal.SIGTERM, old)
+        sys.unraisablehook = old_hook
 
 
 def quiet_ray_env(verbose: bool) -> None:

@@ -136,6 +136,45 @@ def test_a_sigterm_whose_interrupt_was_swallowed_still_reaches_the_drivers_loop(
     raise_pending_interrupt()  # the block's end leaves nothing pending
 
 
+def test_a_sigterm_lost_in_a_weakref_callback_is_not_reported_and_still_stops(monkeypatch):
+    """The real loss: the handler's KeyboardInterrupt raised inside a weakref callback.  Python
+    hands it to sys.unraisablehook ("Exception ignored in ... KeyboardInterrupt", a traceback on
+    the run's stderr that reads as a crash); inside the block that report is dropped and the stop
+    stays pending, any other unraisable exception still reaches the hook, and the block's end
+    puts the hook back."""
+    import gc
+    import sys
+    import weakref
+
+    reported = []
+    recorder = lambda u: reported.append(u.exc_type)  # noqa: E731
+    monkeypatch.setattr(sys, "unraisablehook", recorder)
+
+    class Thing:
+        pass
+
+    def lost(_):
+        ray_env._raise_interrupt(signal.SIGTERM, None)
+
+    def broken(_):
+        raise ValueError("a real bug in a finalizer")
+
+    with ray_env.terminate_as_interrupt():
+        thing = Thing()
+        ref = weakref.ref(thing, lost)
+        del thing
+        gc.collect()
+        assert ref() is None and reported == []
+        with pytest.raises(KeyboardInterrupt):
+            ray_env.raise_pending_interrupt()
+        other = Thing()
+        ref = weakref.ref(other, broken)
+        del other
+        gc.collect()
+        assert reported == [ValueError]
+    assert sys.unraisablehook is recorder
+
+
 def test_ray_trains_placement_group_cleaner_is_left_out_only_where_the_dashboard_does_not_answer(monkeypatch):
     """Ray Train's PlacementGroupCleaner asks Ray's State API (the dashboard) every second: where
     nothing listens at the dashboard's address it can never clean, and where another Ray's dashboard
