@@ -33,7 +33,7 @@ Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95
 
 ``--rows plain`` alone times the plain loop in this process instead (``--rounds`` rounds of
 ``--warmup`` + ``--steps`` steps, the median; ``--data host`` measures pinned host data copied
-each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 500 steps, 1 s slices, 1 thread,
+each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200 steps, 1 s slices, 1 thread,
 ``--unsliced-ends``.
 """
 
@@ -667,7 +667,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="CI: the cnn, B<=4, 512 samples, 500 steps, 1 s slices, --unsliced-ends, "
+        help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, --unsliced-ends, "
         "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)",
     )
     ap.add_argument(
@@ -717,7 +717,7 @@ def main(argv: list[str] | None = None) -> None:
             a.threads = a.threads or 1  # one thread a loop: a busy small machine, and Ray's own processes
         if not sliced:
             a.steps, a.warmup, a.rounds = 2, 1, 1
-    steps = a.steps or (500 if a.quick else 600 if sliced else 50)  # quick: enough steps for a few pairs
+    steps = a.steps or (1200 if a.quick else 600 if sliced else 50)  # quick: enough steps for a few slices
     from bench.common import scratch_dir
 
     tmp = scratch_dir("elastic-bench-gpu-")
