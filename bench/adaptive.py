@@ -5,11 +5,13 @@ McCandlish et al.'s prediction: training near the critical batch (~B_simple) nee
 steps than a small batch and not many more samples than it; a batch far above it wastes
 samples.  Everything else is equal (model, data order, sqrt LR scaling from the same eta0 at B0).
 
-    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6] [--max-local-batch 64] [--quick]
+    .venv/bin/python bench/adaptive.py [--target 0.95] [--epochs 6] [--max-local-batch 64]
+        [--rows fixed,large,noise_scale] [--quick]
 
 ``--quick`` (CI): 2 epochs, target 0.8, a worker takes up to 256 samples (every row at W = 1: one
-group start a run).  Last line: ``steps_ratio=<noise_scale's steps to the
-target / fixed B0's> samples_ratio=<the same for samples>`` (nan where a row missed the target).
+group start a run), without the fixed 8*B0 row (``--rows fixed,noise_scale``: the summary's two).
+Last line: ``steps_ratio=<noise_scale's steps to the target / fixed B0's> samples_ratio=<the same for
+samples>`` (nan where a row missed the target).
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import parse_args, table, temp_config  # noqa: E402
 
 B0 = 32
+# row -> (its label, its batch section)
+ROWS = {
+    "fixed": (f"fixed B0={B0}", {"size": B0}),
+    "large": (f"fixed 8*B0={8 * B0}", {"size": 8 * B0}),
+    "noise_scale": (
+        "noise_scale (c=2)",
+        {"size": B0, "policy": "noise_scale", "noise_scale_factor": 2.0, "check_every": 10, "max_size": 8 * B0},
+    ),
+}
 
 
 def run(name: str, batch: dict, epochs: float, target: float, max_local: int = 64) -> tuple:
@@ -71,25 +82,28 @@ def main() -> None:
     ap.add_argument(
         "--max-local-batch", type=int, default=64, help="the most samples a worker takes (W = ceil(B / this))"
     )
-    a = parse_args(ap, quick={"epochs": 2, "target": 0.8, "max_local_batch": 256})
+    ap.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help="comma-separated, of: " + ", ".join(ROWS) + " (the summary needs fixed and noise_scale)",
+    )
+    a = parse_args(ap, quick={"epochs": 2, "target": 0.8, "max_local_batch": 256, "rows": "fixed,noise_scale"})
+    names = [r.strip() for r in a.rows.split(",") if r.strip()]
+    if not names or set(names) - set(ROWS):
+        print(f"--rows: {a.rows!r}: give a comma-separated list of {', '.join(ROWS)}", file=sys.stderr)
+        raise SystemExit(2)
     os.environ["ELASTIC_KEEP_RAY"] = "1"
-    rows = [
-        run(f"fixed B0={B0}", {"size": B0}, a.epochs, a.target, a.max_local_batch),
-        run(f"fixed 8*B0={8 * B0}", {"size": 8 * B0}, a.epochs, a.target, a.max_local_batch),
-        run(
-            "noise_scale (c=2)",
-            {"size": B0, "policy": "noise_scale", "noise_scale_factor": 2.0, "check_every": 10, "max_size": 8 * B0},
-            a.epochs,
-            a.target,
-            a.max_local_batch,
-        ),
-    ]
+    done = {k: run(*ROWS[k], a.epochs, a.target, a.max_local_batch) for k in ROWS if k in names}
+    rows = list(done.values())
     print(
         f"digits, small CNN (group norm), sqrt LR scaling from lr=0.05 at B0={B0}; target val accuracy "
         f"{a.target}; validation every 5 steps; a worker takes up to {a.max_local_batch} samples"
     )
     print(table(rows, ("policy", "steps", "samples", "wall s (incl. start)", "final val acc", "max B", "max workers")))
-    (_, b0_steps, b0_samples, *_), (_, ns_steps, ns_samples, *_) = rows[0], rows[2]
+    missing = (None, "-", "-")
+    (_, b0_steps, b0_samples, *_), (_, ns_steps, ns_samples, *_) = (
+        done.get(k, missing) for k in ("fixed", "noise_scale")
+    )
 
     def ratio(x, y) -> float:
         return x / y if isinstance(x, int) and isinstance(y, int) and y else float("nan")
