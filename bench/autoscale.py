@@ -22,19 +22,28 @@ launch, median), ``nodes_today=``, ``nodes_ahead=`` (medians) and ``ratio=`` (ah
 ``ahead_s`` within a node's launch time + 10 s plus a group's start (~15 s on this machine).
 
     .venv/bin/python bench/autoscale.py [--repeats 2] [--kinds today,ahead] [--capacity-check-s 5]
-        [--run-limit-s 420] [--quick]
+        [--run-limit-s 420] [--stop-when-short] [--idle-wait-s 60] [--side-by-side] [--quick]
 
 ``--quick`` (CI): one repeat, today and ahead only, the driver looking for capacity that came back every 5 s
 (``scaling.capacity_check_s``; the quickstart's is 30 s: today's path grows by such looks, one per restart
-that came up short), each run stopped after 150 s (today's path then reports the time it waited so far).
+that came up short), each run stopped after 150 s, and ``--stop-when-short``: a run is stopped once a group
+that started short of the workers its batch wants has trained (today's path: after its wait for room that
+nothing asked for, the restart at W 1 of 2), so today's path reports the time it waited so far (a lower
+bound) without waiting for the capacity check's second restart; no wait at a run's end for its idle nodes to
+go (``--idle-wait-s 0``: the table's last column then says whether they were gone already); and the two
+runs side by side (``--side-by-side``: each on its own cluster, its driver a process of its own; most of
+today's run is a wait for room, so they share the machine little).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -52,6 +61,7 @@ from trainers.link import metrics as M  # noqa: E402
 from trainers.link.messages import Record  # noqa: E402
 
 RUN_LIMIT_S = 420  # a run that never gets to W = 2 is stopped (today's path took ~200 s in the issue)
+IDLE_WAIT_S = 60.0  # at a run's end, for the autoscaler to remove the idle nodes
 AFTER_W2_STEPS = 20  # steps a group of 2 trains before the run is stopped
 _UP = re.compile(r"^(\S+ \S+),(\d{3}).*NodeLauncher\d+: Launching (\d+) nodes")
 _QUEUED = re.compile(r"^(\S+ \S+),(\d{3}).*Queue (\d+) new nodes for launch")
@@ -95,10 +105,26 @@ def launch_times(log: str) -> list[float]:
     return [u - q for q, u in zip(queued, up)]
 
 
-def measure(kind: str, capacity_check_s: float | None = None, limit_s: float = RUN_LIMIT_S) -> dict[str, Any]:
+def short_of_workers(metrics: dict[str, float], max_local_batch: int) -> bool:
+    """Whether a record comes from a group smaller than its batch wants (a grow decided, the group
+    restarted with fewer workers: it accumulates what the missing workers would take)."""
+    workers = metrics.get(M.WORKERS)
+    batch = metrics.get(M.BATCH_GLOBAL)
+    return workers is not None and batch is not None and batch > workers * max_local_batch
+
+
+def measure(
+    kind: str,
+    capacity_check_s: float | None = None,
+    limit_s: float = RUN_LIMIT_S,
+    stop_when_short: bool = False,
+    idle_wait_s: float = IDLE_WAIT_S,
+) -> dict[str, Any]:
     """One run of ``kind`` on a fresh cluster, stopped after ``limit_s`` if it has not trained at W = 2 by
-    then; the driver is this process (joined as a user's driver joins a cluster).  ``capacity_check_s``:
-    the run's ``scaling.capacity_check_s`` (None: the quickstart's)."""
+    then (``stop_when_short``: also once a group short of the workers its batch wants has trained); the
+    driver is this process (joined as a user's driver joins a cluster).  ``capacity_check_s``: the run's
+    ``scaling.capacity_check_s`` (None: the quickstart's); ``idle_wait_s``: how long to wait at the end for
+    the autoscaler to remove the idle nodes."""
     from orchestrator.run.runner import run_training
 
     head = FakeAutoscalingCluster(max_nodes=2, cpus_per_node=1, idle_timeout_minutes=0.1).start()
@@ -114,14 +140,15 @@ def measure(kind: str, capacity_check_s: float | None = None, limit_s: float = R
             if metrics.get(M.WORKERS, 0) >= 2 and box["w2"] is None:
                 box["w2"] = step
         w2 = box["w2"]
-        if (w2 is not None and records[-1][0] >= w2 + AFTER_W2_STEPS) or time.time() - t0 > limit_s:
+        short = stop_when_short and any(short_of_workers(r[1], cfg.batch.max_local_batch) for r in records)
+        if (w2 is not None and records[-1][0] >= w2 + AFTER_W2_STEPS) or short or time.time() - t0 > limit_s:
             box["runner"].request_stop()
 
     try:
         cfg = validated(run_config(tmp, kind, capacity_check_s))
         s = run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r), on_records=on_records)
         ended = time.time()
-        launched, alive = head.worker_nodes(wait_gone_s=60)  # the idle nodes removed (or still up after 60 s)
+        launched, alive = head.worker_nodes(wait_gone_s=idle_wait_s)  # the idle nodes removed (or still up)
         queued = [t for t, k, n in head.node_events() for _ in range(n) if k == "launched"]
         to2 = [r for r in s.resizes if r["to"] >= 2]
         reached = box["w2"] is not None and bool(to2)
@@ -154,6 +181,29 @@ def measure(kind: str, capacity_check_s: float | None = None, limit_s: float = R
         head.stop()
 
 
+def measure_side_by_side(kinds: list[str], a: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """One run of each of ``kinds`` at the same time, each by a process of its own (a driver joins one
+    cluster: :func:`measure` in a child of this bench); its output goes to this one's stderr."""
+    folder = tempfile.mkdtemp(prefix="elastic-autoscale-")
+    procs = {}
+    for kind in kinds:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child-kind", kind, "--child-out", f"{folder}/{kind}.json"]
+        cmd += ["--run-limit-s", str(a.run_limit_s), "--idle-wait-s", str(a.idle_wait_s)]
+        cmd += ["--capacity-check-s", str(a.capacity_check_s)] if a.capacity_check_s is not None else []
+        cmd += ["--stop-when-short"] if a.stop_when_short else []
+        procs[kind] = subprocess.Popen(cmd, stdout=sys.stderr)
+    failed = [k for k, p in procs.items() if p.wait() != 0]
+    if failed:
+        sys.exit(f"bench/autoscale.py: the {', '.join(failed)} run(s) failed (their output is above, on stderr)")
+    out = {}
+    for kind in kinds:
+        with open(f"{folder}/{kind}.json") as f:
+            out[kind] = json.load(f)
+        os.remove(f"{folder}/{kind}.json")
+    os.rmdir(folder)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=2)
@@ -170,9 +220,37 @@ def main(argv: list[str] | None = None) -> None:
         default=RUN_LIMIT_S,
         help="a run not at W = 2 by then is stopped (its figure is then the time it waited, a lower bound)",
     )
+    ap.add_argument(
+        "--stop-when-short",
+        action="store_true",
+        help="stop a run once a group that started short of the workers its batch wants has trained (its "
+        "figure is then the time it waited so far, a lower bound)",
+    )
+    ap.add_argument(
+        "--idle-wait-s",
+        type=float,
+        default=IDLE_WAIT_S,
+        help="at a run's end, how long to wait for the autoscaler to remove the idle nodes (0: no wait)",
+    )
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="the kinds of a repeat run at the same time, each on its own cluster, each driver a process of "
+        "its own (their figures then share the machine)",
+    )
+    ap.add_argument("--child-kind", choices=tuple(KINDS), help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
     a = parse_args(
         ap,
-        quick={"repeats": 1, "kinds": "today,ahead", "capacity_check_s": 5.0, "run_limit_s": 150.0},
+        quick={
+            "repeats": 1,
+            "kinds": "today,ahead",
+            "capacity_check_s": 5.0,
+            "run_limit_s": 150.0,
+            "stop_when_short": True,
+            "idle_wait_s": 0.0,
+            "side_by_side": True,
+        },
         argv=argv,
     )
     kinds = [k.strip() for k in a.kinds.split(",") if k.strip()]
@@ -183,14 +261,21 @@ def main(argv: list[str] | None = None) -> None:
         ["--capacity-check-s: must be positive"] if a.capacity_check_s is not None and a.capacity_check_s <= 0 else []
     )
     problems += ["--run-limit-s: must be positive"] if a.run_limit_s <= 0 else []
+    problems += ["--idle-wait-s: must be 0 or more"] if a.idle_wait_s < 0 else []
     if problems:
         print("; ".join(problems), file=sys.stderr)
         sys.exit(2)
     os.environ.pop("ELASTIC_KEEP_RAY", None)  # each run's driver leaves its cluster when it ends
+    if a.child_kind:  # one run of --side-by-side
+        r = measure(a.child_kind, a.capacity_check_s, a.run_limit_s, a.stop_when_short, a.idle_wait_s)
+        with open(a.child_out, "w") as f:
+            json.dump(r, f)
+        return
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for i in range(a.repeats):  # interleaved, so drift on a shared machine hits every kind
+        together = measure_side_by_side(kinds, a) if a.side_by_side else {}
         for kind in kinds:
-            r = measure(kind, a.capacity_check_s, a.run_limit_s)
+            r = together.get(kind) or measure(kind, a.capacity_check_s, a.run_limit_s, a.stop_when_short, a.idle_wait_s)
             runs[kind].append(r)
             print(
                 f"repeat {i + 1}, {kind}: decision -> first step at W=2 {r['to_w2_s']:.1f} s"

@@ -255,7 +255,8 @@ class FakeAutoscalingCluster:
         found.discard(os.getpid())
         return sorted(found)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 3.0) -> None:
+        """SIGTERM to the cluster's processes, SIGKILL to those still there after ``grace_s``."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             pids = self._pids()
             for pid in pids:
@@ -263,6 +264,8 @@ class FakeAutoscalingCluster:
                     os.kill(pid, sig)
                 except OSError:
                     pass
-            if pids:
-                time.sleep(3)
+            end = time.time() + grace_s
+            while pids and time.time() < end:
+                time.sleep(0.2)
+                pids = self._pids()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
