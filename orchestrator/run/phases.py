@@ -63,7 +63,7 @@ from orchestrator.run.outcome import (
     TrackingGone,
 )
 from orchestrator.run.ray_env import dashboard_running, on_own_local_ray, raise_pending_interrupt
-from orchestrator.run.reservations import ray_train_run_id, recorded
+from orchestrator.run.reservations import ray_train_run_id, recorded, release_unfinished
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room
 from orchestrator.run.run_books import EventBook, GroupPlan, ResizeBook, RunNames, RunStart
@@ -109,6 +109,7 @@ class _Phase:
 
     def __init__(self, idx: int, workers: int, trainer: Any, hold: GroupHold | None = None):
         self.idx, self.workers = idx, workers
+        self.train_id = ray_train_run_id(trainer)  # its reservation's name (orchestrator/run/reservations.py)
         self.box: dict[str, Any] = {}
         self.t_called, self.ended = 0.0, 0.0
 
@@ -129,6 +130,12 @@ class _Phase:
     @property
     def alive(self) -> bool:
         return self.thread.is_alive()
+
+    @property
+    def returned(self) -> bool:
+        """Whether its ``fit()`` has returned (``alive`` is not to be trusted after a Ctrl-C: CPython
+        marks a thread stopped when a signal's exception interrupts a ``join`` of it)."""
+        return self.ended > 0.0
 
 
 # --------------------------------------------------------------------------- states
@@ -302,6 +309,7 @@ class PhaseRunner:
         self.poll_s = poll_s  # how often the monitor is drained (a search lowers it to prune sooner)
         self.names = RunNames(tracker.run_id, plan.storage_path, start.resumes, start.ray_train_runs)
         self.link = link or MonitorLink(judged)  # (a test gives one that calls a MonitorState directly)
+        self.groups: list[_Phase] = []  # every group this driver started
         self.book = EventBook(restarts=start.restarts, t_start=start.t0)
         self.resize_book = ResizeBook(self.link, self.emit)
         # On a local Ray this process started (one node, the driver's) no node comes, goes or is
@@ -352,6 +360,9 @@ class PhaseRunner:
             for listener in self.listeners:
                 listener.close()
             self.link.kill()
+            # a group whose fit() has not returned (a stop, a drain of this node, an error) dies with
+            # this driver before its controller drops its reservation: the next run would wait 180 s
+            release_unfinished([ph.train_id for ph in self.groups if not ph.returned and ph.train_id])
 
     def begin(self) -> _Phase | Finished:
         """The run's first phase: the monitor, then phase 0 with enough workers for the (restored)
@@ -463,9 +474,9 @@ class PhaseRunner:
         """Start ``fit()`` for one phase in a thread (the driver thread keeps draining the monitor)."""
         trainer = self._trainer(workers, idx, handover)
         ph = _Phase(idx, workers, trainer, self._hold(idx, workers))
-        train_id = ray_train_run_id(trainer)
-        if train_id:  # a resume after this driver is killed drops the group's reservation by it
-            self.names.ray_train_runs = recorded(self.names.ray_train_runs, train_id)
+        self.groups.append(ph)
+        if ph.train_id:  # a resume after this driver is killed drops the group's reservation by it
+            self.names.ray_train_runs = recorded(self.names.ray_train_runs, ph.train_id)
             self.tracker.set_tags({T.RAY_TRAIN_RUNS: self.names.ray_train_runs})
         if not handover:  # a cold start: what a resize's new group costs here
             self.link.starting(idx, time.time())

@@ -181,6 +181,9 @@ def stop_ray() -> None:
     if not os.environ.get("ELASTIC_KEEP_RAY"):
         import ray
 
+        from orchestrator.run.reservations import release_before_disconnect
+
+        release_before_disconnect()  # a stopped run's groups end with this driver (orchestrator/run/reservations.py)
         ray.shutdown()
 
 
@@ -280,29 +283,36 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
 
 
 def dashboard_running() -> bool:
-    """Whether the connected Ray's own dashboard answers (Ray's State API is served by it).  Ray
-    Train's ``PlacementGroupCleaner``, a detached actor that each group starts to ask the State API
-    every second whether the group's controller still lives, needs it.  Without one
-    (``ray.init(..., include_dashboard=False)``, as the orchestrator's own local Ray) every ask fails,
-    the cleaner never cleans, and after a killed driver it stays, failing every second, until its Ray
-    ends.  And where what answers at the address is another Ray's dashboard (Ray's default port,
-    taken by another cluster), the controller is unknown there and the cleaner would remove the
-    placement group of a group that is training.  False: nothing listens at the address, or what
-    answers does not know this Ray's node; True where it cannot be told (Ray Train's default kept)."""
+    """Whether Ray Train's ``PlacementGroupCleaner`` asks this Ray about the group's controller.  The
+    cleaner, a detached actor that each group starts, asks Ray's State API (served by a dashboard)
+    every second whether the controller still lives, and removes the group's placement group when the
+    answer is no.  It finds its cluster as any process of the machine without ``RAY_ADDRESS`` does: the
+    newest Ray started on the machine (``/tmp/ray/ray_current_cluster``), then that Ray's dashboard
+    address.  Without a dashboard (``ray.init(..., include_dashboard=False)``, the orchestrator's own
+    local Ray) every ask fails and it never cleans; where another Ray answers (a second Ray on the
+    machine, or another Ray's dashboard on this one's port, also one started after the group) the
+    controller is unknown there, and it removes the placement group of a group that is training
+    ("placement group was removed").  True only where the machine's newest Ray is this one and its
+    dashboard knows this node; False wherever that cannot be told (an ask that timed out under load,
+    an address Ray no longer keeps): without the cleaner, a killed driver's placement groups still end
+    with its job (Ray scopes them to it)."""
     try:
         import ray
         from ray._private import ray_constants  # Ray's private names of the dashboard's GCS entry
+        from ray._private.services import find_bootstrap_address
         from ray.experimental.internal_kv import _internal_kv_get
         from ray.util.state import get_node
 
+        if not ray.is_initialized():
+            return False
+        context = ray.get_runtime_context()
+        if find_bootstrap_address(None) != context.gcs_address:
+            return False  # the cleaner would ask another Ray
         url = _internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
         host, _, port = url.decode().rpartition(":")
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
             pass
-        context = ray.get_runtime_context()
         return get_node(context.get_node_id(), address=context.gcs_address, timeout=5) is not None
-    except ConnectionRefusedError:
-        return False
-    except Exception as e:  # no entry, a Ray that moved it, a timeout: keep what Ray Train does
+    except Exception as e:  # nothing listens, a timeout, a Ray that moved its entry: not known to be ours
         logging.getLogger(__name__).debug("could not tell whether Ray's dashboard answers: %s", e)
-        return True
+        return False

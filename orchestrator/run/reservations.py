@@ -12,6 +12,13 @@ with it before the controller can drop it, and the reservation stays for Ray's e
 So every group's Ray Train run id is recorded on the MLflow run (tag ``elastic.ray_train_runs``), and ``resume`` drops
 the reservations of those ids before its first group starts.
 
+A driver that stops (Ctrl-C, SIGTERM, a drain of its own node, an error) leaves before its groups'
+controllers have shut down, and they die with it: each reservation stayed for those 180 s, and the
+next run on the cluster, with room, waited for it (~100 s seen in the suite after a stopped run).
+So the driver drops the reservations of its groups whose ``fit()`` had not returned
+(:func:`release_unfinished`), and once more as it leaves Ray (:func:`release_before_disconnect`):
+a controller still shutting down renews its reservation every 20 s.
+
 The coordinator also sizes a restarted group: it re-reads the cluster's nodes every 20 s, so right
 after a node is lost Ray Train may size the new group for the lost node too and wait for a
 placement that cannot happen.  The driver asks it to re-read the nodes (:func:`refresh`) as soon as
@@ -76,13 +83,13 @@ def refresh(timeout_s: float = 5.0) -> bool:
 
 def release(tag_value: str | None, timeout_s: float = 10.0) -> int:
     """Drop the coordinator's reservations of the Ray Train runs in ``tag_value``; how many ids
-    were asked for (0 without ids or without a coordinator on this cluster)."""
+    were asked for (0 without ids, without Ray or without a coordinator on this cluster)."""
     ids = (tag_value or "").split()
     if not ids:
         return 0
     import ray
 
-    if (coordinator := _coordinator()) is None:
+    if not ray.is_initialized() or (coordinator := _coordinator()) is None:
         return 0
     try:
         ray.get([coordinator.cancel_request.remote(requester_id=f"train-{i}") for i in ids], timeout=timeout_s)
@@ -90,3 +97,21 @@ def release(tag_value: str | None, timeout_s: float = 10.0) -> int:
         log.debug("could not drop the reservations of %s: %s", ids, e)
         return 0
     return len(ids)
+
+
+_unfinished: list[str] = []  # this process's groups whose fit() had not returned when their run ended
+
+
+def release_unfinished(ids: list[str]) -> int:
+    """Drop now the reservations of ``ids``, groups of this driver whose ``fit()`` had not returned
+    when its run ended, and remember them for :func:`release_before_disconnect`."""
+    _unfinished.extend(i for i in ids if i not in _unfinished)
+    return release(" ".join(ids))
+
+
+def release_before_disconnect() -> int:
+    """Drop again the reservations of :func:`release_unfinished`'s groups, the driver about to leave
+    Ray (their controllers end with it): one renewed since is not left behind."""
+    ids = " ".join(_unfinished)
+    _unfinished.clear()
+    return release(ids)

@@ -506,14 +506,18 @@ def test_the_book_says_where_the_time_to_the_first_step_went():
     assert unknown.start_parts() == {"driver_s": 4.0, "group_s": 0.0, "worker_s": 5.0, "build_s": 1.5, "step_s": 0.5}
 
 
-def test_a_group_starts_without_ray_datas_manager_unless_given_datasets():
+def test_a_group_starts_without_ray_datas_manager_unless_given_datasets(monkeypatch):
     """Ray Train starts a DatasetManager actor (a process importing Ray Data) for every group, with
     datasets or not; the driver's groups get no datasets (the data order is ours): none is started.
-    Its other parts (the process group's setup, the placement group's cleaner, ...) all stay."""
+    Its other parts (the process group's setup, the placement group's cleaner where it can work:
+    tests/unit/test_ray_env.py, ...) all stay."""
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from orchestrator.run import phases
     from orchestrator.run.phases import GroupTrainer
+
+    monkeypatch.setattr(phases, "dashboard_running", lambda: True)  # this Ray's dashboard answers
 
     def names(trainer) -> list[str]:
         return [type(c).__name__ for c in trainer._create_default_callbacks()]
