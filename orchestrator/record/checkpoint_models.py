@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from mlflow.entities import LoggedModelOutput, Metric
@@ -42,13 +43,18 @@ def linked_metrics(metrics: dict[str, float]) -> dict[str, float]:
 class CheckpointModels:
     """The LoggedModels of one run's checkpoints, logged as the driver hears of each.
 
-    ``tracker``: the run's :class:`~orchestrator.record.run_tracker.RunTracker` (its client, run and
-    experiment).  :meth:`seen` keeps the newest steps' metrics (a checkpoint's event follows its
-    step's record); :meth:`saved` logs a checkpoint.  A store that does not answer leaves it pending:
-    tried again at the next checkpoint and at :meth:`close`."""
+    ``client``, ``run_id``, ``experiment_id``: the run's (its :class:`~orchestrator.record.run_tracker.RunTracker`
+    builds this); ``flush``: writes the run's buffered rows (its writer's), called before a
+    checkpoint's linked rows.  :meth:`seen` keeps the newest steps' metrics (a checkpoint's event
+    follows its step's record); :meth:`saved` logs a checkpoint.  A store that does not answer leaves
+    it pending: tried again at the next checkpoint and at :meth:`close`."""
 
-    def __init__(self, tracker: Any) -> None:
-        self.tracker = tracker
+    def __init__(self, client: Any, run_id: str, experiment_id: str, flush: Callable[[], Any] = lambda: None) -> None:
+        self.client, self.run_id, self.experiment_id = client, run_id, experiment_id
+        self.flush_rows = flush
+        # (metric, step) -> (value, ms) of the rows an earlier driver of a resumed run logged that a
+        # checkpoint's LoggedModel links to: the same rows (RunTracker fills it when it reopens the run)
+        self.earlier_rows: dict[tuple[str, int], tuple[float, int]] = {}
         self.recent: dict[int, tuple[dict[str, float], float]] = {}  # step -> (linked metrics, time)
         self.pending: list[tuple[int, str]] = []  # (step, path) not logged yet
         self.logged: dict[int, tuple[str, str]] = {}  # step -> (model_id, path)
@@ -78,9 +84,9 @@ class CheckpointModels:
         return True
 
     def _log(self, step: int, path: str) -> str:
-        client, run_id, uri = self.tracker.client, self.tracker.run_id, redact_uri(path)
+        client, run_id, uri = self.client, self.run_id, redact_uri(path)
         model = client.create_logged_model(
-            self.tracker.experiment_id,
+            self.experiment_id,
             name=model_name(step),
             source_run_id=run_id,
             tags={MLFLOW_MODEL_IS_EXTERNAL: "true", CHECKPOINT_URI: uri, CHECKPOINT_STEP: str(step)},
@@ -105,11 +111,11 @@ class CheckpointModels:
             # store keeps one row per (metric, step) in the run and links it to the model.  A step an
             # earlier driver of a resumed run logged (and this one trained again from a checkpoint)
             # keeps that driver's row: its time, not the retrained step's
-            ms, earlier = int(1000 * when), self.tracker.earlier_rows
+            ms, earlier = int(1000 * when), self.earlier_rows
             rows = [Metric(k, *earlier.get((k, step), (v, ms)), step, model_id=mid) for k, v in sorted(metrics.items())]
             # the run's buffered rows first: a linked row written ahead of the steps before it would
             # leave a gap in the run's history that a resumed driver's timeline reads as trained
-            self.tracker.flush()
+            self.flush_rows()
             client.log_batch(run_id, metrics=rows)
         return mid
 
@@ -121,7 +127,7 @@ class CheckpointModels:
         for mid, path in self.logged.values():
             try:
                 if not exists(path):
-                    self.tracker.client.set_logged_model_tags(mid, {CHECKPOINT_PRUNED: "true"})
+                    self.client.set_logged_model_tags(mid, {CHECKPOINT_PRUNED: "true"})
             except Exception:  # a store that does not answer: the tag is a courtesy
                 return
 

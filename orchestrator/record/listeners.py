@@ -82,7 +82,7 @@ class TrackingListener(RunListener):
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
-        self.checkpoints = CheckpointModels(tracker)
+        self.checkpoints: CheckpointModels = tracker.checkpoints  # the run's (RunTracker builds it)
         self.warnings: list[str] = []
         self.quarantined: list[str] = []  # damaged checkpoints moved aside (trainers/loop/checkpoint.py)
         self.called_off = 0

@@ -20,7 +20,7 @@ import torch
 import yaml
 from mlflow.models import infer_signature
 
-from orchestrator.config.schema import RootConfig, public_config
+from orchestrator.config.schema import RootConfig
 from orchestrator.config.uris import redact_text
 from orchestrator.record.checkpoint_models import model_step, ranked_models
 from trainers.errors import one_line
@@ -46,26 +46,27 @@ class ModelLogger:
     def log(
         self,
         model_state: dict[str, Any],
-        cfg: RootConfig,
-        functions: dict[str, Any] | None = None,
+        build: Callable[[], Any],
+        config: dict[str, Any],
         register: str | None = None,
+        pick: str = "last",
         warn: Any = print,
         step: int = 0,
     ) -> tuple[str | None, str | None]:
-        """The final weights (of ``step``) as the artifact ``model/model.pt`` (a state dict, with
-        ``config.yaml``), and as an MLflow PyTorch model (:meth:`log_pytorch`).  Returns that model's
-        URI and, with ``register`` (or ``tracking.register_model``), the registered ``name/version``
-        (None where logging it failed: warned)."""
+        """The final weights (of ``step``) as the artifact ``model/model.pt`` (a state dict, with the
+        public ``config`` as ``config.yaml``), and as an MLflow PyTorch model (:meth:`log_pytorch`,
+        the model rebuilt by ``build``: :func:`seeded_workload`).  Returns that model's URI and, with
+        ``register``, the registered ``name/version`` of the model ``pick`` names (:meth:`register`;
+        None where logging it failed: warned)."""
 
         with tempfile.TemporaryDirectory() as d:
             torch.save(model_state, os.path.join(d, "model.pt"))
             with open(os.path.join(d, "config.yaml"), "w") as f:
-                f.write(yaml.safe_dump(public_config(cfg), sort_keys=False))
+                f.write(yaml.safe_dump(config, sort_keys=False))
             self.client.log_artifacts(self.run_id, d, "model")
-        register = register or cfg.tracking.register_model
         try:
-            uri = self.log_pytorch(model_state, cfg, functions, MODEL_NAME, step)
-            return uri, (self.register(uri, cfg, functions, register, warn) if register else None)
+            uri = self.log_pytorch(model_state, build, MODEL_NAME, step)
+            return uri, (self.register(uri, build, register, pick, warn) if register else None)
         except Exception as e:  # the run trained; its weights are logged above
             why = redact_text(one_line(e, None))[:300]
             message = f"the MLflow model was not logged ({why}); model/model.pt holds the weights"
@@ -73,17 +74,14 @@ class ModelLogger:
             self.set_tags({T.MODEL_ERROR: message})
             return None, None
 
-    def log_pytorch(
-        self, model_state: dict[str, Any], cfg: RootConfig, functions: dict[str, Any] | None, name: str, step: int
-    ) -> str:
-        """The model rebuilt on the driver with ``model_state``, logged with ``mlflow.pytorch`` as
+    def log_pytorch(self, model_state: dict[str, Any], build: Callable[[], Any], name: str, step: int) -> str:
+        """The model rebuilt on the driver (``build``) with ``model_state``, logged with ``mlflow.pytorch`` as
         ``name`` at ``step`` (under the run's Logged models, the run's metrics of that step linked
         to it), its signature inferred from the first validation samples (also its input example).
         Saved with ``torch.export`` (MLflow's default: loads without this project's code); a model
         that cannot be exported is pickled instead.  Returns its ``models:/`` URI."""
 
-        torch.manual_seed(cfg.train.seed)
-        work = build_workload(cfg, functions)
+        work = build()
         model = work.model.cpu()
         model.load_state_dict(model_state)
         model.eval()
@@ -119,27 +117,34 @@ class ModelLogger:
         return info.model_uri
 
     def register(
-        self, final_uri: str, cfg: RootConfig, functions: dict[str, Any] | None, name: str, warn: Any = print
+        self, final_uri: str, build: Callable[[], Any], name: str, pick: str = "last", warn: Any = print
     ) -> str:
-        """Register the final model (``final_uri``) under ``name``, or with ``tracking.register_pick:
-        best`` the run's model lowest in ``val/loss`` whose weights are still stored (a checkpoint
+        """Register the final model (``final_uri``) under ``name``, or with ``pick`` ``best``
+        (``tracking.register_pick``) the run's model lowest in ``val/loss`` whose weights are still stored (a checkpoint
         pruned by ``checkpoint.keep`` is passed over), logged as :data:`BEST_NAME` first.  Tags the
         run ``elastic.registered_model`` (``name/version``); returns that."""
         uri = final_uri
-        if cfg.tracking.register_pick == "best":
-            uri = self._best_uri(final_uri, cfg, functions, warn)
+        if pick == "best":
+            uri = self._best_uri(final_uri, build, warn)
         mv = mlflow.register_model(uri, name)
         version = f"{mv.name}/{mv.version}"
         self.set_tags({T.REGISTERED_MODEL: version})
         return version
 
-    def _best_uri(self, final_uri: str, cfg: RootConfig, functions: dict[str, Any] | None, warn: Any) -> str:
+    def _best_uri(self, final_uri: str, build: Callable[[], Any], warn: Any) -> str:
         for model in ranked_models(self.client, self.experiment_id, self.run_id):
             if model.model_uri == final_uri:
                 return final_uri
             path = (model.tags or {}).get(T.CHECKPOINT_URI)
             if path and store_for(path).kind(path) is not None:
                 state = read_checkpoint(path)["model"]
-                return self.log_pytorch(state, cfg, functions, BEST_NAME, model_step(model) or 0)
+                return self.log_pytorch(state, build, BEST_NAME, model_step(model) or 0)
         warn("warning: no model of the run has val/loss; registering the final model")
         return final_uri
+
+
+def seeded_workload(cfg: RootConfig, functions: dict[str, Any] | None = None) -> Any:
+    """The run's workload (its model, a few validation samples) as the driver rebuilds it to log the
+    final model: seeded with ``train.seed``, from ``cfg`` and the factories sent by value."""
+    torch.manual_seed(cfg.train.seed)
+    return build_workload(cfg, functions)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config.schema import RootConfig
 from orchestrator.record.cost import Cost
 from trainers.link import metrics as M
 
@@ -13,8 +12,8 @@ from trainers.link import metrics as M
 HEADLINE = (M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.VAL_LOSS, M.TRAIN_LOSS)
 
 
-def _what(section: Any, kind: str) -> str:
-    name = section.name or section.factory or kind
+def _what(section: dict[str, Any], kind: str) -> str:
+    name = section.get("name") or section.get("factory") or kind
     return str(name).removeprefix("python:")
 
 
@@ -40,22 +39,23 @@ def series_line(name: str, points: list[tuple[int, float]]) -> str | None:
 
 
 def describe(
-    cfg: RootConfig,
+    config: dict[str, Any],
     history: dict[str, list[tuple[int, float]]],
     status: str,
     resizes: int = 0,
     resumes: int = 0,
     cost: Cost | None = None,
 ) -> str:
-    """The description (Markdown): the model and data trained, epochs and steps, the final training
+    """The description (Markdown) of the run of ``config`` (the public config, plain data:
+    orchestrator/record/params.py ConfigRecord): the model and data trained, epochs and steps, the final training
     metrics, the global batch B and workers W over the run (from every point MLflow holds, so a
     resumed run's description covers its earlier drivers too), and what the run cost (``cost``:
     every driver's worker groups, orchestrator/record/cost.py)."""
     steps = max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0)
     epoch = max(history.get(M.EPOCH, []), default=(0, 0.0))[1]
-    planned = f"{cfg.train.epochs:g}"
+    planned = f"{config['train']['epochs']:g}"
     head = (
-        f"**{_what(cfg.model, 'model')}** on **{_what(cfg.data, 'data')}**: {steps} steps, "
+        f"**{_what(config['model'], 'model')}** on **{_what(config['data'], 'data')}**: {steps} steps, "
         f"{epoch:.3g} of {planned} epochs ({status.lower()}"
     )
     head += f", resumed {resumes} time{'s' if resumes != 1 else ''})" if resumes else ")"
@@ -76,8 +76,8 @@ def describe(
     lr = history.get(M.LR)
     if lr:
         lines.append(
-            f"- LR {min(v for _, v in lr):.4g} to {max(v for _, v in lr):.4g} ({cfg.optimizer.name}, "
-            f"scaling rule {cfg.schedule.scaling_rule})"
+            f"- LR {min(v for _, v in lr):.4g} to {max(v for _, v in lr):.4g} ({config['optimizer']['name']}, "
+            f"scaling rule {config['schedule']['scaling_rule']})"
         )
     if cost is not None and cost.worker_s > 0:
         lines.append(f"- cost: {cost.line()}")

@@ -7,15 +7,23 @@ this run's choices never read it: the synthetic set's ``data.size`` on a digits 
 Adam's ``beta2`` under SGD, unset (``None``) and empty values.  The rules say which field is read
 by which choice (preflight's rules for settings that do nothing, and the rules here); they mirror the
 code that reads the field (named beside each rule).
+
+:class:`ConfigRecord` is everything the run's MLflow record takes from the config, read once by the
+driver (orchestrator/run/runner.py): the store and the run's names, the public config, these params
+and the datasets; the record side never sees the config itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from mlflow.entities import DatasetInput
 
 from orchestrator.config.preflight import IGNORED_UNLESS
 from orchestrator.config.schema import RootConfig, flatten, public_config
+from orchestrator.record.datasets import describe_data
 from trainers import catalog
 from trainers.combine.config import RULES
 from trainers.policies.batching import noise_probe_runs
@@ -69,24 +77,56 @@ def _holds(applies: Callable[[RootConfig], bool], cfg: RootConfig) -> bool:
         return False
 
 
-def _governed(key: str, fields: tuple[str, ...]) -> bool:
-    return any(key.startswith(f) if f.endswith((".", "_")) else key == f for f in fields)
-
-
-def _empty(value: Any) -> bool:
-    return value is None or value == [] or value == {}
+def _unread(cfg: RootConfig) -> tuple[set[str], tuple[str, ...]]:
+    """The fields of every rule that does not hold for ``cfg``: the exact names, and the prefixes
+    (ending in "." or "_") whose every field it covers."""
+    fields = {f for applies, rule_fields in rules() if not _holds(applies, cfg) for f in rule_fields}
+    prefixes = tuple(sorted(f for f in fields if f.endswith((".", "_"))))
+    return fields.difference(prefixes), prefixes
 
 
 def applicable_params(cfg: RootConfig) -> dict[str, Any]:
     """The flattened public config (``section.key`` -> value) without the fields this run never
-    reads (:func:`rules`) and without unset or empty values."""
-    flat = flatten(public_config(cfg))
-    all_rules = rules()
-    out = {}
-    for key, value in flat.items():
-        if _empty(value):
-            continue
-        if any(_governed(key, fields) and not _holds(applies, cfg) for applies, fields in all_rules):
-            continue
-        out[key] = value
-    return out
+    reads (:func:`rules`) and without unset or empty values (:attr:`ConfigRecord.params`)."""
+    return ConfigRecord.from_config(cfg).params
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """What a run's MLflow record takes from its config, read once (:meth:`from_config`).
+
+    ``uri``: the tracking URI as given (credentials included: the record redacts what it shows);
+    ``public``: the resolved config with credentials redacted (``config.yaml``, beside the model and
+    the checkpoints); ``params``: the fields this run reads, flattened (:func:`applicable_params`);
+    ``datasets``: its training and validation inputs (orchestrator/record/datasets.py)."""
+
+    uri: str
+    experiment: str
+    run_name: str | None
+    outage_timeout_s: float
+    register_model: str | None
+    register_pick: str
+    public: dict[str, Any]
+    params: dict[str, Any]
+    datasets: list[DatasetInput]
+
+    @classmethod
+    def from_config(cls, cfg: RootConfig) -> ConfigRecord:
+        tracking, (unread, prefixes) = cfg.tracking, _unread(cfg)
+        public = public_config(cfg)
+        flat = flatten(public)
+        return cls(
+            uri=tracking.resolved_uri(),
+            experiment=tracking.experiment,
+            public=public,
+            params={
+                key: value
+                for key, value in flat.items()
+                if value not in (None, [], {}) and key not in unread and not key.startswith(prefixes)
+            },
+            datasets=describe_data(cfg.data),
+            run_name=tracking.run_name,
+            outage_timeout_s=tracking.outage_timeout_s,
+            register_model=tracking.register_model,
+            register_pick=tracking.register_pick,
+        )

@@ -14,20 +14,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import mlflow
 import yaml
-from mlflow.entities import Param
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from orchestrator.config.schema import RootConfig, public_config
-from orchestrator.config.uris import mlflow_uri, redact_uri
-from orchestrator.record.checkpoint_models import linked_metrics
-from orchestrator.record.datasets import describe_data, log_datasets
+from orchestrator.config.uris import mlflow_uri, redact_text, redact_uri
+from orchestrator.record.checkpoint_models import CheckpointModels, linked_metrics
+from orchestrator.record.cost import Cost
+from orchestrator.record.datasets import log_datasets
 from orchestrator.record.history import earlier_timeline
 from orchestrator.record.model_log import ModelLogger
-from orchestrator.record.params import applicable_params
+from orchestrator.record.note import changes, describe
+from orchestrator.record.params import ConfigRecord
 from orchestrator.record.plots import RunPlots
 from orchestrator.record.run_writer import (
     RunWriter,
@@ -38,6 +40,7 @@ from orchestrator.record.series import SeriesCompressor
 from orchestrator.record.system_metrics import DriverSystemMetrics
 from orchestrator.record.timeline import Timeline
 from orchestrator.record.ui import experiment_id
+from trainers.link import metrics as M
 from trainers.link import tags as T
 
 HOLD_S = 5.0  # a held point of a piecewise metric is logged at least this often, so the MLflow UI stays current
@@ -87,55 +90,50 @@ class RunTracker:
 
     def __init__(
         self,
-        cfg: RootConfig,
+        record: ConfigRecord,
         run_id: str | None = None,
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
         warn: Callable[[str], None] | None = None,
     ):
-
-        self.uri = cfg.tracking.resolved_uri()
+        """Open the MLflow run (``run_id``: reopen it) with what ``record`` read of the config once
+        (orchestrator/record/params.py); a new run logs its params, ``config.yaml`` and datasets."""
+        self.uri = record.uri
         seen_by_mlflow = mlflow_uri(self.uri)  # never a password (MLflow prints its URI)
         mlflow.set_tracking_uri(seen_by_mlflow)
         client = MlflowClient(seen_by_mlflow)
         bound_http_requests(seen_by_mlflow)
         if run_id is None:
             # artifacts beside the store; MLflow's UI opens it in the model-training view
-            self.experiment_id = experiment_id(client, self.uri, cfg.tracking.experiment)
+            self.experiment_id = experiment_id(client, self.uri, record.experiment)
             all_tags = {**source_tags(), **(tags or {})}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
-            run = client.create_run(self.experiment_id, run_name=cfg.tracking.run_name, tags=all_tags)
+            run = client.create_run(self.experiment_id, run_name=record.run_name, tags=all_tags)
         else:
             run = client.get_run(run_id)
             self.experiment_id = run.info.experiment_id
+        self.record = record
         self.series = SeriesCompressor()
-        # (metric, step) -> (value, ms) of the rows an earlier driver of a resumed run logged that a
-        # checkpoint's LoggedModel links to (orchestrator/record/checkpoint_models.py): the same rows
-        self.earlier_rows: dict[tuple[str, int], tuple[float, int]] = {}
         self.client, self.run_id = client, run.info.run_id
         # warn: where the outage's lines go (under the progress bar while one shows)
-        self.writer = RunWriter(client, self.run_id, self.uri, cfg.tracking.outage_timeout_s, warn)
+        self.writer = RunWriter(client, self.run_id, self.uri, record.outage_timeout_s, warn)
+        # the LoggedModels of the run's checkpoints (their linked rows after the writer's buffered ones)
+        self.checkpoints = CheckpointModels(client, self.run_id, self.experiment_id, flush=self.writer.flush)
         # a search's trial samples its own machine only (its study's trials share the nodes)
         self.system = DriverSystemMetrics(run.info.run_id, seen_by_mlflow, nodes=parent_run_id is None)
         self.writer.on_back = self.system.revive  # its thread ended at the outage's first failed call
         self._released = time.monotonic()  # the held points were last logged (HOLD_S)
-        if run_id is None:
-            self._log_config(cfg)
-        else:
+        if run_id is not None:
             self._load_history()
-
-    # -- config ------------------------------------------------------------------------
-
-    def _log_config(self, cfg: RootConfig) -> None:
-
-        resolved = public_config(cfg)  # credentials in the tracking URI are never logged
-        # the params a reviewer compares: only the fields this run reads; config.yaml has them all
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(applicable_params(cfg).items())]
+            return
+        # a new run: the params a reviewer compares (only the fields this run reads), the whole
+        # config as config.yaml (credentials in the tracking URI never logged), "Datasets used"
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(record.params.items())]
         for i in range(0, len(params), 90):
-            self.client.log_batch(self.run_id, params=params[i : i + 90])
-        self.log_text(yaml.safe_dump(resolved, sort_keys=False), "config.yaml")
-        log_datasets(self.client, self.run_id, describe_data(cfg.data))  # "Datasets used": training, validation
+            client.log_batch(self.run_id, params=params[i : i + 90])
+        client.log_text(self.run_id, yaml.safe_dump(record.public, sort_keys=False), "config.yaml")
+        log_datasets(client, self.run_id, record.datasets)
 
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
@@ -164,12 +162,13 @@ class RunTracker:
 
     @property
     def lost(self) -> bool:
-        """The store stayed away too long: nothing more is written, and :meth:`end` leaves the run as it is."""
+        """The store stayed away too long: nothing more is written, and :meth:`end` leaves the run as
+        it is.  Set by the driver that found the store gone itself."""
         return self.writer.lost
 
-    def mark_lost(self) -> None:
-        """The store is gone (the driver found out itself): write nothing more."""
-        self.writer.lost = True
+    @lost.setter
+    def lost(self, gone: bool) -> None:
+        self.writer.lost = gone
 
     # -- metrics -----------------------------------------------------------------------
 
@@ -178,25 +177,26 @@ class RunTracker:
         run = self.client.get_run(self.run_id)
         history = {key: self.client.get_metric_history(self.run_id, key) for key in run.data.metrics}
         self.series.restore({key: [(m.step, m.value) for m in rows] for key, rows in history.items()})
+        earlier = self.checkpoints.earlier_rows
         for key in linked_metrics(dict.fromkeys(history, 0.0)):
             for m in history[key]:
-                self.earlier_rows.setdefault((key, m.step), (m.value, m.timestamp))
+                earlier.setdefault((key, m.step), (m.value, m.timestamp))
 
     def log_metrics(self, records: list[tuple], flush: bool = False) -> None:
         """Log per-step records ``(step, metrics, time)``: the points that keep each series exact
         (:class:`~orchestrator.record.series.SeriesCompressor`; a held point at least every :data:`HOLD_S`
-        and at the end, :meth:`release_held`), each row stamped with when its step ran (without a
+        and at the end), each row stamped with when its step ran (without a
         time, when it is logged).  Rows are written about every
         :data:`~orchestrator.record.run_writer.FLUSH_S` (or now, with ``flush``); :attr:`written_upto`
         says up to which step every record is written."""
         self.writer.cover(records)
         self.writer.add_points(self.series.add(records, time.time()))
         if time.monotonic() - self._released >= HOLD_S:
-            self.release_held()
+            self._release_held()
         elif flush or self.writer.due():
             self.writer.flush()
 
-    def release_held(self) -> None:
+    def _release_held(self) -> None:
         """Log every piecewise metric's newest point and write every row (the UI catches up; at
         the end of a run)."""
         self._released = time.monotonic()
@@ -226,12 +226,8 @@ class RunTracker:
 
     def await_store(self) -> TrackingLost | None:
         """At the end of training: every held point, then wait (bounded) for the store to take it all."""
-        self.release_held()
+        self._release_held()
         return self.writer.await_store()
-
-    def unrecorded(self) -> tuple[int, int, int | None]:
-        """What the store does not hold: (step records, metric values, the first such step)."""
-        return self.writer.unrecorded()
 
     def lost_message(self, lost: TrackingLost, stopped_at: int, checkpoints: str, resume: str) -> str:
         """One line for a run whose tracking store stayed away (:meth:`RunWriter.lost_message`)."""
@@ -239,27 +235,34 @@ class RunTracker:
 
     # -- artifacts -----------------------------------------------------------------------
 
-    def log_plots(self) -> None:
-        RunPlots(self.client, self.run_id).curves(self.series.history)
-
     def log_timeline(self, timeline: Any) -> None:
         """``timeline.json`` and ``plots/timeline.png`` (:meth:`RunPlots.timeline`)."""
         RunPlots(self.client, self.run_id).timeline(timeline)
 
-    def _models(self) -> ModelLogger:
-        return ModelLogger(self.client, self.run_id, self.experiment_id, self.set_tags)
-
-    def log_model(
+    def log_final_model(
         self,
-        model_state: dict[str, Any],
-        cfg: RootConfig,
-        functions: dict[str, Any] | None = None,
+        state: dict[str, Any] | None,
+        build: Callable[[], Any],
+        resizes: int,
         register: str | None = None,
         warn: Any = print,
     ) -> tuple[str | None, str | None]:
-        """The final weights and the MLflow model at the newest step; its URI and registered version
-        (:meth:`ModelLogger.log`)."""
-        return self._models().log(model_state, cfg, functions, register, warn, step=max(self.newest_step, 0))
+        """A run that reached its planned end: no earlier driver's failure on it, its final worker
+        count and its ``resizes`` as tags, its curves, and its final model: the weights ``state``
+        (its newest checkpoint's) and the MLflow model at the newest step, rebuilt by ``build``
+        (:func:`~orchestrator.record.model_log.seeded_workload`), registered under ``register`` or
+        ``tracking.register_model`` (:meth:`ModelLogger.log`).  Its URI and registered version."""
+        if T.FAILURE in self.client.get_run(self.run_id).data.tags:
+            self.client.delete_tag(self.run_id, T.FAILURE)
+        self.set_tags({T.FINAL_WORKERS: int(self.last_value(M.WORKERS, 0)), T.RESIZES: resizes})
+        RunPlots(self.client, self.run_id).curves(self.series.history)
+        if state is None:
+            return None, None
+        record = self.record
+        models = ModelLogger(self.client, self.run_id, self.experiment_id, self.set_tags)
+        register = register or record.register_model
+        step = max(self.newest_step, 0)
+        return models.log(state, build, record.public, register, record.register_pick, warn, step=step)
 
     # -- training starts on this driver ----------------------------------------------------------
 
@@ -272,16 +275,67 @@ class RunTracker:
 
     # -- the run's status ------------------------------------------------------------------------
 
-    def clear_failure(self) -> None:
-        """A run that reached its planned end no longer carries an earlier driver's failure."""
-        if T.FAILURE in self.client.get_run(self.run_id).data.tags:
-            self.client.delete_tag(self.run_id, T.FAILURE)
-
-    def end(self, status: str = "FINISHED") -> None:
+    def end(
+        self,
+        status: str = "FINISHED",
+        failure: dict[str, str] | None = None,
+        texts: dict[str, str] | None = None,
+        cost: Cost | None = None,
+        resumes: int = 0,
+    ) -> None:
         """Close the run with ``status``; a run whose store stayed away (:attr:`lost`) is left as it
-        is (RUNNING), for ``resume`` to go on with."""
+        is (RUNNING), for ``resume`` to go on with.
+
+        First what the end leaves, each write tried alone (the run still ends with its status where
+        one fails: a store on a full disk): ``failure`` (its one line as a tag: ``elastic.failure``,
+        or a drain of the driver's node's own) with ``texts`` (artifact name -> text: a traceback,
+        redacted); with ``cost`` (the driver's end), what the run cost (every driver's groups,
+        orchestrator/record/cost.py: ``cost/worker_seconds``, and ``cost/gpu_seconds`` where workers
+        held GPUs, at the last step) and the run's description (orchestrator/record/note.py: its
+        B and W, its ``resumes``)."""
+        if failure:
+            with suppress(Exception):
+                self.set_tags(failure)
+                for name, text in (texts or {}).items():
+                    self.log_text(redact_text(text), name)
+        if cost is not None:
+            self._log_cost(cost)
         self.system.stop(lost=self.writer.lost)
         if self.writer.lost:
             return
-        self.release_held()
+        with suppress(Exception):  # a description must never fail a run (a store that does not answer)
+            self._release_held()  # the newest point of every piecewise series, B and W included
+            if cost is not None:
+                history = self.series.history
+                resizes = len(changes(history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
+                note = describe(self.record.public, history, status, resizes=resizes, resumes=resumes, cost=cost)
+                self.set_tags({T.NOTE: note})
+        self._release_held()
         self.writer.close(status)
+
+    def _log_cost(self, cost: Cost) -> None:
+        """The run's cost as rows at the last step; a later driver that ends at the same step (a resume
+        with nothing left to train) logs its total at the next free step: no (metric, step) twice."""
+        if self.writer.lost:  # nothing reaches the store now
+            return
+        with suppress(Exception):
+            step, ms = cost_step(self.series.history), int(time.time() * 1000)
+            rows = [Metric(M.COST_WORKER_SECONDS, cost.worker_s, ms, step)]
+            if cost.gpu_s:
+                rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
+            self.log_rows(rows)
+
+
+def logged_steps(history: dict[str, list[tuple[int, float]]]) -> int:
+    """The newest step whose training loss is logged."""
+    return max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0)
+
+
+def cost_step(history: dict[str, list[tuple[int, float]]]) -> int:
+    """The step the run's cost is logged at: the last trained one, or past the steps an earlier
+    driver of the run already logged its cost at."""
+    step = logged_steps(history)
+    taken = {s for key in (M.COST_WORKER_SECONDS, M.COST_GPU_SECONDS) for s, _ in history.get(key, [])}
+    while step in taken:
+        step += 1
+    return step

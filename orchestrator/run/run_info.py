@@ -12,6 +12,7 @@ loadable checkpoint, and a run whose driver is still alive (or already resumed) 
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import logging
@@ -24,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError, RootConfig, public_config
+from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.config.uris import REDACTED, absolute_tracking_uri, has_credentials, mlflow_uri, redact_uri
 from trainers.errors import one_line
 from trainers.link import tags as T
@@ -42,11 +43,12 @@ def run_folder(storage_path: str, train_run_name: str) -> str:
     return join(resolve(storage_path), train_run_name)
 
 
-def write_run_info(folder: str, run_id: str, tracking_uri: str, cfg: RootConfig) -> None:
+def write_run_info(folder: str, run_id: str, tracking_uri: str, public: dict[str, Any]) -> None:
     """Beside the checkpoints, in the run's ``folder`` (:func:`run_folder`), atomically: what
-    ``resume`` needs to find MLflow run ``run_id`` in ``tracking_uri`` again."""
-    config = public_config(cfg)
-    config["checkpoint"]["storage_path"] = resolve(cfg.checkpoint.storage_path)
+    ``resume`` needs to find MLflow run ``run_id`` in ``tracking_uri`` again, and the run's
+    ``public`` config (``schema.public_config``) with its storage path resolved."""
+    config = copy.deepcopy(public)
+    config["checkpoint"]["storage_path"] = resolve(config["checkpoint"]["storage_path"])
     uri = absolute_tracking_uri(tracking_uri)
     config["tracking"]["uri"] = redact_uri(uri)
     info = {"run_id": run_id, "tracking_uri": redact_uri(uri), "config": config}

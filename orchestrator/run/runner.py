@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any
 
 import ray
-from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -32,19 +31,18 @@ from orchestrator.config.code import runtime_env
 from orchestrator.config.feasibility import check_feasible
 from orchestrator.config.schema import ConfigError, RootConfig, ScalingConfig
 from orchestrator.config.uris import redact_text
-from orchestrator.record.cost import Cost
 from orchestrator.record.history import drain_saver, holds_saver, resize_saver
 from orchestrator.record.listeners import RecordsCallback, TimelineListener
-from orchestrator.record.note import changes, describe
+from orchestrator.record.model_log import seeded_workload
+from orchestrator.record.params import ConfigRecord
 from orchestrator.record.progress_bar import Progress
-from orchestrator.record.run_tracker import RunTracker, TrackingLost
+from orchestrator.record.run_tracker import RunTracker, TrackingLost, logged_steps
 from orchestrator.record.run_writer import short_error, unavailable
 from orchestrator.run.autoscaling import NodeSupply
 from orchestrator.run.cluster_limits import ClusterLimits, read_limits
 from orchestrator.run.outcome import (
     TRACEBACK_ARTIFACT,
     DriverFailed,
-    Ending,
     Finished,
     Interrupted,
     Outcome,
@@ -174,13 +172,20 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     opts = RunOptions(**options)
     launched = opts.t_launched or time.time()
     t0 = opts.t_invoked or launched
+    # a cluster that can never hold the run is refused before anything else starts
     started_ray, limits = _start_ray(
         cfg.tracking.resolved_uri(), runtime_env(cfg), cfg.scaling, opts.verbose, opts.own_ray
     )
+    # the rest of the config read once, into what each part takes: the MLflow record, the groups'
+    # plan, the nodes asked of an autoscaling cluster (none for a search's trial: the cluster keeps
+    # one request, which one trial's would replace another's), the final model rebuilt to be logged
+    record, plan = ConfigRecord.from_config(cfg), GroupPlan.from_config(cfg, opts.functions)
+    nodes = NodeSupply(cfg.scaling, limits, ahead=partial(workers_ahead, cfg)) if opts.parent_run_id is None else None
+    model = partial(seeded_workload, cfg, opts.functions)
     ray_up = time.time()
     try:
         # the MLflow run exists from here: every way out closes it
-        driver = _Driver(cfg, opts, t0, limits, (launched, ray_up))
+        driver = _Driver(record, plan, opts, t0, nodes, model, (launched, ray_up))
         try:
             driver.open()
             end = driver.close(driver.runner.run())
@@ -228,24 +233,32 @@ def _start_ray(
 
 class _Driver:
     """This driver's part of one training run, from the creation (or reopening) of its MLflow run
-    to its end: :meth:`open`, then the runner's loop, :meth:`close`, :meth:`end`."""
+    to its end: :meth:`open`, then the runner's loop, :meth:`close`, :meth:`end`.  It never sees the
+    config: what each part takes of it was read once by :func:`run_training`."""
 
     def __init__(
         self,
-        cfg: RootConfig,
+        record: ConfigRecord,
+        plan: GroupPlan,
         opts: RunOptions,
         t0: float,
-        limits: ClusterLimits | None = None,
+        nodes: NodeSupply | None = None,
+        model: Callable[[], Any] | None = None,
         marks: tuple[float, float] | None = None,
     ) -> None:
-        self.cfg, self.opts, self.t0 = cfg, opts, t0
+        self.plan, self.opts, self.t0 = plan, opts, t0
+        self.nodes = nodes or NodeSupply()  # the run's requests to an autoscaling cluster (none: a search's trial)
+        self.build_model = model  # the final model's workload, rebuilt on the driver (record/model_log.py)
         self.marks = marks or (None, None)  # when training was called, when Ray was up (RunSummary.start)
-        self.limits = limits or ClusterLimits()
         # no total until the workers' PhaseStart says how many samples their training set holds
         self.progress = Progress(None, enabled=opts.progress)
         # the tracking server's "does not answer" lines go under the bar, not through it
         self.tracker = RunTracker(
-            cfg, run_id=opts.resume_run_id, parent_run_id=opts.parent_run_id, tags=opts.tags, warn=self.progress.write
+            record,
+            run_id=opts.resume_run_id,
+            parent_run_id=opts.parent_run_id,
+            tags=opts.tags,
+            warn=self.progress.write,
         )
         self.resume = Resume(self.tracker.run_id, self.tracker.uri, from_python=bool(opts.functions))
         self.lock = opts.driver_lock
@@ -256,7 +269,7 @@ class _Driver:
     def open(self) -> None:
         """Before training: what the run brings (read once), the runner built on it, the tags that
         find the run again, the driver lock, ``elastic_run.json``."""
-        cfg, opts, tracker = self.cfg, self.opts, self.tracker
+        opts, tracker = self.opts, self.tracker
         start = read_start(tracker, self.t0, resumed=opts.resume_run_id is not None)
         progress = self.progress
         self.timeline = TimelineListener(
@@ -268,14 +281,14 @@ class _Driver:
         wanted = opts.on_records is not None or opts.on_event is not None
         listeners = [RecordsCallback(opts.on_records, opts.on_event)] if wanted else []
         self.runner = runner = PhaseRunner(
-            GroupPlan.from_config(cfg, opts.functions),
+            self.plan,
             tracker,
             start,
             progress,
             [*listeners, self.timeline],
             poll_s=opts.poll_s,
             judged=opts.judged,
-            nodes=self._node_supply(),
+            nodes=self.nodes,
         )
         names = runner.names
         tracker.start(resumed=start.resumed)
@@ -290,51 +303,14 @@ class _Driver:
         self.lock = self.lock or DriverLock(names.folder).acquire(tracker.run_id)
         if start.resumed:  # no other driver of the run is alive: its groups' reservations in Ray are stale
             release(start.ray_train_runs)
-        write_run_info(names.folder, tracker.run_id, tracker.uri, cfg)
+        write_run_info(names.folder, tracker.run_id, tracker.uri, tracker.record.public)
         if opts.on_start:
             opts.on_start(runner)
-
-    def _node_supply(self) -> NodeSupply:
-        """The run's requests to an autoscaling cluster (orchestrator/run/autoscaling.py); none for a
-        search's trial: the cluster keeps one request, which one trial's would replace another's."""
-        if self.opts.parent_run_id is not None:
-            return NodeSupply()
-        return NodeSupply(self.cfg.scaling, self.limits, ahead=partial(workers_ahead, self.cfg))
-
-    def close(self, end: Outcome) -> Outcome:
-        """After training: what is left to record for ``end`` (the records held back, the timeline;
-        a run that finished or stopped: its plots and final model).  A tracking server that is away
-        now and stays away ends the run TrackingGone instead."""
-        if isinstance(end, (TrackingGone, RayTrainFailed)):
-            return end
-        lost = self.tracker.await_store()  # every held point; a server away at the end: wait for it, bounded
-        if lost is not None:
-            return self.runner.tracking_gone(lost)
-        self.timeline.timeline.holds.close_open(time.time())  # a group called off and not waited for
-        self.tracker.log_timeline(self.timeline.timeline)
-        if isinstance(end, (Finished, Stopped)):
-            self._log_final_model()
-        return end
-
-    def _log_final_model(self) -> None:
-        """A run that finished or stopped: no earlier driver's failure on it, its final workers and
-        resizes as tags, its plots and its newest checkpoint's model."""
-        tracker, names, warn = self.tracker, self.runner.names, self.progress.write
-        tracker.clear_failure()
-        tracker.set_tags(
-            {T.FINAL_WORKERS: int(tracker.last_value(M.WORKERS, 0)), T.RESIZES: len(self.timeline.timeline.resizes)}
-        )
-        tracker.log_plots()
-        payload = load_newest_checkpoint(names.storage_path, names.train_run_name, "cpu", warn=warn)
-        if payload is not None:
-            self.model = tracker.log_model(
-                payload["model"], self.cfg, self.opts.functions, self.opts.register_model, warn=warn
-            )
 
     def interrupted(self) -> Interrupted:
         """Ctrl-C or SIGTERM: where the run stopped (the runner stopped its group at a checkpoint)."""
         newest = self.runner.names.newest_checkpoint_step() if self.runner is not None else None
-        return Interrupted(steps=_logged_steps(self.tracker.history), checkpoint=newest)
+        return Interrupted(steps=logged_steps(self.tracker.history), checkpoint=newest)
 
     def failed(self, e: Exception) -> Outcome:
         """The end an exception brought: the tracking server gone while the run was closed (its
@@ -344,7 +320,7 @@ class _Driver:
         if runner is None:
             return DriverFailed(e)
         if _tracking_gone(e):
-            self.tracker.mark_lost()
+            self.tracker.lost = True
             return runner.tracking_gone(
                 TrackingLost(
                     f"the tracking server {redact_text(self.tracker.uri)} stopped answering while the run was being "
@@ -360,63 +336,57 @@ class _Driver:
             )
         return DriverFailed(e)
 
+    def close(self, end: Outcome) -> Outcome:
+        """After training: what is left to record for ``end`` (the records held back, the timeline;
+        a run that finished or stopped: its plots and final model, orchestrator/record/run_end.py).
+        A tracking server that is away now and stays away ends the run TrackingGone instead."""
+        if isinstance(end, (TrackingGone, RayTrainFailed)):
+            return end
+        tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
+        lost = tracker.await_store()  # every held point; a server away at the end: wait for it, bounded
+        if lost is not None:
+            return runner.tracking_gone(lost)
+        timeline.holds.close_open(time.time())  # a group called off and not waited for
+        tracker.log_timeline(timeline)
+        if isinstance(end, (Finished, Stopped)):
+            warn, names = self.progress.write, runner.names
+            payload = load_newest_checkpoint(names.storage_path, names.train_run_name, "cpu", warn=warn)
+            state = payload["model"] if payload is not None else None
+            resizes, register = len(timeline.resizes), self.opts.register_model
+            self.model = tracker.log_final_model(state, self.build_model, resizes, register, warn=warn)
+        return end
+
     def end(self, end: Outcome) -> RunSummary:
-        """Close the MLflow run as ``end`` says (orchestrator/run/outcome.py), release the driver lock,
-        and sum the run up."""
+        """Close the MLflow run as ``end`` says (orchestrator/run/outcome.py; what the end leaves:
+        orchestrator/record/run_end.py), release the driver lock, and sum the run up."""
         said = ending(end, self.resume)
-        timeline = self.timeline.timeline
+        tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
         timeline.holds.close_open(time.time())  # the groups this driver still holds end now
+        cost = timeline.cost()
+        if not tracker.lost:  # the holds, for a resume (they make its cost)
+            with suppress(Exception):
+                self.timeline.save_holds()
         try:
-            self._record_end(end, said, timeline.cost())
-            self.tracker.end(said.status)
+            tracker.end(
+                said.status,
+                failure={said.tag: said.message} if said.message is not None else None,
+                texts={TRACEBACK_ARTIFACT: said.traceback} if said.message and said.traceback else None,
+                cost=cost,
+                resumes=runner.names.resumes if runner is not None else 0,
+            )
         except Exception:  # the store is on the full disk, or gone: the message says so
             if not isinstance(end, (OutOfStorage, TrackingGone)):
                 raise
         finally:
             if self.lock is not None:
                 self.lock.release()
-        return self._summary(end, said)
-
-    def _record_end(self, end: Outcome, said: Ending, cost: Cost) -> None:
-        """What the end leaves on the MLflow run: the failure (tag ``elastic.failure``, any traceback
-        as an artifact), what the run cost (orchestrator/record/cost.py: every driver's groups; the
-        holds saved, for a resume, and ``cost/worker_seconds``, ``cost/gpu_seconds`` where workers
-        held GPUs, at the last step) and the run's description (orchestrator/record/note.py).  Each
-        is tried alone: the run still ends with its status (a store on a full disk)."""
-        tracker = self.tracker
-        if said.message is not None:
-            with suppress(Exception):
-                tracker.set_tags({said.tag: said.message})  # a drain of the driver's node: not a failure
-                if said.traceback is not None:
-                    tracker.log_text(redact_text(said.traceback), TRACEBACK_ARTIFACT)
-        if not (isinstance(end, TrackingGone) or tracker.lost):  # else nothing reaches the store now
-            with suppress(Exception):
-                self.timeline.save_holds()
-                # as rows, at the last step; a later driver that ends at the same step (a resume with
-                # nothing left to train) logs its total at the next free step: no (metric, step) twice
-                step, ms = _cost_step(tracker.history), int(time.time() * 1000)
-                rows = [Metric(M.COST_WORKER_SECONDS, cost.worker_s, ms, step)]
-                if cost.gpu_s:
-                    rows.append(Metric(M.COST_GPU_SECONDS, cost.gpu_s, ms, step))
-                tracker.log_rows(rows)
-        with suppress(Exception):  # a description must never fail a run (a store that does not answer)
-            tracker.release_held()  # the newest point of every piecewise series, B and W included
-            history = tracker.history
-            resizes = len(changes(history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
-            resumes = self.runner.names.resumes if self.runner is not None else 0
-            note = describe(self.cfg, history, said.status, resizes=resizes, resumes=resumes, cost=cost)
-            tracker.set_tags({T.NOTE: note})
-
-    def _summary(self, end: Outcome, said: Ending) -> RunSummary:
-        tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
         history = tracker.history
-        cost = timeline.cost()
         summary = RunSummary(
             run_id=tracker.run_id,
             tracking_uri=tracker.uri,
             experiment_id=tracker.experiment_id,
             status=said.status,
-            steps=_logged_steps(history),
+            steps=logged_steps(history),
             wall_s=time.time() - self.t0,
             final=final_metrics(history),
             error=said.message,
@@ -452,21 +422,6 @@ def read_start(tracker: RunTracker, t0: float, resumed: bool) -> RunStart:
         tags=dict(tags),
         timeline=timeline,
     )
-
-
-def _logged_steps(history: dict[str, list[tuple[int, float]]]) -> int:
-    """The newest step whose training loss is logged."""
-    return max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0)
-
-
-def _cost_step(history: dict[str, list[tuple[int, float]]]) -> int:
-    """The step the run's cost is logged at: the last trained one, or past the steps an earlier
-    driver of the run already logged its cost at."""
-    step = _logged_steps(history)
-    taken = {s for key in (M.COST_WORKER_SECONDS, M.COST_GPU_SECONDS) for s, _ in history.get(key, [])}
-    while step in taken:
-        step += 1
-    return step
 
 
 def open_tracking_store(uri: str) -> None:

@@ -185,12 +185,12 @@ def test_a_half_written_checkpoint_is_ignored_and_cleaned_up_by_the_next_save(s3
 
 
 def test_run_info_in_a_bucket_is_found_by_its_folder(s3_server, bucket, tmp_path, monkeypatch):
-    from orchestrator.config.schema import validate
+    from orchestrator.config.schema import public_config, validate
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = validate({"checkpoint": {"storage_path": bucket + "/"}, "tracking": {"uri": uri}})
-    write_run_info(f"{bucket}/elastic-abc", "abc", uri, cfg)
+    write_run_info(f"{bucket}/elastic-abc", "abc", uri, public_config(cfg))
     info = read_run_info(f"{bucket}/elastic-abc")
     assert info["run_id"] == "abc" and info["config"]["checkpoint"]["storage_path"] == bucket
     run_id, found_uri, config = find_run(f"{bucket}/elastic-abc/")
@@ -367,11 +367,14 @@ def test_checkpoints_in_a_bucket_are_logged_models_that_refer_to_it(s3_server, b
 
     from orchestrator.config.schema import validate
     from orchestrator.record.listeners import TrackingListener
+    from orchestrator.record.params import ConfigRecord
     from orchestrator.record.run_tracker import RunTracker
     from trainers.link.messages import CheckpointSaved
     from trainers.link.tags import CHECKPOINT_PRUNED, CHECKPOINT_URI
 
-    tracker = RunTracker(validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "s3"}}))
+    tracker = RunTracker(
+        ConfigRecord.from_config(validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "s3"}}))
+    )
     listener = TrackingListener(tracker)
     m = _manager(bucket, _Box(), keep=2)
     for step in (10, 20, 30):

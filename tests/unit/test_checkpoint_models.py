@@ -6,12 +6,15 @@ search_logged_models, a pruned one tagged, and a store that does not answer leav
 from __future__ import annotations
 
 import os
+from functools import partial
 
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config.schema import validate
-from orchestrator.record.checkpoint_models import MODEL_TYPE, CheckpointModels, ranked_models
+from orchestrator.record.checkpoint_models import MODEL_TYPE, ranked_models
 from orchestrator.record.listeners import TrackingListener
+from orchestrator.record.model_log import seeded_workload
+from orchestrator.record.params import ConfigRecord
 from orchestrator.record.run_tracker import RunTracker
 from trainers.link.messages import CheckpointSaved
 from trainers.link.tags import CHECKPOINT_PRUNED, CHECKPOINT_STEP, CHECKPOINT_URI
@@ -28,7 +31,7 @@ def _record(step: int) -> tuple:
 
 def _run(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "ckpt"}})
-    tracker = RunTracker(cfg)
+    tracker = RunTracker(ConfigRecord.from_config(cfg))
     listener = TrackingListener(tracker)
     paths = {}
     for step in range(1, 16):
@@ -77,19 +80,19 @@ def test_the_best_checkpoint_by_a_validation_metric(tmp_path):
 
 def test_a_store_that_does_not_answer_leaves_the_checkpoint_for_later(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "ckpt"}})
-    tracker = RunTracker(cfg)
-    models = CheckpointModels(tracker)
+    tracker = RunTracker(ConfigRecord.from_config(cfg))
+    models = tracker.checkpoints  # the run's, as its TrackingListener holds it
     models.seen([_record(5)])
-    real = tracker.client
+    real = models.client
 
     class Away:
         def __getattr__(self, name):
             raise ConnectionError("the tracking server does not answer")
 
-    tracker.client = Away()
+    models.client = Away()
     models.saved(5, str(tmp_path / "c5"))
     assert models.pending == [(5, str(tmp_path / "c5"))] and not models.logged
-    tracker.client = real
+    models.client = real
     models.seen([_record(10)])
     models.saved(10, str(tmp_path / "c10"))  # back: both logged, each once
     assert not models.pending and sorted(models.logged) == [5, 10]
@@ -112,7 +115,7 @@ def test_register_best_logs_the_best_checkpoints_weights_and_registers_them(tmp_
             "tracking": {"uri": uri, "experiment": "best", "register_pick": "best"},
         }
     )
-    tracker = RunTracker(cfg)
+    tracker = RunTracker(ConfigRecord.from_config(cfg))
     listener = TrackingListener(tracker)
     states = {}
     for step in (5, 10, 15):
@@ -124,7 +127,9 @@ def test_register_best_logs_the_best_checkpoints_weights_and_registers_them(tmp_
         listener.on_event(CheckpointSaved(step=step, path=path))
     listener.on_records([(16, {"train/loss": 0.1, "val/loss": 0.7}, 1016.0)])  # the final model: worse than step 10
     listener.close()
-    model_uri, version = tracker.log_model(states[15], cfg, register="digits-best", warn=print)
+    model_uri, version = tracker.log_final_model(
+        states[15], partial(seeded_workload, cfg), 0, "digits-best", warn=print
+    )
     tracker.end()
     assert version == "digits-best/1"
     registered = MlflowClient(uri).get_model_version("digits-best", "1")

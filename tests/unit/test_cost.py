@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from orchestrator.config.schema import public_config
 from orchestrator.record.cost import Cost, Hold, Holds, cost_of, split
 from orchestrator.record.listeners import TimelineListener
 from orchestrator.record.note import describe
@@ -161,12 +162,12 @@ def test_the_summary_table_and_the_description_say_what_the_run_cost(tmp_path):
     lines = format_table(tl.rows()).splitlines()
     assert lines[0].split() == ["steps", "B", "W", "samples", "wall_s", "worker-s", "gpu-s", "resize_latency_s"]
     assert lines[2].split() == ["1-60", "32", "2", "1920", "59.0", "123.0", "123.0"]
-    cfg = make_config(tmp_path, "sqlite:///x.db")
+    config = public_config(make_config(tmp_path, "sqlite:///x.db"))
     history = {"train/loss": [(1, 2.0), (60, 1.0)]}
     assert "\n- cost: 123 worker-seconds, 123 GPU-seconds (1 stretch)" in describe(
-        cfg, history, "FINISHED", cost=tl.cost()
+        config, history, "FINISHED", cost=tl.cost()
     )
-    assert "cost" not in describe(cfg, history, "FINISHED", cost=Cost())
+    assert "cost" not in describe(config, history, "FINISHED", cost=Cost())
     assert Cost(1234.4, 0.0, 4).line() == "1,234 worker-seconds (4 stretches)"
 
 
@@ -201,9 +202,9 @@ def test_a_resume_that_ends_at_the_same_step_logs_its_cost_at_the_next_free_step
     """The cost rows go at the last trained step; a later driver that ends at a step an earlier one
     already logged its cost at (a resume with nothing left to train) takes the next free one, so
     no (metric, step) is logged twice and the newest row is the run's whole cost."""
-    from orchestrator.run.runner import _cost_step
+    from orchestrator.record.run_tracker import cost_step
 
-    assert _cost_step({"train/loss": [(1, 2.0), (58, 0.5)]}) == 58
+    assert cost_step({"train/loss": [(1, 2.0), (58, 0.5)]}) == 58
     earlier = {"train/loss": [(58, 0.5)], "cost/worker_seconds": [(30, 9.0), (58, 21.0)]}
-    assert _cost_step(earlier) == 59
-    assert _cost_step({**earlier, "cost/gpu_seconds": [(59, 3.0)]}) == 60
+    assert cost_step(earlier) == 59
+    assert cost_step({**earlier, "cost/gpu_seconds": [(59, 3.0)]}) == 60

@@ -10,13 +10,14 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config.schema import validate
 from orchestrator.record.datasets import clean_source, dataset_input, describe_data
+from orchestrator.record.params import ConfigRecord
 from orchestrator.record.run_tracker import RunTracker
 
 
 def _inputs(tmp_path, data: dict) -> list[tuple[str, str, str, str, str]]:
     """(context, name, digest, source_type, source uri) of a new run's dataset inputs."""
     cfg = validate({"data": data, "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "d"}})
-    tracker = RunTracker(cfg)
+    tracker = RunTracker(ConfigRecord.from_config(cfg))
     run = MlflowClient(tracker.client.tracking_uri).get_run(tracker.run_id)
     out = []
     for di in run.inputs.dataset_inputs:
@@ -74,7 +75,10 @@ def test_a_dataset_another_run_created_meanwhile_is_linked_on_the_next_try(tmp_p
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = validate({"tracking": {"uri": uri, "experiment": "d"}})
-    first, second = RunTracker(cfg), RunTracker(cfg)  # two trials of one study, both logged digits
+    first, second = (
+        RunTracker(ConfigRecord.from_config(cfg)),
+        RunTracker(ConfigRecord.from_config(cfg)),
+    )  # two trials of one study, both logged digits
     client = second.client
     calls = []
 

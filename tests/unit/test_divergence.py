@@ -150,6 +150,7 @@ def test_stop_is_the_default_and_a_rollback_needs_a_checkpoint(tmp_path):
 
 
 def test_each_rollback_is_an_mlflow_point_a_tag_and_a_printed_line():
+    from orchestrator.record.checkpoint_models import CheckpointModels
     from orchestrator.record.listeners import ProgressListener, TrackingListener
     from trainers.link.messages import RolledBack
 
@@ -165,6 +166,7 @@ def test_each_rollback_is_an_mlflow_point_a_tag_and_a_printed_line():
 
         def __init__(self):
             self.client, self.tags = Client(), {}
+            self.checkpoints = CheckpointModels(self.client, self.run_id, "0")
 
         def set_tags(self, tags):
             self.tags.update(tags)

@@ -12,6 +12,7 @@ from orchestrator.record.history import (
     earlier_timeline,
     resize_saver,
 )
+from orchestrator.record.params import ConfigRecord
 from orchestrator.record.run_tracker import RunTracker
 
 
@@ -39,7 +40,7 @@ RESIZE = {
 
 def test_a_killed_drivers_stretches_and_resizes_read_back_exactly(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    killed = RunTracker(cfg)
+    killed = RunTracker(ConfigRecord.from_config(cfg))
     killed.log_metrics([_rec(s, 32, 1, 100.0 + s) for s in range(1, 46)])
     killed.log_metrics([_rec(46, 64, 2, 155.0)])  # the resized group's first step
     resize_saver(killed.log_text, print)([RESIZE])
@@ -61,7 +62,7 @@ def test_a_killed_drivers_stretches_and_resizes_read_back_exactly(tmp_path):
 
 def test_a_run_without_resizes_or_steps_reads_back_empty(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    tr = RunTracker(cfg)
+    tr = RunTracker(ConfigRecord.from_config(cfg))
     assert earlier_resizes(tr.client, tr.run_id) == [] and earlier_timeline(tr.client, tr.run_id).rows() == []
     assert earlier_drains(tr.client, tr.run_id) == [] and earlier_timeline(tr.client, tr.run_id).drains == []
     assert RESIZES_ARTIFACT.startswith("timeline/")
@@ -75,7 +76,7 @@ def test_a_killed_drivers_holds_come_back_with_its_timeline_and_its_open_group_e
     from orchestrator.record.history import holds_saver
 
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    killed = RunTracker(cfg)
+    killed = RunTracker(ConfigRecord.from_config(cfg))
     killed.log_metrics([_rec(s, 32, 1, 100.0 + s) for s in range(1, 46)])
     killed.log_metrics([_rec(46, 64, 2, 155.0), _rec(47, 64, 2, 156.0)])
     holds = Holds()
@@ -100,7 +101,7 @@ def test_a_drained_drivers_drain_rows_come_back_in_the_resumed_runs_timeline(tmp
     from orchestrator.record.listeners import TimelineListener
 
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    killed = RunTracker(cfg)
+    killed = RunTracker(ConfigRecord.from_config(cfg))
     first = TimelineListener(on_drain=drain_saver(killed.log_text, print))
     records = [_rec(s, 48, 3, 100.0 + s) for s in range(1, 41)]
     first.on_records(records)
@@ -138,7 +139,7 @@ def test_a_resumed_runs_timeline_table_replaces_the_earlier_drivers_one(tmp_path
     from orchestrator.record.timeline import Timeline
 
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    tracker = RunTracker(cfg)
+    tracker = RunTracker(ConfigRecord.from_config(cfg))
     client = MlflowClient(cfg.tracking.uri)
     for upto in (40, 90):  # the first driver's timeline, then the resumed run's, which holds it
         timeline = Timeline()

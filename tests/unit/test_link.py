@@ -157,6 +157,7 @@ def test_meter_without_time_based_pushes_and_with_an_empty_window():
 def test_listeners_log_and_print_what_the_runner_did_before():
     """MLflow and the progress bar as listeners: the same metrics, tags and lines as the runner's
     own branches wrote before (orchestrator/record/listeners.py)."""
+    from orchestrator.record.checkpoint_models import CheckpointModels
     from orchestrator.record.events import (
         GroupRestarted,
         OverlapFellBack,
@@ -172,6 +173,7 @@ def test_listeners_log_and_print_what_the_runner_did_before():
             self.metrics: list = []
             self.tags: dict = {}
             self.history: dict = {}  # what RunTracker keeps of the logged points
+            self.checkpoints = CheckpointModels(None, "r", "0")  # the run's checkpoints' models (none here)
 
         def log_metrics(self, records, flush=False):
             self.metrics.extend(records)
@@ -237,6 +239,7 @@ def test_listeners_log_and_print_what_the_runner_did_before():
 def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_what_failed():
     """A resumed driver's warnings, quarantined checkpoints and resize counts add to the earlier
     drivers' (a tag is rewritten whole); a user's error is a line, a quarantine a tag."""
+    from orchestrator.record.checkpoint_models import CheckpointModels
     from orchestrator.record.events import ResizeCalledOff
     from orchestrator.record.listeners import ProgressListener, TrackingListener
 
@@ -244,6 +247,7 @@ def test_a_resumed_runs_listeners_go_on_from_the_earlier_drivers_tags_and_say_wh
         def __init__(self) -> None:
             self.tags: dict = {}
             self.history: dict = {}  # nothing trained (RunTracker.history)
+            self.checkpoints = CheckpointModels(None, "r", "0")
 
         def set_tags(self, tags):
             self.tags.update(tags)

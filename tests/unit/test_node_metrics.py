@@ -95,11 +95,12 @@ def test_the_sampler_takes_mlflows_figures_of_this_machine():
 
 def test_a_search_trial_samples_its_own_machine_only(tmp_path):
     from orchestrator.config.schema import validate
+    from orchestrator.record.params import ConfigRecord
     from orchestrator.record.run_tracker import RunTracker
 
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    parent = RunTracker(cfg)
-    trial = RunTracker(cfg, parent_run_id=parent.run_id)
+    parent = RunTracker(ConfigRecord.from_config(cfg))
+    trial = RunTracker(ConfigRecord.from_config(cfg), parent_run_id=parent.run_id)
     assert parent.system.sample_nodes and not trial.system.sample_nodes
     assert trial.system.start_nodes() is False and trial.system.nodes is None
     trial.end()

@@ -1,5 +1,6 @@
 """orchestrator/record/note.py: the run's description in MLflow."""
 
+from orchestrator.config.schema import public_config
 from orchestrator.record.note import changes, describe, series_line
 from tests.helpers import make_config
 from trainers.link import metrics as M
@@ -24,7 +25,7 @@ def test_the_description_says_what_was_trained_and_how_b_and_w_changed(tmp_path)
         M.BATCH_GLOBAL: [(1, 32.0), (99, 32.0), (100, 64.0), (300, 64.0)],
         M.WORKERS: [(1, 1.0), (99, 1.0), (100, 2.0), (300, 2.0)],
     }
-    text = describe(cfg, history, "FINISHED", resizes=1, resumes=1)
+    text = describe(public_config(cfg), history, "FINISHED", resizes=1, resumes=1)
     assert text.startswith("**mlp** on **digits**: 300 steps, 3 of 3 epochs (finished, resumed 1 time)")
     assert "\n- val/accuracy **0.92**, train/loss 0.08\n" in text  # the validation result leads
     assert "B 32 -> 64 at step 100; W 1 -> 2 at step 100 (1 resize of the worker group)" in text

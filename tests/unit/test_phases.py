@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.record.checkpoint_models import CheckpointModels
 from orchestrator.record.progress_bar import Progress
 from orchestrator.run.monitor import MonitorState
 from orchestrator.run.outcome import CapacityLost, Finished, RayTrainFailed
@@ -27,6 +28,7 @@ class FakeTracker:
         self.tags: dict[str, Any] = {}
         # what the runner reads of what is logged (orchestrator/record/run_tracker.py)
         self.written_upto, self.newest_step, self.history = -1, -1, {}
+        self.checkpoints = CheckpointModels(None, self.run_id, "0")  # no store: a checkpoint's model stays pending
 
     def log_metrics(self, records, flush: bool = False) -> None:
         self.metrics.extend(records)

@@ -264,7 +264,8 @@ def test_the_driver_starts_a_factorys_bar_without_a_total_and_without_calling_th
     calls: list = []
     cfg, functions = _factory_config(tmp_path, calls)
     monkeypatch.setattr(runner, "RunTracker", NoTracker)
-    driver = runner._Driver(cfg, runner.RunOptions(functions=functions), t0=0.0)
+    record, plan = runner.ConfigRecord.from_config(cfg), runner.GroupPlan.from_config(cfg, functions)
+    driver = runner._Driver(record, plan, runner.RunOptions(functions=functions), t0=0.0)
     bar = driver.progress.bar
     driver.progress.update([(3, {M.SAMPLES_SEEN: 96.0, M.BATCH_GLOBAL: 32.0, M.WORKERS: 1.0}, 1.0)])
     assert calls == [] and bar.total is None and driver.progress.eta.total is None

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from orchestrator.config.schema import ConfigError, validate
+from orchestrator.config.schema import ConfigError, public_config, validate
 from orchestrator.config.uris import absolute_tracking_uri, redact_uri
 from orchestrator.run.run_info import (
     RUN_INFO,
@@ -43,7 +43,7 @@ def test_run_info_holds_absolute_locations_and_no_credentials(tmp_path, monkeypa
         {"checkpoint": {"storage_path": "ray_runs"}, "tracking": {"uri": "postgresql://alice:s3cret@db/mlflow"}}
     )
     folder = run_folder(str(tmp_path / "ray_runs"), "elastic-r1")
-    write_run_info(folder, "r1", "postgresql://alice:s3cret@db/mlflow", cfg)
+    write_run_info(folder, "r1", "postgresql://alice:s3cret@db/mlflow", public_config(cfg))
     text = open(os.path.join(folder, RUN_INFO)).read()
     assert "s3cret" not in text
     info = json.loads(text)
@@ -59,7 +59,9 @@ def test_run_info_holds_absolute_locations_and_no_credentials(tmp_path, monkeypa
 def test_a_relative_store_is_pinned_to_an_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = validate({"tracking": {"uri": "sqlite:///mlflow.db"}})
-    write_run_info(run_folder(str(tmp_path / "ray_runs"), "elastic-r1"), "r1", "sqlite:///mlflow.db", cfg)
+    write_run_info(
+        run_folder(str(tmp_path / "ray_runs"), "elastic-r1"), "r1", "sqlite:///mlflow.db", public_config(cfg)
+    )
     info = read_run_info(run_folder(str(tmp_path / "ray_runs"), "elastic-r1"))
     assert info["tracking_uri"] == absolute_tracking_uri("sqlite:///mlflow.db") == f"sqlite:///{tmp_path}/mlflow.db"
 

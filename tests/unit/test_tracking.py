@@ -11,13 +11,14 @@ import pytest
 import orchestrator.record.run_tracker as tracking
 import orchestrator.record.run_writer as run_writer
 from orchestrator.config.schema import validate
+from orchestrator.record.params import ConfigRecord
 from orchestrator.record.run_tracker import RunTracker
 from tests.helpers import dense_series, metric_series
 
 
 def _tracker(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t"}})
-    return RunTracker(cfg), cfg.tracking.uri
+    return RunTracker(ConfigRecord.from_config(cfg)), cfg.tracking.uri
 
 
 def test_stepwise_metrics_are_logged_at_changes_and_plateau_ends(tmp_path):
@@ -38,7 +39,7 @@ def test_a_resumed_tracker_logs_nothing_twice(tmp_path):
     tr.log_metrics([(s, {"workers": 2.0, "train/loss": 0.5}) for s in range(1, 5)])
     tr.end()
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
-    again = RunTracker(cfg, run_id=tr.run_id)
+    again = RunTracker(ConfigRecord.from_config(cfg), run_id=tr.run_id)
     again.log_metrics([(s, {"workers": 2.0 if s < 6 else 4.0, "train/loss": 0.5}) for s in range(3, 8)])
     again.end()
     assert metric_series(uri, tr.run_id, "workers") == [(1, 2.0), (4, 2.0), (5, 2.0), (6, 4.0), (7, 4.0)]
@@ -112,7 +113,7 @@ def test_a_resumed_driver_continues_piecewise_series_exactly(tmp_path):
     assert pending == [[9, records[8][1], records[8][2]]]
     # The driver is killed: steps 2..9 were held, never logged.  The resumed run restores step 9.
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
-    again = RunTracker(cfg, run_id=tr.run_id)
+    again = RunTracker(ConfigRecord.from_config(cfg), run_id=tr.run_id)
     again.log_metrics([tuple(r) for r in pending] + records[9:])
     again.end()
     assert dense_series(uri, tr.run_id, "samples_seen") == list(enumerate(seen, start=1))
@@ -174,7 +175,7 @@ def test_rows_are_written_in_batches_and_only_written_steps_are_acknowledged(tmp
     rep.receive(PushAnswer(acked=tr.writer.written_upto))
     assert [r[0] for r in rep.pending()] == [7, 8, 9]  # unwritten: they ride in the next checkpoint
     cfg = validate({"tracking": {"uri": uri, "experiment": "t"}})
-    again = RunTracker(cfg, run_id=tr.run_id)
+    again = RunTracker(ConfigRecord.from_config(cfg), run_id=tr.run_id)
     again.log_metrics([tuple(r) for r in rep.pending()] + records[9:])
     again.end()
     assert metric_series(uri, tr.run_id, "train/loss") == [(s, 1.0 / s) for s in range(1, 13)]
@@ -224,7 +225,7 @@ def _watched(tmp_path, monkeypatch, timeout_s=300.0):
     cfg = validate(
         {"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "t", "outage_timeout_s": timeout_s}}
     )
-    tr = RunTracker(cfg)
+    tr = RunTracker(ConfigRecord.from_config(cfg))
     tr.client = tr.writer.client = _Outage(tr.client)  # every write goes through the writer
     said = []
     tr.writer.warn = said.append
@@ -242,7 +243,7 @@ def test_an_outage_keeps_every_record_and_tag_until_the_store_answers(tmp_path, 
     tr.log_metrics(records[20:25], flush=True)
     assert tr.writer.written_upto == 10  # rank 0 keeps steps 11.. in its checkpoints
     assert tr.writer.outage is not None and tr.outage_expired() is None
-    assert tr.unrecorded() == (15, 30, 11)
+    assert tr.writer.unrecorded() == (15, 30, 11)
     assert len(said) == 1 and "does not answer" in said[0] and "ConnectionError" in said[0]
     tr.client.down = False
     tr.log_metrics(records[25:], flush=True)
