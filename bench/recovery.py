@@ -157,9 +157,10 @@ def first_at(tmp: str, workers: int, after: float) -> float | None:
     return next((t for _, w, t in steps(tmp, "workers") if int(w) == workers and t > after), None)
 
 
-def measure(cluster, nodes: list, tmp: str, a: argparse.Namespace) -> tuple:
+def measure(cluster, nodes: list, tmp: str, a: argparse.Namespace, again: bool = True) -> tuple:
     """One run: its cold start, its resume after a lost node, its return to the full W (seconds),
-    the lost node's pause and steps redone, and the drained node's pause and steps redone."""
+    the lost node's pause and steps redone, and the drained node's pause and steps redone.  ``again``:
+    a node is added back at the end for the next repeat."""
     workers = a.nodes
     path = os.path.join(tmp, "cfg.yaml")
     with open(path, "w") as f:
@@ -206,7 +207,8 @@ def measure(cluster, nodes: list, tmp: str, a: argparse.Namespace) -> tuple:
             print(f"warning: the run left the drained node only after its {a.notice_s} s deadline", file=sys.stderr)
         time.sleep(max(0.0, noticed + a.notice_s - time.time()))
         cluster.remove_node(victim, allow_graceful=False)  # the cloud takes the node at the deadline
-        nodes.append(cluster.add_node(num_cpus=1))  # the next repeat's W
+        if again:
+            nodes.append(cluster.add_node(num_cpus=1))  # the next repeat's W
         return (first - launched, resumed - lost, grown - back, *lost_pause, *drained)
     finally:
         p.send_signal(signal.SIGTERM)  # the run stops at its next push (KILLED in MLflow)
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         nodes = [cluster.add_node(num_cpus=1) for _ in range(a.nodes)]
         cluster.wait_for_nodes()
         for i in range(a.repeats):
-            rows.append(measure(cluster, nodes, scratch_dir(), a))
+            rows.append(measure(cluster, nodes, scratch_dir(), a, again=i + 1 < a.repeats))
             cold, resume, grow, lp, lr, dp, dr = rows[-1]
             print(
                 f"repeat {i + 1}: cold start {cold:.1f} s, resume after a lost node {resume:.1f} s, "
