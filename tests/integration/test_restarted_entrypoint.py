@@ -115,9 +115,14 @@ def test_a_restarted_entrypoint_with_its_key_goes_on_with_its_own_run(ray_cluste
     # driver is paused (SIGSTOP) near the end: its workers go on to the planned end and write the
     # finished checkpoint, and the SIGTERM then reaches the driver before it can close the run. Past a
     # paused driver the workers train on for only so long (about 190 steps seen once under load, when
-    # this paused 200 steps before the end): 100 leaves room both ways
+    # this paused 200 steps before the end): 100 leaves room both ways. Until 150 steps before the end
+    # the run trains without the brake (those steps are not the scenario: ~50 s under it); it is back
+    # 50 steps before the pause (the test looks every 20 ms; a step at full speed takes milliseconds)
     second = start()
+    brake.unlink()
     near = STEPS - 100
+    _wait_for(second, lambda: max(_ckpt_steps(f"{runs}/elastic-{run_id}*")) >= near - 50, f"step {near - 50}", 0.02)
+    brake.touch()
     _wait_for(second, lambda: max(_ckpt_steps(f"{runs}/elastic-{run_id}*")) >= near, f"step {near}", 0.02)
     os.kill(second.pid, signal.SIGSTOP)
     brake.unlink()  # the workers run on at full speed to the planned end
