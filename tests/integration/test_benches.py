@@ -8,9 +8,9 @@ that starts its own local Ray, exits 0, and prints its summary line(s) ``key=<nu
 finite number.  The figures of a quick run are not checked against any aim: on a small
 problem and a shared machine they only show that the benchmark still measures something.
 
-They are marked ``bench`` and left out of ``make test`` (about 14 minutes of it on a quiet 2-core
-machine, one at a time: side by side the time-sliced ones starve); ``make bench-check`` runs them, and
-``.ci/run`` runs both.
+They are marked ``bench`` and left out of ``make test`` (13 minutes quiet on a 2-core machine before
+the last cuts to the quick forms, 20.5 under load after them: docs/benchmarks.md; one at a time: side by side the
+time-sliced ones starve); ``make bench-check`` runs them, and ``.ci/run`` runs both.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ SUMMARY = {
     "search": ("steps_ratio", "gap_points"),
     "time_to_target": ("steps_ratio", "tokens_ratio", "goodput_wall_ratio", "cost_ratio"),
 }
-# At least twice each quick form's time here beside a `make test` (2026-11-28): autoscale 240 s (two fake
-# clusters, each run stopped by 150 s), byo 330 (four local Rays beside time-sliced loops), overhead 135, recovery
-# 115 (a 3-node cluster), the rest under 105 s (quiet: about half of that).
+# At least twice each quick form's time here beside a `make test` (2026-11-28): autoscale 240 s before its cuts
+# (two fake clusters; 127-162 s under load since they run side by side), byo 330 (four local Rays beside
+# time-sliced loops), overhead 135, recovery 115 (a 3-node cluster), the rest under 140 s (quiet: about half).
 TIMEOUT_S = {
     "autoscale": 660,
     "checkpoint": 120,
