@@ -43,18 +43,30 @@ def linked_metrics(metrics: dict[str, float]) -> dict[str, float]:
 class CheckpointModels:
     """The LoggedModels of one run's checkpoints, logged as the driver hears of each.
 
-    ``client``, ``run_id``, ``experiment_id``: the run's (its :class:`~orchestrator.record.run_tracker.RunTracker`
-    builds this); ``flush``: writes the run's buffered rows (its writer's), called before a
-    checkpoint's linked rows.  :meth:`seen` keeps the newest steps' metrics (a checkpoint's event
+    ``client``, ``run_id``, ``experiment_id``: the run's (its
+    :class:`~orchestrator.record.run_tracker.RunTracker` builds this); ``flush``: writes the run's
+    buffered rows (its writer's), called before a checkpoint's linked rows; ``earlier``: a resumed
+    run's logged rows, by metric.  :meth:`seen` keeps the newest steps' metrics (a checkpoint's event
     follows its step's record); :meth:`saved` logs a checkpoint.  A store that does not answer leaves
     it pending: tried again at the next checkpoint and at :meth:`close`."""
 
-    def __init__(self, client: Any, run_id: str, experiment_id: str, flush: Callable[[], Any] = lambda: None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        experiment_id: str,
+        flush: Callable[[], Any] = lambda: None,
+        earlier: dict[str, list[Any]] | None = None,
+    ) -> None:
         self.client, self.run_id, self.experiment_id = client, run_id, experiment_id
         self.flush_rows = flush
-        # (metric, step) -> (value, ms) of the rows an earlier driver of a resumed run logged that a
-        # checkpoint's LoggedModel links to: the same rows (RunTracker fills it when it reopens the run)
+        # (metric, step) -> (value, ms) of the rows an earlier driver of a resumed run logged
+        # (``earlier``: its MLflow rows by metric) that a checkpoint's LoggedModel links to: the same rows
         self.earlier_rows: dict[tuple[str, int], tuple[float, int]] = {}
+        rows = earlier or {}
+        for key in linked_metrics(dict.fromkeys(rows, 0.0)):
+            for m in rows[key]:
+                self.earlier_rows.setdefault((key, m.step), (m.value, m.timestamp))
         self.recent: dict[int, tuple[dict[str, float], float]] = {}  # step -> (linked metrics, time)
         self.pending: list[tuple[int, str]] = []  # (step, path) not logged yet
         self.logged: dict[int, tuple[str, str]] = {}  # step -> (model_id, path)

@@ -28,6 +28,12 @@ HOLDS_ARTIFACT = "timeline/holds.json"
 DRAINS_ARTIFACT = "timeline/drains.json"
 
 
+def logged_history(client: Any, run_id: str) -> dict[str, list[Any]]:
+    """Every metric a resumed run's earlier drivers logged: its MLflow rows (``Metric``), by key."""
+    run = client.get_run(run_id)
+    return {key: client.get_metric_history(run_id, key) for key in run.data.metrics}
+
+
 def _value_at(points: list[tuple[int, float]], step: int) -> float | None:
     """The value at ``step`` of a step-wise series logged where it changes (its first and last
     step at each value): that of its newest point at or before ``step``; None before its first."""

@@ -22,11 +22,11 @@ import yaml
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from orchestrator.config.uris import mlflow_uri, redact_text, redact_uri
-from orchestrator.record.checkpoint_models import CheckpointModels, linked_metrics
+from orchestrator.config.uris import experiment_artifact_location, mlflow_uri, redact_text, redact_uri
+from orchestrator.record.checkpoint_models import CheckpointModels
 from orchestrator.record.cost import Cost
 from orchestrator.record.datasets import log_datasets
-from orchestrator.record.history import earlier_timeline
+from orchestrator.record.history import earlier_timeline, logged_history
 from orchestrator.record.model_log import ModelLogger
 from orchestrator.record.note import changes, describe
 from orchestrator.record.params import ConfigRecord
@@ -39,7 +39,7 @@ from orchestrator.record.run_writer import (
 from orchestrator.record.series import SeriesCompressor
 from orchestrator.record.system_metrics import DriverSystemMetrics
 from orchestrator.record.timeline import Timeline
-from orchestrator.record.ui import experiment_id
+from orchestrator.record.ui import open_experiment
 from trainers.link import metrics as M
 from trainers.link import tags as T
 
@@ -100,12 +100,14 @@ class RunTracker:
         (orchestrator/record/params.py); a new run logs its params, ``config.yaml`` and datasets."""
         self.uri = record.uri
         seen_by_mlflow = mlflow_uri(self.uri)  # never a password (MLflow prints its URI)
+        # a new experiment's artifacts beside the store (not in ./mlruns of the current folder)
+        location = experiment_artifact_location(self.uri, record.experiment)
         mlflow.set_tracking_uri(seen_by_mlflow)
         client = MlflowClient(seen_by_mlflow)
         bound_http_requests(seen_by_mlflow)
         if run_id is None:
-            # artifacts beside the store; MLflow's UI opens it in the model-training view
-            self.experiment_id = experiment_id(client, self.uri, record.experiment)
+            # MLflow's UI opens it in the model-training view
+            self.experiment_id = open_experiment(client, record.experiment, location)
             all_tags = {**source_tags(), **(tags or {})}
             if parent_run_id:
                 all_tags["mlflow.parentRunId"] = parent_run_id
@@ -114,26 +116,27 @@ class RunTracker:
             run = client.get_run(run_id)
             self.experiment_id = run.info.experiment_id
         self.record = record
-        self.series = SeriesCompressor()
         self.client, self.run_id = client, run.info.run_id
+        if run_id is None:
+            # a new run: the params a reviewer compares (only the fields this run reads), the whole
+            # config as config.yaml (credentials in the tracking URI never logged), "Datasets used"
+            params = [Param(k, str(v)[:6000]) for k, v in sorted(record.params.items())]
+            for i in range(0, len(params), 90):
+                client.log_batch(self.run_id, params=params[i : i + 90])
+            client.log_text(self.run_id, yaml.safe_dump(record.public, sort_keys=False), "config.yaml")
+            log_datasets(client, self.run_id, record.datasets)
+        # a resumed run: what is already logged, so that nothing is logged twice
+        logged = logged_history(client, self.run_id) if run_id is not None else {}
+        self.series = SeriesCompressor()
+        self.series.restore({key: [(m.step, m.value) for m in rows] for key, rows in logged.items()})
         # warn: where the outage's lines go (under the progress bar while one shows)
         self.writer = RunWriter(client, self.run_id, self.uri, record.outage_timeout_s, warn)
         # the LoggedModels of the run's checkpoints (their linked rows after the writer's buffered ones)
-        self.checkpoints = CheckpointModels(client, self.run_id, self.experiment_id, flush=self.writer.flush)
+        self.checkpoints = CheckpointModels(client, self.run_id, self.experiment_id, self.writer.flush, logged)
         # a search's trial samples its own machine only (its study's trials share the nodes)
         self.system = DriverSystemMetrics(run.info.run_id, seen_by_mlflow, nodes=parent_run_id is None)
         self.writer.on_back = self.system.revive  # its thread ended at the outage's first failed call
         self._released = time.monotonic()  # the held points were last logged (HOLD_S)
-        if run_id is not None:
-            self._load_history()
-            return
-        # a new run: the params a reviewer compares (only the fields this run reads), the whole
-        # config as config.yaml (credentials in the tracking URI never logged), "Datasets used"
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(record.params.items())]
-        for i in range(0, len(params), 90):
-            client.log_batch(self.run_id, params=params[i : i + 90])
-        client.log_text(self.run_id, yaml.safe_dump(record.public, sort_keys=False), "config.yaml")
-        log_datasets(client, self.run_id, record.datasets)
 
     def log_text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
@@ -149,6 +152,11 @@ class RunTracker:
     def history(self) -> dict[str, list[tuple[int, float]]]:
         """Every metric's logged points so far, ``(step, value)`` by key (a resumed run's included)."""
         return self.series.history
+
+    @property
+    def trained_steps(self) -> int:
+        """The newest step whose training loss is logged (0: none; a resumed run's included)."""
+        return trained_steps(self.series.history)
 
     @property
     def newest_step(self) -> int:
@@ -171,16 +179,6 @@ class RunTracker:
         self.writer.lost = gone
 
     # -- metrics -----------------------------------------------------------------------
-
-    def _load_history(self) -> None:
-        """For a resumed run: what is already logged, so nothing is logged twice."""
-        run = self.client.get_run(self.run_id)
-        history = {key: self.client.get_metric_history(self.run_id, key) for key in run.data.metrics}
-        self.series.restore({key: [(m.step, m.value) for m in rows] for key, rows in history.items()})
-        earlier = self.checkpoints.earlier_rows
-        for key in linked_metrics(dict.fromkeys(history, 0.0)):
-            for m in history[key]:
-                earlier.setdefault((key, m.step), (m.value, m.timestamp))
 
     def log_metrics(self, records: list[tuple], flush: bool = False) -> None:
         """Log per-step records ``(step, metrics, time)``: the points that keep each series exact
@@ -326,15 +324,15 @@ class RunTracker:
             self.log_rows(rows)
 
 
-def logged_steps(history: dict[str, list[tuple[int, float]]]) -> int:
-    """The newest step whose training loss is logged."""
+def trained_steps(history: dict[str, list[tuple[int, float]]]) -> int:
+    """The newest step whose training loss is in ``history`` (0: none)."""
     return max((s for s, _ in history.get(M.TRAIN_LOSS, [])), default=0)
 
 
 def cost_step(history: dict[str, list[tuple[int, float]]]) -> int:
     """The step the run's cost is logged at: the last trained one, or past the steps an earlier
     driver of the run already logged its cost at."""
-    step = logged_steps(history)
+    step = trained_steps(history)
     taken = {s for key in (M.COST_WORKER_SECONDS, M.COST_GPU_SECONDS) for s, _ in history.get(key, [])}
     while step in taken:
         step += 1

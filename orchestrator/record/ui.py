@@ -86,12 +86,19 @@ def experiment_id(client: Any, tracking_uri: str, name: str) -> str:
     """The id of experiment ``name``, created if it does not exist yet with its artifacts where the
     store keeps them (beside a SQLite file, not in ``./mlruns`` of the current folder), and marked
     as a model-training one (:func:`mark_experiment`)."""
+    return open_experiment(client, name, experiment_artifact_location(tracking_uri, name))
+
+
+def open_experiment(client: Any, name: str, artifact_location: str | None) -> str:
+    """The id of experiment ``name``, created if it does not exist yet with its artifacts at
+    ``artifact_location`` (None: MLflow's choice; ``config.uris.experiment_artifact_location``), and
+    marked as a model-training one (:func:`mark_experiment`)."""
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            exp_id = client.create_experiment(name, artifact_location=experiment_artifact_location(tracking_uri, name))
+            exp_id = client.create_experiment(name, artifact_location=artifact_location)
         except MlflowException:  # created by another process (a search's trials) since the lookup
             exp = client.get_experiment_by_name(name)
             if exp is None:

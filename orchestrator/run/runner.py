@@ -36,7 +36,7 @@ from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.model_log import seeded_workload
 from orchestrator.record.params import ConfigRecord
 from orchestrator.record.progress_bar import Progress
-from orchestrator.record.run_tracker import RunTracker, TrackingLost, logged_steps
+from orchestrator.record.run_tracker import RunTracker, TrackingLost
 from orchestrator.record.run_writer import short_error, unavailable
 from orchestrator.run.autoscaling import NodeSupply
 from orchestrator.run.cluster_limits import ClusterLimits, read_limits
@@ -72,7 +72,6 @@ __all__ = [
     "RunOptions",
     "RunSummary",
     "ensure_ray",
-    "final_metrics",
     "find_run",
     "quiet_ray_env",
     "run_training",
@@ -133,6 +132,10 @@ class RunOptions:
     judged: Sequence[str] = ()  # metrics whose values the driver judges (a search trial's pruning)
 
 
+# the metrics whose last logged values a run's summary holds (RunSummary.final)
+FINAL_METRICS = (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH)
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped a run: its MLflow run ended KILLED with ``summary.error`` (how to
     continue it) as its ``elastic.failure`` tag; its checkpoints are kept."""
@@ -140,16 +143,6 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, summary: RunSummary) -> None:
         super().__init__(summary.error)
         self.summary = summary
-
-
-def final_metrics(history: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """The last value of each headline metric in a run's logged ``history`` (``RunTracker.history``)."""
-    out = {}
-    for key in (M.TRAIN_LOSS, M.VAL_LOSS, M.VAL_ACCURACY, M.VAL_PERPLEXITY, M.SAMPLES_SEEN, M.TOKENS_SEEN, M.EPOCH):
-        pts = history.get(key)
-        if pts:
-            out[key] = max(pts)[1]
-    return out
 
 
 def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
@@ -179,7 +172,8 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     # the rest of the config read once, into what each part takes: the MLflow record, the groups'
     # plan, the nodes asked of an autoscaling cluster (none for a search's trial: the cluster keeps
     # one request, which one trial's would replace another's), the final model rebuilt to be logged
-    record, plan = ConfigRecord.from_config(cfg), GroupPlan.from_config(cfg, opts.functions)
+    record = ConfigRecord.from_config(cfg)
+    plan = GroupPlan.from_config(cfg, opts.functions)
     nodes = NodeSupply(cfg.scaling, limits, ahead=partial(workers_ahead, cfg)) if opts.parent_run_id is None else None
     model = partial(seeded_workload, cfg, opts.functions)
     ray_up = time.time()
@@ -310,7 +304,7 @@ class _Driver:
     def interrupted(self) -> Interrupted:
         """Ctrl-C or SIGTERM: where the run stopped (the runner stopped its group at a checkpoint)."""
         newest = self.runner.names.newest_checkpoint_step() if self.runner is not None else None
-        return Interrupted(steps=logged_steps(self.tracker.history), checkpoint=newest)
+        return Interrupted(steps=self.tracker.trained_steps, checkpoint=newest)
 
     def failed(self, e: Exception) -> Outcome:
         """The end an exception brought: the tracking server gone while the run was closed (its
@@ -359,8 +353,9 @@ class _Driver:
     def end(self, end: Outcome) -> RunSummary:
         """Close the MLflow run as ``end`` says (orchestrator/run/outcome.py; what the end leaves:
         orchestrator/record/run_end.py), release the driver lock, and sum the run up."""
-        said = ending(end, self.resume)
         tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
+        steps = tracker.trained_steps  # the training loss is logged as it comes, never held back
+        said = ending(end, self.resume)
         timeline.holds.close_open(time.time())  # the groups this driver still holds end now
         cost = timeline.cost()
         if not tracker.lost:  # the holds, for a resume (they make its cost)
@@ -386,9 +381,9 @@ class _Driver:
             tracking_uri=tracker.uri,
             experiment_id=tracker.experiment_id,
             status=said.status,
-            steps=logged_steps(history),
+            steps=steps,
             wall_s=time.time() - self.t0,
-            final=final_metrics(history),
+            final={key: max(history[key])[1] for key in FINAL_METRICS if history.get(key)},
             error=said.message,
             phases=timeline.rows(),
             worker_seconds=cost.worker_s,

@@ -120,3 +120,18 @@ def test_the_new_batch_policies_log_their_own_fields():
         batch={"policy": "seesaw"}, schedule={"scaling_rule": "sqrt", "decay": "seesaw", "milestones": [0.5]}
     )
     assert seesaw["schedule.milestones"] == [0.5] and "schedule.decay_factor" in seesaw
+
+
+def test_the_record_keeps_the_stores_credentials_to_reach_it_and_logs_none():
+    """ConfigRecord (what the MLflow record takes from the config, read once): the tracking URI as
+    given, to reach the store; the public config and the params with the credentials redacted."""
+    from orchestrator.record.params import ConfigRecord
+
+    cfg = validate(
+        {"data": {"name": "digits"}, "model": {"name": "mlp"}, "tracking": {"uri": "postgresql://u:s3cret@db/ml"}}
+    )
+    record = ConfigRecord.from_config(cfg)
+    assert record.uri == "postgresql://u:s3cret@db/ml"
+    assert "s3cret" not in str(record.public) and "s3cret" not in str(record.params)
+    assert record.params == applicable_params(cfg) and record.params["data.name"] == "digits"
+    assert [d.tags[0].value for d in record.datasets] == ["training", "validation"]

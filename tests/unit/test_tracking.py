@@ -307,3 +307,71 @@ def test_a_real_client_to_a_closed_port_is_an_outage_and_each_call_is_bounded(mo
     with pytest.raises(Exception) as info:
         MlflowClient(uri).log_batch("r", metrics=[Metric("a", 1.0, 0, 1)])
     assert run_writer.unavailable(info.value)
+
+
+def test_what_the_end_leaves_is_written_before_the_status_and_the_cost_goes_past_an_earlier_drivers(tmp_path):
+    """RunTracker.end with the driver's end: the failure line as a tag, the traceback as an artifact
+    (credentials redacted), the cost at the last trained step (a resumed run whose earlier driver
+    logged its cost there: the next free one), the description, then the status."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.record.cost import Cost
+    from trainers.link import tags as T
+
+    first, uri = _tracker(tmp_path)
+    first.log_metrics([(s, {"train/loss": 1.0 / s, "workers": 2.0, "batch/global": 64.0}) for s in range(1, 11)])
+    first.end("KILLED", cost=Cost(5.0, 0.0, 1))
+    tr = RunTracker(first.record, run_id=first.run_id)  # a resume with nothing left to train
+    assert tr.trained_steps == 10
+    trace = "Traceback ...\nRuntimeError: s3://key:s3cret@bucket/x not found"
+    tr.end(
+        "FAILED",
+        failure={T.FAILURE: "the group failed"},
+        texts={"failure/traceback.txt": trace},
+        cost=Cost(42.0, 0.0, 1),
+        resumes=1,
+    )
+    client = MlflowClient(uri)
+    run = client.get_run(tr.run_id)
+    assert run.info.status == "FAILED" and run.data.tags[T.FAILURE] == "the group failed"
+    assert metric_series(uri, tr.run_id, "cost/worker_seconds") == [(10, 5.0), (11, 42.0)]
+    note = run.data.tags[T.NOTE]
+    assert "10 steps" in note and "resumed 1 time" in note and "W 2" in note and "- cost: 42 worker-seconds" in note
+    saved = client.download_artifacts(tr.run_id, "failure/traceback.txt", str(tmp_path))
+    with open(saved) as f:
+        text = f.read()
+    assert "RuntimeError" in text and "s3cret" not in text
+
+
+def test_a_plain_end_writes_no_description_and_a_lost_store_is_left_running(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from trainers.link import tags as T
+
+    tr, uri = _tracker(tmp_path)
+    tr.log_metrics([(1, {"train/loss": 1.0})])
+    tr.end()  # a test's or a tool's close: no cost, no description
+    run = MlflowClient(uri).get_run(tr.run_id)
+    assert run.info.status == "FINISHED" and T.NOTE not in run.data.tags
+    gone, _ = _tracker(tmp_path)
+    gone.lost = True  # the driver found the store gone itself: nothing more is written
+    gone.end("FAILED", failure={T.FAILURE: "never written"})
+    run = MlflowClient(uri).get_run(gone.run_id)
+    assert run.info.status == "RUNNING" and T.FAILURE not in run.data.tags
+
+
+def test_a_run_that_reached_its_end_loses_an_earlier_drivers_failure_and_gets_its_final_tags(tmp_path):
+    """RunTracker.log_final_model without weights to log (no checkpoint): the failure an earlier
+    driver left is cleared, the final worker count and the resizes are tagged, no model."""
+    from mlflow.tracking import MlflowClient
+
+    from trainers.link import tags as T
+
+    tr, uri = _tracker(tmp_path)
+    tr.set_tags({T.FAILURE: "an earlier driver's"})
+    tr.log_metrics([(s, {"train/loss": 1.0 / s, "workers": 3.0}) for s in range(1, 4)])
+    tr.flush(force=True)
+    assert tr.log_final_model(None, build=lambda: None, resizes=2) == (None, None)
+    tr.end()
+    tags = MlflowClient(uri).get_run(tr.run_id).data.tags
+    assert T.FAILURE not in tags and tags[T.FINAL_WORKERS] == "3" and tags[T.RESIZES] == "2"
