@@ -169,17 +169,18 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
     started_ray, limits = _start_ray(
         cfg.tracking.resolved_uri(), runtime_env(cfg), cfg.scaling, opts.verbose, opts.own_ray
     )
-    # the rest of the config read once, into what each part takes: the MLflow record, the groups'
-    # plan, the nodes asked of an autoscaling cluster (none for a search's trial: the cluster keeps
-    # one request, which one trial's would replace another's), the final model rebuilt to be logged
-    record = ConfigRecord.from_config(cfg)
-    plan = GroupPlan.from_config(cfg, opts.functions)
-    nodes = NodeSupply(cfg.scaling, limits, ahead=partial(workers_ahead, cfg)) if opts.parent_run_id is None else None
-    model = partial(seeded_workload, cfg, opts.functions)
     ray_up = time.time()
     try:
+        # the rest of the config read once, into what each part takes: the MLflow record, the groups'
+        # plan, the nodes asked of an autoscaling cluster (none for a search's trial: the cluster keeps
+        # one request, which one trial's would replace another's), the final model rebuilt to be logged
+        record = ConfigRecord.from_config(cfg)
+        plan = GroupPlan.from_config(cfg, opts.functions)
+        ahead = partial(workers_ahead, cfg)
+        nodes = NodeSupply(plan.scaling, limits, ahead=ahead) if opts.parent_run_id is None else None
+        build_model = partial(seeded_workload, cfg, opts.functions)
         # the MLflow run exists from here: every way out closes it
-        driver = _Driver(record, plan, opts, t0, nodes, model, (launched, ray_up))
+        driver = _Driver(record, plan, opts, t0, nodes, build_model, (launched, ray_up))
         try:
             driver.open()
             end = driver.close(driver.runner.run())
@@ -237,12 +238,12 @@ class _Driver:
         opts: RunOptions,
         t0: float,
         nodes: NodeSupply | None = None,
-        model: Callable[[], Any] | None = None,
+        build_model: Callable[[], Any] | None = None,
         marks: tuple[float, float] | None = None,
     ) -> None:
         self.plan, self.opts, self.t0 = plan, opts, t0
         self.nodes = nodes or NodeSupply()  # the run's requests to an autoscaling cluster (none: a search's trial)
-        self.build_model = model  # the final model's workload, rebuilt on the driver (record/model_log.py)
+        self.build_model = build_model  # the final model's workload, rebuilt on the driver (record/model_log.py)
         self.marks = marks or (None, None)  # when training was called, when Ray was up (RunSummary.start)
         # no total until the workers' PhaseStart says how many samples their training set holds
         self.progress = Progress(None, enabled=opts.progress)
@@ -427,17 +428,6 @@ def open_tracking_store(uri: str) -> None:
             MlflowClient(uri).search_experiments(max_results=1)
     except Exception:  # RunTracker reports a bad store with its own error
         pass
-
-
-def _infeasible(scaling: ScalingConfig, limits: ClusterLimits) -> str | None:
-    """What the cluster can never give this run's ``scaling`` (GPUs, workers x CPUs), counting what
-    an autoscaling cluster can grow to; None when it fits.  An autoscaling cluster whose limits
-    cannot be read is not refused: one line says which limits the run assumes."""
-    assumed = limits.assumed(scaling.at_most())
-    if assumed is not None:
-        print(f"note: {assumed}", file=sys.stderr, flush=True)
-        return None
-    return check_feasible(scaling, ray.cluster_resources(), limits.max_resources)
 
 
 def _tracking_gone(e: BaseException) -> bool:
