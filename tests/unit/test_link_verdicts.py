@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.run.monitor import MonitorState
 from trainers.link.channel import Channel
-from trainers.link.messages import PushAnswer
+from trainers.link.messages import PushAnswer, ResizeAnswer
 from trainers.link.runtime import Runtime
 
 
@@ -92,3 +92,73 @@ def test_every_rank_knows_which_steps_carry_a_judged_value():
     rt = Runtime(judged_metrics=["val/accuracy"])
     assert rt.judges({"val/accuracy": 0.5, "train/loss": 1.0}) and not rt.judges({"train/loss": 1.0})
     assert not Runtime().judges({"val/accuracy": 0.5})
+
+
+class GoneAfter(FakeMonitor):
+    """The monitor answers ``calls`` times, then is gone (its driver stopped without waiting)."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__(MonitorState(), lambda _: None)
+        self.left = calls
+
+    def answer(self, pending: Any) -> Any:
+        from trainers.link.channel import MonitorGone
+
+        if self.left <= 0:
+            raise MonitorGone("The actor died unexpectedly before finishing this task.")
+        self.left -= 1
+        return pending
+
+
+def test_a_monitor_gone_is_a_stop_and_the_channel_goes_quiet(capsys):
+    """A driver that stopped without waiting for its group kills the monitor while rank 0 pushes:
+    rank 0 stops at that push as if told to (the group ends at a checkpoint and returns; a failed
+    group is one Ray Train would start again for a driver that is no longer there), says so once,
+    and its later calls answer without the monitor; unconfirmed records stay for the checkpoint."""
+    ch = Channel(None, None, enabled=True, monitor=GoneAfter(calls=1))
+    ch.log(1, {"train/loss": 1.0})
+    assert ch.flush() is False  # sent; nothing pending to answer yet
+    ch.log(2, {"train/loss": 0.9})
+    assert ch.flush() is False  # the first push's answer came
+    ch.log(3, {"train/loss": 0.8})
+    assert ch.flush() is True  # the second push's answer: the monitor is gone
+    assert "the driver's monitor is gone" in capsys.readouterr().out
+    assert ch.flush(wait=True) is True  # the group's last push (Trainer.end) returns at once
+    assert ch.ask_resize(4, 64, 1) == ResizeAnswer()  # keep the group: it is stopping anyway
+    ch.handed_over(0, 4, "/ckpt")
+    assert [r[0] for r in ch.pending()] == [1, 2, 3]  # none confirmed (no driver drained them): kept
+    assert capsys.readouterr().out == ""  # said once
+
+
+def test_a_group_started_early_whose_monitor_is_gone_takes_no_handover():
+    ch = Channel(None, None, enabled=True, monitor=GoneAfter(calls=1))
+    assert ch.await_handover(1, poll_s=0.0) is None  # "ready" answered, then gone: called off
+    assert ch.flush() is True
+
+
+def test_ray_monitor_turns_a_dead_actor_into_monitor_gone():
+    """The product's seam (RayMonitor) raises MonitorGone for Ray's actor errors (ActorDiedError,
+    ActorUnavailableError: both RayActorError) and lets every other error through."""
+    from ray import exceptions as ray_exceptions
+
+    from trainers.link.channel import MonitorGone, RayMonitor
+
+    class FakeRay:
+        exceptions = ray_exceptions
+
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def get(self, pending: Any) -> Any:
+            raise self.error
+
+    mon = RayMonitor.__new__(RayMonitor)
+    mon._ray = FakeRay(ray_exceptions.ActorDiedError())
+    with pytest.raises(MonitorGone):
+        mon.answer(object())
+    mon._ray = FakeRay(ray_exceptions.ActorUnavailableError("unreachable", None))
+    with pytest.raises(MonitorGone):
+        mon.answer(object())
+    mon._ray = FakeRay(ValueError("a bug"))
+    with pytest.raises(ValueError):
+        mon.answer(object())

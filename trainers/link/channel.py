@@ -26,6 +26,11 @@ VERDICT_POLL_S = 0.02  # how often rank 0 asks for a verdict it waits for
 VERDICT_WAIT_S = 120.0  # the longest it waits for one (a driver that no longer answers: train on)
 
 
+class MonitorGone(Exception):
+    """The driver's monitor actor is gone: its driver stopped (it kills the monitor last, once it
+    stopped waiting for the group) or died.  Nothing will read this group's records again."""
+
+
 class MonitorCalls(Protocol):
     """How rank 0 reaches the monitor: the one seam between the channel and Ray (a unit test gives
     one that calls a ``MonitorState`` directly)."""
@@ -35,7 +40,8 @@ class MonitorCalls(Protocol):
         ...
 
     def answer(self, pending: Any) -> Any:
-        """Wait for the answer to a call :meth:`send` made."""
+        """Wait for the answer to a call :meth:`send` made; :class:`MonitorGone` when the monitor
+        is gone."""
         ...
 
 
@@ -52,7 +58,10 @@ class RayMonitor:
         return getattr(self._actor, method).remote(*args)
 
     def answer(self, pending: Any) -> Any:
-        return self._ray.get(pending)
+        try:
+            return self._ray.get(pending)
+        except self._ray.exceptions.RayActorError as e:  # died, or its node is unreachable
+            raise MonitorGone(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
 
 
 class Channel:
@@ -147,13 +156,16 @@ class Channel:
         return self._handover_to
 
     def flush(self, wait: bool = False) -> bool:
-        """Send what is buffered; return the latest stop decision known to rank 0."""
+        """Send what is buffered; return the latest stop decision known to rank 0 (a monitor that
+        is gone is a stop: :meth:`_answer`)."""
         monitor = self._monitor
         if monitor is None:
-            return False
+            return self._stop
         if self._pending is not None:
-            self.receive(monitor.answer(self._pending))
-            self._pending = None
+            answer, self._pending = self._answer(self._pending), None
+            if answer is None:
+                return self._stop
+            self.receive(answer)
         if self._system is not None and self._records and self._system.due():
             self._records[-1][1].update(self._system.sample())
         judged = max((s for s, m, _ in self._records if any(k in m for k in self._judged_metrics)), default=-1)
@@ -161,26 +173,48 @@ class Channel:
             self._pending = monitor.send("push", self._records, self._events)
             self._records, self._events = [], []
             if wait:
-                self.receive(monitor.answer(self._pending))
-                self._pending = None
+                answer, self._pending = self._answer(self._pending), None
+                if answer is None:
+                    return self._stop
+                self.receive(answer)
         if judged >= 0 and not wait:  # (a last push, wait=True, ends the group anyway)
             self._await_verdict()
             self._awaiting = judged
         return self._stop
 
+    def _answer(self, pending: Any, gone: Any = None) -> Any:
+        """The answer to ``pending``.  Where the monitor is gone (its driver stopped without waiting
+        for this group, or died), rank 0 stops here as the driver would have told it: the channel
+        closes (its later calls are no-ops), the loop ends at a checkpoint, and the group returns
+        instead of failing (Ray Train would restart a failed group for a driver that is no longer
+        there); ``gone`` is returned."""
+        monitor = self._monitor
+        if monitor is None:
+            return gone
+        try:
+            return monitor.answer(pending)
+        except MonitorGone as e:
+            print(f"[elastic] the driver's monitor is gone ({e}): this group stops at a checkpoint", flush=True)
+            self._monitor, self._system, self._pending, self._stop = None, None, None, True
+            self._records, self._events = [], []
+            return gone
+
     def _await_verdict(self) -> None:
         """Called at a push that carries a judged value: wait until the driver has judged the
         previous one (or stopped the run); the push just sent brings its answer first."""
-        monitor = self._monitor
         deadline = time.monotonic() + VERDICT_WAIT_S
         while not self._stop and self._judged < self._awaiting:
+            monitor = self._monitor
+            if monitor is None:
+                return
             if self._pending is None:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(VERDICT_POLL_S)
                 self._pending = monitor.send("push", [], [])
-            self.receive(monitor.answer(self._pending))
-            self._pending = None
+            answer, self._pending = self._answer(self._pending), None
+            if answer is not None:
+                self.receive(answer)
 
     # -- resizes ----------------------------------------------------------------------------------
 
@@ -197,28 +231,30 @@ class Channel:
         keep the group), and how; the samples training has left and its measured throughput let the
         driver judge whether a resize pays; ``inputs``: goodput's measurements
         (:class:`~trainers.policies.goodput.GoodputInputs`), whose answer may carry a new batch."""
+        self.flush()
         monitor = self._monitor
         if monitor is None:
             return ResizeAnswer()
-        self.flush()
-        return monitor.answer(
-            monitor.send("on_batch_change", step, batch_size, workers, remaining_samples, samples_per_s, inputs)
+        return self._answer(
+            monitor.send("on_batch_change", step, batch_size, workers, remaining_samples, samples_per_s, inputs),
+            ResizeAnswer(),
         )
 
     def handed_over(self, phase: int, step: int, path: str) -> None:
         """This group (of ``phase``) wrote its last checkpoint, at ``path``, and is ending."""
         monitor = self._monitor
         if monitor is not None:
-            monitor.answer(monitor.send("handed_over", phase, step, path))
+            self._answer(monitor.send("handed_over", phase, step, path))
 
     def await_handover(self, phase: int, poll_s: float = 0.02) -> str | None:
         """A new group started early: say it is ready, then wait for the old group's last
-        checkpoint; its path, or None when the resize was called off."""
+        checkpoint; its path, or None when the resize was called off (or the monitor is gone)."""
         monitor = self._monitor
         assert monitor is not None, "a group started early has a monitor"
-        monitor.answer(monitor.send("ready", phase))
-        while True:
-            answer: HandoverAnswer = monitor.answer(monitor.send("handover", phase))
-            if answer.decided:
+        self._answer(monitor.send("ready", phase))
+        while self._monitor is not None:
+            answer: HandoverAnswer | None = self._answer(monitor.send("handover", phase))
+            if answer is not None and answer.decided:
                 return answer.path
             time.sleep(poll_s)
+        return None
