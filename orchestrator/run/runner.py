@@ -333,7 +333,7 @@ class _Driver:
 
     def close(self, end: Outcome) -> Outcome:
         """After training: what is left to record for ``end`` (the records held back, the timeline;
-        a run that finished or stopped: its plots and final model, orchestrator/record/run_end.py).
+        a run that finished or stopped: its plots and final model, ``RunTracker.log_final_model``).
         A tracking server that is away now and stays away ends the run TrackingGone instead."""
         if isinstance(end, (TrackingGone, RayTrainFailed)):
             return end
@@ -353,7 +353,7 @@ class _Driver:
 
     def end(self, end: Outcome) -> RunSummary:
         """Close the MLflow run as ``end`` says (orchestrator/run/outcome.py; what the end leaves:
-        orchestrator/record/run_end.py), release the driver lock, and sum the run up."""
+        ``RunTracker.end``), release the driver lock, and sum the run up."""
         tracker, runner, timeline = self.tracker, self.runner, self.timeline.timeline
         steps = tracker.trained_steps  # the training loss is logged as it comes, never held back
         said = ending(end, self.resume)
