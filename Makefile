@@ -33,7 +33,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# every bench/*.py in its --quick form (tests/integration/test_benches.py): about 14 min here quiet, 23 beside
+# every bench/*.py in its --quick form (tests/integration/test_benches.py): about 13 min here quiet, 20-23 beside
 # a `make test` (docs/benchmarks.md)
 bench-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m bench tests/integration/test_benches.py
