@@ -100,13 +100,13 @@ class RunTracker:
         (orchestrator/record/params.py); a new run logs its params, ``config.yaml`` and datasets."""
         self.uri = record.uri
         seen_by_mlflow = mlflow_uri(self.uri)  # never a password (MLflow prints its URI)
-        # a new experiment's artifacts beside the store (not in ./mlruns of the current folder)
-        location = experiment_artifact_location(self.uri, record.experiment)
         mlflow.set_tracking_uri(seen_by_mlflow)
         client = MlflowClient(seen_by_mlflow)
         bound_http_requests(seen_by_mlflow)
         if run_id is None:
+            # a new experiment's artifacts beside the store (not in ./mlruns of the current folder);
             # MLflow's UI opens it in the model-training view
+            location = experiment_artifact_location(self.uri, record.experiment)
             self.experiment_id = open_experiment(client, record.experiment, location)
             all_tags = {**source_tags(), **(tags or {})}
             if parent_run_id:
@@ -301,14 +301,13 @@ class RunTracker:
         self.system.stop(lost=self.writer.lost)
         if self.writer.lost:
             return
-        with suppress(Exception):  # a description must never fail a run (a store that does not answer)
-            self._release_held()  # the newest point of every piecewise series, B and W included
-            if cost is not None:
+        self._release_held()  # the newest point of every piecewise series, B and W included
+        if cost is not None:
+            with suppress(Exception):  # a description must never fail a run (a store that does not answer)
                 history = self.series.history
                 resizes = len(changes(history.get(M.RESIZE_TO, [])))  # each resize changes resize/to
                 note = describe(self.record.public, history, status, resizes=resizes, resumes=resumes, cost=cost)
                 self.set_tags({T.NOTE: note})
-        self._release_held()
         self.writer.close(status)
 
     def _log_cost(self, cost: Cost) -> None:
