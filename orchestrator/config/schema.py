@@ -18,7 +18,6 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from orchestrator.config.code import CodeConfig
-from orchestrator.config.uris import redact_uri
 from trainers.loop.config import LoopConfig
 from trainers.section import Section
 
@@ -499,27 +498,6 @@ def drop_replaced_choice(raw: dict[str, Any], overrides: list[str]) -> dict[str,
                     for key in BUILTIN_ONLY[path[0]]:
                         section.pop(key, None)
     return raw
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def public_config(cfg: RootConfig) -> dict[str, Any]:
-    """The resolved config as plain data with credentials in ``tracking.uri`` replaced by ``***``:
-    what is printed, logged to MLflow and written beside the checkpoints."""
-
-    d = cfg.model_dump(mode="json")
-    if d.get("tracking", {}).get("uri"):
-        d["tracking"]["uri"] = redact_uri(d["tracking"]["uri"])
-    return d
 
 
 def to_yaml(cfg: RootConfig) -> str:

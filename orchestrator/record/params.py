@@ -22,7 +22,8 @@ from typing import Any
 from mlflow.entities import DatasetInput
 
 from orchestrator.config.preflight import IGNORED_UNLESS
-from orchestrator.config.schema import RootConfig, flatten, public_config
+from orchestrator.config.schema import RootConfig
+from orchestrator.config.uris import redact_uri
 from orchestrator.record.datasets import describe_data
 from trainers import catalog
 from trainers.combine.config import RULES
@@ -130,3 +131,25 @@ class ConfigRecord:
             register_model=tracking.register_model,
             register_pick=tracking.register_pick,
         )
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``d``'s leaves under dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``): MLflow's params."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def public_config(cfg: RootConfig) -> dict[str, Any]:
+    """The resolved config as plain data with credentials in ``tracking.uri`` replaced by ``***``:
+    what is printed, logged to MLflow and written beside the checkpoints."""
+
+    d = cfg.model_dump(mode="json")
+    if d.get("tracking", {}).get("uri"):
+        d["tracking"]["uri"] = redact_uri(d["tracking"]["uri"])
+    return d

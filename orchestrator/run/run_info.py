@@ -46,7 +46,7 @@ def run_folder(storage_path: str, train_run_name: str) -> str:
 def write_run_info(folder: str, run_id: str, tracking_uri: str, public: dict[str, Any]) -> None:
     """Beside the checkpoints, in the run's ``folder`` (:func:`run_folder`), atomically: what
     ``resume`` needs to find MLflow run ``run_id`` in ``tracking_uri`` again, and the run's
-    ``public`` config (``schema.public_config``) with its storage path resolved."""
+    ``public`` config (``record.params.public_config``) with its storage path resolved."""
     config = copy.deepcopy(public)
     config["checkpoint"]["storage_path"] = resolve(config["checkpoint"]["storage_path"])
     uri = absolute_tracking_uri(tracking_uri)

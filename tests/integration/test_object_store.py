@@ -185,7 +185,8 @@ def test_a_half_written_checkpoint_is_ignored_and_cleaned_up_by_the_next_save(s3
 
 
 def test_run_info_in_a_bucket_is_found_by_its_folder(s3_server, bucket, tmp_path, monkeypatch):
-    from orchestrator.config.schema import public_config, validate
+    from orchestrator.config.schema import validate
+    from orchestrator.record.params import public_config
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from orchestrator.config.prepare import validated
-from orchestrator.config.schema import ConfigError, flatten, public_config, validate
+from orchestrator.config.schema import ConfigError, validate
+from orchestrator.record.params import flatten, public_config
 from search.space import SpaceError, parse_space
 from trainers.combine.combinations import build_combination
 from trainers.combine.config import CombineConfig

@@ -6,7 +6,8 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.config.prepare import load_config
-from orchestrator.config.schema import ConfigError, apply_overrides, flatten
+from orchestrator.config.schema import ConfigError, apply_overrides
+from orchestrator.record.params import flatten
 from tests.config_cases import CASES, _write
 
 

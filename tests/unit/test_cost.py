@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from orchestrator.config.schema import public_config
 from orchestrator.record.cost import Cost, Hold, Holds, cost_of, split
 from orchestrator.record.listeners import TimelineListener
 from orchestrator.record.note import describe
+from orchestrator.record.params import public_config
 from orchestrator.record.timeline import Timeline, format_table
 from tests.helpers import make_config
 from trainers.link.messages import PhaseStart

@@ -224,7 +224,7 @@ def test_channels_last_loop_matches_nchw():
 
 def test_the_cifar10_resnet50_recipe_loads_and_asks_for_the_fast_path(tmp_path):
     from orchestrator.config.prepare import load_config
-    from orchestrator.config.schema import flatten, public_config
+    from orchestrator.record.params import flatten, public_config
     from tests.unit.test_data import _write_tiny_cifar
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

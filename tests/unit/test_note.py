@@ -1,7 +1,7 @@
 """orchestrator/record/note.py: the run's description in MLflow."""
 
-from orchestrator.config.schema import public_config
 from orchestrator.record.note import changes, describe, series_line
+from orchestrator.record.params import public_config
 from tests.helpers import make_config
 from trainers.link import metrics as M
 

@@ -9,8 +9,9 @@ import os
 import pytest
 import torch
 
-from orchestrator.config.schema import ConfigError, public_config, validate
+from orchestrator.config.schema import ConfigError, validate
 from orchestrator.config.uris import absolute_tracking_uri, redact_uri
+from orchestrator.record.params import public_config
 from orchestrator.run.run_info import (
     RUN_INFO,
     DriverLock,
