@@ -13,7 +13,7 @@ GCS, ``~/ray_bootstrap_config.yaml``, the head's ``--autoscaling-config``, a Kub
 and :func:`max_resources` turns an autoscaling config's node types (``resources``, ``max_workers``)
 into those limits.  Where none is known the check uses the cluster's current totals, except on a
 cluster whose autoscaler runs with limits nobody could read: then nothing is refused for lack of
-capacity the autoscaler might add (orchestrator/run/runner.py says which limits it assumed).
+capacity the autoscaler might add (:func:`judge` says which limits it assumed).
 """
 
 from __future__ import annotations
@@ -21,12 +21,24 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ScalingConfig
+
+
+class Limits(Protocol):
+    """What the driver read of the cluster's autoscaler (orchestrator/run/cluster_limits.py ``ClusterLimits``):
+    whether one runs, the most it may grow the cluster to (None: not known), where that was read, and
+    where nothing was found."""
+
+    autoscaling: bool
+    max_resources: Mapping[str, float] | None
+    source: str
+    tried: tuple[str, ...]
+
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 """Where ``ray up`` puts the autoscaling config on the head node."""
@@ -44,6 +56,21 @@ def capacity(cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, fl
     return out
 
 
+def judge(scaling: ScalingConfig, cluster_total: Mapping[str, float], limits: Limits) -> tuple[str | None, str | None]:
+    """Before the first ``fit()``: ``(note, refusal)``, each one line or None.  The refusal when the
+    largest group ``scaling`` asks for can never fit (:func:`check_feasible`); on a cluster whose
+    autoscaler runs with limits nobody could read, no refusal (it might add the room) but a note of
+    what the run assumes."""
+    if not limits.autoscaling or limits.max_resources is not None:
+        return None, check_feasible(scaling, cluster_total, limits.max_resources)
+    wanted = ", ".join(f"{v:g} {k}" for k, v in scaling.at_most().items())
+    note = (
+        f"the cluster autoscales ({limits.source}) but its limits could not be read here "
+        f"({'; '.join(limits.tried)}): assuming it can grow to this run's largest group ({wanted})"
+    )
+    return note, None
+
+
 def check_feasible(
     scaling: ScalingConfig, cluster_total: Mapping[str, float], autoscaler_max: Mapping[str, float] | None
 ) -> str | None:
@@ -56,7 +83,7 @@ def check_feasible(
     gpus_per_worker`` GPUs (the elastic run asks for its largest group; a smaller one may fit but
     never the requested size).
     """
-    cap = capacity(cluster_total, autoscaler_max)
+    cap, need = capacity(cluster_total, autoscaler_max), scaling.at_most()
     ever = "the cluster has" if autoscaler_max is None else "the cluster can ever have (autoscaler limits included)"
     if scaling.use_gpu:
         gpus = cap.get("GPU", 0.0)
@@ -65,18 +92,16 @@ def check_feasible(
                 f"scaling.use_gpu: true but {ever} no GPU; set scaling.use_gpu: false or start Ray on GPU nodes "
                 f"(ray start --num-gpus)"
             )
-        need = scaling.max_workers * scaling.gpus_per_worker
-        if need > gpus:
+        if need["GPU"] > gpus:
             fit = math.floor(gpus / scaling.gpus_per_worker)
             return (
                 f"scaling.max_workers x gpus_per_worker: {scaling.max_workers} x {_g(scaling.gpus_per_worker)} "
-                f"= {_g(need)} "
+                f"= {_g(need['GPU'])} "
                 f"GPUs, but {ever} {_g(gpus)}; lower scaling.max_workers to at most {fit} or "
                 f"scaling.gpus_per_worker"
             )
     cpus = cap.get("CPU", 0.0)
-    need = scaling.max_workers * scaling.cpus_per_worker
-    if need > cpus:
+    if need["CPU"] > cpus:
         fit = math.floor(cpus / scaling.cpus_per_worker)
         fix = (
             f"lower scaling.max_workers to at most {fit} or scaling.cpus_per_worker"
@@ -85,7 +110,7 @@ def check_feasible(
         )
         return (
             f"scaling.max_workers x cpus_per_worker: {scaling.max_workers} x {_g(scaling.cpus_per_worker)} "
-            f"= {_g(need)} "
+            f"= {_g(need['CPU'])} "
             f"CPUs, but {ever} {_g(cpus)}; {fix}"
         )
     return None

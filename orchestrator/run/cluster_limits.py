@@ -26,7 +26,7 @@ internal KV (``__autoscaling_status``) every update; a cluster without an autosc
 too, with a read-only provider whose node types are the anonymous ``node_<id>``, so any other node
 type name there means a configured autoscaler (:func:`configured_node_types`); the v2 autoscaler's
 status (``ray.autoscaler.v2.sdk.get_cluster_status``) is read the same way.  Then the run is not
-refused for capacity the autoscaler may add: :meth:`ClusterLimits.assumed` says which limits the run
+refused for capacity the autoscaler may add: :func:`orchestrator.config.feasibility.judge` says which limits the run
 assumed (orchestrator/run/runner.py prints it).
 """
 
@@ -68,17 +68,6 @@ class ClusterLimits:
     source: str = ""
     tried: tuple[str, ...] = field(default_factory=tuple)
     idle_timeout_s: float | None = None
-
-    def assumed(self, need: Mapping[str, float]) -> str | None:
-        """One line for a run on a cluster that autoscales to limits nobody could read: what the run
-        assumes (that it may grow to ``need``, its largest group); None when the limits are known."""
-        if not self.autoscaling or self.max_resources is not None:
-            return None
-        wanted = ", ".join(f"{v:g} {k}" for k, v in need.items())
-        return (
-            f"the cluster autoscales ({self.source}) but its limits could not be read here "
-            f"({'; '.join(self.tried)}): assuming it can grow to this run's largest group ({wanted})"
-        )
 
 
 def from_config(config: Mapping[str, Any], source: str) -> ClusterLimits | None:

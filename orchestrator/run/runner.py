@@ -28,7 +28,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config.code import runtime_env
-from orchestrator.config.feasibility import check_feasible
+from orchestrator.config.feasibility import judge
 from orchestrator.config.schema import ConfigError, RootConfig, ScalingConfig
 from orchestrator.config.uris import redact_text
 from orchestrator.record.history import drain_saver, holds_saver, resize_saver
@@ -215,10 +215,9 @@ def _start_ray(
     started = ensure_ray(verbose, runtime_env=code) or own
     warm.join()
     limits = read_limits()
-    assumed = limits.assumed(scaling.at_most())
+    assumed, why = judge(scaling, ray.cluster_resources(), limits)
     if assumed is not None:  # an autoscaling cluster whose limits cannot be read is not refused
         print(f"note: {assumed}", file=sys.stderr, flush=True)
-    why = None if assumed is not None else check_feasible(scaling, ray.cluster_resources(), limits.max_resources)
     if why:  # Ray Train would wait for these resources forever
         if started:
             stop_ray()

@@ -10,6 +10,8 @@ import json
 import pytest
 import yaml
 
+from orchestrator.config.feasibility import judge
+from orchestrator.config.schema import validate
 from orchestrator.run import cluster_limits as CL
 from orchestrator.run.cluster_limits import ClusterLimits, configured_node_types, from_config, monitor_config_path
 
@@ -105,13 +107,17 @@ def test_an_autoscaler_whose_limits_nobody_can_read_is_assumed_to_hold_the_run(m
     monkeypatch.setattr(CL.ray, "is_initialized", lambda: True)
     got = CL.read_limits("192.0.2.2:50739")
     assert got.autoscaling and got.max_resources is None
-    line = got.assumed({"CPU": 2.0})
-    assert line.startswith("the cluster autoscales (its autoscaler reports node types cpu_worker, ray.head.default)")
+    scaling = validate({"scaling": {"max_workers": 2}}).scaling
+    line, refusal = judge(scaling, {"CPU": 1.0}, got)  # 1 CPU now: the autoscaler may add the rest
+    assert refusal is None and line.startswith(
+        "the cluster autoscales (its autoscaler reports node types cpu_worker, ray.head.default)"
+    )
     assert "no ~/ray_bootstrap_config.yaml" in line and line.endswith("largest group (2 CPU)") and "\n" not in line
     # a fixed cluster (a read-only autoscaler only): nothing assumed, the check uses what it has
     monkeypatch.setattr(CL, "_status_types", lambda gcs: set())
     fixed = CL.read_limits("192.0.2.2:50739")
-    assert not fixed.autoscaling and fixed.assumed({"CPU": 2.0}) is None
+    assert not fixed.autoscaling and judge(scaling, {"CPU": 2.0}, fixed) == (None, None)
+    assert judge(scaling, {"CPU": 1.0}, fixed)[1].startswith("scaling.max_workers x cpus_per_worker: 2 x 1 = 2 CPUs")
 
 
 def _group(cpu: str, **spec) -> dict:
