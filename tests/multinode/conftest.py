@@ -27,6 +27,9 @@ def cluster(s3_server):
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": HEALTH})
     yield c
+    from tests.multinode.runs import close_probes
+
+    close_probes()  # the process that answered the tests' questions about it (tests/multinode/probe.py)
     c.shutdown()  # stops every node it started (by their processes), never `ray stop`
 
 

@@ -13,7 +13,10 @@ import time
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EPOCHS = 30
+# A braked run (below) trains slowly until the test's events have happened, then its remaining steps
+# at full speed: enough steps that a braked run cannot finish before its events, no more (each step
+# past them is time a test spends on nothing it proves).
+EPOCHS = 10
 STEPS = EPOCHS * 30  # ceil(1438 / 48)
 
 
@@ -132,31 +135,88 @@ def run_id(tmp) -> str:
     return os.path.basename(folder)[len("elastic-") :].split("-r")[0]
 
 
+class _Probe:
+    """The process that answers questions about one cluster (tests/multinode/probe.py), started at
+    the first question and kept for the next ones; a new one if it died."""
+
+    def __init__(self, address: str) -> None:
+        env = dict(os.environ, RAY_ADDRESS=address, PYTHONPATH=ROOT)  # joined as the orchestrator joins it
+        env.pop("ELASTIC_KEEP_RAY", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.multinode.probe"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self._read() == "ready"
+
+    def _read(self, timeout: float = 120):
+        import json
+        import select
+
+        from tests.multinode.probe import PREFIX
+
+        deadline = time.time() + timeout
+        while True:
+            left = deadline - time.time()
+            ready = left > 0 and select.select([self.proc.stdout], [], [], left)[0]
+            assert ready, f"the probe: no answer in {timeout} s"
+            line = self.proc.stdout.readline()
+            assert line, f"the probe ended (status {self.proc.poll()})"
+            if line.startswith(PREFIX):  # lines Ray prints as it joins are not answers
+                return json.loads(line[len(PREFIX) :])
+
+    def ask(self, question: str):
+        self.proc.stdin.write(question + "\n")
+        self.proc.stdin.flush()
+        out = self._read()
+        assert "error" not in out, f"the probe, asked {question!r}: {out['error']}"
+        return out["answer"]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_PROBES: dict[str, _Probe] = {}
+
+
+def ask(c, question: str):
+    """``question``'s answer about cluster ``c`` (tests/multinode/probe.py), from a process of its
+    own joined to it (this test process may already hold another Ray: the integration tier's shared one)."""
+    probe = _PROBES.get(c.address)
+    if probe is None or probe.proc.poll() is not None:
+        probe = _PROBES[c.address] = _Probe(c.address)
+    return probe.ask(question)
+
+
+def close_probes() -> None:
+    """End the probes (before their cluster stops)."""
+    while _PROBES:
+        _PROBES.popitem()[1].close()
+
+
 def alive_actor_nodes(c, class_name: str) -> set[str]:
-    """The nodes of the live actors of ``class_name`` on cluster ``c``, asked from a process of its
-    own (this test process may already hold another Ray: the integration tier's shared one)."""
-    code = (
-        "import sys; from orchestrator.run.ray_env import ensure_ray; ensure_ray(); "
-        "from ray.util.state import list_actors; "
-        "print(' '.join(a['node_id'] for a in list_actors(filters=[('class_name', '=', sys.argv[1]), "
-        "('state', '=', 'ALIVE')])))"
-    )
-    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)  # joined as the orchestrator joins it
-    out = subprocess.run([sys.executable, "-c", code, class_name], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return set(out.stdout.split())
+    """The nodes of the live actors of ``class_name`` on cluster ``c``."""
+    return set(ask(c, f"actor_nodes {class_name}"))
 
 
 def free_cpus(c) -> float:
-    """The CPUs free on cluster ``c`` (its live nodes' less what actors hold), asked as above."""
-    code = (
-        "from orchestrator.run.ray_env import ensure_ray; ensure_ray(); import ray; "
-        "print(ray.available_resources().get('CPU', 0.0))"
-    )
-    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return float(out.stdout.split()[-1])
+    """The CPUs free on cluster ``c`` (its live nodes' less what actors hold)."""
+    return float(ask(c, "free_cpus"))
+
+
+def busy_nodes(c) -> set[str]:
+    """The worker nodes of cluster ``c`` whose CPUs are held (a training worker on each of its 1-CPU nodes)."""
+    return set(ask(c, "busy_nodes")) & {n.node_id for n in c.worker_nodes}
 
 
 def refresh_train_view(c) -> None:
@@ -167,13 +227,7 @@ def refresh_train_view(c) -> None:
     counted yet, and the run starts with fewer workers (then grows at its capacity check).  Ask it
     to re-read now, as the driver does when it sees the nodes change
     (:func:`orchestrator.run.reservations.refresh`); where it cannot be asked, wait out its re-read."""
-    code = (
-        "from orchestrator.run.ray_env import ensure_ray; ensure_ray(); "
-        "from orchestrator.run.reservations import refresh; print(refresh())"
-    )
-    env = dict(os.environ, RAY_ADDRESS=c.address, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    if out.returncode != 0 or out.stdout.split()[-1:] != ["True"]:
+    if ask(c, "refresh") is not True:
         time.sleep(21)
 
 
