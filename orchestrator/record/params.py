@@ -86,19 +86,14 @@ def _unread(cfg: RootConfig) -> tuple[set[str], tuple[str, ...]]:
     return fields.difference(prefixes), prefixes
 
 
-def applicable_params(cfg: RootConfig) -> dict[str, Any]:
-    """The flattened public config (``section.key`` -> value) without the fields this run never
-    reads (:func:`rules`) and without unset or empty values (:attr:`ConfigRecord.params`)."""
-    return ConfigRecord.from_config(cfg).params
-
-
 @dataclass(frozen=True)
 class ConfigRecord:
     """What a run's MLflow record takes from its config, read once (:meth:`from_config`).
 
     ``uri``: the tracking URI as given (credentials included: the record redacts what it shows);
     ``public``: the resolved config with credentials redacted (``config.yaml``, beside the model and
-    the checkpoints); ``params``: the fields this run reads, flattened (:func:`applicable_params`);
+    the checkpoints); ``params``: the public config flattened (``section.key``), without the fields this
+    run never reads (:func:`rules`) and without unset or empty values;
     ``datasets``: its training and validation inputs (orchestrator/record/datasets.py)."""
 
     uri: str

@@ -7,7 +7,7 @@ import os
 
 from orchestrator.config.prepare import load_config
 from orchestrator.config.schema import validate
-from orchestrator.record.params import applicable_params
+from orchestrator.record.params import ConfigRecord
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -16,11 +16,11 @@ def _params(**sections) -> dict:
     raw = {"data": {"name": "digits"}, "model": {"name": "mlp", "hidden": 32}, "tracking": {"uri": "sqlite:///x.db"}}
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
-    return applicable_params(validate(raw))
+    return ConfigRecord.from_config(validate(raw)).params
 
 
 def test_the_quickstart_logs_only_what_a_digits_cnn_with_noise_scale_reads():
-    p = applicable_params(load_config(os.path.join(ROOT, "configs", "quickstart.yaml")))
+    p = ConfigRecord.from_config(load_config(os.path.join(ROOT, "configs", "quickstart.yaml"))).params
     # what it reads
     for key in (
         "data.name",
@@ -125,13 +125,11 @@ def test_the_new_batch_policies_log_their_own_fields():
 def test_the_record_keeps_the_stores_credentials_to_reach_it_and_logs_none():
     """ConfigRecord (what the MLflow record takes from the config, read once): the tracking URI as
     given, to reach the store; the public config and the params with the credentials redacted."""
-    from orchestrator.record.params import ConfigRecord
-
     cfg = validate(
         {"data": {"name": "digits"}, "model": {"name": "mlp"}, "tracking": {"uri": "postgresql://u:s3cret@db/ml"}}
     )
     record = ConfigRecord.from_config(cfg)
     assert record.uri == "postgresql://u:s3cret@db/ml"
     assert "s3cret" not in str(record.public) and "s3cret" not in str(record.params)
-    assert record.params == applicable_params(cfg) and record.params["data.name"] == "digits"
+    assert record.params["data.name"] == "digits" and "data.size" not in record.params
     assert [d.tags[0].value for d in record.datasets] == ["training", "validation"]
