@@ -24,6 +24,8 @@ def config(tmp, sleep_s: float = 0.0, brake: bool = False, **scaling) -> dict:
     """W=3 (min 2) of 1 CPU; every training micro-batch takes at least ``sleep_s`` (the math is the
     same at any ``sleep_s``: a reference run takes none); with ``brake``, only until the test calls
     :func:`lift_brake` (the run then trains its remaining steps at full speed)."""
+    from tests.helpers import migrated_store
+
     params: dict = {"sleep_s": sleep_s}
     if brake:
         os.makedirs(tmp, exist_ok=True)
@@ -44,7 +46,8 @@ def config(tmp, sleep_s: float = 0.0, brake: bool = False, **scaling) -> dict:
         },
         "train": {"epochs": EPOCHS, "log_every": 5},
         "checkpoint": {"every_steps": 10, "storage_path": f"{tmp}/ray_runs"},
-        "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"},
+        # a copy of a store MLflow migrated once: a fresh one costs the driver ~1-3 s of migrations
+        "tracking": {"uri": migrated_store(f"sqlite:///{os.path.abspath(tmp)}/mlflow.db")},
     }
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from torch import nn
 
-from tests.helpers import read_sample_log
+from tests.helpers import migrated_store, read_sample_log
 from tests.multinode.runs import (
     checkpointed,
     driver,
@@ -100,7 +100,7 @@ def _config(tmp, root: str, workers: int, brake: str | None = None) -> dict:
         },
         "train": {"epochs": EPOCHS, "seed": SEED, "log_every": 5, "sample_log_dir": f"{tmp}/samples"},
         "checkpoint": {"every_steps": 5, "storage_path": f"{tmp}/ray_runs"},
-        "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"},
+        "tracking": {"uri": migrated_store(f"sqlite:///{tmp}/mlflow.db")},
     }
 
 
