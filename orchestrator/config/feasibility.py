@@ -19,11 +19,8 @@ capacity the autoscaler might add (:func:`judge` says which limits it assumed).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
-
-import yaml
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ScalingConfig
@@ -150,16 +147,3 @@ def max_resources(autoscaling_config: Mapping[str, Any]) -> dict[str, float] | N
             if left <= 0:
                 break
     return out
-
-
-def autoscaler_max_resources(path: str = BOOTSTRAP_CONFIG) -> dict[str, float] | None:
-    """What an autoscaling cluster can grow to, read from the head node's autoscaling config
-    (``None`` when there is none here, or it cannot be read or does not say)."""
-
-    full = os.path.expanduser(path)
-    try:
-        with open(full) as f:
-            config = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return None
-    return max_resources(config) if isinstance(config, Mapping) else None

@@ -46,10 +46,6 @@ def is_server_uri(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-def experiment_url(base: str, experiment_id: str) -> str:
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{ML_VIEW}"
-
-
 def run_url(base: str, experiment_id: str, run_id: str) -> str:
     """The run's page in the model-training view (metrics, params, artifacts, logged model)."""
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{ML_VIEW}"

@@ -169,3 +169,5 @@ def test_the_bootstrap_config_of_a_ray_up_head(tmp_path):
     path.write_text(yaml.safe_dump(FAKE))
     assert CL._bootstrap(str(path)).max_resources == {"CPU": 2.0}
     assert CL._bootstrap(str(tmp_path / "missing.yaml")) is None
+    path.write_text("not: [valid")
+    assert CL._bootstrap(str(path)) is None

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
-from orchestrator.config.feasibility import autoscaler_max_resources, capacity, check_feasible, max_resources
+from orchestrator.config.feasibility import capacity, check_feasible, max_resources
 from orchestrator.config.schema import validate
 
 
@@ -95,12 +94,3 @@ def test_max_resources_unknown_when_a_type_does_not_declare_them():
     }
     assert max_resources(conf) is None
     assert max_resources({"cluster_name": "x"}) is None
-
-
-def test_autoscaler_max_resources_reads_the_bootstrap_config(tmp_path):
-    path = tmp_path / "ray_bootstrap_config.yaml"
-    assert autoscaler_max_resources(str(path)) is None  # not an autoscaling head node
-    path.write_text(yaml.safe_dump(AUTOSCALING))
-    assert autoscaler_max_resources(str(path)) == max_resources(AUTOSCALING)
-    path.write_text("not: [valid")
-    assert autoscaler_max_resources(str(path)) is None
