@@ -20,7 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from search.study_storage import open_storage
-from tests.helpers import metric_series
+from tests.helpers import metric_series, migrated_store
 from tests.multinode.runs import ROOT, alive_actor_nodes, free_cpus, lift_brake, worker_nodes
 from tests.search_helpers import base_config, write_space
 
@@ -76,7 +76,7 @@ def test_a_node_lost_mid_study_does_not_lose_its_trial(cluster, tmp_path):
     while free_cpus(cluster) < 3:
         assert time.time() < deadline, "the three worker nodes' CPUs are not free after 120 s"
         time.sleep(1)
-    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "optuna.journal")
+    uri, storage = migrated_store(f"sqlite:///{tmp_path}/mlflow.db"), str(tmp_path / "optuna.journal")
     env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=ROOT)
     env.pop("ELASTIC_KEEP_RAY", None)
     log = tmp_path / "out.txt"
