@@ -16,9 +16,10 @@ plain loop as in bench/overhead.py (its docstring explains the method).
     .venv/bin/python bench/byo.py [--steps 6000] [--lm-steps 1500] [--slice 2] [--size 200000]
         [--threads 2] [--parts map,lm] [--unsliced-ends] [--quick]
 
-``--quick`` (CI): 600 image steps on 20,000 samples, 120 LM steps of a 2-layer width-64 GPT, 1 s
-slices (rough ratios: few pairs), each loop under test alone until its Ray Train worker starts and
-after its last step (``--unsliced-ends``, bench/overhead.py).  Last line: ``map_ratio=... lm_ratio=...
+``--quick`` (CI): 600 image steps on 20,000 samples, 120 LM steps of a 2-layer width-64 GPT, each
+loop under test alone until its first steps and its plain loop then until its own, two slices of each
+as long as their pace needs, then the loop under test alone to its end (``--unsliced-ends --pairs 2``,
+bench/overhead.py): rough ratios, which only show the paths run.  Last line: ``map_ratio=... lm_ratio=...
 lm_plain_ratio=...``.
 """
 
@@ -86,7 +87,7 @@ LM_ROWS = {
 
 
 def part_map(a: argparse.Namespace) -> float:
-    from bench.common import table, temp_config
+    from bench.common import slices_text, table, temp_config
     from bench.overhead import measure, write_config
     from trainers.data.datasets import DataConfig, load_data
 
@@ -108,7 +109,7 @@ def part_map(a: argparse.Namespace) -> float:
     results = {}
     print(
         f"(a) synthetic 1x8x8 (n={a.size}), cnn factory, B={a.batch}, {a.threads} threads, {a.steps} steps a "
-        f"loop, {a.slice:g} s slices",
+        f"loop, {slices_text(a)}",
         flush=True,
     )
     for row, data in (("memory", data_mem), ("map", data_map)):
@@ -130,6 +131,7 @@ def part_map(a: argparse.Namespace) -> float:
             names={"orchestrator": MAP_ROWS[row]},
             lead_s=LEAD_S,
             unsliced_ends=a.unsliced_ends,
+            pairs=a.pairs,
         )
         results[row] = res["orchestrator"]
     print(
@@ -155,7 +157,7 @@ def part_map(a: argparse.Namespace) -> float:
 
 
 def part_lm(a: argparse.Namespace) -> tuple[float, float]:
-    from bench.common import scratch_dir, table
+    from bench.common import scratch_dir, slices_text, table
     from bench.overhead import measure, write_config
     from orchestrator.config.prepare import load_config
     from trainers.workload.build import train_size
@@ -175,7 +177,7 @@ def part_lm(a: argparse.Namespace) -> tuple[float, float]:
     rows = ["plain", "ray", "orchestrator"] if a.plain_row else ["ray", "orchestrator"]
     print(
         f"(b) lm_quickstart {cfg.model.params}, context {tokens}, B={batch}, {a.threads} threads, {a.lm_steps} "
-        f"steps a loop, {a.slice:g} s slices",
+        f"steps a loop, {slices_text(a)}",
         flush=True,
     )
     res, orch = measure(
@@ -192,6 +194,7 @@ def part_lm(a: argparse.Namespace) -> tuple[float, float]:
         names=LM_ROWS,
         lead_s=LEAD_S,
         unsliced_ends=a.unsliced_ends,
+        pairs=a.pairs,
     )
     print(
         table(
@@ -229,7 +232,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=6000, help="optimizer steps of each image loop under test")
     ap.add_argument("--lm-steps", type=int, default=1500, help="optimizer steps of each LM loop under test")
-    ap.add_argument("--slice", type=float, default=2.0, help="seconds each loop runs before the other's turn")
+    ap.add_argument(
+        "--slice",
+        type=float,
+        default=2.0,
+        help="seconds each loop runs before the other's turn (with --pairs: from the loops' pace)",
+    )
     ap.add_argument("--size", type=int, default=200000, help="samples of the synthetic 1x8x8 data")
     ap.add_argument("--batch", type=int, default=64, help="global batch of part (a)")
     ap.add_argument("--threads", type=int, default=2)
@@ -240,6 +248,14 @@ def main() -> None:
         action="store_true",
         help="the loops under test run alone until their Ray Train worker starts and after their last step "
         "(bench/overhead.py)",
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="a quick check: each loop alone until its first steps, then this many slices of each (their "
+        "length from the loops' pace), then the loop under test alone to its end (0: sliced to its last "
+        "step; bench/overhead.py)",
     )
     ap.add_argument(
         "--lm-set",
@@ -254,14 +270,14 @@ def main() -> None:
             "steps": 600,
             "lm_steps": 120,
             "size": 20000,
-            "slice": 1.0,
             "lm_set": ["model.params.n_layer=2", "model.params.n_head=2", "model.params.d_model=64"],
             "unsliced_ends": True,
+            "pairs": 2,
         },
     )
     parts = {p.strip() for p in a.parts.split(",") if p.strip()}
-    if not parts or parts - {"map", "lm"} or min(a.steps, a.lm_steps) < 40 or a.slice <= 0:
-        print("error: --parts: map and/or lm; --steps and --lm-steps >= 40; --slice > 0", file=sys.stderr)
+    if not parts or parts - {"map", "lm"} or min(a.steps, a.lm_steps) < 40 or a.slice <= 0 or a.pairs < 0:
+        print("error: --parts: map and/or lm; --steps and --lm-steps >= 40; --slice > 0; --pairs >= 0", file=sys.stderr)
         raise SystemExit(2)
     out = {}
     if "map" in parts:

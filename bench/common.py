@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import os
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -14,6 +16,8 @@ from typing import Any
 
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import RootConfig
+
+PACE_STEPS = 8  # a quick form's sliced rows: each loop runs alone this many steps first (its pace: :func:`pace`)
 
 
 def scratch_dir(prefix: str = "elastic-bench-") -> str:
@@ -70,3 +74,54 @@ def parse_args(ap: argparse.ArgumentParser, quick: dict[str, Any], argv: list[st
         ap.set_defaults(**quick)
         args = ap.parse_args(argv)
     return args
+
+
+# -- a quick form's time-sliced rows (bench/overhead.py Slices.run): each loop's pace after its start
+
+
+def started_file(out: str) -> str:
+    """The file a child loop writing its step times to ``out`` writes its pace to after its first
+    :data:`PACE_STEPS` steps (a quick form's rows: :meth:`bench.overhead.Slices.run`)."""
+    return out + ".started"
+
+
+def pace(times: list[float]) -> float:
+    """Seconds a step: the median gap between the step end times ``times`` (the first step's warm-up
+    is not a gap; one slow step, a push or a busy moment of the machine, does not set the pace)."""
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def write_pace(path: str, times: list[float]) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(pace(times), f)
+    os.replace(path + ".tmp", path)  # whole or not there
+
+
+def read_pace(path: str) -> float | None:
+    """The pace a child loop wrote to ``path`` (:func:`write_pace`), None before it has."""
+    try:
+        with open(path) as f:
+            return float(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def logged_pace(db: str) -> float | None:
+    """The orchestrator's pace after its first :data:`PACE_STEPS` ``train/loss`` rows in the sqlite
+    MLflow store ``db`` (their worker's timestamps), None before it has them."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = con.execute(
+                "SELECT timestamp FROM metrics WHERE key = 'train/loss' ORDER BY step LIMIT ?", (PACE_STEPS,)
+            ).fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:  # not there yet, or no metrics table yet
+        return None
+    return pace([r[0] / 1000 for r in rows]) if len(rows) == PACE_STEPS else None
+
+
+def slices_text(a: argparse.Namespace) -> str:
+    """How long the slices are, for a bench's header line (``--pairs``: from the loops' pace)."""
+    return "slices from the loops' pace" if a.pairs else f"{a.slice:g} s slices"

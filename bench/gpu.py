@@ -34,7 +34,8 @@ Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95
 ``--rows plain`` alone times the plain loop in this process instead (``--rounds`` rounds of
 ``--warmup`` + ``--steps`` steps, the median; ``--data host`` measures pinned host data copied
 each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200 steps, 1 s slices, 1 thread,
-``--unsliced-ends``.
+``--unsliced-ends``, ``--pairs 2`` (two slices of each loop after both have started, then the loop
+under test alone to its end: a rough ratio that only shows the path runs).
 """
 
 from __future__ import annotations
@@ -441,13 +442,15 @@ def measure_sliced(
     slice_s: float,
     profile: str | None = None,
     unsliced_ends: bool = False,
+    pairs: int = 0,
 ) -> dict[str, list[Measurement]]:
     """Each row of ``rows`` ("ray", "orchestrator") time-sliced against its own plain loop;
     the plain loop's measurement pools its slices beside every row.  ``profile`` (a folder): the
     orchestrator's rank 0 records :data:`PROFILED_STEPS` steps near its end with the torch profiler
     (``trainers/accel/profile.py``) and the table lands there as :func:`profile_name`; those
     steps are left out of its rate.  ``unsliced_ends``: a row runs alone after its last step too
-    (its teardown; bench/overhead.py ``measure``)."""
+    (its teardown; bench/overhead.py ``measure``).  ``pairs`` (a quick form; 0: off): after this many
+    slices of each, the loop under test runs alone to its end (a rough ratio in a few seconds sliced)."""
     from bench.overhead import logged_at_least, orchestrator_cmd, paired, step_gaps
     from orchestrator.config.schema import to_yaml, validate
     from trainers.link import metrics as M
@@ -494,6 +497,8 @@ def measure_sliced(
             done = partial(logged_at_least, db, steps - 1)
         elif unsliced_ends:
             done = partial(os.path.exists, a_out)  # written once its steps are made
+        if pairs:
+            done = partial(made_or_paired, done or (lambda: False), run, pairs)
         with TreePeakRSS(run.a.pid) as rss:
             run.run(ROW_LABELS[row], done)
         if row == "orchestrator":
@@ -535,6 +540,12 @@ def measure_sliced(
             flush=True,
         )
     return out
+
+
+def made_or_paired(made: Callable[[], bool], run, pairs: int) -> bool:
+    """Whether the loop under test made its steps, or ``run`` (started after both loops' first steps)
+    has ``pairs`` slices of each."""
+    return made() or len(run.slices) >= 2 * pairs
 
 
 def mlflow_has_steps(db: str) -> bool:
@@ -667,7 +678,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, --unsliced-ends, "
+        help="CI: the cnn, B<=4, 512 samples, 1200 steps, 1 s slices, --unsliced-ends, --pairs 2, "
         "1 thread on CPU (--rows plain: 2 steps, 1 warm-up, 1 round)",
     )
     ap.add_argument(
@@ -681,6 +692,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a sliced row runs alone after its last step too (its teardown; it runs alone until its first "
         "step anyway)",
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="a quick check: this many slices of each sliced loop, then the loop under test alone to its end "
+        "(default 0: sliced to its last step; 2 with --quick)",
     )
     ap.add_argument("--child", choices=("plain", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-setup", help=argparse.SUPPRESS)
@@ -707,16 +725,20 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("--device: no CUDA GPU here; use --device cpu")
         if a.slice <= 0:
             raise ValueError("--slice: must be > 0")
+        if a.pairs is not None and a.pairs < 0:
+            raise ValueError("--pairs: must be >= 0")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     sliced = [r for r in rows if r != "plain"]
     if a.quick:
         a.batch, a.size, a.slice, a.unsliced_ends = min(a.batch, 4), min(a.size, 512), min(a.slice, 1.0), True
+        a.pairs = 2 if a.pairs is None else a.pairs
         if not a.device.startswith("cuda"):
             a.threads = a.threads or 1  # one thread a loop: a busy small machine, and Ray's own processes
         if not sliced:
             a.steps, a.warmup, a.rounds = 2, 1, 1
+    a.pairs = a.pairs or 0
     steps = a.steps or (1200 if a.quick else 600 if sliced else 50)  # quick: enough steps for a few slices
     from bench.common import scratch_dir
 
@@ -748,7 +770,15 @@ def main(argv: list[str] | None = None) -> None:
         )
         if sliced:
             results = measure_sliced(
-                setup, root, os.path.join(tmp, model), sliced, steps, a.slice, a.profile or None, a.unsliced_ends
+                setup,
+                root,
+                os.path.join(tmp, model),
+                sliced,
+                steps,
+                a.slice,
+                a.profile or None,
+                a.unsliced_ends,
+                a.pairs,
             )
         else:
             results = run_rounds(setup, root, a.warmup, steps, a.rounds)

@@ -29,8 +29,10 @@ invocation to its first step and to its exit, counting only the time it ran.
         [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator] [--set KEY=VALUE ...] [--quick]
 
 ``--quick`` (CI): the step-code and orchestrator rows (the bare Ray row's code is the plain
-loop's), 1000 steps a loop on 20,000 samples, 1 s slices (its ratios are rough: few pairs), and
-``--unsliced-ends``: the Ray rows run alone until their Ray Train worker starts and after their last step.
+loop's), 600 steps a loop on 20,000 samples, ``--unsliced-ends`` and ``--pairs 2``: each loop under
+test runs alone until its first steps, its plain loop then alone until its own, two slices of each
+(as long as the slower loop's pace needs for a measured slice), and the loop under test alone to its
+end: its ratio is rough (two or three pairs), and only shows the path runs.
 
 With the ``ray`` and ``orchestrator`` rows: ``first_step_ratio=<orchestrator's invocation to
 first step / the bare Ray Train worker's>`` (both start their own local Ray; goal <= 1.1).
@@ -58,7 +60,19 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import median, parse_args, scratch_dir, table, temp_config  # noqa: E402
+from bench.common import (  # noqa: E402
+    PACE_STEPS,
+    logged_pace,
+    median,
+    parse_args,
+    read_pace,
+    scratch_dir,
+    slices_text,
+    started_file,
+    table,
+    temp_config,
+    write_pace,
+)
 from trainers.data.datasets import load_data  # noqa: E402
 from trainers.data.order import epoch_permutation
 from trainers.policies.optim import build_optimizer  # noqa: E402
@@ -72,14 +86,19 @@ ROWS = {
 }
 MIN_STEPS = 10  # a slice with fewer measured steps is not paired
 ALONE_LEAD_S = 60.0  # unsliced ends: the most a Ray row runs alone before its Ray Train worker starts
+PACED_SLICE_S = 0.5  # a quick form's rows: the shortest slice once the loops' pace is known
+ALONE_START_S = 600.0  # a quick form's rows: the most a loop runs alone before its first PACE_STEPS steps
 
 
 # -- the loops (each runs in a process of its own) -------------------------------------------------
 
 
-def walk_steps(step, n: int, batch: int, seed: int, steps: int, stopped=lambda: False) -> list[float]:
+def walk_steps(
+    step, n: int, batch: int, seed: int, steps: int, stopped=lambda: False, paced=lambda times: None
+) -> list[float]:
     """Run ``step(ids)`` along the run's data order for ``steps`` steps (0: until ``stopped()``);
-    the wall time at which each step ended."""
+    the wall time at which each step ended.  ``paced(times)`` is called once, after
+    :data:`PACE_STEPS` steps."""
     times: list[float] = []
     epoch = 0
     while True:
@@ -87,6 +106,8 @@ def walk_steps(step, n: int, batch: int, seed: int, steps: int, stopped=lambda: 
         for s in range(0, n, batch):
             step(perm[s : s + batch])
             times.append(time.time())
+            if len(times) == PACE_STEPS:
+                paced(times)
             if len(times) == steps or stopped():
                 return times
         epoch += 1
@@ -155,8 +176,9 @@ def local_step(cfg, threads: int):
     return (lambda ids: t.metrics_for_step(t.train_step(ids))), t.plan.n
 
 
-def run_loop(cfg_json: dict, kind: str, threads: int, steps: int, out: str) -> None:
-    """``steps`` steps of a plain or local loop (0: until SIGTERM); the step end times to ``out``."""
+def run_loop(cfg_json: dict, kind: str, threads: int, steps: int, out: str, mark: bool = False) -> None:
+    """``steps`` steps of a plain or local loop (0: until SIGTERM); the step end times to ``out``;
+    ``mark``: its pace after its first steps to ``out + ".started"`` (:func:`started_file`)."""
     from orchestrator.config.schema import validate
 
     cfg = validate(cfg_json)
@@ -164,12 +186,13 @@ def run_loop(cfg_json: dict, kind: str, threads: int, steps: int, out: str) -> N
     if steps == 0:
         signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     step, n = (plain_step if kind == "plain" else local_step)(cfg, threads)
-    times = walk_steps(step, n, cfg.batch.size, cfg.train.seed, steps, lambda: bool(stop))
+    paced = partial(write_pace, started_file(out)) if mark else (lambda times: None)
+    times = walk_steps(step, n, cfg.batch.size, cfg.train.seed, steps, lambda: bool(stop), paced)
     with open(out, "w") as f:
         json.dump(times, f)
 
 
-def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str) -> None:
+def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str, mark: bool = False) -> None:
     """The plain loop as the train function of a bare one-worker ``TorchTrainer`` on a local Ray
     started here (as the orchestrator's CLI starts one)."""
     from ray.train import RunConfig, ScalingConfig
@@ -181,12 +204,12 @@ def run_in_ray_train(cfg_json: dict, threads: int, steps: int, out: str) -> None
         sys.path.insert(0, c["root"])
         from bench.overhead import run_loop as run
 
-        run(c["cfg"], "plain", c["threads"], c["steps"], c["out"])
+        run(c["cfg"], "plain", c["threads"], c["steps"], c["out"], c["mark"])
 
     started = ensure_ray(verbose=False, num_cpus=os.cpu_count())
     TorchTrainer(
         loop,
-        train_loop_config={"cfg": cfg_json, "threads": threads, "steps": steps, "out": out, "root": ROOT},
+        train_loop_config={"cfg": cfg_json, "threads": threads, "steps": steps, "out": out, "root": ROOT, "mark": mark},
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
         run_config=RunConfig(storage_path=scratch_dir(), name="plain"),
     ).fit()
@@ -287,11 +310,24 @@ class Slices:
         self.slice_s = slice_s
         self.log = log
 
-    def run(self, desc: str = "", lead_s: float = 0.0, done: Callable[[], bool] | None = None) -> Slices:
+    def run(
+        self,
+        desc: str = "",
+        lead_s: float = 0.0,
+        done: Callable[[], bool] | None = None,
+        started: Callable[[], float | None] | None = None,
+        b_started: Callable[[], float | None] | None = None,
+    ) -> Slices:
         """Slice until ``a`` ends; its first slice lasts until a Ray Train worker runs, at most
         ``lead_s`` (Ray's node start allows the raylet 30 s of wall time, which stopped slices
         would eat).  ``done``: once it says ``a`` made all its steps, ``a`` runs on alone to its end
-        (no step of it is left to measure)."""
+        (no step of it is left to measure).  ``started`` and ``b_started`` (instead of ``lead_s``; the
+        quick forms): ``a``'s first slice lasts until ``started()`` gives its pace (seconds a step after
+        its first :data:`PACE_STEPS`; at most :data:`ALONE_START_S`), the reference's first slice
+        until ``b_started()`` gives its own, and the slices after them (not ``slice_s``) are long
+        enough for :data:`MIN_STEPS` measured steps of the slower of the two twice over, at least
+        :data:`PACED_SLICE_S`: no slice is spent on either's start, and each slice can be paired
+        whatever the machine's speed."""
         from tqdm import tqdm
 
         send([self.b.pid], signal.SIGSTOP)
@@ -301,7 +337,13 @@ class Slices:
         try:
             while True:
                 bar.update()
-                if who == "a" and not self.slices and lead_s > self.slice_s:
+                if who == "a" and not self.slices and started is not None:
+                    self._alone(started, self.a)
+                elif who == "b" and len(self.slices) == 1 and b_started is not None:
+                    self._alone(b_started, self.b)
+                    paces = [p for p in (started(), b_started()) if p is not None]
+                    self.slice_s = max([PACED_SLICE_S] + [2 * (MIN_STEPS + 2) * p for p in paces])
+                elif who == "a" and not self.slices and lead_s > self.slice_s:
                     self._lead(lead_s)
                 elif who == "a":
                     try:
@@ -353,6 +395,14 @@ class Slices:
             with open(self.log) as f:
                 raise SystemExit(f"the loop under test failed ({self.a.returncode}):\n{f.read()[-3000:]}")
         return self
+
+    @staticmethod
+    def _alone(until: Callable[[], float | None], proc: subprocess.Popen) -> None:
+        """One process tree runs alone until ``until()`` gives its pace, ``proc`` ends, or
+        :data:`ALONE_START_S` has passed."""
+        end = time.time() + ALONE_START_S
+        while until() is None and proc.poll() is None and time.time() < end:
+            time.sleep(0.2)
 
     def _lead(self, lead_s: float) -> None:
         """The first slice of ``a``: until a Ray Train worker runs in its tree (Ray's node start is
@@ -505,6 +555,7 @@ def measure(
     names: dict[str, str] | None = None,
     lead_s: float = 0.0,
     unsliced_ends: bool = False,
+    pairs: int = 0,
 ) -> tuple[dict[str, dict], tuple[float, float, int] | None]:
     """Each row's loop time-sliced against its own plain loop of ``cfg``: ``{row: paired(...)}`` and,
     for the orchestrator row, (time to its first step, whole run, steps) counting only the time it ran.
@@ -512,9 +563,12 @@ def measure(
     (:meth:`Slices.run`); ``unsliced_ends``: a Ray row runs alone until its Ray Train worker starts
     (at most :data:`ALONE_LEAD_S`) and after its last step (the orchestrator's: its MLflow rows; the bare
     Ray row's: its output file): Ray's start and teardown, unmeasured either way, which sliced take
-    twice their time."""
+    twice their time.  ``pairs`` (a quick form; 0: off): each loop runs alone until its first steps, its
+    plain loop then alone until its own (:meth:`Slices.run`), and after ``pairs`` slices of each the
+    loop under test runs alone to its end: a few seconds sliced, whatever the steps (a rough ratio)."""
     names = names or ROWS
     batch = cfg.batch.size
+    mark = ["--mark-start"] if pairs else []
 
     def child(kind: str, n_steps: int, out: str) -> list[str]:
         return [
@@ -530,6 +584,7 @@ def measure(
             str(n_steps),
             "--out",
             out,
+            *mark,
         ]
 
     results, orch = {}, None
@@ -542,9 +597,19 @@ def measure(
         elif unsliced_ends and row == "ray":
             done = partial(os.path.exists, a_out)  # written once its steps are made
         lead = lead_s if done is None else max(lead_s, ALONE_LEAD_S)
-        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log")).run(
-            names[row], lead, done
-        )
+        run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"))
+        if pairs:
+            db = cfg.tracking.uri[len("sqlite:///") :]
+            started = partial(logged_pace, db) if row == "orchestrator" else partial(read_pace, started_file(a_out))
+            made = done or (lambda: False)
+            run.run(
+                names[row],
+                done=lambda: made() or len(run.slices) >= 2 + 2 * pairs,
+                started=started,
+                b_started=partial(read_pace, started_file(b_out)),
+            )
+        else:
+            run.run(names[row], lead, done)
         if row == "orchestrator":
             from mlflow.tracking import MlflowClient
 
@@ -570,7 +635,12 @@ def measure(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12000, help="optimizer steps of each loop under test")
-    ap.add_argument("--slice", type=float, default=2.0, help="seconds each loop runs before the other's turn")
+    ap.add_argument(
+        "--slice",
+        type=float,
+        default=2.0,
+        help="seconds each loop runs before the other's turn (with --pairs: from the loops' pace)",
+    )
     ap.add_argument("--size", type=int, default=200000, help="samples of the synthetic 1x8x8 data (0: digits)")
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--batch", type=int, default=64)
@@ -592,25 +662,41 @@ def main() -> None:
     )
     ap.add_argument("--child", choices=("plain", "local", "ray"), help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="a quick check: each loop alone until its first steps, then this many slices of each (their "
+        "length from the loops' pace), then the loop under test alone to its end (0: sliced to its last step)",
+    )
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--mark-start", action="store_true", help=argparse.SUPPRESS)
     a = parse_args(
         ap,
-        quick={"steps": 1000, "size": 20000, "slice": 1.0, "rows": "local,orchestrator", "unsliced_ends": True},
+        quick={
+            "steps": 600,
+            "size": 20000,
+            "rows": "local,orchestrator",
+            "unsliced_ends": True,
+            "pairs": 2,
+        },
     )
     if a.child:
         with open(a.child_config) as f:
             cfg_json = json.load(f)
         if a.child == "ray":
-            return run_in_ray_train(cfg_json, a.threads, a.steps, a.out)
-        return run_loop(cfg_json, a.child, a.threads, a.steps, a.out)
+            return run_in_ray_train(cfg_json, a.threads, a.steps, a.out, a.mark_start)
+        return run_loop(cfg_json, a.child, a.threads, a.steps, a.out, a.mark_start)
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
-    if bad or not rows or a.steps < 4 * MIN_STEPS or a.slice <= 0:
+    if bad or not rows or a.steps < 4 * MIN_STEPS or a.slice <= 0 or a.pairs < 0:
         what = (
             f"--rows: unknown {bad}; choose from {', '.join(ROWS)}"
             if bad or not rows
             else f"--steps must be at least {4 * MIN_STEPS}"
             if a.steps < 4 * MIN_STEPS
+            else "--pairs must be >= 0"
+            if a.pairs < 0
             else "--slice must be > 0"
         )
         print(f"error: {what}", file=sys.stderr)
@@ -642,9 +728,7 @@ def main() -> None:
             raise SystemExit(2) from None
 
     what = f"synthetic 1x8x8 (n={a.size})" if a.size else "digits"
-    print(
-        f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, {a.slice:g} s slices", flush=True
-    )
+    print(f"{what}, {a.model}, B={a.batch}, {a.threads} threads, {a.steps} steps a loop, {slices_text(a)}", flush=True)
     results, orch = measure(
         rows,
         cfg,
@@ -657,6 +741,7 @@ def main() -> None:
         a.overrides,
         tmp,
         unsliced_ends=a.unsliced_ends,
+        pairs=a.pairs,
     )
     print(
         table(

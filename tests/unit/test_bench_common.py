@@ -36,3 +36,60 @@ def test_help_lists_what_quick_sets(capsys):
     with pytest.raises(SystemExit):
         parse_args(parser(), {"repeats": 1}, argv=["--help"])
     assert "--repeats 1" in capsys.readouterr().out
+
+
+# -- a quick form's sliced rows: each loop's pace after its first steps --------------------------------
+
+
+def test_a_child_loop_writes_its_pace_once_after_its_first_steps(tmp_path):
+    from bench.common import PACE_STEPS, read_pace, started_file, write_pace
+    from bench.overhead import walk_steps
+
+    out = str(tmp_path / "plain-b.json")
+    assert read_pace(started_file(out)) is None  # not yet written
+    calls = []
+    times = walk_steps(lambda ids: None, n=20, batch=4, seed=0, steps=12, paced=lambda t: calls.append(list(t)))
+    assert len(times) == 12 and len(calls) == 1 and len(calls[0]) == PACE_STEPS
+    write_pace(started_file(out), [10.0, 10.5, 11.0, 13.0, 13.5])  # one slow step
+    assert read_pace(started_file(out)) == pytest.approx(0.5)  # the median gap
+    (tmp_path / "torn.started").write_text("0.")  # half a number: not a pace yet
+    assert read_pace(str(tmp_path / "torn.started")) is None
+
+
+def test_the_orchestrators_pace_comes_from_its_first_logged_losses(tmp_path):
+    import sqlite3
+
+    from bench.common import PACE_STEPS, logged_pace
+
+    db = str(tmp_path / "mlflow.db")
+    assert logged_pace(db) is None  # no store yet
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL, timestamp INTEGER, step INTEGER)")
+    rows = [("train/loss", 1.0, 1000 + 200 * k, k) for k in range(1, PACE_STEPS)] + [("val/loss", 1.0, 0, 1)]
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", rows)
+    con.commit()
+    assert logged_pace(db) is None  # one loss short: not yet
+    con.execute("INSERT INTO metrics VALUES ('train/loss', 1.0, 9999, 9)")  # a later step, out of order
+    con.execute("INSERT INTO metrics VALUES (?, 1.0, ?, ?)", ("train/loss", 1000 + 200 * PACE_STEPS, PACE_STEPS))
+    con.commit()
+    con.close()
+    assert logged_pace(db) == pytest.approx(0.2)  # its first steps, 200 ms apart
+
+
+def test_the_header_names_the_slices():
+    from bench.common import slices_text
+
+    assert slices_text(argparse.Namespace(pairs=0, slice=2.0)) == "2 s slices"
+    assert slices_text(argparse.Namespace(pairs=2, slice=2.0)) == "slices from the loops' pace"
+
+
+def test_a_gpu_row_stops_slicing_once_it_has_its_pairs():
+    from bench.gpu import made_or_paired
+
+    class Run:
+        slices = [("a", 0, 1), ("b", 1, 2), ("a", 2, 3)]
+
+    assert not made_or_paired(lambda: False, Run, 2)
+    assert made_or_paired(lambda: True, Run, 2)  # its steps made
+    Run.slices = Run.slices + [("b", 3, 4)]
+    assert made_or_paired(lambda: False, Run, 2)
