@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, migrated_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -104,7 +104,7 @@ def _finished_run(out, uri):
 
 def test_quickstart_via_ray_job_submit(ray_head, tmp_path):
     ray_bin, dash, env = ray_head
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = migrated_store(f"sqlite:///{tmp_path}/mlflow.db")
     out = _submit(
         ray_bin,
         dash,
@@ -145,7 +145,7 @@ def test_example_project_via_ray_job_submit(ray_head, tmp_path):
     runtime environment (the README's third way); the project itself is installed on the node
     (here: on PYTHONPATH, which the head passes to its jobs)."""
     ray_bin, dash, env = ray_head
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = migrated_store(f"sqlite:///{tmp_path}/mlflow.db")
     pythonpath = os.pathsep.join(["src", ROOT])  # README: "src" (the project is pip-installed there)
     out = _submit(
         ray_bin,
@@ -224,7 +224,9 @@ def _stop_head(temp_dir: str, gcs_port: int) -> None:
                 os.kill(pid, sig)
             except OSError:
                 pass
-        time.sleep(3)
+        deadline = time.time() + 3  # the processes' own time to end, not waited out once they are gone
+        while ours() and time.time() < deadline:
+            time.sleep(0.2)
 
 
 def test_a_stopped_job_submitted_again_with_its_run_key_finishes_its_own_run(ray_head, tmp_path):
@@ -235,7 +237,7 @@ def test_a_stopped_job_submitted_again_with_its_run_key_finishes_its_own_run(ray
     from mlflow.tracking import MlflowClient
 
     ray_bin, dash, env = ray_head
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = migrated_store(f"sqlite:///{tmp_path}/mlflow.db")
     brake = tmp_path / "brake"  # every step >= 30 ms while it exists: the stop lands mid-run on any machine
     brake.touch()
     epochs, steps = 4, 4 * 29  # ceil(1438 / 50) steps an epoch
