@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config.prepare import load_config
 from orchestrator.run.runner import run_training
-from tests.helpers import metric_series
+from tests.helpers import metric_series, migrated_store
 from trainers.workload.build import train_size
 
 pytestmark = pytest.mark.integration
@@ -18,6 +18,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_lm_quickstart_perplexity_falls(ray_cluster, tmp_path):
+    store = migrated_store(f"sqlite:///{tmp_path}/mlflow.db")
     cfg = load_config(
         os.path.join(ROOT, "configs", "lm_quickstart.yaml"),
         # a validation set of 2% (~490 windows, not the shipped 10%: a pass of those costs
@@ -30,7 +31,7 @@ def test_lm_quickstart_perplexity_falls(ray_cluster, tmp_path):
             "data.val_fraction=0.02",
             "train.eval_every=20",
             "train.log_every=5",
-            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            f"tracking.uri={store}",
             f"checkpoint.storage_path={tmp_path}/runs",
         ],
     )

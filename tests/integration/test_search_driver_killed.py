@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from search.space import load_space
 from search.study import grid_remaining
 from search.study_storage import open_storage
+from tests.helpers import migrated_store
 from tests.search_helpers import base_config, write_space
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +36,7 @@ def _study(storage: str) -> optuna.Study | None:
 
 @pytest.mark.timeout(300)
 def test_rerun_after_sigkill_finishes_the_dead_drivers_trials(ray_cluster, tmp_path):
-    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "optuna.journal")
+    uri, storage = migrated_store(f"sqlite:///{tmp_path}/mlflow.db"), str(tmp_path / "optuna.journal")
     space = write_space(
         tmp_path,
         "killed",
