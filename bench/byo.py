@@ -16,7 +16,7 @@ plain loop as in bench/overhead.py (its docstring explains the method).
     .venv/bin/python bench/byo.py [--steps 6000] [--lm-steps 1500] [--slice 2] [--size 200000]
         [--threads 2] [--parts map,lm] [--unsliced-ends] [--quick]
 
-``--quick`` (CI): 600 image steps on 20,000 samples, 120 LM steps of a 2-layer width-64 GPT, each
+``--quick`` (CI): 1000 image steps on 20,000 samples, 120 LM steps of a 2-layer width-64 GPT, each
 loop under test alone until its first steps and its plain loop then until its own, two slices of each
 as long as their pace needs, then the loop under test alone to its end (``--unsliced-ends --pairs 2``,
 bench/overhead.py): rough ratios, which only show the paths run.  Last line: ``map_ratio=... lm_ratio=...
@@ -267,7 +267,7 @@ def main() -> None:
     a = parse_args(
         ap,
         quick={
-            "steps": 600,
+            "steps": 1000,
             "lm_steps": 120,
             "size": 20000,
             "lm_set": ["model.params.n_layer=2", "model.params.n_head=2", "model.params.d_model=64"],

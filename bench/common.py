@@ -8,7 +8,6 @@ import atexit
 import json
 import os
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -104,22 +103,6 @@ def read_pace(path: str) -> float | None:
             return float(json.load(f))
     except (OSError, ValueError):
         return None
-
-
-def logged_pace(db: str) -> float | None:
-    """The orchestrator's pace after its first :data:`PACE_STEPS` ``train/loss`` rows in the sqlite
-    MLflow store ``db`` (their worker's timestamps), None before it has them."""
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            rows = con.execute(
-                "SELECT timestamp FROM metrics WHERE key = 'train/loss' ORDER BY step LIMIT ?", (PACE_STEPS,)
-            ).fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error:  # not there yet, or no metrics table yet
-        return None
-    return pace([r[0] / 1000 for r in rows]) if len(rows) == PACE_STEPS else None
 
 
 def slices_text(a: argparse.Namespace) -> str:

@@ -29,7 +29,7 @@ invocation to its first step and to its exit, counting only the time it ran.
         [--batch 64] [--threads 2] [--rows plain,local,ray,orchestrator] [--set KEY=VALUE ...] [--quick]
 
 ``--quick`` (CI): the step-code and orchestrator rows (the bare Ray row's code is the plain
-loop's), 600 steps a loop on 20,000 samples, ``--unsliced-ends`` and ``--pairs 2``: each loop under
+loop's), 1000 steps a loop on 20,000 samples, ``--unsliced-ends`` and ``--pairs 2``: each loop under
 test runs alone until its first steps, its plain loop then alone until its own, two slices of each
 (as long as the slower loop's pace needs for a measured slice), and the loop under test alone to its
 end: its ratio is rough (two or three pairs), and only shows the path runs.
@@ -62,7 +62,6 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.common import (  # noqa: E402
     PACE_STEPS,
-    logged_pace,
     median,
     parse_args,
     read_pace,
@@ -341,8 +340,7 @@ class Slices:
                     self._alone(started, self.a)
                 elif who == "b" and len(self.slices) == 1 and b_started is not None:
                     self._alone(b_started, self.b)
-                    paces = [p for p in (started(), b_started()) if p is not None]
-                    self.slice_s = max([PACED_SLICE_S] + [2 * (MIN_STEPS + 2) * p for p in paces])
+                    self.slice_s = paced_slice(started(), b_started(), self.slice_s)
                 elif who == "a" and not self.slices and lead_s > self.slice_s:
                     self._lead(lead_s)
                 elif who == "a":
@@ -447,6 +445,22 @@ class Slices:
     def ran_for(self, upto: float) -> float:
         """Seconds ``a`` ran from its launch to the wall time ``upto``."""
         return sum(max(0.0, min(hi, upto) - lo) for who, lo, hi in self.slices if who == "a")
+
+
+def paced_slice(a_pace: float | None, b_pace: float | None, slice_s: float) -> float:
+    """A quick form's slices: long enough for :data:`MIN_STEPS` measured steps of the slower loop
+    twice over, at least :data:`PACED_SLICE_S`.  A loop under test whose pace is 0 (the orchestrator:
+    its MLflow rows come too late to time its first steps) is taken as half as fast as the plain
+    loop; no pace known: ``slice_s``."""
+    if b_pace is None or a_pace is None:
+        return slice_s
+    return max(PACED_SLICE_S, 2 * (MIN_STEPS + 2) * max(a_pace or 2 * b_pace, b_pace))
+
+
+def first_logged(db: str) -> float | None:
+    """0.0 (its pace unknown: :func:`paced_slice`) once the sqlite MLflow store ``db`` holds a
+    ``train/loss`` row, None before."""
+    return 0.0 if logged_at_least(db, 1) else None
 
 
 def logged_at_least(db: str, n: int) -> bool:
@@ -600,7 +614,7 @@ def measure(
         run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"))
         if pairs:
             db = cfg.tracking.uri[len("sqlite:///") :]
-            started = partial(logged_pace, db) if row == "orchestrator" else partial(read_pace, started_file(a_out))
+            started = partial(first_logged, db) if row == "orchestrator" else partial(read_pace, started_file(a_out))
             made = done or (lambda: False)
             run.run(
                 names[row],
@@ -674,7 +688,7 @@ def main() -> None:
     a = parse_args(
         ap,
         quick={
-            "steps": 600,
+            "steps": 1000,
             "size": 20000,
             "rows": "local,orchestrator",
             "unsliced_ends": True,

@@ -56,24 +56,13 @@ def test_a_child_loop_writes_its_pace_once_after_its_first_steps(tmp_path):
     assert read_pace(str(tmp_path / "torn.started")) is None
 
 
-def test_the_orchestrators_pace_comes_from_its_first_logged_losses(tmp_path):
-    import sqlite3
+def test_a_quick_slice_is_long_enough_for_the_slower_loops_measured_steps():
+    from bench.overhead import MIN_STEPS, PACED_SLICE_S, paced_slice
 
-    from bench.common import PACE_STEPS, logged_pace
-
-    db = str(tmp_path / "mlflow.db")
-    assert logged_pace(db) is None  # no store yet
-    con = sqlite3.connect(db)
-    con.execute("CREATE TABLE metrics (key TEXT, value REAL, timestamp INTEGER, step INTEGER)")
-    rows = [("train/loss", 1.0, 1000 + 200 * k, k) for k in range(1, PACE_STEPS)] + [("val/loss", 1.0, 0, 1)]
-    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", rows)
-    con.commit()
-    assert logged_pace(db) is None  # one loss short: not yet
-    con.execute("INSERT INTO metrics VALUES ('train/loss', 1.0, 9999, 9)")  # a later step, out of order
-    con.execute("INSERT INTO metrics VALUES (?, 1.0, ?, ?)", ("train/loss", 1000 + 200 * PACE_STEPS, PACE_STEPS))
-    con.commit()
-    con.close()
-    assert logged_pace(db) == pytest.approx(0.2)  # its first steps, 200 ms apart
+    assert paced_slice(0.1, 0.05, 2.0) == pytest.approx(2 * (MIN_STEPS + 2) * 0.1)
+    assert paced_slice(0.001, 0.002, 2.0) == PACED_SLICE_S  # fast loops: the shortest slice
+    assert paced_slice(0.0, 0.05, 2.0) == pytest.approx(2 * (MIN_STEPS + 2) * 0.1)  # its pace unknown: half b's
+    assert paced_slice(None, 0.05, 2.0) == 2.0 and paced_slice(0.1, None, 2.0) == 2.0  # not read in time
 
 
 def test_the_header_names_the_slices():
