@@ -9,8 +9,8 @@ finite number.  The figures of a quick run are not checked against any aim: on a
 problem and a shared machine they only show that the benchmark still measures something.
 
 They are marked ``bench`` and left out of ``make test`` (13 minutes quiet on a 2-core machine before
-the last cuts to the quick forms, 20.5 under load after them: docs/benchmarks.md; one at a time: side by side the
-time-sliced ones starve); ``make bench-check`` runs them, and ``.ci/run`` runs both.
+the time-sliced quick forms stopped slicing after two pairs (``--pairs 2``), 11.5 nearly quiet after it:
+docs/benchmarks.md; one at a time); ``make bench-check`` runs them, and ``.ci/run`` runs both.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ SUMMARY = {
 }
 # At least twice each quick form's time here beside a `make test` (2026-11-28): autoscale 240 s before its cuts
 # (two fake clusters; 127-162 s under load since they run side by side), byo 330 (four local Rays beside
-# time-sliced loops), overhead 135, recovery 115 (a 3-node cluster), the rest under 140 s (quiet: about half).
+# time-sliced loops; 100-115 s since they slice two pairs a row, 442 s at load 20), overhead 135, recovery 115
+# (a 3-node cluster), the rest under 170 s (quiet: about half).
 TIMEOUT_S = {
     "autoscale": 660,
     "checkpoint": 120,
