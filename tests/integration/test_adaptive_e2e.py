@@ -172,7 +172,12 @@ def test_overlapping_resize_hands_over_at_a_checkpoint(ray_cluster, tmp_path):
 
 def test_overlapping_resize_called_off_when_training_ends_first(ray_cluster, tmp_path):
     """The batch grows a few seconds of training before the end: the old group finishes the run
-    at B=64 before the new group is up, so the new group is told to stand down and never trains."""
+    at B=64 before the new group is up, so the new group is told to stand down and never trains.
+
+    Each micro-batch takes >= 30 ms (a sleeping MLP): the 3 epochs after the growth (68 steps of
+    2 micro-batches) last ~4 s on any machine, longer than the driver takes to start the new group
+    (a poll or two) and shorter than that group's start.  Without it a fast machine finished them
+    before the driver saw the request, and no group was started to call off."""
     import time
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -181,7 +186,7 @@ def test_overlapping_resize_called_off_when_training_ends_first(ray_cluster, tmp
         uri,
         optimizer={"base_batch_size": 32, "lr": 0.05},
         batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
-        model={"name": "cnn", "norm": "none", "hidden": 16},
+        model={"name": None, "factory": "tests.byo_workloads:slow_mlp", "params": {"hidden": 16, "sleep_s": 0.03}},
         scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5},
         train={"epochs": 4, "eval_every": 0},
     )
