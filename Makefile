@@ -33,7 +33,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# every bench/*.py in its --quick form (tests/integration/test_benches.py): about 11.5 min here nearly quiet,
+# every bench/*.py in its --quick form (tests/integration/test_benches.py): about 11 min here quiet,
 # 18.5 under load (docs/benchmarks.md)
 bench-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m bench tests/integration/test_benches.py
