@@ -25,8 +25,9 @@ from trainers.link import metrics as M
 from trainers.link.tags import CHECKPOINT_PRUNED, CHECKPOINT_STEP, CHECKPOINT_URI
 
 MODEL_TYPE = "checkpoint"  # the LoggedModels' model_type (search: model_type = 'checkpoint')
-# records whose metrics are kept for a checkpoint event that follows them: a checkpoint written beside
-# the loop (checkpoint.background) is announced once written, possibly many fast steps later
+# at least this many newest records keep their metrics for a checkpoint event that follows them: a
+# checkpoint written beside the loop (checkpoint.background) is announced once written, possibly many
+# fast steps later
 RECENT = 4096
 
 
@@ -73,10 +74,12 @@ class CheckpointModels:
 
     def seen(self, records: list[tuple]) -> None:
         """Step records ``(step, metrics, time)`` as they reach the driver."""
+        recent = self.recent
         for step, metrics, *when in records:
-            self.recent[step] = (linked_metrics(metrics), float(when[0]) if when else 0.0)
-        for old in sorted(self.recent)[:-RECENT]:
-            del self.recent[old]
+            recent[step] = (linked_metrics(metrics), float(when[0]) if when else 0.0)
+        if len(recent) > 2 * RECENT:  # pruned now and then, not at every record (a sort of the steps)
+            for old in sorted(recent)[:-RECENT]:
+                del recent[old]
 
     def saved(self, step: int, path: str) -> None:
         """Rank 0 wrote the checkpoint of ``step`` at ``path``: log it (and any still pending)."""

@@ -154,6 +154,23 @@ def test_meter_without_time_based_pushes_and_with_an_empty_window():
     assert m.read() == Reading(samples_per_s=0.0, push_interval=7)  # nothing since the last push
 
 
+def test_checkpoint_models_keep_the_newest_steps_linked_metrics_within_a_bound():
+    """A checkpoint's event may follow its step's record by thousands of fast steps: the newest
+    RECENT steps' linked metrics (val/* and the training loss, nothing else) are always kept, and
+    what is kept stays bounded, however the records arrive."""
+    from orchestrator.record.checkpoint_models import RECENT, CheckpointModels
+
+    cm = CheckpointModels(None, "r", "0")
+    for step in range(3 * RECENT + 7):  # one record a push, as a fast loop sends them
+        cm.seen([(step, {"train/loss": step / 10, "lr": 0.1, "val/accuracy": 0.5}, 100.0 + step)])
+    newest = 3 * RECENT + 6
+    assert RECENT <= len(cm.recent) <= 2 * RECENT
+    assert all(s in cm.recent for s in range(newest - RECENT + 1, newest + 1))
+    assert cm.recent[newest] == ({"train/loss": newest / 10, "val/accuracy": 0.5}, 100.0 + newest)
+    cm.seen([(newest + 1 + i, {"train/loss": 1.0}) for i in range(RECENT)])  # one push of many, no times
+    assert cm.recent[newest + RECENT] == ({"train/loss": 1.0}, 0.0) and len(cm.recent) <= 2 * RECENT
+
+
 def test_listeners_log_and_print_what_the_runner_did_before():
     """MLflow and the progress bar as listeners: the same metrics, tags and lines as the runner's
     own branches wrote before (orchestrator/record/listeners.py)."""
