@@ -140,16 +140,21 @@ def _single_machine_ray(active: bool = True) -> Iterator[None]:
     if not active or os.environ.get(RAY_SINGLE_MACHINE_SWITCH) is not None:
         yield
         return
-    from ray._private import ray_constants
-
-    old = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a Ray that moved its constants: the environment alone (read by the processes it starts)
+        ray_constants = None
+    has = ray_constants is not None and hasattr(ray_constants, "ENABLE_RAY_CLUSTER")
+    old = ray_constants.ENABLE_RAY_CLUSTER if has else True
     os.environ[RAY_SINGLE_MACHINE_SWITCH] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    if has:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
         os.environ.pop(RAY_SINGLE_MACHINE_SWITCH, None)
-        ray_constants.ENABLE_RAY_CLUSTER = old
+        if has:
+            ray_constants.ENABLE_RAY_CLUSTER = old
 
 
 def _token_auth() -> None:
@@ -214,8 +219,12 @@ def first_line_only(show: Callable[[dict, bool], Any]) -> Callable[[dict, bool],
 def _quiet_cluster_errors() -> None:
     """Ray's driver prints each error message of the cluster in full from a thread of its own (it
     calls ``ray._private.worker.print_to_stdstream``, which has no setting): cut each to one line."""
-    from ray._private import worker
-
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    if not hasattr(worker, "print_to_stdstream"):  # a Ray that moved its printer shows its messages whole
+        return
     if not getattr(worker.print_to_stdstream, "first_line_only", False):
         worker.print_to_stdstream = first_line_only(worker.print_to_stdstream)
 

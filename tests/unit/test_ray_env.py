@@ -58,6 +58,23 @@ def test_single_machine_mode_holds_for_ray_init_only_and_leaves_a_users_choice(m
         assert os.environ[switch] == "1" and ray_constants.ENABLE_RAY_CLUSTER is before
 
 
+def test_a_ray_that_moved_its_private_names_still_gets_the_switch_and_keeps_its_printer(monkeypatch):
+    """The two Ray-internal names this module sets are guarded: a Ray without the single-machine
+    constant still gets the environment switch (what the processes it starts read), and one without
+    the driver's printer keeps showing its messages whole, neither an import error."""
+    from ray._private import ray_constants, worker
+
+    switch = ray_env.RAY_SINGLE_MACHINE_SWITCH
+    monkeypatch.delenv(switch, raising=False)
+    monkeypatch.delattr(ray_constants, "ENABLE_RAY_CLUSTER")
+    with ray_env._single_machine_ray():
+        assert os.environ[switch] == "0" and not hasattr(ray_constants, "ENABLE_RAY_CLUSTER")
+    assert switch not in os.environ
+    monkeypatch.delattr(worker, "print_to_stdstream")
+    ray_env._quiet_cluster_errors()
+    assert not hasattr(worker, "print_to_stdstream")
+
+
 def test_what_ray_pushes_to_the_driver_is_one_line_a_message_and_a_users_print_is_untouched():
     from orchestrator.run.ray_env import first_line_only
 
