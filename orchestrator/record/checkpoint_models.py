@@ -69,17 +69,24 @@ class CheckpointModels:
             for m in rows[key]:
                 self.earlier_rows.setdefault((key, m.step), (m.value, m.timestamp))
         self.recent: dict[int, tuple[dict[str, float], float]] = {}  # step -> (linked metrics, time)
+        self.pruned_upto = -1  # steps up to this one left recent: one seen again links nothing
         self.pending: list[tuple[int, str]] = []  # (step, path) not logged yet
         self.logged: dict[int, tuple[str, str]] = {}  # step -> (model_id, path)
 
     def seen(self, records: list[tuple]) -> None:
-        """Step records ``(step, metrics, time)`` as they reach the driver."""
+        """Step records ``(step, metrics, time)`` as they reach the driver: a step's first record
+        (the one whose rows the run logged) is the one its checkpoint links."""
         recent = self.recent
         for step, metrics, *when in records:
-            recent[step] = (linked_metrics(metrics), float(when[0]) if when else 0.0)
+            # a step trained again (a group restarted from an earlier checkpoint, a rollback): the run
+            # logged its first record's rows (one row per (metric, step)), which its checkpoint links
+            if step not in recent and step > self.pruned_upto:
+                recent[step] = (linked_metrics(metrics), float(when[0]) if when else 0.0)
         if len(recent) > 2 * RECENT:  # pruned now and then, not at every record (a sort of the steps)
-            for old in sorted(recent)[:-RECENT]:
+            steps = sorted(recent)
+            for old in steps[:-RECENT]:
                 del recent[old]
+            self.pruned_upto = steps[-RECENT - 1]
 
     def saved(self, step: int, path: str) -> None:
         """Rank 0 wrote the checkpoint of ``step`` at ``path``: log it (and any still pending)."""

@@ -78,6 +78,37 @@ def test_the_best_checkpoint_by_a_validation_metric(tmp_path):
     assert int(by_accuracy[0].tags[CHECKPOINT_STEP]) == 10
 
 
+def test_a_checkpoint_of_a_step_trained_again_after_a_restart_links_the_row_the_run_logged(tmp_path):
+    """A group lost before step 15's checkpoint restarts from step 10 and trains 11-15 again (later,
+    the same values): the run keeps one train/loss row per step, and step 15's checkpoint links that
+    row (its first time), not a second row at the retrained step's time."""
+    cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "ckpt"}})
+    tracker = RunTracker(ConfigRecord.from_config(cfg))
+    listener = TrackingListener(tracker)
+    for step in range(1, 16):  # the first group: its checkpoint at 15 never announced (its node was lost)
+        listener.on_records([_record(step)])
+        if step in (5, 10):
+            listener.on_event(CheckpointSaved(step=step, path=str(tmp_path / f"c{step}")))
+    for step in range(11, 16):  # the restarted group, 11 s later
+        step_, metrics, when = _record(step)
+        listener.on_records([(step_, metrics, when + 11.0)])
+    listener.on_event(CheckpointSaved(step=15, path=str(tmp_path / "c15")))
+    listener.close()
+    tracker.end()
+    client = MlflowClient(tracker.client.tracking_uri)
+    for key in ("train/loss", "val/loss"):
+        rows = [(h.step, h.timestamp) for h in client.get_metric_history(tracker.run_id, key)]
+        assert len(rows) == len({s for s, _ in rows}), f"{key} logged twice at a step: {sorted(rows)}"
+    at15 = [h for h in client.get_metric_history(tracker.run_id, "train/loss") if h.step == 15]
+    assert [h.timestamp for h in at15] == [1_015_000]  # the first group's time
+    (model,) = [m for m in client.search_logged_models([tracker.experiment_id]) if m.tags[CHECKPOINT_STEP] == "15"]
+    assert {(m.key, m.timestamp) for m in model.metrics} == {
+        ("train/loss", 1_015_000),
+        ("val/loss", 1_015_000),
+        ("val/accuracy", 1_015_000),
+    }
+
+
 def test_a_store_that_does_not_answer_leaves_the_checkpoint_for_later(tmp_path):
     cfg = validate({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "ckpt"}})
     tracker = RunTracker(ConfigRecord.from_config(cfg))
