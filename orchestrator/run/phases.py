@@ -418,9 +418,11 @@ class PhaseRunner:
     def initial_workers(self) -> int:
         """Enough workers for the initial batch (or for the batch a resumed run had reached)."""
 
-        # the count the batch plan and the monitor ask too (trainers/policies/plan.py)
+        # the count the batch plan and the monitor ask too (trainers/policies/plan.py); a resumed
+        # run's batch is its newest checkpoint's: the W its killed driver last logged may be older
+        # (not yet written when it died), and a group too small for the batch is restarted at once
         s = self.plan.scaling
-        workers = self.plan.workers.initial(self.plan.batch_size)
+        workers = self.plan.workers.initial(self.names.restored_batch or self.plan.batch_size)
         last = min(self.start.workers, s.max_workers)
         if s.policy == "goodput" and last:  # goodput may have shrunk the group: a resumed run goes on at its W
             return max(last, s.min_workers)

@@ -107,6 +107,7 @@ class RunNames:
         self.resumes = resumes  # earlier drivers of a resumed run: keeps phase run names unique
         self.last_idx = -1  # the newest phase started (a failed early start keeps its index)
         self.ray_train_runs = ray_train_runs  # the newest groups' Ray Train run ids (orchestrator/run/reservations.py)
+        self.restored_batch: int | None = None  # a resumed run's global batch at its newest checkpoint
 
     @property
     def folder(self) -> str:
@@ -136,11 +137,14 @@ class RunNames:
         only was not closed).  Then nothing is left to train: the step records that checkpoint
         carries (those its driver had not confirmed logging) are returned, to be logged by the
         driver instead of a worker group; None when there is training left (or no checkpoint is
-        readable: the group's own restore says why)."""
+        readable: the group's own restore says why).  The checkpoint's global batch is kept
+        (:attr:`restored_batch`): the group a resume starts is sized for it."""
         try:
             payload = load_newest_checkpoint(self.storage_path, self.train_run_name, "cpu", warn=warn)
         except (CorruptCheckpoint, OSError):
             return None
+        if payload is not None:
+            self.restored_batch = int(dict(payload.get("batch") or {}).get("size") or 0) or None
         if payload is None or not dict(payload.get("train") or {}).get("finished"):
             return None
         rows = dict(payload.get("reporter") or {}).get("records") or []

@@ -536,13 +536,14 @@ def test_a_group_starts_without_ray_datas_manager_unless_given_datasets(monkeypa
     assert names(with_data) == ray_train
 
 
-def _checkpoint_at(runner: PhaseRunner, step: int, finished: bool, records: list) -> None:
+def _checkpoint_at(runner: PhaseRunner, step: int, finished: bool, records: list, batch: int = 32) -> None:
     """A real checkpoint of the run at ``step`` (trainers/loop/checkpoint.py's format)."""
     from trainers.loop.checkpoint import checkpoint_name, write_checkpoint
     from trainers.loop.storage import join
 
     payload = {
-        "train": {"step": step, "epoch": 1, "cursor": 0, "samples_seen": 32 * step, "finished": finished},
+        "train": {"step": step, "epoch": 1, "cursor": 0, "samples_seen": batch * step, "finished": finished},
+        "batch": {"size": batch, "policy": {}},
         "reporter": {"records": records},
     }
     write_checkpoint(join(runner.names.folder, checkpoint_name(step)), payload)
@@ -576,3 +577,18 @@ def test_a_resume_at_the_planned_end_closes_without_a_group_and_logs_what_the_ch
     fresh._make_monitor = no_group  # type: ignore[method-assign]
     with pytest.raises(AssertionError, match="worker group was started"):
         fresh.run()
+
+
+def test_a_resume_starts_the_group_its_newest_checkpoints_batch_needs(tmp_path):
+    """The killed driver's last W row may not have reached MLflow (it dies between the workers'
+    checkpoint and its own write): a resume sizes its first group for the batch of the checkpoint it
+    restores, not for the config's initial batch and that stale W (a group too small for the batch
+    would be restarted at once: a second group start)."""
+    cfg = make_config(
+        tmp_path, "mem://", batch={"size": 32, "max_local_batch": 32}, scaling={"min_workers": 1, "max_workers": 4}
+    )
+    runner = make_runner(cfg, FakeTracker(), RunStart(resumes=1, workers=1))
+    assert runner.initial_workers() == 1  # nothing read yet: the config's batch, the logged W
+    _checkpoint_at(runner, 40, finished=False, records=[], batch=96)
+    assert runner.names.finished_records(print) is None  # training is left: a group starts
+    assert runner.names.restored_batch == 96 and runner.initial_workers() == 3
