@@ -3,8 +3,10 @@ the tests (``ray.cluster_utils.Cluster``: a head and worker nodes, each its own 
 
 The head has no CPUs: it is the driver's node (the driver, Ray Train's controller and the run's
 monitor live there, as on a real cluster's head), and the worker nodes hold the training workers.
-Ray's health check is shortened so a lost node is noticed in a few seconds (a user does the same
-with ``ray start --head --system-config``; README, "On a cluster")."""
+Ray's health check is shortened so a lost node is noticed in about a second (a user does the same
+with ``ray start --head --system-config``; README, "On a cluster"): a killed raylet refuses the
+check's connection at once, so two misses half a second apart declare it dead, while a live raylet
+slow to answer on a loaded machine has 3 s for each answer (never taken for dead)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import pytest
 
 HEALTH = {
     "health_check_initial_delay_ms": 1000,
-    "health_check_period_ms": 1000,
-    "health_check_timeout_ms": 1000,
-    "health_check_failure_threshold": 3,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 3000,
+    "health_check_failure_threshold": 2,
 }
 
 
@@ -34,14 +36,21 @@ def cluster(s3_server):
 
 
 AUTOSCALING_MODULE = "test_autoscaling_cluster.py"
+# the only tests on 2-CPU worker nodes: last, so the 1-CPU nodes the others use are reshaped once
+TWO_CPU_MODULE = "test_placement.py"
+
+
+def _place(item) -> int:
+    return {AUTOSCALING_MODULE: 0, TWO_CPU_MODULE: 2}.get(item.path.name, 1)
 
 
 def pytest_collection_modifyitems(config, items):
     """The autoscaling tests (tests/multinode/test_autoscaling_cluster.py) start a Ray head of their own, which
     must never run beside the tier's ``cluster`` (session-scoped: alive from its first test to the
-    session's end): they run first in the tier, whatever order the files were given in."""
+    session's end): they run first in the tier, whatever order the files were given in.  The tests
+    on 2-CPU nodes run last (each ``runs.worker_nodes`` change of node size starts new nodes: ~4 s each)."""
     slots = [i for i, item in enumerate(items) if item.path.parent.name == "multinode"]
     tier = [items[i] for i in slots]
-    tier.sort(key=lambda item: item.path.name != AUTOSCALING_MODULE)  # stable: the rest keep their order
+    tier.sort(key=_place)  # stable: the rest keep their order
     for i, item in zip(slots, tier):
         items[i] = item

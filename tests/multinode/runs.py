@@ -41,7 +41,7 @@ def config(tmp, sleep_s: float = 0.0, brake: bool = False, **scaling) -> dict:
             "max_workers": 3,
             "cpus_per_worker": 1,
             "max_failures": 3,
-            "capacity_check_s": 5,
+            "capacity_check_s": 2,  # a node that came back is used within 2 s (a look is one call to the monitor)
             **scaling,
         },
         "train": {"epochs": EPOCHS, "log_every": 5},
