@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from orchestrator.config.schema import validate
 from orchestrator.run.runner import run_training
 from tests.helpers import dense_series, make_config, metric_series, printed_command, read_sample_log
 
@@ -21,18 +22,39 @@ pytestmark = pytest.mark.integration
 
 SECTIONS = dict(
     scaling={"min_workers": 1, "max_workers": 2, "cpus_per_worker": 0.5, "max_failures": 3},
-    # long enough that the kills below land mid-run: a step takes milliseconds here
-    train={"epochs": 20, "log_every": 5},
+    # two epochs at least (the sample accounting below); the kills land mid-run on any machine's
+    # speed because each run is braked until its kill (_cfg)
+    train={"epochs": 4, "log_every": 5},
     checkpoint={"every_steps": 10, "keep": 2},
 )
-STEPS = 20 * 29  # 20 epochs of ceil(1438 / 50)
+STEPS = 4 * 29  # 4 epochs of ceil(1438 / 50)
 
 
 def _cfg(tmp, uri, **extra):
+    """The built-in mlp's math as ``tests.byo_workloads:slow_mlp``: every training micro-batch
+    (two a step on each of the 2 workers) sleeps 50 ms while ``tmp/brake`` exists, so a run is
+    still training ~10 s after the event a test waits for (step 15, a checkpoint at step 20) and
+    no longer than that: the test lifts the brake once it has acted (:func:`_lift`).  The reference
+    run has no brake file (same math, no sleep)."""
     sections = {k: dict(v) for k, v in SECTIONS.items()}
     for k, v in extra.items():
         sections.setdefault(k, {}).update(v)
-    return make_config(tmp, uri, **sections)
+    raw = make_config(tmp, uri, **sections).model_dump(mode="json")
+    brake = os.path.join(str(tmp), "brake")
+    raw["model"] = {
+        "name": None,
+        "factory": "tests.byo_workloads:slow_mlp",
+        "params": {"sleep_s": 0.05, "brake": brake},
+    }
+    return validate(raw)
+
+
+def _brake(tmp):
+    open(os.path.join(str(tmp), "brake"), "w").close()
+
+
+def _lift(tmp):
+    os.remove(os.path.join(str(tmp), "brake"))
 
 
 def _losses(uri, run_id):
@@ -72,6 +94,7 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     samples = tmp_path / "samples"
     cfg = _cfg(tmp_path, uri, train={"sample_log_dir": str(samples)})
+    _brake(tmp_path)
     box = {}
     th = threading.Thread(
         target=lambda: box.update(s=run_training(cfg, progress=False, on_start=lambda r: box.update(runner=r)))
@@ -86,6 +109,7 @@ def test_worker_killed_mid_epoch_restarts_and_loses_nothing(reference, tmp_path)
         time.sleep(0.2)
     assert victim, "the run never reached step 15"
     os.kill(int(victim.rsplit("-", 1)[1].split(".")[0]), signal.SIGKILL)
+    _lift(tmp_path)  # the restarted group trains the rest at full speed
     th.join(300)
     s = box["s"]
     assert s.status == "FINISHED"
@@ -122,6 +146,7 @@ def _driver_past_a_checkpoint(ray_cluster, tmp_path, uri):
     """A ``train`` CLI driver on the shared Ray, once its run has a checkpoint at step >= 20:
     (process, its env, the run's checkpoint folder)."""
     cfg = _cfg(tmp_path, uri)
+    _brake(tmp_path)  # lifted by the test once it has stopped or killed the driver
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
@@ -158,6 +183,7 @@ def test_sigterm_stops_cleanly_and_resume_trains_to_the_planned_end(reference, r
     driver, env, folder = _driver_past_a_checkpoint(ray_cluster, tmp_path, uri)
     driver.send_signal(signal.SIGTERM)  # the driver only, as ray job stop does
     out, err = driver.communicate(timeout=120)
+    _lift(tmp_path)
     run_id = os.path.basename(folder)[len("elastic-") :]
     assert driver.returncode == 130, out + err
     assert "Traceback" not in err and "run killed:" in err, err
@@ -207,6 +233,7 @@ def test_driver_killed_after_checkpoint_resumes_same_run(reference, ray_cluster,
     run_dirs = [folder]
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
+    _lift(tmp_path)
     assert max(_ckpt_steps(run_dirs[0])) < STEPS, "the run finished before it could be killed"
     run_id = os.path.basename(run_dirs[0])[len("elastic-") :]
     # The killed driver's group still holds its reservation in Ray (for Ray's 180 s expiry): the

@@ -21,6 +21,8 @@ from tests.helpers import make_config
 
 pytestmark = pytest.mark.integration
 
+EPOCHS = 6
+
 
 def _newest_step(folder_glob: str) -> int:
     steps = [int(re.search(r"checkpoint_step(\d+)", p).group(1)) for p in glob.glob(f"{folder_glob}/checkpoint_step*")]
@@ -31,19 +33,30 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    # B 32 on 1 worker for the first epoch (45 steps), then B 64 on 2 (a restart resize); long
-    # enough that the kill lands mid-run
+    # B 32 on 1 worker for the first epoch (45 steps), then B 64 on 2 (a restart resize) to the
+    # planned end at step 45 + 5 * 23.  The built-in mlp's math as tests.byo_workloads:slow_mlp: the
+    # grown group's steps sleep 100 ms while the brake file exists (one micro-batch a step), which
+    # the test puts there once the first group has written its resize checkpoint (the second group
+    # is still starting then), so the kill lands mid-run (~11 s of steps left past step 50) on any
+    # machine's speed; lifted after the kill, the resume trains the rest at full speed
     cfg = make_config(
         tmp_path,
         uri,
         optimizer={"base_batch_size": 32},
         batch={"size": 32, "max_local_batch": 32, "policy": "schedule", "schedule": [[1, 64]]},
         scaling={"min_workers": 1, "max_workers": 2, "resize_mode": "restart", "cpus_per_worker": 0.5},
-        train={"epochs": 30},
+        train={"epochs": EPOCHS},
         checkpoint={"every_steps": 10},
     )
+    raw = cfg.model_dump(mode="json")
+    brake = tmp_path / "brake"
+    raw["model"] = {
+        "name": None,
+        "factory": "tests.byo_workloads:slow_mlp",
+        "params": {"sleep_s": 0.1, "brake": str(brake)},
+    }
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    path.write_text(yaml.safe_dump(raw))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
     env.pop("ELASTIC_KEEP_RAY", None)
     driver = subprocess.Popen(
@@ -61,9 +74,11 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
             pytest.fail(f"the driver ended early ({driver.returncode}): {driver.communicate()}")
         folders = glob.glob(f"{tmp_path}/ray_runs/elastic-*")
         run_id = run_id or (os.path.basename(min(folders, key=len))[len("elastic-") :] if folders else None)
+        if run_id and not brake.exists() and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}") >= 45:
+            brake.touch()  # the first group's resize checkpoint: the grown group trains braked
         if (
             run_id
-            and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}-r0p*") > 60
+            and _newest_step(f"{tmp_path}/ray_runs/elastic-{run_id}-r0p*") >= 50
             and client.get_metric_history(run_id, "resize/latency_s")
             # the resize's record, written just after its metric (the tracking listener runs first)
             and any(a.path == RESIZES_ARTIFACT for a in client.list_artifacts(run_id, "timeline"))
@@ -74,6 +89,7 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
         pytest.fail("the run never resized and checkpointed")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
+    brake.unlink()
 
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator", "resume", run_id, "--tracking-uri", uri, "--no-progress"],
@@ -98,7 +114,7 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     )
     assert [tuple(map(int, r[:4])) for r in rows[:2]] == [(1, 45, 32, 1), (46, int(rows[1][1]), 64, 2)], out.stdout
     assert rows[1][7], "the resize's latency is in the table"
-    assert int(rows[-1][1]) == 45 + 29 * 23 and sum(int(r[4]) for r in rows) == 30 * 1438, out.stdout
+    assert int(rows[-1][1]) == 45 + (EPOCHS - 1) * 23 and sum(int(r[4]) for r in rows) == EPOCHS * 1438, out.stdout
     # what the run cost, both drivers' groups: the stretches' worker-seconds sum to the run's, and each
     # stretch's groups held at least its W workers for the time it trained (its wall less the resize)
     cost = run.data.metrics["cost/worker_seconds"]
