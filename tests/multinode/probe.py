@@ -2,7 +2,8 @@
 tests.multinode.probe``, joined to the cluster in ``RAY_ADDRESS``; tests/multinode/runs.py starts one
 per cluster and keeps it).
 
-Each question is a line on stdin (``free_cpus``, ``actor_nodes CLASS``, ``busy_nodes``, ``refresh``),
+Each question is a line on stdin (``free_cpus``, ``actor_nodes CLASS``, ``busy_nodes``, ``refresh``,
+``refresh_once_dead NODE``),
 each answer one line on stdout, ``PROBE `` and JSON.  One process joined once, instead of a new
 Python joining the cluster for each question (1.5-2 s each here, some asked in a loop).  The test
 process itself joins no cluster: the integration tier's shared Ray may be up in it."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 PREFIX = "PROBE "
 
@@ -33,6 +35,15 @@ def answer(question: str):
     if name == "refresh":  # Ray Train's view of the nodes re-read now (orchestrator/run/reservations.py)
         from orchestrator.run.reservations import refresh
 
+        return refresh()
+    if name == "refresh_once_dead":  # the same as soon as Ray has declared node ``arg`` dead
+        from orchestrator.run.reservations import refresh
+
+        deadline = time.time() + 60
+        while any(n["NodeID"] == arg and n["Alive"] for n in ray.nodes()):
+            if time.time() > deadline:
+                raise TimeoutError(f"node {arg} still alive after 60 s")
+            time.sleep(0.05)
         return refresh()
     raise ValueError(f"unknown question {question!r}")
 

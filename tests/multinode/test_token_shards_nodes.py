@@ -20,6 +20,7 @@ from torch import nn
 
 from tests.helpers import migrated_store, read_sample_log
 from tests.multinode.runs import (
+    ask,
     checkpointed,
     driver,
     finish,
@@ -140,7 +141,14 @@ def test_w3_on_three_nodes_losing_one_trains_the_windows_of_w1_in_order(cluster,
         # W = 3 logged and a checkpoint (a group that started smaller, before Ray Train counted the
         # third node, grows to 3 at its capacity check)
         wait_for(run, lost, "W = 3 and a checkpoint", lambda: 3 in workers_logged(lost) and checkpointed(lost))
-        cluster.remove_node(sorted(cluster.worker_nodes, key=lambda n: n.node_id)[-1], allow_graceful=False)
+        victim = sorted(cluster.worker_nodes, key=lambda n: n.node_id)[-1]
+        cluster.remove_node(victim, allow_graceful=False)
+        # Ray Train sizes the restarted group from a view of the nodes up to 20 s old, which the driver
+        # has re-read at its next look (every 2 s): a look after Ray Train's decision leaves the group
+        # waiting 10 s for the lost node's CPU (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) before it is
+        # sized anew, a path test_node_changes' lost node takes as it comes.  The windows' order is
+        # this test's point: the view is re-read as soon as Ray declares the node dead.
+        ask(cluster, f"refresh_once_dead {victim.node_id}")
         wait_for(run, lost, "the run going on at W = 2", lambda: 2 in workers_logged(lost))
         lift_brake(lost)
         rc, text = finish(run, lost)
