@@ -33,9 +33,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# every bench/*.py in its --quick form (tests/integration/test_benches.py; autoscale, recovery and search
-# beside the others): 10 min 42 s here quiet before that (2026-11-29; to be re-measured), 28.7 at load 20
-# (docs/benchmarks.md)
+# every bench/*.py in its --quick form (tests/integration/test_benches.py): about 11 min here quiet,
+# 18.5 under load (docs/benchmarks.md)
 bench-check: $(STAMP)
 	$(BIN)/python -m pytest -q -m bench tests/integration/test_benches.py
 
