@@ -185,14 +185,10 @@ class Lane(threading.Thread):
 
     def run(self) -> None:
         for name, done in self.done.items():
-            try:
-                if not self.stopping:
-                    self.current = Started(name)
-                    self.results[name] = self.current.finish(TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
-            except Exception as e:  # reported by its test, not lost in this thread
-                self.results[name] = (None, "", f"could not run it: {e!r}")
-            finally:
-                done.set()
+            if not self.stopping:
+                self.current = Started(name)
+                self.results[name] = self.current.finish(TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
+            done.set()
 
     def collect(self, name: str) -> tuple[int | None, str, str]:
         self.done[name].wait()
@@ -230,7 +226,7 @@ def test_bench_runs_quick(name: str, beside: Lane):
         os.makedirs(keep, exist_ok=True)
         Path(keep, f"{name}.txt").write_text(out)
     where = f"bench/{name}.py --quick (exit {rc})\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
-    assert rc is not None, f"ran over {limit} s or did not run (its stderr says which): {where}"
+    assert rc is not None, f"ran over {limit} s: {where}"
     assert rc == 0, where
     values = summary_values(out)
     expected = SUMMARY.get(name) or last_line_keys(out)
