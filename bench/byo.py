@@ -18,9 +18,9 @@ plain loop as in bench/overhead.py (its docstring explains the method).
 
 ``--quick`` (CI): 1000 image steps on 20,000 samples, 120 LM steps of a 2-layer width-64 GPT, each
 loop under test alone until its first steps and its plain loop then until its own, two slices of each
-as long as their pace needs, then the loop under test alone to its end, an orchestrator row's stopped by
-SIGTERM (``--unsliced-ends --pairs 2``, bench/overhead.py): rough ratios, which only show the paths run.
-Last line: ``map_ratio=... lm_ratio=... lm_plain_ratio=...``.
+as long as their pace needs, then the loop under test alone to its end (``--unsliced-ends --pairs 2``,
+bench/overhead.py): rough ratios, which only show the paths run.  Last line: ``map_ratio=... lm_ratio=...
+lm_plain_ratio=...``.
 """
 
 from __future__ import annotations

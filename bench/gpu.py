@@ -35,7 +35,7 @@ Train / plain>`` and ``ratio=<orchestrator / plain>`` (aims: >= 0.97 and >= 0.95
 ``--warmup`` + ``--steps`` steps, the median; ``--data host`` measures pinned host data copied
 each step).  ``--quick`` (CI, ``--device cpu``): the cnn, B=4, 512 samples, 1200 steps, 1 s slices, 1 thread,
 ``--unsliced-ends``, ``--pairs 2`` (two slices of each loop after both have started, then the loop
-under test alone to its end, the orchestrator's stopped by SIGTERM: a rough ratio that only shows the path runs).
+under test alone to its end: a rough ratio that only shows the path runs).
 """
 
 from __future__ import annotations
@@ -499,7 +499,6 @@ def measure_sliced(
             done = partial(os.path.exists, a_out)  # written once its steps are made
         if pairs:
             done = partial(made_or_paired, done or (lambda: False), run, pairs)
-            run.end_early = row == "orchestrator" and not profile  # the steps after the pairs measure nothing
         with TreePeakRSS(run.a.pid) as rss:
             run.run(ROW_LABELS[row], done)
         if row == "orchestrator":

@@ -31,8 +31,8 @@ invocation to its first step and to its exit, counting only the time it ran.
 ``--quick`` (CI): the step-code and orchestrator rows (the bare Ray row's code is the plain
 loop's), 1000 steps a loop on 20,000 samples, ``--unsliced-ends`` and ``--pairs 2``: each loop under
 test runs alone until its first steps, its plain loop then alone until its own, two slices of each
-(as long as the slower loop's pace needs), then the loop under test alone to its end (the orchestrator
-stopped by SIGTERM at its next push): its ratio is rough (two or three pairs), and only shows the path runs.
+(as long as the slower loop's pace needs for a measured slice), and the loop under test alone to its
+end: its ratio is rough (two or three pairs), and only shows the path runs.
 
 With the ``ray`` and ``orchestrator`` rows: ``first_step_ratio=<orchestrator's invocation to
 first step / the bare Ray Train worker's>`` (both start their own local Ray; goal <= 1.1).
@@ -303,7 +303,6 @@ class Slices:
         self.side: dict[int, int] = {}  # CPU ticks of each process of ``a``'s tree but its loop, in ``a``'s slices
         self.labels: dict[int, str] = {}  # what each of them is (:func:`label`), as last seen
         self.a_running_s = 0.0  # the length of ``a``'s sliced slices
-        self.end_early = False  # a quick form: ``a`` gets SIGTERM once ``done()`` (its other steps measure nothing)
         with open(log, "w") as out:
             self.a = subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
             self.b = subprocess.Popen(b, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -372,8 +371,6 @@ class Slices:
                     if who == "b":
                         send(after[1]["b"], signal.SIGSTOP)
                         send(after[1]["a"], signal.SIGCONT)
-                    if self.end_early:  # the train CLI stops at its next push (exit status 130)
-                        self.a.send_signal(signal.SIGTERM)
                     start = time.time()
                     self.a.wait()
                     self.slices.append(("a", start, time.time()))
@@ -392,7 +389,7 @@ class Slices:
             self.b.send_signal(signal.SIGTERM)
             send([self.b.pid], signal.SIGCONT)
             self.b.wait()
-        if self.a.returncode not in (0, 130 if self.end_early else 0):
+        if self.a.returncode != 0:
             with open(self.log) as f:
                 raise SystemExit(f"the loop under test failed ({self.a.returncode}):\n{f.read()[-3000:]}")
         return self
@@ -453,11 +450,11 @@ class Slices:
 def paced_slice(a_pace: float | None, b_pace: float | None, slice_s: float) -> float:
     """A quick form's slices: long enough for :data:`MIN_STEPS` measured steps of the slower loop
     twice over, at least :data:`PACED_SLICE_S`.  A loop under test whose pace is 0 (the orchestrator:
-    its MLflow rows come too late to time its first steps) is taken as a quarter as fast as the plain
-    loop (half left byo's LM row unpaired at a load of 10); no pace known: ``slice_s``."""
+    its MLflow rows come too late to time its first steps) is taken as half as fast as the plain
+    loop; no pace known: ``slice_s``."""
     if b_pace is None or a_pace is None:
         return slice_s
-    return max(PACED_SLICE_S, 2 * (MIN_STEPS + 2) * max(a_pace or 4 * b_pace, b_pace))
+    return max(PACED_SLICE_S, 2 * (MIN_STEPS + 2) * max(a_pace or 2 * b_pace, b_pace))
 
 
 def first_logged(db: str) -> float | None:
@@ -582,7 +579,7 @@ def measure(
     Ray row's: its output file): Ray's start and teardown, unmeasured either way, which sliced take
     twice their time.  ``pairs`` (a quick form; 0: off): each loop runs alone until its first steps, its
     plain loop then alone until its own (:meth:`Slices.run`), and after ``pairs`` slices of each the
-    loop under test runs alone to its end (the orchestrator's is stopped): a few seconds sliced (a rough ratio)."""
+    loop under test runs alone to its end: a few seconds sliced, whatever the steps (a rough ratio)."""
     names = names or ROWS
     batch = cfg.batch.size
     mark = ["--mark-start"] if pairs else []
@@ -615,7 +612,6 @@ def measure(
             done = partial(os.path.exists, a_out)  # written once its steps are made
         lead = lead_s if done is None else max(lead_s, ALONE_LEAD_S)
         run = Slices(cmd, child("plain", 0, b_out), slice_s, os.path.join(tmp, f"{row}.log"))
-        run.end_early = bool(pairs) and row == "orchestrator"
         if pairs:
             db = cfg.tracking.uri[len("sqlite:///") :]
             started = partial(first_logged, db) if row == "orchestrator" else partial(read_pace, started_file(a_out))

@@ -8,10 +8,9 @@ that starts its own local Ray, exits 0, and prints its summary line(s) ``key=<nu
 finite number.  The figures of a quick run are not checked against any aim: on a small
 problem and a shared machine they only show that the benchmark still measures something.
 
-They are marked ``bench`` and left out of ``make test`` (10 min 42 s quiet on a 2-core machine one at a
-time, 2026-11-29: docs/benchmarks.md); ``make bench-check`` runs them, and ``.ci/run`` runs both.  They run
-one at a time but for :data:`BESIDE` (quick forms that mostly wait), which run one after another beside the
-others from the first bench test on, each collected by its own test at the end.
+They are marked ``bench`` and left out of ``make test`` (13 minutes quiet on a 2-core machine before
+the time-sliced quick forms stopped slicing after two pairs (``--pairs 2``), 11.5 nearly quiet after it:
+docs/benchmarks.md; one at a time); ``make bench-check`` runs them, and ``.ci/run`` runs both.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -34,15 +30,7 @@ BENCH = ROOT / "bench"
 # gpu_checks runs the others (gpu.py, whose quick form is here, the train CLI, the GPU tests) in one call on a
 # lent GPU machine; its --quick re-runs all of it on CPU (~6 min) and is left to whoever changes it.
 HELPERS = {"__init__", "common", "fake_cluster", "gpu_checks"}
-# Quick forms that mostly wait, run one after another beside the others from the first bench test on; their
-# own tests come last and collect them.  autoscale: its today path waits the driver's fixed 60 s for room
-# nobody asked the autoscaler for (orchestrator/run/phases.py await_room), and both its runs wait for fake
-# nodes; recovery: Ray's health check (3 s) and a drain's notice (10 s), each followed by a group's start;
-# search: trials' group starts on its own Ray.  Their figures are starts and pauses (stretched by a bench beside,
-# not broken); a quick form's figures only show the path runs.
-BESIDE = ("autoscale", "recovery", "search")
-BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS and p.stem not in BESIDE)
-BENCHES += [b for b in BESIDE if (BENCH / f"{b}.py").exists()]
+BENCHES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in HELPERS)
 
 # bench -> the summary keys it prints (a bench not listed here must end with at least one).
 SUMMARY = {
@@ -64,12 +52,11 @@ SUMMARY = {
 # At least twice each quick form's time here beside a `make test` (2026-11-28): autoscale 240 s before its cuts
 # (two fake clusters; 127-162 s under load since they run side by side), byo 330 (four local Rays beside
 # time-sliced loops; 100-115 s since they slice two pairs a row, 442 s at load 20), overhead 135, recovery 115
-# (a 3-node cluster), the rest under 170 s (quiet: about half); byo 383 s at load 10-20 (2026-11-29).  A BESIDE
-# bench's limit runs from its own start.
+# (a 3-node cluster), the rest under 170 s (quiet: about half).
 TIMEOUT_S = {
     "autoscale": 660,
     "checkpoint": 120,
-    "byo": 780,
+    "byo": 600,
     "recovery": 420,
 }
 DEFAULT_TIMEOUT_S = 300
@@ -127,100 +114,43 @@ def test_every_bench_is_found():
     assert set(SUMMARY) <= set(BENCHES), f"SUMMARY names a bench that is gone: {set(SUMMARY) - set(BENCHES)}"
 
 
-class Started:
-    """One bench's ``--quick`` run as a subprocess in its own session (its Ray's processes with it), its
-    output to files (a run beside the others is read only at its end: a pipe would fill and stall it)."""
-
-    def __init__(self, name: str) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        env.pop("RAY_ADDRESS", None)  # its own local Ray, never a cluster this shell may point at
-        env.pop("ELASTIC_BENCH_KEEP", None)  # its scratch folders are removed at its exit
-        self.out, self.err = (tempfile.TemporaryFile("w+", errors="replace") for _ in range(2))
-        self.started = time.monotonic()
-        self.p = subprocess.Popen(
-            [sys.executable, str(BENCH / f"{name}.py"), "--quick"],
-            cwd=ROOT,
-            env=env,
-            stdout=self.out,
-            stderr=self.err,
-            start_new_session=True,
-        )
-
-    def finish(self, timeout_s: float) -> tuple[int | None, str, str]:
-        """(exit status or None when it ran over ``timeout_s`` since its start, stdout, stderr).  A bench
-        that runs over gets SIGINT (it shuts its Ray down), then its whole process group SIGKILL."""
-        rc = None
+def run_bench(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str, str]:
+    """(exit status or None when it ran over ``timeout_s``, stdout, stderr).  A bench that runs
+    over gets SIGINT (it shuts its Ray down), then its whole process group SIGKILL."""
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT)
         try:
-            rc = self.p.wait(timeout=max(1.0, self.started + timeout_s - time.monotonic()))
+            out, err = p.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            self.p.send_signal(signal.SIGINT)
-            try:
-                self.p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        finally:
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)  # anything of its group still there (Ray's processes)
-            except ProcessLookupError:
-                pass
-            self.p.wait()
-        texts = []
-        for f in (self.out, self.err):
-            f.seek(0)
-            texts.append(f.read())
-            f.close()
-        return rc, texts[0], texts[1]
-
-
-class Lane(threading.Thread):
-    """The :data:`BESIDE` benches a session selected, one after another, beside the others."""
-
-    def __init__(self, names: list[str]) -> None:
-        super().__init__(daemon=True)
-        self.results: dict[str, tuple[int | None, str, str]] = {}
-        self.done = {name: threading.Event() for name in names}
-        self.current: Started | None = None
-        self.stopping = False
-
-    def run(self) -> None:
-        for name, done in self.done.items():
-            if not self.stopping:
-                self.current = Started(name)
-                self.results[name] = self.current.finish(TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S))
-            done.set()
-
-    def collect(self, name: str) -> tuple[int | None, str, str]:
-        self.done[name].wait()
-        return self.results.get(name) or (None, "", "not run: the session stopped first")
-
-
-@pytest.fixture(scope="module")
-def beside(request) -> Lane:
-    """The :data:`BESIDE` benches this session selected, started at its first bench test."""
-    chosen = {
-        item.callspec.params["name"]
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_bench_runs_quick"
-    }
-    lane = Lane([name for name in BESIDE if name in chosen and name not in BROKEN])
-    lane.start()
-    yield lane
-    lane.stopping = True  # an interrupted session: the bench running now shuts its Ray down
-    if lane.is_alive() and lane.current is not None and lane.current.p.poll() is None:
-        lane.current.p.send_signal(signal.SIGINT)
-    lane.join(60)
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+        return None, out, err
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # anything of its group still there (Ray's processes)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.mark.bench
 @pytest.mark.parametrize(
     "name", [pytest.param(b, marks=pytest.mark.timeout(TIMEOUT_S.get(b, DEFAULT_TIMEOUT_S) + 60)) for b in BENCHES]
 )
-def test_bench_runs_quick(name: str, beside: Lane):
+def test_bench_runs_quick(name: str):
     if name in BROKEN:
         pytest.skip(BROKEN[name])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("RAY_ADDRESS", None)  # its own local Ray, never a cluster this shell may point at
+    env.pop("ELASTIC_BENCH_KEEP", None)  # its scratch folders are removed at its exit
     limit = TIMEOUT_S.get(name, DEFAULT_TIMEOUT_S)
-    rc, out, err = beside.collect(name) if name in beside.done else Started(name).finish(limit)
+    rc, out, err = run_bench([sys.executable, str(BENCH / f"{name}.py"), "--quick"], env, limit)
     keep = os.environ.get("ELASTIC_BENCH_LOG_DIR")  # where each bench's stdout is kept (its table, figures)
     if keep:
         os.makedirs(keep, exist_ok=True)

@@ -61,7 +61,7 @@ def test_a_quick_slice_is_long_enough_for_the_slower_loops_measured_steps():
 
     assert paced_slice(0.1, 0.05, 2.0) == pytest.approx(2 * (MIN_STEPS + 2) * 0.1)
     assert paced_slice(0.001, 0.002, 2.0) == PACED_SLICE_S  # fast loops: the shortest slice
-    assert paced_slice(0.0, 0.05, 2.0) == pytest.approx(2 * (MIN_STEPS + 2) * 0.2)  # its pace unknown: b's / 4
+    assert paced_slice(0.0, 0.05, 2.0) == pytest.approx(2 * (MIN_STEPS + 2) * 0.1)  # its pace unknown: half b's
     assert paced_slice(None, 0.05, 2.0) == 2.0 and paced_slice(0.1, None, 2.0) == 2.0  # not read in time
 
 
