@@ -59,6 +59,17 @@ def make_config(tmp_path, tracking_uri: str, **sections: dict[str, Any]) -> Root
     return validate(raw)
 
 
+def braked_mlp(brake, sleep_s: float, **params: Any) -> dict[str, Any]:
+    """A config's model section: the built-in mlp's math as ``tests.byo_workloads:slow_mlp``, each
+    training micro-batch sleeping ``sleep_s`` while the file ``brake`` exists (a test makes it and
+    removes it, so an event it waits for lands mid-run on any machine's speed)."""
+    return {
+        "name": None,
+        "factory": "tests.byo_workloads:slow_mlp",
+        "params": {**params, "sleep_s": sleep_s, "brake": str(brake)},
+    }
+
+
 def metric_series(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 

@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.config.schema import validate
 from orchestrator.run.runner import run_training
-from tests.helpers import dense_series, make_config, metric_series, printed_command, read_sample_log
+from tests.helpers import braked_mlp, dense_series, make_config, metric_series, printed_command, read_sample_log
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +40,7 @@ def _cfg(tmp, uri, **extra):
     for k, v in extra.items():
         sections.setdefault(k, {}).update(v)
     raw = make_config(tmp, uri, **sections).model_dump(mode="json")
-    brake = os.path.join(str(tmp), "brake")
-    raw["model"] = {
-        "name": None,
-        "factory": "tests.byo_workloads:slow_mlp",
-        "params": {"sleep_s": 0.05, "brake": brake},
-    }
+    raw["model"] = braked_mlp(os.path.join(str(tmp), "brake"), 0.05)
     return validate(raw)
 
 

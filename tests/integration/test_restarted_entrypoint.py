@@ -23,7 +23,7 @@ import time
 import pytest
 import yaml
 
-from tests.helpers import make_config, metric_series
+from tests.helpers import braked_mlp, make_config, metric_series
 
 pytestmark = pytest.mark.integration
 
@@ -65,11 +65,7 @@ def test_a_restarted_entrypoint_with_its_key_goes_on_with_its_own_run(ray_cluste
     brake = tmp_path / "brake"
     brake.touch()
     raw = cfg.model_dump(mode="json")
-    raw["model"] = {
-        "name": None,
-        "factory": "tests.byo_workloads:slow_mlp",
-        "params": {"hidden": 32, "sleep_s": 0.03, "brake": str(brake)},
-    }
+    raw["model"] = braked_mlp(brake, 0.03, hidden=32)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(raw))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)

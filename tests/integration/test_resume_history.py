@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from orchestrator.record.history import RESIZES_ARTIFACT
-from tests.helpers import make_config
+from tests.helpers import braked_mlp, make_config
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +50,7 @@ def test_a_resumed_run_reports_the_resizes_and_stretches_of_every_driver(ray_clu
     )
     raw = cfg.model_dump(mode="json")
     brake = tmp_path / "brake"
-    raw["model"] = {
-        "name": None,
-        "factory": "tests.byo_workloads:slow_mlp",
-        "params": {"sleep_s": 0.1, "brake": str(brake)},
-    }
+    raw["model"] = braked_mlp(brake, 0.1)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(raw))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from orchestrator.record import ui
-from tests.helpers import free_port, make_config, metric_series, migrated_store
+from tests.helpers import braked_mlp, free_port, make_config, metric_series, migrated_store
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +70,7 @@ def _driver(ray_cluster, tmp_path, uri, outage_s, *args, name="train"):
     brake = tmp_path / "brake"
     if name == "train":
         brake.touch()
-    cfg["model"] = {
-        "name": None,
-        "factory": "tests.byo_workloads:slow_mlp",
-        "params": {"hidden": 32, "sleep_s": 0.04, "brake": str(brake)},
-    }
+    cfg["model"] = braked_mlp(brake, 0.04, hidden=32)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, RAY_ADDRESS=ray_cluster.get_runtime_context().gcs_address)
