@@ -21,9 +21,10 @@ from orchestrator.config.flags import OneLineParser, number, set_without_equals
 from orchestrator.config.prepare import prepare
 from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.config.uris import redact_text, redact_uri
+from orchestrator.interrupts import terminate_as_interrupt
 from orchestrator.record import ui
 from orchestrator.run.outcome import EXIT_INTERRUPTED
-from orchestrator.run.ray_env import ensure_ray, quiet_libraries, quiet_ray_env, stop_ray, terminate_as_interrupt
+from orchestrator.run.ray_env import ensure_ray, quiet_libraries, quiet_ray_env, stop_ray
 from trainers.link.messages import process_started
 from trainers.link.tags import RUN_KEY as RUN_KEY_TAG
 from trainers.loop.storage import join

@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         heartbeat_s=args.heartbeat,
     )
-    from orchestrator.run.ray_env import terminate_as_interrupt
+    from orchestrator.interrupts import terminate_as_interrupt
 
     try:
         with terminate_as_interrupt():  # ray job stop: SIGTERM first; stop as Ctrl-C does, cleanly

@@ -39,7 +39,7 @@ import optuna
 from orchestrator.config.preflight import check_data_files
 from orchestrator.config.prepare import validated
 from orchestrator.config.schema import ConfigError
-from orchestrator.run.ray_env import raise_pending_interrupt
+from orchestrator.interrupts import raise_pending_interrupt
 from search.capacity import trial_needs
 from search.liveness import DEFAULT_HEARTBEAT_S, DriverLife, StudyStore, request_key
 from search.pool import Slots

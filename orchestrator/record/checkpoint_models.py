@@ -21,6 +21,7 @@ from mlflow.models import Model
 from mlflow.utils.mlflow_tags import MLFLOW_MODEL_IS_EXTERNAL
 
 from orchestrator.config.uris import redact_uri
+from orchestrator.interrupts import deferred_interrupts
 from trainers.link import metrics as M
 from trainers.link.tags import CHECKPOINT_PRUNED, CHECKPOINT_STEP, CHECKPOINT_URI
 
@@ -99,7 +100,8 @@ class CheckpointModels:
         while self.pending:
             step, path = self.pending[0]
             try:
-                self.logged[step] = (self._log(step, path), path)
+                with deferred_interrupts():  # a LoggedModel cut between creation and READY stays PENDING
+                    self.logged[step] = (self._log(step, path), path)
             except Exception:  # the store is away: the run's writer says so; tried again later
                 return False
             self.pending.pop(0)

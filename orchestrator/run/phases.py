@@ -45,6 +45,7 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from orchestrator.interrupts import raise_pending_interrupt
 from orchestrator.record.cost import GroupHold
 from orchestrator.record.listeners import ProgressListener, RunListener, TimelineListener, TrackingListener
 from orchestrator.record.progress_bar import Progress
@@ -62,7 +63,7 @@ from orchestrator.run.outcome import (
     Resume,
     TrackingGone,
 )
-from orchestrator.run.ray_env import dashboard_running, on_own_local_ray, raise_pending_interrupt
+from orchestrator.run.ray_env import dashboard_running, on_own_local_ray
 from orchestrator.run.reservations import ray_train_run_id, recorded, release_unfinished
 from orchestrator.run.reservations import refresh as refresh_nodes
 from orchestrator.run.resizing import has_room

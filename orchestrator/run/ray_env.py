@@ -9,78 +9,17 @@ import contextlib
 import ipaddress
 import logging
 import os
-import signal
 import socket
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from orchestrator import interrupts
 from orchestrator.run.reservations import PLACEMENT_WAIT_S
 from trainers.errors import first_line
 
 CONTROLLER_POLL_S = 0.5  # Ray Train's controller's poll of its workers (its default: 2 s)
 
 _local_address = ""  # the GCS address of the local Ray this process started last (ensure_ray): one node
-_term_as_interrupt = False  # inside terminate_as_interrupt(): SIGTERM raises KeyboardInterrupt
-
-
-_interrupt_pending = False  # a SIGTERM came: its KeyboardInterrupt may have been lost (see raise_pending_interrupt)
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    global _interrupt_pending
-    _interrupt_pending = True
-    raise KeyboardInterrupt
-
-
-def raise_pending_interrupt() -> None:
-    """Raise the KeyboardInterrupt of a SIGTERM whose own was lost: Python runs a signal's handler
-    wherever the main thread is, and one that raises inside a weakref callback or ``__del__`` (a
-    garbage collection) is printed as "Exception ignored" and dropped, so the stop would never
-    reach the run.  The driver's loop calls this at every poll."""
-    global _interrupt_pending
-    if _interrupt_pending:
-        _interrupt_pending = False
-        raise KeyboardInterrupt
-
-
-def _quiet_lost_interrupt(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    """An unraisable hook that drops the "Exception ignored in: ..." report of a SIGTERM's
-    KeyboardInterrupt lost in a weakref callback or ``__del__``: it is not lost (it is pending, and
-    the driver's loop raises it again), and its traceback on the run's stderr reads as a crash.
-    Every other unraisable exception goes to the hook that was there."""
-
-    def hook(unraisable: Any) -> None:
-        if unraisable.exc_type is KeyboardInterrupt and _interrupt_pending:
-            return
-        previous(unraisable)
-
-    return hook
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Within this block SIGTERM (``ray job stop``, ``kill``, a scheduler) stops the driver as Ctrl-C
-    does: ``KeyboardInterrupt``, so the run ends KILLED with its message and Ray is shut down.
-
-    ``ray.init`` installs its own SIGTERM handler (``sys.exit``: the driver then dies in teardown,
-    without a status message); :func:`ensure_ray` puts this one back while the block is active.
-    Outside the main thread (where Python cannot set handlers) it does nothing."""
-    global _term_as_interrupt, _interrupt_pending
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    old_hook = sys.unraisablehook
-    sys.unraisablehook = _quiet_lost_interrupt(old_hook)
-    _term_as_interrupt, _interrupt_pending = True, False
-    try:
-        yield
-    finally:
-        _term_as_interrupt, _interrupt_pending = False, False
-        signal.signal(signal.SIGTERM, old)
-        sys.unraisablehook = old_hook
 
 
 def quiet_ray_env(verbose: bool) -> None:
@@ -282,8 +221,7 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
         global _local_address
         _local_address = ray.get_runtime_context().gcs_address
-    if _term_as_interrupt and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # ray.init replaced it
+    interrupts.reinstall()  # ray.init replaced the stop's handler
     if not verbose:
         _quiet_cluster_errors()
         for name in ("ray", "ray.train", "ray.tune", "ray.data"):

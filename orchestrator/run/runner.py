@@ -184,7 +184,7 @@ def run_training(cfg: RootConfig, **options: Any) -> RunSummary:
         try:
             driver.open()
             end = driver.close(driver.runner.run())
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (ray_env.terminate_as_interrupt), wherever it came
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (orchestrator/interrupts.py), wherever it came
             end = driver.interrupted()
         except Exception as e:
             end = driver.failed(e)

@@ -1,31 +1,11 @@
-"""orchestrator/run/ray_env.py: SIGTERM as Ctrl-C for the CLI drivers, and the switches a local Ray is
-started with (no Ray started here; tests/integration/test_local_ray_loopback.py starts one)."""
+"""orchestrator/run/ray_env.py: the switches a local Ray is started with (no Ray started here;
+tests/integration/test_local_ray_loopback.py starts one)."""
 
 import os
-import signal
 
 import pytest
 
 from orchestrator.run import ray_env
-
-
-def test_sigterm_inside_the_block_raises_keyboard_interrupt_and_the_old_handler_comes_back():
-    seen = []
-    old = signal.signal(signal.SIGTERM, lambda *_: seen.append("old"))
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with ray_env.terminate_as_interrupt():
-                assert ray_env._term_as_interrupt
-                os.kill(os.getpid(), signal.SIGTERM)
-                for _ in range(100):  # the handler runs between bytecodes of the main thread
-                    pass
-        assert not ray_env._term_as_interrupt
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(100):
-            pass
-        assert seen == ["old"]
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @pytest.mark.parametrize(
@@ -130,66 +110,6 @@ def test_only_the_local_ray_this_process_started_counts_as_its_own(monkeypatch):
         clock[0] = t
         once.poll_drain_notices()
     assert looks == [1]  # the local Ray's drains: looked at once
-
-
-def test_a_sigterm_whose_interrupt_was_swallowed_still_reaches_the_drivers_loop():
-    """Python runs a signal's handler wherever the main thread is: a KeyboardInterrupt raised inside
-    a weakref callback (a garbage collection) is printed and dropped.  The driver's loop asks again
-    at its next poll (orchestrator/run/phases.py), once; outside the block nothing is pending."""
-    from orchestrator.run.ray_env import raise_pending_interrupt, terminate_as_interrupt
-
-    with terminate_as_interrupt():
-        try:
-            signal.raise_signal(signal.SIGTERM)
-        except KeyboardInterrupt:
-            pass  # as "Exception ignored in: <function WeakValueDictionary...remove>" drops it
-        with pytest.raises(KeyboardInterrupt):
-            raise_pending_interrupt()
-        raise_pending_interrupt()  # once: the stop is on its way
-        try:
-            signal.raise_signal(signal.SIGTERM)
-        except KeyboardInterrupt:
-            pass
-    raise_pending_interrupt()  # the block's end leaves nothing pending
-
-
-def test_a_sigterm_lost_in_a_weakref_callback_is_not_reported_and_still_stops(monkeypatch):
-    """The real loss: the handler's KeyboardInterrupt raised inside a weakref callback.  Python
-    hands it to sys.unraisablehook ("Exception ignored in ... KeyboardInterrupt", a traceback on
-    the run's stderr that reads as a crash); inside the block that report is dropped and the stop
-    stays pending, any other unraisable exception still reaches the hook, and the block's end
-    puts the hook back."""
-    import gc
-    import sys
-    import weakref
-
-    reported = []
-    recorder = lambda u: reported.append(u.exc_type)  # noqa: E731
-    monkeypatch.setattr(sys, "unraisablehook", recorder)
-
-    class Thing:
-        pass
-
-    def lost(_):
-        ray_env._raise_interrupt(signal.SIGTERM, None)
-
-    def broken(_):
-        raise ValueError("a real bug in a finalizer")
-
-    with ray_env.terminate_as_interrupt():
-        thing = Thing()
-        ref = weakref.ref(thing, lost)
-        del thing
-        gc.collect()
-        assert ref() is None and reported == []
-        with pytest.raises(KeyboardInterrupt):
-            ray_env.raise_pending_interrupt()
-        other = Thing()
-        ref = weakref.ref(other, broken)
-        del other
-        gc.collect()
-        assert reported == [ValueError]
-    assert sys.unraisablehook is recorder
 
 
 def test_ray_trains_placement_group_cleaner_is_left_out_only_where_the_dashboard_does_not_answer(monkeypatch):
