@@ -12,11 +12,15 @@ stop while one waits is raised at once (a store that hangs cannot hold the drive
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _active = False  # inside terminate_as_interrupt(): SIGTERM and SIGINT raise KeyboardInterrupt
 _pending = False  # a stop came: its KeyboardInterrupt may have been lost (see raise_pending_interrupt)
@@ -114,21 +118,34 @@ def terminate_as_interrupt() -> Iterator[None]:
         sys.unraisablehook = old_hook
 
 
-class DeferringClient:
-    """An ``MlflowClient`` whose every call runs in :func:`deferred_interrupts`: the driver's one
-    seam to its tracking store, so that no stop lands inside a store's transaction."""
+_DEFERRING: dict[type, type] = {}  # a class -> its subclass whose public methods defer a stop
 
-    def __init__(self, client: Any):
-        self._client = client
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if not callable(attr):
-            return attr
+def _deferring_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with deferred_interrupts():
+            return method(*args, **kwargs)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with deferred_interrupts():
-                return attr(*args, **kwargs)
+    return call
 
-        call.__name__ = name
-        return call
+
+def deferring(obj: T) -> T:
+    """``obj`` (an ``MlflowClient``, an Optuna storage: a driver's one seam to a store) with every
+    public method of its class run in :func:`deferred_interrupts`, so that no stop lands inside a
+    store's transaction.  Its class becomes a subclass of the same name (``isinstance`` holds, as
+    Optuna's checks of its storages need)."""
+    cls = type(obj)
+    if cls in _DEFERRING.values():
+        return obj
+    sub = _DEFERRING.get(cls)
+    if sub is None:
+        methods = {
+            name: _deferring_method(attr)
+            for klass in reversed(cls.__mro__)
+            for name, attr in vars(klass).items()
+            if not name.startswith("_") and inspect.isfunction(attr)
+        }
+        sub = _DEFERRING[cls] = type(cls.__name__, (cls,), {**methods, "__module__": cls.__module__})
+    obj.__class__ = sub
+    return obj

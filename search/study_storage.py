@@ -17,6 +17,7 @@ import optuna
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from orchestrator.config.schema import ConfigError
+from orchestrator.interrupts import deferring
 from trainers.errors import one_line
 
 if TYPE_CHECKING:
@@ -112,7 +113,9 @@ def open_storage(storage: str, heartbeat_s: int | None = None) -> BaseStorage:
 
     ``heartbeat_s`` (the search driver's): an RDB storage gets Optuna's heartbeat with that interval,
     a grace period of ``liveness.GRACE_BEATS`` intervals and a ``StaleCollector`` (``search.liveness``);
-    a journal file needs nothing (the driver beats in trial attributes)."""
+    a journal file needs nothing (the driver beats in trial attributes).  A stop (Ctrl-C, SIGTERM)
+    waits for the end of each call (``orchestrator.interrupts.deferring``): a journal's lock file or
+    an RDB's transaction is never left half-held."""
 
     if is_rdb_url(storage):
         kw = {}
@@ -125,7 +128,7 @@ def open_storage(storage: str, heartbeat_s: int | None = None) -> BaseStorage:
                 heartbeat_stale_trial_callback=StaleCollector(),
             )
         try:
-            return optuna.storages.RDBStorage(storage, **kw)
+            return deferring(optuna.storages.RDBStorage(storage, **kw))
         except Exception as e:
             raise ConfigError(
                 f"--storage: cannot open {describe_storage(storage)!r} ({one_line(e)}); check the URL"
@@ -138,7 +141,7 @@ def open_storage(storage: str, heartbeat_s: int | None = None) -> BaseStorage:
         raise ConfigError(f"--storage: {path!r} is a folder; pass a journal file path (e.g. {DEFAULT_STORAGE})")
 
     try:
-        return JournalStorage(JournalFileBackend(path))
+        return deferring(JournalStorage(JournalFileBackend(path)))
     except Exception as e:
         raise ConfigError(f"--storage: cannot use journal file {path!r} ({e})") from None
 

@@ -37,7 +37,7 @@ from mlflow.tracking import MlflowClient
 from optuna.visualization import matplotlib as ovm
 
 from orchestrator.config.uris import mlflow_uri
-from orchestrator.interrupts import DeferringClient
+from orchestrator.interrupts import deferring
 from orchestrator.record.ui import experiment_id
 from search.space import SearchSpace
 from search.view import (
@@ -66,7 +66,7 @@ def _client(uri: str) -> Any:
 
     uri = mlflow_uri(uri)  # what MLflow sees: never a password (it prints and quotes its URI)
     mlflow.set_tracking_uri(uri)
-    return DeferringClient(MlflowClient(uri))  # a stop (Ctrl-C, SIGTERM) never lands inside a store's transaction
+    return deferring(MlflowClient(uri))  # a stop (Ctrl-C, SIGTERM) never lands inside a store's transaction
 
 
 def _fmt(v: Any) -> str:

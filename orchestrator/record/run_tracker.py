@@ -23,7 +23,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from orchestrator.config.uris import experiment_artifact_location, mlflow_uri, redact_text, redact_uri
-from orchestrator.interrupts import DeferringClient
+from orchestrator.interrupts import deferring
 from orchestrator.record.checkpoint_models import CheckpointModels
 from orchestrator.record.cost import Cost
 from orchestrator.record.datasets import log_datasets
@@ -102,7 +102,7 @@ class RunTracker:
         self.uri = record.uri
         seen_by_mlflow = mlflow_uri(self.uri)  # never a password (MLflow prints its URI)
         mlflow.set_tracking_uri(seen_by_mlflow)
-        client = DeferringClient(MlflowClient(seen_by_mlflow))  # a stop never lands inside a store's transaction
+        client = deferring(MlflowClient(seen_by_mlflow))  # a stop never lands inside a store's transaction
         bound_http_requests(seen_by_mlflow)
         if run_id is None:
             # a new experiment's artifacts beside the store (not in ./mlruns of the current folder);

@@ -96,7 +96,8 @@ def test_a_stop_inside_an_mlflow_call_leaves_the_store_unlocked_and_the_call_who
         return instances(result, context)
 
     monkeypatch.setattr(loading, "instances", stop_mid_query)
-    client = interrupts.DeferringClient(raw)
+    client = interrupts.deferring(MlflowClient(tracking_uri))
+    assert isinstance(client, MlflowClient) and interrupts.deferring(client) is client
     with interrupts.terminate_as_interrupt():
         try:
             client.log_batch(run_id, metrics=[Metric("train/loss", 1.5, 0, 1)])
@@ -166,3 +167,36 @@ def test_a_sigterm_lost_in_a_weakref_callback_is_not_reported_and_still_stops(mo
         gc.collect()
         assert reported == [ValueError]
     assert sys.unraisablehook is recorder
+
+
+def test_a_stop_inside_a_journal_write_leaves_no_lock_behind_and_the_trial_is_written(tmp_path, monkeypatch):
+    """The search's default storage (search/study_storage.py): a SIGTERM between Optuna's taking of
+    the journal's lock file and its ``try`` left the lock behind, and every later write (the
+    interrupted driver's FAIL of its running trials, a re-run's) waited Optuna's 30 s grace period
+    for it.  Through the storage the driver opens, the write ends first and the lock is let go."""
+    import optuna
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    from search.study_storage import open_storage
+
+    path = tmp_path / "optuna.journal"
+    storage = open_storage(str(path))
+    assert isinstance(storage, optuna.storages.JournalStorage)
+    study = optuna.create_study(study_name="s", storage=storage)
+    fired, acquire = [], JournalFileSymlinkLock.acquire
+
+    def stop_once_locked(self):
+        taken = acquire(self)
+        if not fired:
+            fired.append(True)
+            signal.raise_signal(signal.SIGTERM)
+        return taken
+
+    monkeypatch.setattr(JournalFileSymlinkLock, "acquire", stop_once_locked)
+    with interrupts.terminate_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            study.ask()
+    assert fired
+    assert not [p.name for p in tmp_path.iterdir() if p.name != path.name]  # no lock file left
+    again = optuna.load_study(study_name="s", storage=open_storage(str(path)))
+    assert [t.state for t in again.trials] == [optuna.trial.TrialState.RUNNING]
