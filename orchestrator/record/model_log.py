@@ -22,7 +22,6 @@ from mlflow.models import infer_signature
 
 from orchestrator.config.schema import RootConfig
 from orchestrator.config.uris import redact_text
-from orchestrator.interrupts import deferred_interrupts
 from orchestrator.record.checkpoint_models import model_step, ranked_models
 from trainers.errors import one_line
 from trainers.link import tags as T
@@ -111,11 +110,12 @@ class ModelLogger:
                 self.experiment_id, name=name, source_run_id=self.run_id, model_type="pytorch"
             ).model_id
 
-        with deferred_interrupts():  # a stop waits for the model's files and its READY (a few seconds)
-            try:
-                info = mlflow.pytorch.log_model(model, model_id=new_model(), **common)
-            except Exception:  # torch.export could not trace it (data-dependent control flow)
-                info = mlflow.pytorch.log_model(model, model_id=new_model(), serialization_format="pickle", **common)
+        # not deferred as a whole (orchestrator/interrupts.py): the export takes seconds, and ray job
+        # stop's SIGKILL follows its SIGTERM after 3 s; a stop here leaves the model PENDING
+        try:
+            info = mlflow.pytorch.log_model(model, model_id=new_model(), **common)
+        except Exception:  # torch.export could not trace it (data-dependent control flow)
+            info = mlflow.pytorch.log_model(model, model_id=new_model(), serialization_format="pickle", **common)
         return info.model_uri
 
     def register(
