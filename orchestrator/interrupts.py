@@ -51,6 +51,24 @@ def reinstall() -> None:
         signal.signal(signal.SIGTERM, _on_stop)
 
 
+@contextlib.contextmanager
+def through_ray_init() -> Iterator[None]:
+    """Around ``ray.init``, which puts its own SIGTERM handler in at its start (``sys.exit(15)``): a
+    SIGTERM while Ray starts or is joined (seconds) exited the driver with status 15 and no word.
+    Inside :func:`terminate_as_interrupt` that exit is the stop (a ``KeyboardInterrupt``, as Ctrl-C
+    there is), and the stop's handler is back once ``ray.init`` returns or fails."""
+    global _pending
+    try:
+        yield
+    except SystemExit as e:
+        if not active() or e.code != signal.SIGTERM:
+            raise
+        _pending = True
+        raise KeyboardInterrupt from None
+    finally:
+        reinstall()
+
+
 def raise_pending_interrupt() -> None:
     """Raise the KeyboardInterrupt of a stop whose own was lost: one raised inside a weakref callback
     or ``__del__`` (a garbage collection) is printed as "Exception ignored" and dropped, so the stop

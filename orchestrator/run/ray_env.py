@@ -203,8 +203,8 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        with _single_machine_ray(active=_is_loopback(address)):  # a local Ray started as below
-            ray.init(**kwargs)
+        with _single_machine_ray(active=_is_loopback(address)), interrupts.through_ray_init():
+            ray.init(**kwargs)  # a local Ray started as below: _single_machine_ray
     else:
         # Without a dashboard nothing reads Ray's own metrics: their collection is CPU for nothing.
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
@@ -217,11 +217,10 @@ def ensure_ray(verbose: bool = False, num_cpus: int | None = None, runtime_env: 
         if runtime_env:
             kwargs["runtime_env"] = runtime_env
         _token_auth()
-        with _single_machine_ray():
+        with _single_machine_ray(), interrupts.through_ray_init():
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
         global _local_address
         _local_address = ray.get_runtime_context().gcs_address
-    interrupts.reinstall()  # ray.init replaced the stop's handler
     if not verbose:
         _quiet_cluster_errors()
         for name in ("ray", "ray.train", "ray.tune", "ray.data"):

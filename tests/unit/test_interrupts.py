@@ -200,3 +200,34 @@ def test_a_stop_inside_a_journal_write_leaves_no_lock_behind_and_the_trial_is_wr
     assert not [p.name for p in tmp_path.iterdir() if p.name != path.name]  # no lock file left
     again = optuna.load_study(study_name="s", storage=open_storage(str(path)))
     assert [t.state for t in again.trials] == [optuna.trial.TrialState.RUNNING]
+
+
+def _like_ray_init(code: int | None = None):
+    """What ``ray.init`` does first: its own SIGTERM handler, ``sys.exit(signum)``; then it starts Ray
+    (here: a SIGTERM arrives while it does), or exits with ``code``."""
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(signum))
+    if code is not None:
+        sys.exit(code)
+    signal.raise_signal(signal.SIGTERM)
+    _spin()
+
+
+def test_a_sigterm_while_ray_init_starts_ray_is_the_stop_not_a_silent_exit_15():
+    with interrupts.terminate_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.through_ray_init():
+                _like_ray_init()
+        assert signal.getsignal(signal.SIGTERM) is interrupts._on_stop  # put back for the run
+        with pytest.raises(SystemExit) as other:  # any other exit of ray.init is its own
+            with interrupts.through_ray_init():
+                _like_ray_init(code=3)
+        assert other.value.code == 3 and signal.getsignal(signal.SIGTERM) is interrupts._on_stop
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit):  # outside the drivers' block: Ray's behaviour, untouched
+            with interrupts.through_ray_init():
+                _like_ray_init()
+    finally:
+        signal.signal(signal.SIGTERM, old)
