@@ -21,7 +21,7 @@ from orchestrator.config.flags import OneLineParser, number, set_without_equals
 from orchestrator.config.prepare import prepare
 from orchestrator.config.schema import DEFAULT_TRACKING_URI, ConfigError
 from orchestrator.config.uris import redact_text, redact_uri
-from orchestrator.interrupts import terminate_as_interrupt
+from orchestrator.interrupts import deferred_interrupts, terminate_as_interrupt
 from orchestrator.record import ui
 from orchestrator.run.outcome import EXIT_INTERRUPTED
 from orchestrator.run.ray_env import ensure_ray, quiet_libraries, quiet_ray_env, stop_ray
@@ -229,8 +229,11 @@ def _train_and_report(cfg, **kwargs) -> int:
     started = handed = False
     try:
         with terminate_as_interrupt():
-            started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
-            loading.join()
+            try:
+                started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
+            finally:  # a stop while Ray starts waits for the imports and the store's schema: a thread
+                with deferred_interrupts():  # cut mid-import at exit aborts the process (status 134)
+                    loading.join()
             from orchestrator.run.runner import RunInterrupted, run_training
 
             handed = True  # the run stops the Ray started here, however it ends

@@ -31,6 +31,7 @@ from orchestrator.config.code import runtime_env
 from orchestrator.config.feasibility import judge
 from orchestrator.config.schema import ConfigError, RootConfig, ScalingConfig
 from orchestrator.config.uris import redact_text
+from orchestrator.interrupts import deferred_interrupts
 from orchestrator.record.history import drain_saver, holds_saver, resize_saver
 from orchestrator.record.listeners import RecordsCallback, TimelineListener
 from orchestrator.record.model_log import seeded_workload
@@ -212,8 +213,11 @@ def _start_ray(
     warm = threading.Thread(target=open_tracking_store, args=(tracking_uri,), daemon=True)
     warm.start()
 
-    started = ensure_ray(verbose, runtime_env=code) or own
-    warm.join()
+    try:
+        started = ensure_ray(verbose, runtime_env=code) or own
+    finally:  # a stop while Ray starts waits for the store's schema: never cut mid-migration at exit
+        with deferred_interrupts():
+            warm.join()
     limits = read_limits()
     assumed, why = judge(scaling, ray.cluster_resources(), limits)
     if assumed is not None:  # an autoscaling cluster whose limits cannot be read is not refused
