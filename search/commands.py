@@ -157,16 +157,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with terminate_as_interrupt():  # ray job stop: SIGTERM first; stop as Ctrl-C does, cleanly
             summary = run_search(space, opts)
-    except KeyboardInterrupt:
-        print(
-            "\ninterrupted: running trials were stopped, recorded FAIL and queued again; run the same "
-            "command again to finish them",
-            file=sys.stderr,
-        )
+    except KeyboardInterrupt as e:
+        print(f"\n{interrupted_line(e)}", file=sys.stderr)
         return 130
     print(_run_summary(summary, args.storage))
     ran = len(summary.records)
     return 0 if ran == 0 or summary.count("FAIL") < ran else 1
+
+
+def interrupted_line(stop: BaseException) -> str:
+    """What a stopped ``search run`` says: the trials it stopped (``SearchInterrupted``), or that it
+    stopped before running any; the same command then finishes the request."""
+    stopped = getattr(stop, "stopped", None)
+    if stopped is None:
+        return "interrupted before any trial ran; run the same command again to run its trials"
+    if stopped == 0:
+        return "interrupted: no trial was running; run the same command again to finish its trials"
+    were = "trial was" if stopped == 1 else "trials were"
+    return (
+        f"interrupted: {stopped} running {were} stopped, recorded FAIL and queued again; run the same "
+        "command again to finish them"
+    )
 
 
 def _run_summary(s, storage_arg: str) -> str:

@@ -75,6 +75,15 @@ class SearchOptions:
     heartbeat_s: int = DEFAULT_HEARTBEAT_S  # the driver's beat; a trial is stale after 3 missed beats
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the search once it ran trials: ``stopped`` of them were running
+    (recorded FAIL, their configs queued again for the next run of the same command)."""
+
+    def __init__(self, stopped: int):
+        super().__init__(stopped)
+        self.stopped = stopped
+
+
 class SearchDriver:
     """Runs ``options.trials`` trials of ``space`` in ``study``, ``options.parallel`` at a time, on ``runs``
     (``RayTrialRuns`` unless a test gives another).
@@ -135,8 +144,7 @@ class SearchDriver:
             status = "FINISHED"
         except KeyboardInterrupt:
             status = "KILLED"
-            self._abort("interrupted (Ctrl-C)")
-            raise
+            raise SearchInterrupted(self._abort("interrupted (Ctrl-C)")) from None
         except BaseException:
             self._abort("the search driver failed")
             raise
@@ -322,17 +330,19 @@ class SearchDriver:
         self.slots.capacity.give(r.need)
         self.book.finished(r, res)
 
-    def _abort(self, why: str) -> None:
+    def _abort(self, why: str) -> int:
         """Fail the trials still running or pending (the driver is going away): their MLflow runs end
         KILLED, their checkpoints go, their configs are queued again for the next ``run`` of the study
-        (the same command then finishes its ``--trials``)."""
+        (the same command then finishes its ``--trials``).  How many were running."""
         asked = [(r.trial, r.values, r.run_id) for r in self.running.values()]
+        running = len(asked)
         p = self.slots.pending
         if p is not None:
             asked.append((p.trial, p.values, None))
         self.book.fail_asked(asked, why)
         self.running.clear()
         self.slots.pending = None
+        return running
 
 
 def run_search(space: SearchSpace, options: SearchOptions) -> SearchSummary:

@@ -187,7 +187,7 @@ def test_an_interrupted_driver_fails_its_running_trials_and_queues_their_configs
     d.runs = Interrupted({})
     with pytest.raises(KeyboardInterrupt):
         d._loop(2, time.time())
-    d._abort("interrupted (Ctrl-C)")
+    assert d._abort("interrupted (Ctrl-C)") == 2  # what the command says it stopped
     trials = d.study.trials
     assert [t.state.name for t in trials] == ["FAIL", "FAIL", "WAITING", "WAITING"]
     assert trials[0].user_attrs["error"] == "interrupted (Ctrl-C)"
@@ -216,3 +216,18 @@ def test_the_driver_keeps_a_dozen_things_or_fewer():
     d = FakeDriver([A], {})
     assert len(vars(d)) - len(("fake",)) <= 12, sorted(vars(d))
     assert d.objectives == ["val/accuracy"] and d.running is d.slots.running
+
+
+def test_a_stopped_search_says_how_many_trials_it_stopped():
+    """search/commands.py: the line a stopped ``search run`` ends with names what it stopped."""
+    from search.commands import interrupted_line
+    from search.driver import SearchInterrupted
+
+    assert interrupted_line(SearchInterrupted(2)).startswith(
+        "interrupted: 2 running trials were stopped, recorded FAIL"
+    )
+    assert interrupted_line(SearchInterrupted(1)).startswith("interrupted: 1 running trial was stopped")
+    assert interrupted_line(SearchInterrupted(0)) == (
+        "interrupted: no trial was running; run the same command again to finish its trials"
+    )
+    assert interrupted_line(KeyboardInterrupt()).startswith("interrupted before any trial ran;")
