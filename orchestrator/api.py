@@ -143,11 +143,13 @@ def fit(
                 _record(section, fn, raw, functions)
         cfg = prepare(raw, overrides, functions=functions or None, tracking_uri=tracking_uri)
 
+    from orchestrator.interrupts import terminate_as_interrupt
     from orchestrator.run.runner import run_training
 
-    s = run_training(
-        cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id, functions=functions or None
-    )
+    with terminate_as_interrupt(sigterm=False):  # Ctrl-C waits for a write to MLflow in progress
+        s = run_training(
+            cfg, verbose=verbose, progress=progress, t_invoked=t0, resume_run_id=resume_id, functions=functions or None
+        )
 
     return FitResult(
         run_id=s.run_id,

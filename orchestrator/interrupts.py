@@ -28,6 +28,7 @@ _writing = 0  # how deep the main thread is in deferred_interrupts()
 _deferred = False  # a stop came while writing: raised when the outermost write ends
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_signals: tuple[signal.Signals, ...] = ()  # the ones terminate_as_interrupt() handles now
 
 
 def _on_stop(signum: int, frame: Any) -> None:
@@ -47,7 +48,7 @@ def active() -> bool:
 def reinstall() -> None:
     """Put the handler back on SIGTERM where something replaced it (``ray.init`` installs its own:
     ``sys.exit``, with which the driver dies in teardown without a status message)."""
-    if active():
+    if active() and signal.SIGTERM in _signals:
         signal.signal(signal.SIGTERM, _on_stop)
 
 
@@ -61,7 +62,7 @@ def through_ray_init() -> Iterator[None]:
     try:
         yield
     except SystemExit as e:
-        if not active() or e.code != signal.SIGTERM:
+        if not active() or e.code != signal.SIGTERM or signal.SIGTERM not in _signals:
             raise
         _pending = True
         raise KeyboardInterrupt from None
@@ -114,23 +115,25 @@ def _quiet_lost_interrupt(previous: Callable[[Any], None]) -> Callable[[Any], No
 
 
 @contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
+def terminate_as_interrupt(sigterm: bool = True) -> Iterator[None]:
     """Within this block SIGTERM (``ray job stop``, ``kill``, a scheduler) stops the driver as Ctrl-C
     does: ``KeyboardInterrupt``, so the run ends KILLED with its message and Ray is shut down; and
-    both wait for the end of a write in :func:`deferred_interrupts`.  Outside the main thread (where
-    Python cannot set handlers) it does nothing."""
-    global _active, _pending, _writing, _deferred
-    if threading.current_thread() is not threading.main_thread():
+    both wait for the end of a write in :func:`deferred_interrupts`.  ``sigterm=False`` (``fit()``
+    in a user's program, whose SIGTERM is the program's own): Ctrl-C only.  Outside the main thread
+    (where Python cannot set handlers), or nested in another such block, it does nothing."""
+    global _active, _pending, _writing, _deferred, _signals
+    if threading.current_thread() is not threading.main_thread() or _active:
         yield
         return
-    old = {sig: signal.signal(sig, _on_stop) for sig in STOP_SIGNALS}
+    _signals = STOP_SIGNALS if sigterm else (signal.SIGINT,)
+    old = {sig: signal.signal(sig, _on_stop) for sig in _signals}
     old_hook = sys.unraisablehook
     sys.unraisablehook = _quiet_lost_interrupt(old_hook)
     _active, _pending, _writing, _deferred = True, False, 0, False
     try:
         yield
     finally:
-        _active, _pending, _writing, _deferred = False, False, 0, False
+        _active, _pending, _writing, _deferred, _signals = False, False, 0, False, ()
         for sig, handler in old.items():
             signal.signal(sig, handler)
         sys.unraisablehook = old_hook

@@ -231,3 +231,27 @@ def test_a_sigterm_while_ray_init_starts_ray_is_the_stop_not_a_silent_exit_15():
                 _like_ray_init()
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_fit_in_a_users_program_takes_ctrl_c_only_and_a_nested_block_changes_nothing():
+    """``fit()`` (orchestrator/api.py): the program's SIGTERM stays the program's (also after
+    ``ray.init`` replaced it), Ctrl-C waits for a store write; a block inside a block is the outer one."""
+    seen = []
+    mine = lambda s, _: seen.append(s)  # noqa: E731
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        with interrupts.terminate_as_interrupt(sigterm=False):
+            assert signal.getsignal(signal.SIGTERM) is mine
+            interrupts.reinstall()
+            assert signal.getsignal(signal.SIGTERM) is mine
+            with pytest.raises(KeyboardInterrupt):
+                with interrupts.deferred_interrupts():
+                    signal.raise_signal(signal.SIGINT)
+                    _spin()
+                    seen.append("written")
+            with interrupts.terminate_as_interrupt():  # nested: still Ctrl-C only
+                assert signal.getsignal(signal.SIGTERM) is mine
+            assert interrupts.active()  # the inner block's end did not end the outer one
+        assert seen == ["written"] and not interrupts.active()
+    finally:
+        signal.signal(signal.SIGTERM, old)
