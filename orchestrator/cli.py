@@ -231,8 +231,8 @@ def _train_and_report(cfg, **kwargs) -> int:
         with terminate_as_interrupt():
             try:
                 started = ensure_ray(verbose, runtime_env=runtime_env(cfg))
-            finally:  # a stop while Ray starts waits for the imports and the store's schema: a thread
-                with deferred_interrupts():  # cut mid-import at exit aborts the process (status 134)
+            finally:  # a stop while Ray starts waits for the imports and the store's schema: a
+                with deferred_interrupts():  # daemon thread cut mid-import at exit can abort Python
                     loading.join()
             from orchestrator.run.runner import RunInterrupted, run_training
 
