@@ -125,7 +125,9 @@ def terminate_as_interrupt(sigterm: bool = True) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or _active:
         yield
         return
-    _signals = STOP_SIGNALS if sigterm else (signal.SIGINT,)
+    wanted = STOP_SIGNALS if sigterm else (signal.SIGINT,)
+    # a signal the process was started ignoring stays ignored (a shell's background job: SIGINT)
+    _signals = tuple(sig for sig in wanted if signal.getsignal(sig) is not signal.SIG_IGN)
     old = {sig: signal.signal(sig, _on_stop) for sig in _signals}
     old_hook = sys.unraisablehook
     sys.unraisablehook = _quiet_lost_interrupt(old_hook)

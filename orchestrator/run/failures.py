@@ -1,11 +1,14 @@
-"""A Ray Train controller callback that tells the run's monitor (orchestrator/run/monitor.py) at once
-when a worker of a group fails, so the driver's bar says the group restarts."""
+"""A Ray Train controller callback for a worker that fails: the run's monitor is told at once.
+
+The driver's bar then says the group restarts (orchestrator/run/monitor.py), and Ray's view of the
+nodes is re-read before the restarted group is sized (orchestrator/run/reservations.py)."""
 
 from __future__ import annotations
 
 import ray
 from ray.train import UserCallback
 
+from orchestrator.run.reservations import refresh_before_restart
 from trainers.errors import one_line
 
 
@@ -20,6 +23,8 @@ class FailureNotice(UserCallback):
     def after_exception(self, run_context, worker_exceptions) -> None:  # Ray Train's signature
         first = next(iter(worker_exceptions.values()), None) if worker_exceptions else None
         message = one_line(first, 200) if first else "unknown"
+        # before Ray Train sizes the restarted group: its view of the nodes may predate a lost one
+        refresh_before_restart()
         try:
             ray.get_actor(self.monitor_name, namespace=self.namespace).group_failed.remote(self.phase, message)
         except Exception:  # a notice for the bar never fails the run (no monitor: the run ended)

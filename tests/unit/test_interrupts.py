@@ -9,6 +9,15 @@ import pytest
 from orchestrator import interrupts
 
 
+@pytest.fixture(autouse=True)
+def _python_ctrl_c():
+    """Python's own Ctrl-C handler, as in a terminal (a shell's background job, as the suite may be
+    run, starts with SIGINT ignored, which the drivers keep ignored)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _spin():
     for _ in range(100):  # the handler runs between bytecodes of the main thread
         pass
@@ -255,3 +264,16 @@ def test_fit_in_a_users_program_takes_ctrl_c_only_and_a_nested_block_changes_not
         assert seen == ["written"] and not interrupts.active()
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_a_ctrl_c_the_process_was_started_ignoring_stays_ignored():
+    """A shell's background job starts with SIGINT ignored: the drivers keep it so (SIGTERM still stops)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with interrupts.terminate_as_interrupt():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGINT)
+        _spin()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+            _spin()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

@@ -102,3 +102,38 @@ def test_the_unfinished_groups_are_dropped_again_as_the_driver_leaves_ray(monkey
     assert reservations.release_before_disconnect() == 2
     assert reservations.release_before_disconnect() == 0
     assert asked == ["a b", "b", "a b", ""]
+
+
+def test_a_failed_worker_has_the_nodes_re_read_before_the_restart_is_sized_and_tells_the_monitor(monkeypatch):
+    """Ray Train's controller runs the run's FailureNotice as it sees a worker fail, before it sizes
+    the restarted group: the coordinator is asked (without a wait) to re-read the nodes, and then the
+    monitor is told; without a coordinator nothing is asked and the monitor is still told."""
+    from orchestrator.run import failures, reservations
+
+    calls = []
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, *args, **kwargs):
+            calls.append((self.name, args, kwargs))
+
+    class Actor:
+        def __getattr__(self, name):
+            return Method(name)
+
+    coordinator = [Actor()]
+    monkeypatch.setattr(reservations, "_coordinator", lambda: coordinator[0])
+    monkeypatch.setattr(failures.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(failures.ray, "get_actor", lambda name, namespace=None: Actor())
+    notice = failures.FailureNotice("monitor", "ns", phase=2)
+    notice.after_exception(None, {0: RuntimeError("Connection closed by peer")})
+    assert calls == [
+        ("get_reserved_resources", ("elastic-refresh",), {"recompute": True}),
+        ("group_failed", (2, "RuntimeError: Connection closed by peer"), {}),
+    ]
+    calls.clear()
+    coordinator[0] = None  # no elastic group on this cluster yet
+    notice.after_exception(None, {0: RuntimeError("boom")})
+    assert [c[0] for c in calls] == ["group_failed"]
