@@ -8,7 +8,7 @@ from __future__ import annotations
 import ray
 from ray.train import UserCallback
 
-from orchestrator.run.reservations import refresh_before_restart
+from orchestrator.run.reservations import refresh
 from trainers.errors import one_line
 
 
@@ -24,7 +24,7 @@ class FailureNotice(UserCallback):
         first = next(iter(worker_exceptions.values()), None) if worker_exceptions else None
         message = one_line(first, 200) if first else "unknown"
         # before Ray Train sizes the restarted group: its view of the nodes may predate a lost one
-        refresh_before_restart()
+        refresh(timeout_s=None)
         try:
             ray.get_actor(self.monitor_name, namespace=self.namespace).group_failed.remote(self.phase, message)
         except Exception:  # a notice for the bar never fails the run (no monitor: the run ended)

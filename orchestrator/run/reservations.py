@@ -22,7 +22,7 @@ a controller still shutting down renews its reservation every 20 s.
 The coordinator also sizes a restarted group: it re-reads the cluster's nodes every 20 s, so right
 after a node is lost Ray Train may size the new group for the lost node too and wait for a
 placement that cannot happen.  Ray Train's controller asks it to re-read the nodes as it sees a
-worker fail (:func:`refresh_before_restart`, from the run's ``FailureNotice``), before it sizes the
+worker fail (:func:`refresh` without a wait, from the run's ``FailureNotice``), before it sizes the
 new group; the driver asks again (:func:`refresh`) as soon as it sees the set of live nodes change
 (a node declared dead only after the restart was sized), and Ray Train gives up on such a placement after
 :data:`PLACEMENT_WAIT_S` (its own default, 60 s, is the pause a lost node cost) to size it anew.
@@ -66,9 +66,12 @@ def _coordinator() -> Any:
         return None
 
 
-def refresh(timeout_s: float = 5.0) -> bool:
+def refresh(timeout_s: float | None = 5.0) -> bool:
     """Have the coordinator re-read the cluster's live nodes now; whether its view is current (also
-    when there is no coordinator yet: it reads the nodes when it is made)."""
+    when there is no coordinator yet: it reads the nodes when it is made).  ``timeout_s=None``: ask
+    without waiting (Ray Train's controller, as it sees a worker fail: calls from one process to the
+    coordinator, a threaded actor, run in order, so the controller's own ask for the restarted
+    group's size comes after the re-read; a node Ray has declared dead by then is not counted)."""
     import ray
 
     if not ray.is_initialized():
@@ -76,26 +79,11 @@ def refresh(timeout_s: float = 5.0) -> bool:
     if (coordinator := _coordinator()) is None:
         return True
     try:
-        ray.get(coordinator.get_reserved_resources.remote("elastic-refresh", recompute=True), timeout=timeout_s)
+        asked = coordinator.get_reserved_resources.remote("elastic-refresh", recompute=True)
+        if timeout_s is not None:
+            ray.get(asked, timeout=timeout_s)
     except Exception as e:  # Ray's private actor changed or is slow: it re-reads within 20 s anyway
         log.debug("could not refresh Ray's view of the nodes: %s", e)
-        return False
-    return True
-
-
-def refresh_before_restart() -> bool:
-    """From Ray Train's controller, as it sees a worker fail: have the coordinator re-read the nodes
-    without waiting for it.  Calls from one process to the coordinator (a threaded actor's queue)
-    run in order, so the controller's own ask for the restarted group's size comes after this: a node
-    Ray has declared dead by then is not counted (see the module's note); whether it was asked."""
-    import ray
-
-    if not ray.is_initialized() or (coordinator := _coordinator()) is None:
-        return False
-    try:
-        coordinator.get_reserved_resources.remote("elastic-refresh", recompute=True)
-    except Exception as e:  # Ray's private actor changed: the driver's look re-reads within 2 s anyway
-        log.debug("could not ask for a refresh of Ray's view of the nodes: %s", e)
         return False
     return True
 
