@@ -45,7 +45,7 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from orchestrator.interrupts import raise_pending_interrupt
+from orchestrator.interrupts import deferred_interrupts, raise_pending_interrupt
 from orchestrator.record.cost import GroupHold
 from orchestrator.record.listeners import ProgressListener, RunListener, TimelineListener, TrackingListener
 from orchestrator.record.progress_bar import Progress
@@ -374,7 +374,8 @@ class PhaseRunner:
         if self.start.resumed:
             records = self.names.finished_records(self.progress.write)
             if records is not None:
-                self._deliver(sorted(records, key=lambda r: r[0]))
+                with deferred_interrupts():  # all of them reach the listeners (drain_monitor)
+                    self._deliver(sorted(records, key=lambda r: r[0]))
                 return Finished(None)
         self._make_monitor()
         workers = self.initial_workers()
@@ -500,12 +501,14 @@ class PhaseRunner:
         finished group's resources a moment after its ``fit()`` returns; started before that, an
         elastic group (``min_workers < max_workers``) would start with fewer workers than wanted.
         On a loaded machine the old group's processes take many seconds to go: hence a minute; on an
-        autoscaling cluster that asked for the new group's nodes, up to ``scaling.node_wait_s``."""
+        autoscaling cluster that asked for the new group's nodes, up to ``scaling.node_wait_s``.  No
+        wait where nothing was asked for and the cluster's nodes, all free, could not hold the group
+        (a lost node, an autoscaler not asked ahead): freed resources would not make the room."""
 
         wait_s = self.nodes.room_wait_s(timeout_s)  # an autoscaling cluster: for the nodes asked for
         t0, said = time.time(), not self.nodes.active
         while not self.room_for(workers):
-            if time.time() > t0 + wait_s:
+            if time.time() > t0 + wait_s or not (self.nodes.active or self._could_hold(workers)):
                 return False  # start anyway: Ray starts what fits (or waits for it)
             if not said and time.time() > t0 + SAY_WAIT_S:
                 self.progress.write(
@@ -520,6 +523,10 @@ class PhaseRunner:
     def room_for(self, workers: int) -> bool:
         """Whether the cluster's free resources hold ``workers`` workers now."""
         return has_room(ray.available_resources(), self._resources(), workers)
+
+    def _could_hold(self, workers: int) -> bool:
+        """Whether the cluster's live nodes, all free, would hold ``workers`` workers."""
+        return has_room(ray.cluster_resources(), self._resources(), workers)
 
     def _await_first_nodes(self, workers: int) -> None:
         """An autoscaling cluster: ask for the first group's nodes and wait (at most
@@ -605,8 +612,14 @@ class PhaseRunner:
 
     def drain_monitor(self, timeout: float | None = None) -> None:
         """Drain the monitor: records and events to the listeners (the ack, what MLflow holds,
-        rides on the drain: one call to the monitor per poll)."""
+        rides on the drain: one call to the monitor per poll).  A stop that comes meanwhile is raised
+        once every listener has them: records cut off halfway (taken from the monitor, counted as
+        written, never logged) would be acked, and rank 0 would drop them from its checkpoints."""
 
+        with deferred_interrupts():
+            self._drain_monitor(timeout)
+
+    def _drain_monitor(self, timeout: float | None) -> None:
         records, events = self.link.drain(self.tracker.written_upto, timeout)
         for ev in events:
             # in step order: the records up to an event's step reach the listeners before it (a

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,7 @@ def _runner(
     )
     tracker = FakeTracker()
     monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free_cpus})
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": free_cpus})
     state = MonitorState(
         WorkerCount(WorkersForBatch(), 32, 1, 4),
         overlap_resources={"CPU": 0.5} if resize_mode == "overlap" else None,
@@ -311,6 +313,54 @@ def test_what_a_resumed_run_brings_reaches_its_owners_at_construction(tmp_path):
     assert runner.link.runtime(phase=0).judged_metrics == ["val/loss"] and runner.poll_s == 0.2
     fresh = make_runner(cfg, FakeTracker())
     assert (fresh.names.resumes, fresh.book.restarts, fresh.initial_workers(), fresh.tracking.warnings) == (0, 0, 1, [])
+
+
+def test_a_restart_waits_for_room_only_where_the_freed_resources_could_make_it(tmp_path, monkeypatch):
+    """The old group's resources are freed a moment after its fit() returns: the new group waits for
+    them.  Where the live nodes, all free, could not hold it (a node lost; an autoscaler nothing asked
+    ahead), it starts at once with what fits, not after the minute's wait."""
+    import ray
+
+    runner, _, _ = _runner(tmp_path, monkeypatch, {}, "restart", free_cpus=0.5)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 1.0})  # 4 workers of 0.5 CPU never fit
+    t0 = time.monotonic()
+    assert runner.await_room(4, timeout_s=30) is False
+    assert time.monotonic() - t0 < 5
+    free = [0.5]
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": free[0]})
+    freed = threading.Timer(0.3, lambda: free.__setitem__(0, 2.0))  # the old group's workers gone
+    t0 = time.monotonic()
+    freed.start()
+    assert runner.await_room(4, timeout_s=30) is True
+    assert time.monotonic() - t0 >= 0.25
+    free[0] = 0.5  # held by something else for good: the wait ends at its limit
+    assert runner.await_room(4, timeout_s=0.2) is False
+
+
+def test_a_stop_while_records_are_delivered_is_raised_once_every_listener_has_them(tmp_path, monkeypatch):
+    """A SIGTERM that lands while the driver hands drained records to its listeners: they all get
+    them, then the stop is raised.  Cut off halfway, the records were gone from the monitor and
+    counted as written, never logged: acked, rank 0 dropped them from its checkpoints (a stopped
+    ``ray job``'s resumed run lacked 8 steps of ``train/loss``)."""
+    import signal
+
+    from orchestrator import interrupts
+    from orchestrator.record.listeners import RunListener
+
+    runner, tracker, _ = _runner(tmp_path, monkeypatch, {}, "restart")
+
+    class StopArrives(RunListener):  # the stop lands in the first listener's turn
+        def on_records(self, records):
+            signal.raise_signal(signal.SIGTERM)
+            for _ in range(100):  # the handler runs between bytecodes
+                pass
+
+    runner.listeners.insert(0, StopArrives())
+    runner.link.actor.push([(1, {"train/loss": 1.0}, 1.0), (2, {"train/loss": 0.5}, 2.0)], [])
+    with interrupts.terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        runner.drain_monitor()
+    assert [r[0] for r in tracker.metrics] == [1, 2]
 
 
 def test_a_run_without_room_for_min_workers_ends_failed_after_its_wait_with_how_to_resume(tmp_path, monkeypatch):
