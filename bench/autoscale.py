@@ -6,9 +6,10 @@ run is the quickstart (configs/quickstart.yaml) at 1 CPU per worker on a fresh c
 to get to W = 2 whichever way (it is stopped once a group of 2 has trained a few steps):
 
 * **today** (``scaling.request_ahead: false``): nothing asks for a resize's nodes before its group
-  starts: the driver waits up to 60 s for room nothing asked the autoscaler for, the group starts on
-  the node that is up (1 of 2), grows by a second restart at the driver's capacity check, and each
-  restart lets the old group's node go idle (removed, launched again);
+  starts: the group starts at once on the node that is up (1 of 2: the live nodes cannot hold 2, so
+  the driver does not wait for room; until 2026-11-29 it waited up to 60 s for room nothing asked
+  the autoscaler for), grows by a second restart at the driver's capacity check, and each restart
+  lets the old group's node go idle (removed, launched again);
 * **ahead** (the default): the new group's nodes are asked for at the decision (the noise-scale
   batch is known only when it changes), kept through the handover, and the group starts once they
   are up (orchestrator/run/autoscaling.py);
@@ -27,12 +28,11 @@ launch, median), ``nodes_today=``, ``nodes_ahead=`` (medians) and ``ratio=`` (ah
 ``--quick`` (CI): one repeat, today and ahead only, the driver looking for capacity that came back every 5 s
 (``scaling.capacity_check_s``; the quickstart's is 30 s: today's path grows by such looks, one per restart
 that came up short), each run stopped after 150 s, and ``--stop-when-short``: a run is stopped once a group
-that started short of the workers its batch wants has trained (today's path: after its wait for room that
-nothing asked for, the restart at W 1 of 2), so today's path reports the time it waited so far (a lower
-bound) without waiting for the capacity check's second restart; no wait at a run's end for its idle nodes to
+that started short of the workers its batch wants has trained (today's path: the restart at W 1 of 2),
+so today's path reports the time it took so far (a lower bound) without waiting for the capacity
+check's second restart; no wait at a run's end for its idle nodes to
 go (``--idle-wait-s 0``: the table's last column then says whether they were gone already); and the two
-runs side by side (``--side-by-side``: each on its own cluster, its driver a process of its own; most of
-today's run is a wait for room, so they share the machine little).
+runs side by side (``--side-by-side``: each on its own cluster, its driver a process of its own).
 """
 
 from __future__ import annotations
